@@ -1,0 +1,286 @@
+//! The one public error type.
+//!
+//! Every failure gpufeed reports is an [`Error`]: a [`ErrorKind`] plus whatever context is known
+//! — the file, the byte offset and length of the request, the sample — and the underlying
+//! `std::io::Error` as its [`source`](std::error::Error::source). `Display` is short and
+//! lower-case, in the style of std, and names the context so that a log line alone says which
+//! file and which bytes were at fault.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What kind of failure an [`Error`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A file named by the caller does not exist.
+    NotFound,
+    /// The caller may not open or read a file.
+    PermissionDenied,
+    /// A file ended before the bytes that were asked for: it shrank while being read, or an
+    /// index claims more than the file holds.
+    UnexpectedEof,
+    /// The operating system reported an I/O error for a read.
+    Io,
+    /// A configuration value or a request is outside its limits (the message says which).
+    InvalidInput,
+    /// The kernel or the platform lacks something gpufeed needs and no fallback applies.
+    Unsupported,
+    /// No free slot, operation or file entry is left; wait for completions and try again.
+    Busy,
+    /// The read was cancelled before it completed (the engine was shut down).
+    Cancelled,
+}
+
+impl ErrorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "file not found",
+            ErrorKind::PermissionDenied => "permission denied",
+            ErrorKind::UnexpectedEof => "file ended early",
+            ErrorKind::Io => "i/o error",
+            ErrorKind::InvalidInput => "invalid input",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// gpufeed's error: a kind, a message, and the file/offset/length/sample it concerns.
+pub struct Error(Box<Inner>);
+
+struct Inner {
+    kind: ErrorKind,
+    message: String,
+    path: Option<Arc<Path>>,
+    offset: Option<u64>,
+    len: Option<u64>,
+    sample: Option<u64>,
+    source: Option<io::Error>,
+}
+
+/// `Result<T, gpufeed::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A new error of `kind` with a short lower-case message.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error(Box::new(Inner {
+            kind,
+            message: message.into(),
+            path: None,
+            offset: None,
+            len: None,
+            sample: None,
+            source: None,
+        }))
+    }
+
+    /// An error for an `io::Error`, its kind mapped from the OS error.
+    pub fn io(message: impl Into<String>, source: io::Error) -> Error {
+        let kind = match source.kind() {
+            io::ErrorKind::NotFound => ErrorKind::NotFound,
+            io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+            io::ErrorKind::UnexpectedEof => ErrorKind::UnexpectedEof,
+            io::ErrorKind::InvalidInput => ErrorKind::InvalidInput,
+            io::ErrorKind::Unsupported => ErrorKind::Unsupported,
+            _ => match source.raw_os_error() {
+                Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) => ErrorKind::Unsupported,
+                Some(libc::ECANCELED) => ErrorKind::Cancelled,
+                _ => ErrorKind::Io,
+            },
+        };
+        let mut e = Error::new(kind, message);
+        e.0.source = Some(source);
+        e
+    }
+
+    /// An error for a negative errno as io_uring and the backends report it.
+    pub(crate) fn errno(message: impl Into<String>, errno: i32) -> Error {
+        Error::io(message, io::Error::from_raw_os_error(errno))
+    }
+
+    /// Attaches the file this error concerns.
+    pub fn with_path(mut self, path: impl Into<Arc<Path>>) -> Error {
+        self.0.path = Some(path.into());
+        self
+    }
+
+    /// Attaches the byte range (offset, length) of the request this error concerns.
+    pub fn with_range(mut self, offset: u64, len: u64) -> Error {
+        self.0.offset = Some(offset);
+        self.0.len = Some(len);
+        self
+    }
+
+    /// Attaches the byte offset this error concerns.
+    pub fn with_offset(mut self, offset: u64) -> Error {
+        self.0.offset = Some(offset);
+        self
+    }
+
+    /// Attaches the sample (its index in the dataset) this error concerns.
+    pub fn with_sample(mut self, sample: u64) -> Error {
+        self.0.sample = Some(sample);
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.0.kind
+    }
+
+    /// The file concerned, if known.
+    pub fn path(&self) -> Option<&Path> {
+        self.0.path.as_deref()
+    }
+
+    /// The byte offset concerned, if known.
+    pub fn offset(&self) -> Option<u64> {
+        self.0.offset
+    }
+
+    /// The length in bytes of the request concerned, if known.
+    pub fn request_len(&self) -> Option<u64> {
+        self.0.len
+    }
+
+    /// The sample concerned, if known.
+    pub fn sample(&self) -> Option<u64> {
+        self.0.sample
+    }
+
+    /// The OS error number, if this error came from the OS.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        self.0.source.as_ref().and_then(|e| e.raw_os_error())
+    }
+
+    /// The message without context.
+    pub fn message(&self) -> &str {
+        &self.0.message
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &*self.0;
+        if i.message.is_empty() {
+            f.write_str(i.kind.as_str())?;
+        } else {
+            f.write_str(&i.message)?;
+        }
+        if let Some(p) = &i.path {
+            write!(f, ": {}", p.display())?;
+        }
+        if let Some(s) = i.sample {
+            write!(f, ", sample {s}")?;
+        }
+        match (i.offset, i.len) {
+            (Some(o), Some(l)) => write!(f, ", offset {o}, length {l}")?,
+            (Some(o), None) => write!(f, ", offset {o}")?,
+            _ => {}
+        }
+        if let Some(s) = &i.source {
+            write!(f, ": {s}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &*self.0;
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &i.kind).field("message", &i.message);
+        if let Some(p) = &i.path {
+            d.field("path", p);
+        }
+        if let Some(o) = i.offset {
+            d.field("offset", &o);
+        }
+        if let Some(l) = i.len {
+            d.field("len", &l);
+        }
+        if let Some(s) = i.sample {
+            d.field("sample", &s);
+        }
+        if let Some(s) = &i.source {
+            d.field("source", s);
+        }
+        d.finish()
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0
+            .source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        let kind = match e.kind() {
+            ErrorKind::NotFound => io::ErrorKind::NotFound,
+            ErrorKind::PermissionDenied => io::ErrorKind::PermissionDenied,
+            ErrorKind::UnexpectedEof => io::ErrorKind::UnexpectedEof,
+            ErrorKind::InvalidInput => io::ErrorKind::InvalidInput,
+            ErrorKind::Unsupported => io::ErrorKind::Unsupported,
+            _ => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// Shorthand for an [`ErrorKind::InvalidInput`] error.
+pub(crate) fn invalid(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidInput, message)
+}
+
+/// A path as shared context for errors, cheap to clone.
+pub(crate) fn shared_path(p: &Path) -> Arc<Path> {
+    Arc::from(PathBuf::from(p).into_boxed_path())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_file_offset_and_cause() {
+        let e = Error::errno("read failed", libc::EIO)
+            .with_path(shared_path(Path::new("/data/shard-0001.gpf")))
+            .with_range(4096, 512)
+            .with_sample(7);
+        let s = e.to_string();
+        assert!(
+            s.starts_with("read failed: /data/shard-0001.gpf, sample 7, offset 4096, length 512: "),
+            "{s}"
+        );
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn os_errors_map_to_kinds() {
+        assert_eq!(Error::errno("x", libc::ENOENT).kind(), ErrorKind::NotFound);
+        assert_eq!(
+            Error::errno("x", libc::EACCES).kind(),
+            ErrorKind::PermissionDenied
+        );
+        assert_eq!(
+            Error::errno("x", libc::ECANCELED).kind(),
+            ErrorKind::Cancelled
+        );
+        assert_eq!(
+            Error::errno("x", libc::ENOSYS).kind(),
+            ErrorKind::Unsupported
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! The raw system calls gpufeed makes outside io_uring, each wrapped once.
+//!
+//! Everything here is a thin, checked wrapper: `statx` with `STATX_DIOALIGN` (glibc's `statx`
+//! struct in the libc crate lacks the DIO fields, so the kernel's layout is read by offset),
+//! anonymous `mmap` + `madvise`, `posix_fadvise`, `getrusage`. Callers get `io::Result`s.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+const STATX_DIOALIGN: u32 = 0x0000_2000;
+
+/// What `statx` says about an open file.
+#[derive(Debug, Clone, Copy)]
+pub struct FileStat {
+    pub size: u64,
+    pub is_regular: bool,
+    /// Required alignment of user memory for O_DIRECT, if the file system reported one.
+    pub dio_mem_align: Option<u32>,
+    /// Required alignment of file offsets and lengths for O_DIRECT, if reported.
+    pub dio_offset_align: Option<u32>,
+}
+
+/// `statx(fd, "", AT_EMPTY_PATH, BASIC | DIOALIGN)`.
+pub fn statx_fd(fd: RawFd) -> io::Result<FileStat> {
+    // The kernel's `struct statx` is 256 bytes; we read the fields we need at their uapi offsets.
+    #[repr(C, align(8))]
+    struct Buf([u8; 256]);
+    let mut buf = Buf([0u8; 256]);
+    let empty = b"\0";
+    // SAFETY: `buf` is 256 writable bytes, the size of `struct statx`; the path is a valid
+    // NUL-terminated empty string and AT_EMPTY_PATH makes the call operate on `fd`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            fd,
+            empty.as_ptr() as *const libc::c_char,
+            libc::AT_EMPTY_PATH,
+            libc::STATX_BASIC_STATS | STATX_DIOALIGN,
+            buf.0.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let b = &buf.0;
+    let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+    let mask = u32_at(0);
+    let mode = u16::from_ne_bytes(b[28..30].try_into().unwrap()) as u32;
+    let (mem, off) = if mask & STATX_DIOALIGN != 0 {
+        let (m, o) = (u32_at(152), u32_at(156));
+        // Zero means "direct I/O not supported on this file".
+        (Some(m).filter(|&v| v != 0), Some(o).filter(|&v| v != 0))
+    } else {
+        (None, None)
+    };
+    Ok(FileStat {
+        size: u64_at(40),
+        is_regular: mode & libc::S_IFMT == libc::S_IFREG,
+        dio_mem_align: mem,
+        dio_offset_align: off,
+    })
+}
+
+/// `open(path, flags | O_CLOEXEC)`.
+pub fn open(path: &Path, flags: i32) -> io::Result<RawFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(fd)
+    }
+}
+
+/// `close(fd)`, errors ignored (there is nothing useful to do with them for a read-only fd).
+pub fn close(fd: RawFd) {
+    // SAFETY: the caller owns `fd` and does not use it afterwards.
+    unsafe {
+        libc::close(fd);
+    }
+}
+
+/// `posix_fadvise(fd, offset, len, advice)`.
+pub fn fadvise(fd: RawFd, offset: u64, len: u64, advice: i32) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd; no memory is passed.
+    let rc = unsafe { libc::posix_fadvise(fd, offset as i64, len as i64, advice) };
+    if rc != 0 {
+        Err(io::Error::from_raw_os_error(rc))
+    } else {
+        Ok(())
+    }
+}
+
+/// `pread(fd, buf, len, offset)` into raw memory, retried on EINTR. Returns bytes read.
+///
+/// # Safety
+/// `buf` must be valid for writes of `len` bytes and not accessed by anyone else during the call.
+pub unsafe fn pread_raw(fd: RawFd, buf: *mut u8, len: usize, offset: u64) -> io::Result<usize> {
+    loop {
+        // SAFETY: the caller guarantees `buf..buf+len` is writable and exclusively ours.
+        let n = unsafe { libc::pread(fd, buf.cast(), len, offset as libc::off_t) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// User + system CPU seconds of this process, all threads included (io_uring's io-wq workers
+/// and SQPOLL thread belong to the process and are counted too).
+pub fn process_cpu_seconds() -> f64 {
+    // SAFETY: `ru` is a plain C struct; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage struct.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// The soft and hard RLIMIT_MEMLOCK in bytes (`u64::MAX` for unlimited).
+pub fn memlock_limit() -> (u64, u64) {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointer to an rlimit struct.
+    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
+    let conv = |v: libc::rlim_t| {
+        if v == libc::RLIM_INFINITY {
+            u64::MAX
+        } else {
+            v
+        }
+    };
+    (conv(r.rlim_cur), conv(r.rlim_max))
+}
+
+/// An anonymous private mapping, `align`-aligned, that is unmapped on drop.
+pub struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+    /// The whole region mapped (before trimming) is exactly `ptr..ptr+len`: the slack used to
+    /// reach the alignment is unmapped right away.
+    pub huge_pages_advised: bool,
+}
+
+// SAFETY: a Mapping is plain memory with no thread affinity; access to its bytes is governed by
+// whoever owns it (the arena and its slots).
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` only exposes the pointer and length.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes (rounded up to `align`) aligned to `align` (a power of two ≥ page size).
+    /// With `huge`, advises transparent huge pages before any page is touched, then touches every
+    /// page so the memory is backed now rather than on the first DMA.
+    pub fn new(len: usize, align: usize, huge: bool) -> io::Result<Mapping> {
+        assert!(align.is_power_of_two() && align >= 4096);
+        let len = len
+            .checked_add(align - 1)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "mapping too large"))?
+            & !(align - 1);
+        let total = len + align;
+        // SAFETY: anonymous mapping; no file, no fixed address.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let raw = raw as usize;
+        let start = (raw + align - 1) & !(align - 1);
+        let head = start - raw;
+        let tail = total - head - len;
+        // SAFETY: both ranges lie inside the mapping we just created and are not used.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw as *mut libc::c_void, head);
+            }
+            if tail > 0 {
+                libc::munmap((start + len) as *mut libc::c_void, tail);
+            }
+        }
+        let mut advised = false;
+        if huge {
+            // SAFETY: the range is our own mapping. Advice must come before first touch, or the
+            // first fault will already have placed 4 KiB pages.
+            advised =
+                unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) == 0 };
+        }
+        // Touch every page (write one byte per 4 KiB) so that faults happen here and not on the
+        // hot path; with THP each 2 MiB fault places a huge page.
+        let mut off = 0;
+        while off < len {
+            // SAFETY: `start + off` is within the mapping, which nobody else references yet.
+            unsafe { std::ptr::write_volatile((start + off) as *mut u8, 0) };
+            off += 4096;
+        }
+        Ok(Mapping {
+            ptr: start as *mut u8,
+            len,
+            huge_pages_advised: advised,
+        })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a mapping has at least one page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of this mapping backed by transparent huge pages, from /proc/self/smaps.
+    pub fn huge_page_bytes(&self) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let start = self.ptr as usize;
+        let end = start + self.len;
+        let mut total = 0u64;
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((a, b)) = range.split_once('-') {
+                    if let (Ok(a), Ok(b)) =
+                        (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                    {
+                        inside = a < end && b > start;
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(rest) = line.strip_prefix("AnonHugePages:") {
+                    let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+                    total += kb * 1024;
+                }
+            }
+        }
+        Some(total)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr..ptr+len` is exactly the mapping we own; whoever owns the Mapping has
+        // guaranteed (arena drop order) that no kernel or device operation still targets it.
+        unsafe {
+            libc::munmap(self.ptr as *mut libc::c_void, self.len);
+        }
+    }
+}
+
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}

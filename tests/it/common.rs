@@ -1,0 +1,105 @@
+//! Helpers shared by the integration tests.
+
+use std::path::{Path, PathBuf};
+
+use gpufeed::{Completion, Engine, EngineConfig, EngineKind, FileId, ReadSpec};
+
+/// The byte at `offset` of every pattern file: varies with position so a misplaced byte shows.
+pub fn pattern_byte(offset: u64) -> u8 {
+    (offset ^ (offset >> 9) ^ (offset >> 17)).wrapping_mul(31) as u8
+}
+
+/// A directory on the project's disk (not tmpfs, so O_DIRECT works), removed on drop.
+pub fn disk_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("gpufeed-it-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
+/// Writes a pattern file of `size` bytes.
+pub fn pattern_file(dir: &Path, name: &str, size: u64) -> PathBuf {
+    let p = dir.join(name);
+    let bytes: Vec<u8> = (0..size).map(pattern_byte).collect();
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// Asserts that `got` equals the pattern bytes from `offset`.
+pub fn assert_pattern(got: &[u8], offset: u64, what: &str) {
+    for (i, &b) in got.iter().enumerate() {
+        let want = pattern_byte(offset + i as u64);
+        assert_eq!(
+            b,
+            want,
+            "{what}: byte {i} (file offset {}) differs",
+            offset + i as u64
+        );
+    }
+}
+
+/// A config whose slots fit `max_len`-byte reads at any offset.
+pub fn config(kind: EngineKind, qd: u32, max_len: usize) -> EngineConfig {
+    let slot = (max_len + 8192).next_multiple_of(4096);
+    EngineConfig {
+        honor_env: false,
+        ..EngineConfig::new(kind, qd, slot)
+    }
+}
+
+/// Reads every (offset, len) once through `engine`, keeping `qd` in flight; returns the
+/// outcome per request as Ok(bytes) or Err(error).
+pub fn read_all(
+    engine: &mut Engine,
+    file: FileId,
+    reqs: &[(u64, u32)],
+) -> Vec<Result<Vec<u8>, gpufeed::Error>> {
+    let mut out: Vec<Option<Result<Vec<u8>, gpufeed::Error>>> =
+        (0..reqs.len()).map(|_| None).collect();
+    let mut next = 0;
+    let handle = |engine: &mut Engine, c: Completion, out: &mut Vec<Option<_>>| {
+        let r = match c.outcome() {
+            Ok(range) => Ok(engine.arena().bytes(&c.slot)[range.clone()].to_vec()),
+            Err(e) => Err(clone_err(e)),
+        };
+        out[c.user_data as usize] = Some(r);
+        engine.arena().put(c.slot);
+    };
+    while next < reqs.len() || engine.in_flight() > 0 {
+        while next < reqs.len() {
+            let Some(slot) = engine.arena().take() else {
+                break;
+            };
+            let (offset, len) = reqs[next];
+            let spec = ReadSpec {
+                file,
+                offset,
+                len,
+                buf_offset: 0,
+            };
+            if let Err(r) = engine.submit_one(slot, spec, next as u64) {
+                panic!("submit refused: {}", r.error);
+            }
+            next += 1;
+        }
+        engine.wait(1).unwrap();
+        while let Some(c) = engine.pop() {
+            handle(engine, c, &mut out);
+        }
+    }
+    out.into_iter()
+        .map(|o| o.expect("every request completes"))
+        .collect()
+}
+
+/// Errors are not Clone; tests only need kind, message and context.
+pub fn clone_err(e: &gpufeed::Error) -> gpufeed::Error {
+    let mut c = gpufeed::Error::new(e.kind(), e.to_string());
+    if let Some(p) = e.path() {
+        c = c.with_path(p.to_path_buf());
+    }
+    if let (Some(o), Some(l)) = (e.offset(), e.request_len()) {
+        c = c.with_range(o, l);
+    }
+    c
+}

@@ -1,0 +1,5 @@
+//! Integration tests: one binary, a module per concern.
+
+mod common;
+mod engine;
+mod sim;
