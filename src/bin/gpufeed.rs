@@ -1,1 +1,5 @@
-fn main() {}
+//! The `gpufeed` command: see `gpufeed --help`.
+
+fn main() -> std::process::ExitCode {
+    gpufeed::cli::main()
+}

@@ -1,0 +1,10 @@
+//! Measurements behind `gpufeed bench`: what the disk and each engine deliver.
+//!
+//! Each bench runs one configuration for a fixed time and reports throughput, latency
+//! percentiles, CPU-seconds per GiB (user + system of the whole process, worker threads
+//! included, from `getrusage`) and syscalls per read, as a [`IoBenchResult`] that serialises to
+//! the JSON the CLI prints with `--json`.
+
+pub mod io;
+
+pub use io::{ensure_file, run_io_bench, IoBenchResult, IoBenchSpec, Pattern, SubmitPolicy};

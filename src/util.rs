@@ -1,0 +1,359 @@
+//! Small shared helpers: human sizes, fio-style size mixes, a latency histogram, progress.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use crate::error::{invalid, Result};
+
+/// Parses a size like `4096`, `4K`, `128k`, `1M`, `4G`, `2KiB`, `1.5G` (binary units).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).unwrap_or(t);
+    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
+    let (num, mult) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let bad = || invalid(format!("cannot read {s:?} as a size (examples: 4096, 4K, 128K, 4G)"));
+    if let Ok(v) = num.parse::<u64>() {
+        return v.checked_mul(mult).ok_or_else(bad);
+    }
+    let f: f64 = num.parse().map_err(|_| bad())?;
+    if !(f.is_finite() && f >= 0.0) {
+        return Err(bad());
+    }
+    let v = f * mult as f64;
+    if v > u64::MAX as f64 / 2.0 {
+        return Err(bad());
+    }
+    Ok(v as u64)
+}
+
+/// Formats a byte count the way fio writes sizes: `4K`, `128K`, `1M`, or bytes.
+pub fn size_label(b: u64) -> String {
+    for (unit, s) in [(1u64 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")] {
+        if b >= unit && b % unit == 0 {
+            return format!("{}{s}", b / unit);
+        }
+    }
+    b.to_string()
+}
+
+/// Read sizes with weights, as fio's `bssplit` (`2K/1:4K/2:...`, weights in percent of reads).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SizeMix {
+    /// (size in bytes, cumulative weight out of `total`).
+    entries: Vec<(u32, u32)>,
+    total: u32,
+    label: String,
+}
+
+/// The ImageNet sample-size mix (JPEG sizes of ILSVRC-2012 train), in fio's bssplit syntax.
+pub const IMAGENET_MIX: &str = "2K/1:4K/2:8K/4:16K/8:32K/13:64K/38:128K/33:256K/1";
+
+impl SizeMix {
+    /// One size, or a bssplit list. A bssplit entry without a weight shares what is left of 100.
+    pub fn parse(s: &str) -> Result<SizeMix> {
+        let s = s.trim();
+        if s == "imagenet" {
+            return SizeMix::parse(IMAGENET_MIX).map(|mut m| {
+                m.label = "imagenet".into();
+                m
+            });
+        }
+        let mut raw = Vec::new();
+        for part in s.split(':').filter(|p| !p.is_empty()) {
+            let (size, w) = match part.split_once('/') {
+                Some((a, b)) if !b.is_empty() => (a, Some(b)),
+                Some((a, _)) => (a, None),
+                None => (part, None),
+            };
+            let size = parse_size(size)?;
+            if size == 0 || size > (256 << 20) {
+                return Err(invalid(format!("read size {size} in {s:?} must be in 1..=256M")));
+            }
+            let w = match w {
+                Some(w) => Some(w.parse::<u32>().map_err(|_| {
+                    invalid(format!("weight {w:?} in {s:?} is not a whole percentage"))
+                })?),
+                None => None,
+            };
+            raw.push((size as u32, w));
+        }
+        if raw.is_empty() {
+            return Err(invalid("empty size mix"));
+        }
+        let given: u32 = raw.iter().filter_map(|e| e.1).sum();
+        let blanks = raw.iter().filter(|e| e.1.is_none()).count() as u32;
+        if given > 100 || (blanks == 0 && given == 0) {
+            return Err(invalid(format!("weights in {s:?} must add up to at most 100")));
+        }
+        let share = if blanks > 0 { (100 - given) / blanks } else { 0 };
+        let mut cum = 0;
+        let mut entries = Vec::new();
+        for (size, w) in raw {
+            cum += w.unwrap_or(share);
+            entries.push((size, cum));
+        }
+        if cum == 0 {
+            return Err(invalid(format!("weights in {s:?} add up to zero")));
+        }
+        let label = if entries.len() == 1 {
+            size_label(entries[0].0 as u64)
+        } else {
+            s.to_string()
+        };
+        Ok(SizeMix {
+            entries,
+            total: cum,
+            label,
+        })
+    }
+
+    /// A size drawn by weight from a uniform `u` in `0..2^64`.
+    pub fn pick(&self, u: u64) -> u32 {
+        let x = ((u as u128 * self.total as u128) >> 64) as u32;
+        self.entries
+            .iter()
+            .find(|e| x < e.1)
+            .unwrap_or(self.entries.last().unwrap())
+            .0
+    }
+
+    pub fn min(&self) -> u32 {
+        self.entries.iter().map(|e| e.0).min().unwrap()
+    }
+
+    pub fn max(&self) -> u32 {
+        self.entries.iter().map(|e| e.0).max().unwrap()
+    }
+
+    /// Mean read size, by weight.
+    pub fn mean(&self) -> f64 {
+        let mut prev = 0;
+        let mut sum = 0.0;
+        for &(size, cum) in &self.entries {
+            sum += size as f64 * (cum - prev) as f64;
+            prev = cum;
+        }
+        sum / self.total as f64
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+}
+
+/// A log-linear histogram of nanoseconds: 32 sub-buckets per power of two (≈3% precision).
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    n: u64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: vec![0; 64 * 32],
+            n: 0,
+        }
+    }
+}
+
+impl Histogram {
+    fn bucket(v: u64) -> usize {
+        if v < 32 {
+            return v as usize;
+        }
+        let msb = 63 - v.leading_zeros() as usize;
+        let shift = msb - 5;
+        ((shift + 1) << 5) | ((v >> shift) & 31) as usize
+    }
+
+    fn value(b: usize) -> u64 {
+        if b < 32 {
+            return b as u64;
+        }
+        let shift = (b >> 5) - 1;
+        let v = (32 | (b & 31) as u64) << shift;
+        v + (1u64 << shift) / 2
+    }
+
+    pub fn record(&mut self, ns: u64) {
+        self.counts[Self::bucket(ns)] += 1;
+        self.n += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.n
+    }
+
+    /// The value at quantile `q` (0..=1), in nanoseconds; 0 when empty.
+    pub fn quantile(&self, q: f64) -> u64 {
+        if self.n == 0 {
+            return 0;
+        }
+        let rank = ((q * self.n as f64).ceil() as u64).clamp(1, self.n);
+        let mut seen = 0;
+        for (b, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::value(b);
+            }
+        }
+        Self::value(self.counts.len() - 1)
+    }
+}
+
+/// A progress line on stderr: redrawn in place on a terminal, start and end lines otherwise.
+#[derive(Debug)]
+pub struct Progress {
+    what: String,
+    total: u64,
+    unit: &'static str,
+    scale: f64,
+    tty: bool,
+    last: Instant,
+    start: Instant,
+    quiet: bool,
+}
+
+impl Progress {
+    /// Progress over `total` bytes (shown in MiB).
+    pub fn bytes(what: impl Into<String>, total: u64) -> Progress {
+        Progress::new(what, total, "MiB", 1.0 / (1u64 << 20) as f64)
+    }
+
+    /// Progress over `total` items.
+    pub fn items(what: impl Into<String>, total: u64, unit: &'static str) -> Progress {
+        Progress::new(what, total, unit, 1.0)
+    }
+
+    fn new(what: impl Into<String>, total: u64, unit: &'static str, scale: f64) -> Progress {
+        let p = Progress {
+            what: what.into(),
+            total,
+            unit,
+            scale,
+            tty: std::io::stderr().is_terminal(),
+            last: Instant::now() - Duration::from_secs(1),
+            start: Instant::now(),
+            quiet: std::env::var("GPUFEED_QUIET").as_deref() == Ok("1"),
+        };
+        if !p.tty && !p.quiet {
+            eprintln!("{} ...", p.what);
+        }
+        p
+    }
+
+    pub fn set(&mut self, done: u64) {
+        if !self.tty || self.quiet || self.last.elapsed() < Duration::from_millis(100) {
+            return;
+        }
+        self.last = Instant::now();
+        let pct = if self.total > 0 {
+            done as f64 * 100.0 / self.total as f64
+        } else {
+            100.0
+        };
+        let width = 30;
+        let filled = ((pct / 100.0) * width as f64) as usize;
+        let mut e = std::io::stderr().lock();
+        let _ = write!(
+            e,
+            "\r{} [{}{}] {:.0}/{:.0} {} ({pct:.0}%)",
+            self.what,
+            "#".repeat(filled.min(width)),
+            " ".repeat(width - filled.min(width)),
+            done as f64 * self.scale,
+            self.total as f64 * self.scale,
+            self.unit
+        );
+        let _ = e.flush();
+    }
+
+    pub fn finish(self) {
+        if self.quiet {
+            return;
+        }
+        let secs = self.start.elapsed().as_secs_f64();
+        if self.tty {
+            eprintln!(
+                "\r{} done: {:.0} {} in {secs:.1} s{}",
+                self.what,
+                self.total as f64 * self.scale,
+                self.unit,
+                " ".repeat(30)
+            );
+        } else {
+            eprintln!("{} done in {secs:.1} s", self.what);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("128k").unwrap(), 128 << 10);
+        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
+        assert_eq!(parse_size("2KiB").unwrap(), 2048);
+        assert_eq!(parse_size("1.5M").unwrap(), 3 << 19);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1K").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(size_label(4096), "4K");
+        assert_eq!(size_label(1 << 20), "1M");
+        assert_eq!(size_label(1000), "1000");
+    }
+
+    #[test]
+    fn imagenet_mix_matches_fio_weights() {
+        let m = SizeMix::parse(IMAGENET_MIX).unwrap();
+        assert_eq!(m.min(), 2048);
+        assert_eq!(m.max(), 256 << 10);
+        // Draw many sizes and compare frequencies with the weights.
+        let mut rng = crate::io::sim::Rng::new(1);
+        let mut c = std::collections::HashMap::new();
+        let n = 200_000;
+        for _ in 0..n {
+            *c.entry(m.pick(rng.next_u64())).or_insert(0u32) += 1;
+        }
+        let share = |k: u32| c[&k] as f64 / n as f64 * 100.0;
+        assert!((share(64 << 10) - 38.0).abs() < 0.6);
+        assert!((share(128 << 10) - 33.0).abs() < 0.6);
+        assert!((share(2048) - 1.0).abs() < 0.2);
+        let mean = m.mean();
+        assert!((mean - 74.98 * 1024.0).abs() < 64.0, "{mean}");
+        assert_eq!(SizeMix::parse("imagenet").unwrap().label(), "imagenet");
+    }
+
+    #[test]
+    fn bssplit_blank_weights_share_the_rest() {
+        let m = SizeMix::parse("4K/50:8K:16K").unwrap();
+        assert_eq!(m.entries, vec![(4096, 50), (8192, 75), (16384, 100)]);
+        assert!(SizeMix::parse("4K/70:8K/40").is_err());
+        assert!(SizeMix::parse("0").is_err());
+        assert_eq!(SizeMix::parse("128K").unwrap().label(), "128K");
+    }
+
+    #[test]
+    fn histogram_quantiles_are_close() {
+        let mut h = Histogram::default();
+        for v in 1..=100_000u64 {
+            h.record(v * 100);
+        }
+        let p50 = h.quantile(0.5) as f64;
+        let p99 = h.quantile(0.99) as f64;
+        assert!((p50 / 5_000_000.0 - 1.0).abs() < 0.04, "{p50}");
+        assert!((p99 / 9_900_000.0 - 1.0).abs() < 0.04, "{p99}");
+        assert_eq!(Histogram::default().quantile(0.5), 0);
+    }
+}
