@@ -291,9 +291,11 @@ pub fn run_io_bench(spec: &IoBenchSpec) -> Result<IoBenchResult> {
     let mut first_error = None;
     while engine.in_flight() > 0 {
         engine.wait(reap)?;
-        let now = Instant::now();
-        let more = now < deadline && first_error.is_none();
+        // With one submission per read, `flush` below reaps more completions while we drain:
+        // the clock and the deadline are read per completion, not per wait.
         while let Some(c) = engine.pop() {
+            let now = Instant::now();
+            let more = now < deadline && first_error.is_none();
             let i = c.user_data as usize;
             match c.outcome() {
                 Ok(r) => {

@@ -1,5 +1,7 @@
 //! Integration tests: one binary, a module per concern.
 
+mod cli;
 mod common;
 mod engine;
+mod fallback;
 mod sim;
