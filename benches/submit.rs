@@ -22,7 +22,10 @@ const FILE_BYTES: u64 = 64 << 20;
 struct CpuTime;
 
 fn cpu_ns() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 * 1e9 + ts.tv_nsec as f64
@@ -89,7 +92,9 @@ fn bench_file() -> PathBuf {
 
 fn offsets(n: usize) -> Vec<u64> {
     let mut rng = Rng::new(7);
-    (0..n).map(|_| rng.below(FILE_BYTES / 4096) * 4096).collect()
+    (0..n)
+        .map(|_| rng.below(FILE_BYTES / 4096) * 4096)
+        .collect()
 }
 
 /// Reads every offset (4 KiB) through the engine, one submission per read, qd in flight.
@@ -97,8 +102,15 @@ fn engine_reads(engine: &mut Engine, file: FileId, offs: &[u64]) {
     let mut next = 0;
     while next < offs.len() || engine.in_flight() > 0 {
         while next < offs.len() {
-            let Some(slot) = engine.arena().take() else { break };
-            let spec = ReadSpec { file, offset: offs[next], len: 4096, buf_offset: 0 };
+            let Some(slot) = engine.arena().take() else {
+                break;
+            };
+            let spec = ReadSpec {
+                file,
+                offset: offs[next],
+                len: 4096,
+                buf_offset: 0,
+            };
             engine.submit_one(slot, spec, next as u64).unwrap();
             engine.flush().unwrap();
             next += 1;
@@ -112,7 +124,12 @@ fn engine_reads(engine: &mut Engine, file: FileId, offs: &[u64]) {
 }
 
 fn engine_for(kind: EngineKind) -> Engine {
-    let cfg = EngineConfig { honor_env: false, ..EngineConfig::new(kind, 32, 8192) };
+    // The file stays cached: the device must not be in this measurement.
+    let cfg = EngineConfig {
+        honor_env: false,
+        drop_cache_behind: false,
+        ..EngineConfig::new(kind, 32, 8192)
+    };
     Engine::new(cfg).unwrap()
 }
 
@@ -124,7 +141,9 @@ fn submission<M: Measurement>(c: &mut Criterion<M>, label: &str) {
     for kind in [EngineKind::UringBuffered, EngineKind::Std] {
         let mut engine = engine_for(kind);
         let file = engine.open(&path).unwrap();
-        g.bench_function(format!("engine-{kind}"), |b| b.iter(|| engine_reads(&mut engine, file, &offs)));
+        g.bench_function(format!("engine-{kind}"), |b| {
+            b.iter(|| engine_reads(&mut engine, file, &offs))
+        });
     }
     let f = std::fs::File::open(&path).unwrap();
     let mut buf = vec![0u8; 4096];

@@ -4,17 +4,23 @@
 # The pread-pool and std engines run alongside (once per round) to show what io_uring buys.
 #
 # usage: scripts/compare-fio.sh [--file PATH] [--size 4G] [--seconds 10] [--rounds 2]
-#                               [--cases 4k,128k,imagenet] [--json OUT.json]
+#                               [--cases 4k,128k,imagenet] [--cpu auto|none|N] [--json OUT.json]
+# --cpu: both tools run pinned to the same CPU (taskset). `auto` (default) picks a CPU that does
+# not take the disk's interrupts: on kernels without IRQ-time accounting, interrupt time is
+# charged to whichever task happens to run on the interrupted CPU, which otherwise makes the
+# CPU-seconds of either tool depend on where the scheduler put it (measured here: +15% when on
+# the interrupt CPU). `none` runs unpinned.
 # needs: fio (installed with apt-get when missing and running as root), python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-file=gpufeed-bench.dat size=4G seconds=10 rounds=2 cases=4k,128k,imagenet json_out=""
+file=gpufeed-bench.dat size=4G seconds=10 rounds=2 cases=4k,128k,imagenet json_out="" cpu=auto
 while [ $# -gt 0 ]; do
   case "$1" in
     --file) file=$2; shift 2;; --size) size=$2; shift 2;; --seconds) seconds=$2; shift 2;;
     --rounds) rounds=$2; shift 2;; --cases) cases=$2; shift 2;; --json) json_out=$2; shift 2;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0;;
+    --cpu) cpu=$2; shift 2;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0;;
     *) echo "unknown argument: $1" >&2; exit 2;;
   esac
 done
@@ -30,14 +36,42 @@ bin=${GPUFEED_BIN:-target/release/gpufeed}
 [ -x "$bin" ] || cargo build --release --quiet
 "$bin" bench io --file "$file" --size "$size" --seconds 0.01 --bs 4K --json >/dev/null  # create the file
 
+# The CPU to pin both tools to: the one taking the fewest of the disk's interrupts.
+if [ "$cpu" = auto ]; then
+  cpu=$(python3 - "$file" <<'PY'
+import os, sys
+st = os.stat(sys.argv[1]); maj, mnr = os.major(st.st_dev), os.minor(st.st_dev)
+dev = os.path.realpath(f"/sys/dev/block/{maj}:{mnr}")
+if os.path.exists(os.path.join(dev, "partition")):
+    dev = os.path.dirname(dev)
+names = set()
+p = os.path.realpath(os.path.join(dev, "device"))
+for _ in range(4):                      # vda -> virtio1, nvme0n1 -> nvme0, ...
+    names.add(os.path.basename(p)); p = os.path.dirname(p)
+lines = open("/proc/interrupts").read().splitlines()
+ncpu = len(lines[0].split())
+counts = [0] * ncpu
+for l in lines[1:]:
+    f = l.split()
+    if any(n and (f[-1].startswith(n + "-") or f[-1].startswith(n + "q")) for n in names):
+        for i in range(ncpu):
+            if f[1 + i].isdigit(): counts[i] += int(f[1 + i])
+allowed = sorted(os.sched_getaffinity(0))
+print(min(allowed, key=lambda c: (counts[c] if c < ncpu else 0, c)))
+PY
+)
+fi
+pin=()
+if [ "$cpu" != none ]; then pin=(taskset -c "$cpu"); echo "pinning fio and gpufeed to CPU $cpu" >&2; fi
+
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 imagenet='2K/1:4K/2:8K/4:16K/8:32K/13:64K/38:128K/33:256K/1'
 run_case() { # name ours_bs fio_bs_arg qd round
   local name=$1 bs=$2 fiobs=$3 qd=$4 r=$5
-  local fio_cmd=(fio --name=gpufeed-compare --filename="$file" --ioengine=io_uring --direct=1
+  local fio_cmd=("${pin[@]}" fio --name=gpufeed-compare --filename="$file" --ioengine=io_uring --direct=1
                  --norandommap --rw=randread "$fiobs" --iodepth="$qd" --runtime="$seconds"
                  --time_based --output-format=json)
-  local ours_cmd=("$bin" bench io --file "$file" --pattern rand --bs "$bs" --qd "$qd"
+  local ours_cmd=("${pin[@]}" "$bin" bench io --file "$file" --pattern rand --bs "$bs" --qd "$qd"
                   --seconds "$seconds" --engine uring --json)
   sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
   if [ $((r % 2)) = 1 ]; then
@@ -45,7 +79,7 @@ run_case() { # name ours_bs fio_bs_arg qd round
   else
     "${ours_cmd[@]}" > "$tmp/$name.ours.$r.json"; "${fio_cmd[@]}" > "$tmp/$name.fio.$r.json"
   fi
-  "$bin" bench io --file "$file" --pattern rand --bs "$bs" --qd "$qd" --seconds "$seconds" \
+  "${pin[@]}" "$bin" bench io --file "$file" --pattern rand --bs "$bs" --qd "$qd" --seconds "$seconds" \
     --engine pread-pool,std --json > "$tmp/$name.others.$r.json"
   echo "  $name round $r done" >&2
 }
@@ -61,9 +95,10 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 
-python3 - "$tmp" "$rounds" "$cases" "$json_out" <<'PY'
+python3 - "$tmp" "$rounds" "$cases" "$json_out" "$cpu" <<'PY'
 import json, sys, statistics as st
-tmp, rounds, cases, out = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4]
+tmp, rounds, cases, out, cpu = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4], sys.argv[5]
+print(f"both tools pinned to CPU {cpu}" if cpu != "none" else "unpinned")
 qd = {"4k": 32, "128k": 32, "imagenet": 128}
 def fio(path):
     j = json.load(open(path))["jobs"][0]; r = j["read"]
@@ -101,5 +136,5 @@ for c in cases:
         parts.append(f'{eng} {st.mean(x["gib_per_s"] for x in os_):.3f} ({st.mean(x["cpu_s_per_gib"] for x in os_):.3f})')
     print(f"  {c:<9} " + ", ".join(parts))
 if out:
-    json.dump({"rows": rows, "summary": summary}, open(out, "w"), indent=1)
+    json.dump({"cpu": cpu, "rows": rows, "summary": summary}, open(out, "w"), indent=1)
 PY

@@ -1,4 +1,70 @@
-//! gpufeed keeps GPUs fed (crate docs: see the guided tour below, filled in as stages land).
+//! # gpufeed — keeps GPUs fed
+//!
+//! Training reads millions of small samples in a new random order every epoch. gpufeed moves
+//! them from NVMe towards the GPU with as few copies, syscalls and interrupts as the hardware
+//! allows. This crate is built in stages; the foundation, present today, is the read engine.
+//!
+//! ## The way the data flows
+//! ```text
+//! dataset files ──► dataset (sample → file, offset, len)              [next]
+//!                     │
+//! epoch order ──────► plan (shuffle, sharding, coalescing)             [next]
+//!                     ▼
+//!                   io::Engine (io_uring: fixed files, fixed buffers, O_DIRECT)   ◄── here
+//!                     │   reads land in one huge-page arena (buf::Arena), slot by slot
+//!                     ▼
+//!                   gpu (one H2D copy per batch; cuFile)               [later]
+//!                     ▼
+//!                   decode (nvJPEG, CUDA kernels, CPU twins)           [later]
+//! ```
+//!
+//! ## A first read
+//! ```no_run
+//! use gpufeed::{Engine, EngineConfig, EngineKind, ReadSpec};
+//!
+//! // 32 reads in flight, 32 slots of 1 MiB in a huge-page arena registered with io_uring.
+//! let mut engine = Engine::new(EngineConfig::new(EngineKind::Uring, 32, 1 << 20))?;
+//! let file = engine.open("/data/train-00000.bin")?; // O_DIRECT where the file system allows
+//! let slot = engine.arena().take().expect("a free slot");
+//! // Any offset and length: the engine widens to the O_DIRECT alignment and trims on delivery.
+//! let read = ReadSpec { file, offset: 1_000_003, len: 70_000, buf_offset: 0 };
+//! engine.submit_one(slot, read, /* user_data */ 1).map_err(|r| r.error)?;
+//! engine.wait(1)?;
+//! let done = engine.pop().expect("a completion");
+//! match done.outcome() {
+//!     Ok(range) => println!("{} bytes", engine.arena().bytes(&done.slot)[range.clone()].len()),
+//!     Err(e) => eprintln!("{e}"), // names the file, offset and length
+//! }
+//! engine.arena().put(done.slot);
+//! # Ok::<(), gpufeed::Error>(())
+//! ```
+//!
+//! ## Glossary
+//! - **arena** ([`buf::Arena`]): one 2 MiB-aligned, huge-page-backed mapping, registered with
+//!   io_uring as fixed buffers (and, later, pinned with CUDA) — never moved, never regrown.
+//! - **slot** ([`buf::Slot`]): an equal part of the arena, and the token that owns it.
+//! - **job**: one slot plus the reads ([`ReadSpec`]) that land in it; it completes as a whole
+//!   ([`Completion`]) with one outcome per read.
+//! - **engine kind** ([`EngineKind`]): `uring` (O_DIRECT), `uring-buffered`, `pread-pool` (no
+//!   io_uring), `std` (synchronous baseline). `GPUFEED_ENGINE` forces one.
+//! - **backend** ([`io::Backend`]): what moves raw aligned reads; the engine logic above it is
+//!   shared, and [`io::sim`] simulates a faulty device to test it.
+//!
+//! ## Safety model
+//! A slot has exactly one owner at every instant — the arena's free list, an engine while a read
+//! targets it, or the caller — because [`buf::Slot`] is neither `Clone` nor `Copy`: the engine
+//! takes it by value on submission and returns it in a [`Completion`] only after every raw read
+//! into it has been reaped. Nothing lends a borrowed `&mut [u8]` to the kernel, so soundness
+//! never depends on a destructor running (`mem::forget` of anything leaks, never corrupts).
+//! Dropping an [`Engine`] cancels, waits for every completion, then unregisters the buffers and
+//! unmaps; if draining fails, the arena is leaked instead of freed. Every `unsafe` block argues
+//! its invariant in a `SAFETY:` comment.
+//!
+//! ## Errors
+//! One [`Error`] type: a [`ErrorKind`], a short lower-case message, and the file, offset,
+//! length and sample when known, with the OS error as `source()`. Bad input (a missing or
+//! unreadable file, a file that shrinks mid-read, an I/O error) is an error for that read alone;
+//! the other reads go on.
 
 #![warn(missing_debug_implementations)]
 

@@ -8,7 +8,10 @@ use crate::error::{invalid, Result};
 /// Parses a size like `4096`, `4K`, `128k`, `1M`, `4G`, `2KiB`, `1.5G` (binary units).
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix("ib"))
+        .unwrap_or(t);
     let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
     let (num, mult) = match t.chars().last() {
         Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
@@ -17,7 +20,11 @@ pub fn parse_size(s: &str) -> Result<u64> {
         Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
         _ => (t, 1),
     };
-    let bad = || invalid(format!("cannot read {s:?} as a size (examples: 4096, 4K, 128K, 4G)"));
+    let bad = || {
+        invalid(format!(
+            "cannot read {s:?} as a size (examples: 4096, 4K, 128K, 4G)"
+        ))
+    };
     if let Ok(v) = num.parse::<u64>() {
         return v.checked_mul(mult).ok_or_else(bad);
     }
@@ -73,7 +80,9 @@ impl SizeMix {
             };
             let size = parse_size(size)?;
             if size == 0 || size > (256 << 20) {
-                return Err(invalid(format!("read size {size} in {s:?} must be in 1..=256M")));
+                return Err(invalid(format!(
+                    "read size {size} in {s:?} must be in 1..=256M"
+                )));
             }
             let w = match w {
                 Some(w) => Some(w.parse::<u32>().map_err(|_| {
@@ -89,9 +98,11 @@ impl SizeMix {
         let given: u32 = raw.iter().filter_map(|e| e.1).sum();
         let blanks = raw.iter().filter(|e| e.1.is_none()).count() as u32;
         if given > 100 || (blanks == 0 && given == 0) {
-            return Err(invalid(format!("weights in {s:?} must add up to at most 100")));
+            return Err(invalid(format!(
+                "weights in {s:?} must add up to at most 100"
+            )));
         }
-        let share = if blanks > 0 { (100 - given) / blanks } else { 0 };
+        let share = (100 - given).checked_div(blanks).unwrap_or(0);
         let mut cum = 0;
         let mut entries = Vec::new();
         for (size, w) in raw {

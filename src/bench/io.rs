@@ -26,7 +26,9 @@ impl std::str::FromStr for Pattern {
         match s {
             "seq" | "read" => Ok(Pattern::Seq),
             "rand" | "randread" => Ok(Pattern::Rand),
-            _ => Err(invalid(format!("unknown pattern {s:?}; expected seq or rand"))),
+            _ => Err(invalid(format!(
+                "unknown pattern {s:?}; expected seq or rand"
+            ))),
         }
     }
 }
@@ -60,7 +62,9 @@ impl std::str::FromStr for SubmitPolicy {
             "auto" => Ok(SubmitPolicy::Auto),
             "each" => Ok(SubmitPolicy::Each),
             "batch" => Ok(SubmitPolicy::Batch),
-            _ => Err(invalid(format!("unknown submit policy {s:?}; expected auto, each or batch"))),
+            _ => Err(invalid(format!(
+                "unknown submit policy {s:?}; expected auto, each or batch"
+            ))),
         }
     }
 }
@@ -93,7 +97,12 @@ pub struct IoBenchSpec {
 
 impl IoBenchSpec {
     /// Defaults for the given file, engine, pattern and sizes: QD 32, 10 s.
-    pub fn new(file: impl Into<PathBuf>, engine: EngineKind, pattern: Pattern, sizes: SizeMix) -> Self {
+    pub fn new(
+        file: impl Into<PathBuf>,
+        engine: EngineKind,
+        pattern: Pattern,
+        sizes: SizeMix,
+    ) -> Self {
         IoBenchSpec {
             file: file.into(),
             engine,
@@ -156,7 +165,9 @@ pub fn ensure_file(path: &Path, size: u64) -> Result<u64> {
         }
     }
     if size == 0 {
-        return Err(invalid("the bench file does not exist and --size is 0").with_path(path.to_path_buf()));
+        return Err(
+            invalid("the bench file does not exist and --size is 0").with_path(path.to_path_buf())
+        );
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(ctx)?;
@@ -218,7 +229,11 @@ pub fn run_io_bench(spec: &IoBenchSpec) -> Result<IoBenchResult> {
         .with_path(spec.file.clone()));
     }
     // The std engine is synchronous: one read at a time whatever the queue depth.
-    let qd = if spec.engine == EngineKind::Std { 1 } else { spec.queue_depth };
+    let qd = if spec.engine == EngineKind::Std {
+        1
+    } else {
+        spec.queue_depth
+    };
     // Room for the largest read plus alignment widening at both ends.
     let slot_bytes = (max as usize + 8192).next_power_of_two().max(4096);
     let cfg = EngineConfig {
@@ -280,12 +295,18 @@ pub fn run_io_bench(spec: &IoBenchSpec) -> Result<IoBenchResult> {
     let raw0 = engine.stats().bytes_read;
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs_f64(spec.seconds);
-    for i in 0..qd as usize {
+    let read_at = |offset, len| ReadSpec {
+        file,
+        offset,
+        len,
+        buf_offset: 0,
+    };
+    for (i, l) in lens.iter_mut().enumerate() {
         let slot = engine.arena().take().expect("one slot per queue entry");
         let (offset, len) = next(&mut rng);
-        lens[i] = len;
+        *l = len;
         engine
-            .submit_one(slot, ReadSpec { file, offset, len, buf_offset: 0 }, i as u64)
+            .submit_one(slot, read_at(offset, len), i as u64)
             .map_err(|r| r.error)?;
     }
     let mut first_error = None;
@@ -321,7 +342,7 @@ pub fn run_io_bench(spec: &IoBenchSpec) -> Result<IoBenchResult> {
                 lens[i] = len;
                 started[i] = now;
                 engine
-                    .submit_one(c.slot, ReadSpec { file, offset, len, buf_offset: 0 }, i as u64)
+                    .submit_one(c.slot, read_at(offset, len), i as u64)
                     .map_err(|r| r.error)?;
                 if submit_each {
                     engine.flush()?;
@@ -355,9 +376,17 @@ pub fn run_io_bench(spec: &IoBenchSpec) -> Result<IoBenchResult> {
         lat_us_p999: us(0.999),
         cpu_s,
         cpu_s_per_gib: if gib > 0.0 { cpu_s / gib } else { 0.0 },
-        syscalls_per_read: if reads > 0 { syscalls as f64 / reads as f64 } else { 0.0 },
+        syscalls_per_read: if reads > 0 {
+            syscalls as f64 / reads as f64
+        } else {
+            0.0
+        },
         submit: if submit_each { "each" } else { "batch" },
-        read_amplification: if bytes > 0 { raw as f64 / bytes as f64 } else { 0.0 },
+        read_amplification: if bytes > 0 {
+            raw as f64 / bytes as f64
+        } else {
+            0.0
+        },
         direct: info.direct,
         fixed_buffers: engine.buffers_registered(),
         huge_page_bytes: engine.arena().huge_page_bytes(),

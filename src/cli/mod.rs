@@ -178,11 +178,7 @@ fn bench_io(a: IoArgs) -> Result<()> {
 /// The main job: every engine on three workloads, a few seconds each, with a verdict per case.
 fn bench_quick(a: QuickArgs) -> Result<()> {
     ensure_file(&a.file, a.size)?;
-    let cases = [
-        ("4K", 32u32),
-        ("128K", 32),
-        (IMAGENET_MIX, 128),
-    ];
+    let cases = [("4K", 32u32), ("128K", 32), (IMAGENET_MIX, 128)];
     if !a.json {
         println!(
             "gpufeed bench: random reads from {} ({} s per run; `gpufeed bench io --help` for more)",

@@ -270,12 +270,13 @@ pub struct Engine {
     /// Ops inside the backend.
     raw_in_flight: usize,
     /// Ops pushed to the backend since its last `submit`.
-    unsubmitted: bool,
+    unsubmitted: usize,
     ready: VecDeque<Completion>,
     raw_done: Vec<RawDone>,
     stats: EngineStats,
     notices: Vec<String>,
     reads_per_job_max: u32,
+    drop_cache_behind: bool,
     /// Set if draining failed: the arena must then never be freed.
     poisoned: bool,
 }
@@ -363,12 +364,13 @@ impl Engine {
             free_jobs: (0..jobs_max as u32).rev().collect(),
             pending: VecDeque::with_capacity(ops_max),
             raw_in_flight: 0,
-            unsubmitted: false,
+            unsubmitted: 0,
             ready: VecDeque::with_capacity(jobs_max),
             raw_done: Vec::with_capacity(ops_max),
             stats: EngineStats::default(),
             notices,
             reads_per_job_max: cfg.reads_per_job_max,
+            drop_cache_behind: cfg.drop_cache_behind,
             poisoned: false,
         }
     }
@@ -683,7 +685,7 @@ impl Engine {
             match unsafe { self.backend.push(raw) } {
                 Ok(()) => {
                     self.raw_in_flight += 1;
-                    self.unsubmitted = true;
+                    self.unsubmitted += 1;
                     self.stats.raw_reads += 1;
                 }
                 Err(_) => {
@@ -703,7 +705,7 @@ impl Engine {
     }
 
     fn submit_backend(&mut self, want: usize) -> Result<()> {
-        self.unsubmitted = false;
+        self.unsubmitted = 0;
         self.backend
             .submit(want)
             .map_err(|e| Error::io("cannot submit reads", e))
@@ -719,7 +721,7 @@ impl Engine {
             self.pump();
             if self.ready.len() >= min_jobs {
                 // Enough is ready, but reads just queued must still reach the device.
-                if self.unsubmitted {
+                if self.unsubmitted > 0 {
                     self.submit_backend(0)?;
                     self.reap();
                 }
@@ -779,7 +781,7 @@ impl Engine {
         }
         let n = d.res as u32;
         self.stats.bytes_read += n as u64;
-        if !entry.info.direct {
+        if !entry.info.direct && self.drop_cache_behind {
             entry.cached_bytes += n as u64;
             if entry.cached_bytes >= DONTNEED_EVERY_BYTES {
                 // Keep buffered reads from filling the page cache: drop what this file left.

@@ -15,17 +15,55 @@ fn bench_io_json_has_every_field_and_real_numbers() {
     let dir = disk_dir();
     let file = dir.path().join("b.dat");
     let out = gpufeed()
-        .args(["bench", "io", "--file", file.to_str().unwrap(), "--size", "64M", "--seconds", "0.3"])
-        .args(["--bs", "4K/50:64K/50", "--qd", "8", "--engine", "uring,pread-pool", "--pattern", "rand,seq", "--json"])
+        .args([
+            "bench",
+            "io",
+            "--file",
+            file.to_str().unwrap(),
+            "--size",
+            "64M",
+            "--seconds",
+            "0.3",
+        ])
+        .args([
+            "--bs",
+            "4K/50:64K/50",
+            "--qd",
+            "8",
+            "--engine",
+            "uring,pread-pool",
+            "--pattern",
+            "rand,seq",
+            "--json",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
-    let runs: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let runs: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(runs.len(), 4, "{text}");
     for r in &runs {
-        for k in ["engine", "pattern", "bs", "qd", "bytes", "seconds", "gib_per_s", "iops", "lat_us_p50",
-                  "lat_us_p99", "cpu_s_per_gib", "syscalls_per_read"] {
+        for k in [
+            "engine",
+            "pattern",
+            "bs",
+            "qd",
+            "bytes",
+            "seconds",
+            "gib_per_s",
+            "iops",
+            "lat_us_p50",
+            "lat_us_p99",
+            "cpu_s_per_gib",
+            "syscalls_per_read",
+        ] {
             assert!(r.get(k).is_some(), "missing {k} in {r}");
         }
         assert!(r["bytes"].as_u64().unwrap() > 0);
@@ -47,11 +85,24 @@ fn environment_forces_the_engine_end_to_end() {
     for forced in ["pread-pool", "uring-buffered", "std"] {
         let out = gpufeed()
             .env("GPUFEED_ENGINE", forced)
-            .args(["bench", "io", "--file", file.to_str().unwrap(), "--size", "16M", "--seconds", "0.1"])
+            .args([
+                "bench",
+                "io",
+                "--file",
+                file.to_str().unwrap(),
+                "--size",
+                "16M",
+                "--seconds",
+                "0.1",
+            ])
             .args(["--bs", "4K", "--engine", "uring", "--json"])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(r["engine"], forced);
         assert_eq!(r["direct"], forced == "pread-pool");
@@ -60,15 +111,28 @@ fn environment_forces_the_engine_end_to_end() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let out = gpufeed().args(["bench", "io", "--bs", "4K/70:8K/70"]).output().unwrap();
+    let out = gpufeed()
+        .args(["bench", "io", "--bs", "4K/70:8K/70"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("weights"), "{err}");
-    let out = gpufeed().args(["bench", "io", "--engine", "turbo"]).output().unwrap();
+    let out = gpufeed()
+        .args(["bench", "io", "--engine", "turbo"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown engine"));
     let out = gpufeed()
-        .args(["bench", "io", "--file", "/nonexistent-dir/x.dat", "--size", "0"])
+        .args([
+            "bench",
+            "io",
+            "--file",
+            "/nonexistent-dir/x.dat",
+            "--size",
+            "0",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -9,16 +9,29 @@ use gpufeed::{Engine, EngineKind};
 
 use crate::common::*;
 
-fn run_child(test: &str, setup: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static, env: (&str, &str), as_nobody: bool) -> Option<String> {
+fn run_child(
+    test: &str,
+    setup: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+    env: (&str, &str),
+    as_nobody: bool,
+) -> Option<String> {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--ignored", "--exact", test, "--nocapture", "--test-threads=1"]).env(env.0, env.1);
+    cmd.args([
+        "--ignored",
+        "--exact",
+        test,
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(env.0, env.1);
     if as_nobody {
         cmd.uid(65534).gid(65534);
     }
     // SAFETY: the closure only makes async-signal-safe syscalls (setrlimit, prctl).
     unsafe { cmd.pre_exec(setup) };
     let out = cmd.output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     if !out.status.success() && !text.contains("test result") {
         eprintln!("skipped: the child could not run here: {text}");
         return None;
@@ -61,7 +74,10 @@ fn registration_refused_falls_back_and_says_why() {
     run_child(
         "fallback::registration_refused_child",
         || {
-            let lim = libc::rlimit { rlim_cur: 8 << 20, rlim_max: 8 << 20 };
+            let lim = libc::rlimit {
+                rlim_cur: 8 << 20,
+                rlim_max: 8 << 20,
+            };
             // SAFETY: plain setrlimit on this (child) process.
             if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -105,18 +121,55 @@ fn block_io_uring() -> std::io::Result<()> {
     }
     const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
     let prog = [
-        SockFilter { code: 0x20, jt: 0, jf: 0, k: 4 },                 // ld arch
-        SockFilter { code: 0x15, jt: 0, jf: 3, k: AUDIT_ARCH_X86_64 }, // not x86-64: allow
-        SockFilter { code: 0x20, jt: 0, jf: 0, k: 0 },                 // ld nr
-        SockFilter { code: 0x15, jt: 0, jf: 1, k: libc::SYS_io_uring_setup as u32 },
-        SockFilter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::ENOSYS as u32 },
-        SockFilter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }, // allow
+        SockFilter {
+            code: 0x20,
+            jt: 0,
+            jf: 0,
+            k: 4,
+        }, // ld arch
+        SockFilter {
+            code: 0x15,
+            jt: 0,
+            jf: 3,
+            k: AUDIT_ARCH_X86_64,
+        }, // not x86-64: allow
+        SockFilter {
+            code: 0x20,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        }, // ld nr
+        SockFilter {
+            code: 0x15,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_io_uring_setup as u32,
+        },
+        SockFilter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: 0x0005_0000 | libc::ENOSYS as u32,
+        },
+        SockFilter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: 0x7fff_0000,
+        }, // allow
     ];
-    let fprog = SockFprog { len: prog.len() as u16, filter: prog.as_ptr() };
+    let fprog = SockFprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr(),
+    };
     // SAFETY: prctl with a valid filter program that outlives the call.
     unsafe {
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-            || libc::prctl(libc::PR_SET_SECCOMP, 2 /* SECCOMP_MODE_FILTER */, &fprog as *const SockFprog) != 0
+            || libc::prctl(
+                libc::PR_SET_SECCOMP,
+                2, /* SECCOMP_MODE_FILTER */
+                &fprog as *const SockFprog,
+            ) != 0
         {
             return Err(std::io::Error::last_os_error());
         }
@@ -150,7 +203,11 @@ fn arena_over_1gib_registers_in_pieces() {
     let mut engine = Engine::new(cfg).unwrap();
     if unsafe { libc::geteuid() } == 0 {
         assert!(engine.buffers_registered(), "{}", engine.describe());
-        assert!(engine.describe().contains("2 piece(s)"), "{}", engine.describe());
+        assert!(
+            engine.describe().contains("2 piece(s)"),
+            "{}",
+            engine.describe()
+        );
     }
     let file = engine.open(&path).unwrap();
     // All six slots in flight at once, so slots of both pieces are used.
@@ -168,7 +225,11 @@ fn sqpoll_delivers_every_byte() {
     let mut cfg = config(EngineKind::Uring, 8, 64 << 10);
     cfg.sqpoll = true;
     let mut engine = Engine::new(cfg).unwrap();
-    assert!(engine.describe().contains("SQPOLL"), "{}", engine.describe());
+    assert!(
+        engine.describe().contains("SQPOLL"),
+        "{}",
+        engine.describe()
+    );
     let file = engine.open(&path).unwrap();
     let reqs: Vec<(u64, u32)> = (0..300).map(|i| (i * 6_991 % size, 60_000)).collect();
     for (&(off, len), r) in reqs.iter().zip(read_all(&mut engine, file, &reqs)) {
