@@ -73,8 +73,10 @@ pub mod buf;
 #[doc(hidden)]
 pub mod cli;
 pub mod config;
+pub mod dataset;
 pub mod error;
 pub mod io;
+pub mod plan;
 pub mod sys;
 pub mod util;
 

@@ -1,0 +1,612 @@
+//! ② What to read: the order of an epoch, its split across ranks, and the reads that serve it.
+//!
+//! Everything here is a pure function of (dataset index, seed, epoch, rank, world size, mode):
+//! the same inputs give the same batches on any machine, so an epoch can be resumed from any
+//! batch. No I/O, no `unsafe`.
+//!
+//! An epoch is cut into batches of `batch_size` samples; consecutive batches form *groups*
+//! (at most `window_batches`, at most `group_bytes_max` bytes once laid out) whose samples are
+//! read together into one slot. Within a group, samples are sorted by (file, offset) and merged
+//! into reads while the gap between two is at most `max_gap_bytes` (the read-amplification
+//! limit) and the merged read stays under `max_read_bytes`; the *scatter map* says where each
+//! sample sits inside which read.
+//!
+//! Coalescing is a trade, and this module shows it rather than hiding it: after a `global`
+//! shuffle almost nothing merges, while `block` order merges most samples into few reads at
+//! some cost in shuffle quality. [`Quality`] puts numbers on both sides.
+
+#![forbid(unsafe_code)]
+
+use std::ops::Range;
+
+use crate::dataset::Sample;
+use crate::error::{invalid, Result};
+use crate::io::sim::Rng;
+
+/// How an epoch's samples are ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case", tag = "mode")]
+pub enum Order {
+    /// An exact uniform permutation of all samples every epoch; ranks take interleaved
+    /// positions (as PyTorch's DistributedSampler).
+    Global,
+    /// Shards (files) in a shuffled order, each rank a contiguous part of that stream, then a
+    /// shuffle buffer of `buffer` samples (as WebDataset and DALI do).
+    ShardBuffer { buffer: u32 },
+    /// Quasi-random: the dataset cut into blocks of about `block_bytes` consecutive bytes,
+    /// blocks shuffled, each rank a contiguous part of that stream; `open_blocks` blocks are open
+    /// at a time and their samples are drawn in random order (FFCV-like, deterministic).
+    Block { block_bytes: u64, open_blocks: u32 },
+}
+
+impl Order {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Order::Global => "global",
+            Order::ShardBuffer { .. } => "shard-buffer",
+            Order::Block { .. } => "block",
+        }
+    }
+
+    /// `global`, `shard-buffer` (buffer 10000) or `block` (8 MiB blocks, 8 open).
+    pub fn parse(s: &str) -> Result<Order> {
+        match s {
+            "global" => Ok(Order::Global),
+            "shard-buffer" => Ok(Order::ShardBuffer { buffer: 10_000 }),
+            "block" => Ok(Order::Block {
+                block_bytes: 8 << 20,
+                open_blocks: 8,
+            }),
+            _ => Err(invalid(format!(
+                "unknown order {s:?}; expected global, shard-buffer or block"
+            ))),
+        }
+    }
+}
+
+/// Every choice that shapes an epoch's plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanConfig {
+    pub order: Order,
+    pub seed: u64,
+    pub rank: u32,
+    pub world_size: u32,
+    pub batch_size: u32,
+    /// Drop the samples that do not fill the last batch of every rank (otherwise the epoch is
+    /// padded by repeating samples from its start, so every rank has the same full batches).
+    pub drop_last: bool,
+    /// Batches read together into one slot at most; a block-order window that holds more
+    /// batches is still read whole (if it fits `group_bytes_max`).
+    pub window_batches: u32,
+    /// Bytes a group may take in its slot (the slot size).
+    pub group_bytes_max: u64,
+    /// Merge two samples of one file into one read when the gap between them is at most this.
+    pub max_gap_bytes: u64,
+    /// A merged read is at most this long.
+    pub max_read_bytes: u64,
+    /// Offset alignment assumed when laying reads out in a slot (≥ every file's O_DIRECT
+    /// offset alignment).
+    pub align: u32,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        PlanConfig {
+            order: Order::Global,
+            seed: 0,
+            rank: 0,
+            world_size: 1,
+            batch_size: 256,
+            drop_last: false,
+            window_batches: 4,
+            group_bytes_max: 128 << 20,
+            max_gap_bytes: 64 << 10,
+            max_read_bytes: 16 << 20,
+            align: 4096,
+        }
+    }
+}
+
+impl PlanConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return Err(invalid(format!(
+                "rank {} is not in 0..{} (world size)",
+                self.rank, self.world_size
+            )));
+        }
+        if self.batch_size == 0 || self.window_batches == 0 {
+            return Err(invalid("batch_size and window_batches must be at least 1"));
+        }
+        if !self.align.is_power_of_two() {
+            return Err(invalid(format!(
+                "align {} is not a power of two",
+                self.align
+            )));
+        }
+        if self.max_read_bytes == 0 || self.max_read_bytes > u32::MAX as u64 {
+            return Err(invalid("max_read_bytes must be in 1..4 GiB"));
+        }
+        match self.order {
+            Order::ShardBuffer { buffer: 0 } => {
+                Err(invalid("shard-buffer needs a buffer of at least 1 sample"))
+            }
+            Order::Block {
+                block_bytes,
+                open_blocks,
+            } if block_bytes == 0 || open_blocks == 0 => {
+                Err(invalid("block order needs block_bytes and open_blocks ≥ 1"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A seed for one purpose of one epoch.
+fn seed_for(seed: u64, epoch: u64, purpose: u64) -> Rng {
+    let mut r =
+        Rng::new(seed ^ epoch.wrapping_mul(0xA24B_AED4_963E_E407) ^ purpose.rotate_left(32));
+    r.next_u64();
+    r
+}
+
+fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
+    for i in (1..v.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        v.swap(i, j);
+    }
+}
+
+/// This rank's samples for `epoch`, in order: `batches × batch_size` sample ids.
+pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<Vec<u32>> {
+    cfg.validate()?;
+    let n = samples.len();
+    if n == 0 {
+        return Err(invalid("the dataset has no samples"));
+    }
+    if n > u32::MAX as usize {
+        return Err(invalid("more than 2^32 samples"));
+    }
+    let world = cfg.world_size as usize;
+    let b = cfg.batch_size as usize;
+    // Samples per rank: every rank gets the same number of full batches.
+    let per_rank = if cfg.drop_last {
+        (n / world) / b * b
+    } else {
+        n.div_ceil(world).div_ceil(b) * b
+    };
+    if per_rank == 0 {
+        return Err(invalid(format!(
+            "{n} samples over {world} ranks do not fill one batch of {b} with drop_last"
+        )));
+    }
+    let rank = cfg.rank as usize;
+    // The whole-epoch stream, then this rank's part of it.
+    let stream: Vec<u32> = match cfg.order {
+        Order::Global => {
+            let mut p: Vec<u32> = (0..n as u32).collect();
+            shuffle(&mut p, &mut seed_for(cfg.seed, epoch, 1));
+            p
+        }
+        Order::ShardBuffer { .. } => {
+            let mut files: Vec<u32> = samples.iter().map(|s| s.file).collect();
+            files.sort_unstable();
+            files.dedup();
+            shuffle(&mut files, &mut seed_for(cfg.seed, epoch, 2));
+            let mut place_of_file = vec![0u32; files.iter().max().map_or(0, |&m| m as usize + 1)];
+            for (pos, &f) in files.iter().enumerate() {
+                place_of_file[f as usize] = pos as u32;
+            }
+            let mut p: Vec<u32> = (0..n as u32).collect();
+            // Stable: samples keep their order within a shard.
+            p.sort_by_key(|&i| place_of_file[samples[i as usize].file as usize]);
+            p
+        }
+        Order::Block { block_bytes, .. } => {
+            let blocks = blocks(samples, block_bytes);
+            let mut order: Vec<u32> = (0..blocks.len() as u32).collect();
+            shuffle(&mut order, &mut seed_for(cfg.seed, epoch, 3));
+            let mut p = Vec::with_capacity(n);
+            for bi in order {
+                p.extend(blocks[bi as usize].clone());
+            }
+            p
+        }
+    };
+    let positions: Box<dyn Iterator<Item = usize>> = match cfg.order {
+        // Interleaved, padded by wrapping around the permutation.
+        Order::Global => Box::new((0..per_rank).map(move |k| (k * world + rank) % n)),
+        // A contiguous part of the stream (locality), padded by wrapping.
+        _ => Box::new((rank * per_rank..(rank + 1) * per_rank).map(move |k| k % n)),
+    };
+    let mut mine: Vec<u32> = positions.map(|k| stream[k]).collect();
+    let mut rng = seed_for(cfg.seed, epoch, 10 + rank as u64);
+    match cfg.order {
+        Order::Global => {}
+        Order::ShardBuffer { buffer } => shuffle_buffer(&mut mine, buffer as usize, &mut rng),
+        Order::Block { .. } => {
+            // Windows of whole batches, each about `open_blocks` blocks: their samples are
+            // drawn in random order. A block cut at a window's edge leaves one contiguous run
+            // on each side, so every run in a window is one read.
+            let w = block_window_samples(samples, cfg);
+            for chunk in mine.chunks_mut(w) {
+                shuffle(chunk, &mut rng);
+            }
+        }
+    }
+    Ok(mine)
+}
+
+/// Samples per block-order window: `open_blocks` blocks' worth at the dataset's mean sample
+/// size, rounded to whole batches (at least one).
+fn block_window_samples(samples: &[Sample], cfg: &PlanConfig) -> usize {
+    let Order::Block {
+        block_bytes,
+        open_blocks,
+    } = cfg.order
+    else {
+        return cfg.batch_size as usize;
+    };
+    let mean =
+        samples.iter().map(|s| s.len as u64).sum::<u64>() as f64 / samples.len().max(1) as f64;
+    let per_window = open_blocks as f64 * block_bytes as f64 / mean.max(1.0);
+    let batches = (per_window / cfg.batch_size as f64).round().max(1.0) as usize;
+    batches * cfg.batch_size as usize
+}
+
+/// The dataset (in index order) cut into runs of consecutive samples of one file, each about
+/// `block_bytes` long (at least one sample).
+fn blocks(samples: &[Sample], block_bytes: u64) -> Vec<Range<u32>> {
+    let mut v = Vec::new();
+    let mut start = 0usize;
+    let mut bytes = 0u64;
+    for i in 0..samples.len() {
+        bytes += samples[i].len as u64;
+        let end_here = i + 1 == samples.len()
+            || samples[i + 1].file != samples[i].file
+            || samples[i + 1].offset < samples[i].offset
+            || bytes >= block_bytes;
+        if end_here {
+            v.push(start as u32..i as u32 + 1);
+            start = i + 1;
+            bytes = 0;
+        }
+    }
+    v
+}
+
+/// A shuffle buffer of `q` samples over `v`, in place.
+fn shuffle_buffer(v: &mut [u32], q: usize, rng: &mut Rng) {
+    let q = q.min(v.len());
+    let mut buf: Vec<u32> = v[..q].to_vec();
+    let mut out = 0;
+    for k in q..v.len() {
+        let j = rng.below(q as u64) as usize;
+        let next = v[k];
+        v[out] = buf[j];
+        buf[j] = next;
+        out += 1;
+    }
+    shuffle(&mut buf, rng);
+    v[out..].copy_from_slice(&buf);
+}
+
+/// One read of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedRead {
+    pub file: u32,
+    pub offset: u64,
+    pub len: u32,
+    /// Where the read's aligned span starts in the group's slot.
+    pub buf_offset: u64,
+}
+
+/// Where one sample of a group sits: inside which read, at which offset from the read's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub read: u32,
+    pub offset_in_read: u32,
+}
+
+/// Consecutive batches read together into one slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    /// Batches of the epoch (this rank's numbering) this group serves.
+    pub batches: Range<u32>,
+    pub reads: Vec<PlannedRead>,
+    /// One per sample of the group, in epoch order.
+    pub scatter: Vec<Placement>,
+    /// Slot bytes the group needs (aligned spans of all reads).
+    pub slot_bytes: u64,
+    /// Bytes read (aligned spans), and bytes of the samples themselves.
+    pub bytes_read: u64,
+    pub bytes_wanted: u64,
+}
+
+/// Coalesces the samples `ids` (in epoch order) into reads and lays them out in a slot.
+pub fn coalesce(
+    samples: &[Sample],
+    ids: &[u32],
+    cfg: &PlanConfig,
+) -> (Vec<PlannedRead>, Vec<Placement>, u64) {
+    let a = cfg.align as u64;
+    let mut idx: Vec<u32> = (0..ids.len() as u32).collect();
+    idx.sort_unstable_by_key(|&k| {
+        let s = &samples[ids[k as usize] as usize];
+        (s.file, s.offset, s.len)
+    });
+    let mut reads: Vec<PlannedRead> = Vec::new();
+    let mut scatter = vec![
+        Placement {
+            read: 0,
+            offset_in_read: 0
+        };
+        ids.len()
+    ];
+    let mut cur: Option<(u32, u64, u64)> = None; // file, start, end
+    let mut members: Vec<u32> = Vec::new();
+    let mut slot = 0u64;
+    let mut close = |cur: (u32, u64, u64),
+                     members: &mut Vec<u32>,
+                     reads: &mut Vec<PlannedRead>,
+                     slot: &mut u64| {
+        let (file, start, end) = cur;
+        let base = start / a * a;
+        let span = end.div_ceil(a) * a - base;
+        let r = reads.len() as u32;
+        reads.push(PlannedRead {
+            file,
+            offset: start,
+            len: (end - start) as u32,
+            buf_offset: *slot,
+        });
+        for &k in members.iter() {
+            let s = &samples[ids[k as usize] as usize];
+            scatter[k as usize] = Placement {
+                read: r,
+                offset_in_read: (s.offset - start) as u32,
+            };
+        }
+        members.clear();
+        *slot += span;
+    };
+    for &k in &idx {
+        let s = &samples[ids[k as usize] as usize];
+        let (so, se) = (s.offset, s.offset + s.len as u64);
+        cur = match cur {
+            Some((f, start, end))
+                if f == s.file
+                    && so <= end.saturating_add(cfg.max_gap_bytes)
+                    && se.max(end) - start <= cfg.max_read_bytes =>
+            {
+                Some((f, start, end.max(se)))
+            }
+            Some(c) => {
+                close(c, &mut members, &mut reads, &mut slot);
+                Some((s.file, so, se))
+            }
+            None => Some((s.file, so, se)),
+        };
+        members.push(k);
+    }
+    if let Some(c) = cur {
+        close(c, &mut members, &mut reads, &mut slot);
+    }
+    (reads, scatter, slot)
+}
+
+/// A rank's plan for one epoch: its order, and the groups it is read in.
+#[derive(Debug, Clone)]
+pub struct EpochPlan {
+    pub epoch: u64,
+    pub order: Vec<u32>,
+    pub batch_size: u32,
+    /// First batch of every group, and the number of batches.
+    group_starts: Vec<u32>,
+    batches: u32,
+    cfg: PlanConfig,
+}
+
+impl EpochPlan {
+    /// Plans `epoch` for `cfg.rank`. Fails if one batch alone does not fit `group_bytes_max`.
+    pub fn new(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<EpochPlan> {
+        let order = epoch_order(samples, cfg, epoch)?;
+        let b = cfg.batch_size as usize;
+        let batches = (order.len() / b) as u32;
+        // Groups are made of whole block-order windows where they fit, so that no window's
+        // blocks are split between two slots (single batches otherwise).
+        let unit = (block_window_samples(samples, cfg) / b) as u32;
+        let max_batches = cfg.window_batches.max(unit);
+        let bytes = |from: u32, to: u32| {
+            coalesce(samples, &order[from as usize * b..to as usize * b], cfg).2
+        };
+        let mut group_starts = Vec::new();
+        let mut g = 0u32;
+        while g < batches {
+            group_starts.push(g);
+            let one = bytes(g, g + 1);
+            if one > cfg.group_bytes_max {
+                return Err(invalid(format!(
+                    "batch {g} needs {one} bytes of slot, more than group_bytes_max {}: raise it or \
+                     lower batch_size",
+                    cfg.group_bytes_max
+                )));
+            }
+            // Whole windows first; if not even one window fits, batch by batch.
+            let step = if (g + unit).min(batches) - g > 1
+                && bytes(g, (g + unit).min(batches)) <= cfg.group_bytes_max
+            {
+                unit
+            } else {
+                1
+            };
+            let mut end = (g + step).min(batches);
+            while end < batches && end + step - g <= max_batches {
+                let next = (end + step).min(batches);
+                if bytes(g, next) > cfg.group_bytes_max {
+                    break;
+                }
+                end = next;
+            }
+            g = end;
+        }
+        Ok(EpochPlan {
+            epoch,
+            order,
+            batch_size: cfg.batch_size,
+            group_starts,
+            batches,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// Batches in this rank's epoch.
+    pub fn batches(&self) -> u32 {
+        self.batches
+    }
+
+    /// Number of groups.
+    pub fn groups(&self) -> usize {
+        self.group_starts.len()
+    }
+
+    /// Sample ids of batch `i`.
+    pub fn batch(&self, i: u32) -> &[u32] {
+        let b = self.batch_size as usize;
+        &self.order[i as usize * b..(i as usize + 1) * b]
+    }
+
+    /// The group holding batch `i`.
+    pub fn group_of_batch(&self, i: u32) -> usize {
+        self.group_starts.partition_point(|&s| s <= i) - 1
+    }
+
+    /// Group `g`, coalesced and laid out.
+    pub fn group(&self, samples: &[Sample], g: usize) -> Group {
+        let start = self.group_starts[g];
+        let end = self
+            .group_starts
+            .get(g + 1)
+            .copied()
+            .unwrap_or(self.batches);
+        let b = self.batch_size as usize;
+        let ids = &self.order[start as usize * b..end as usize * b];
+        let (reads, scatter, slot_bytes) = coalesce(samples, ids, &self.cfg);
+        let a = self.cfg.align as u64;
+        let bytes_read = reads
+            .iter()
+            .map(|r| (r.offset + r.len as u64).div_ceil(a) * a - r.offset / a * a)
+            .sum();
+        Group {
+            batches: start..end,
+            reads,
+            scatter,
+            slot_bytes,
+            bytes_read,
+            bytes_wanted: ids.iter().map(|&i| samples[i as usize].len as u64).sum(),
+        }
+    }
+
+    /// Heap bytes this plan holds.
+    pub fn heap_bytes(&self) -> usize {
+        self.order.capacity() * 4 + self.group_starts.capacity() * 4
+    }
+}
+
+/// Shuffle-quality and I/O figures of one rank's epoch.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Quality {
+    pub mode: &'static str,
+    pub samples: u64,
+    pub batches: u32,
+    /// Reads issued per sample delivered.
+    pub reads_per_sample: f64,
+    /// Bytes read (aligned) per byte delivered.
+    pub read_amplification: f64,
+    /// Mean number of distinct files (shards) contributing to a batch.
+    pub files_per_batch: f64,
+    /// Mean number of distinct labels in a batch, and what a global shuffle would give.
+    pub labels_per_batch: f64,
+    pub labels_per_batch_global: f64,
+    /// |Pearson correlation| between a sample's place in the dataset and in the epoch: 0 for a
+    /// global shuffle, 1 for sequential reading.
+    pub index_correlation: f64,
+}
+
+/// Computes [`Quality`] for a plan (walks every group once).
+pub fn quality(samples: &[Sample], plan: &EpochPlan) -> Quality {
+    let mut reads = 0u64;
+    let mut read_bytes = 0u64;
+    let mut wanted = 0u64;
+    for g in 0..plan.groups() {
+        let gr = plan.group(samples, g);
+        reads += gr.reads.len() as u64;
+        read_bytes += gr.bytes_read;
+        wanted += gr.bytes_wanted;
+    }
+    let mut files = 0usize;
+    let mut labels = 0usize;
+    let mut scratch: Vec<i64> = Vec::new();
+    for b in 0..plan.batches() {
+        let ids = plan.batch(b);
+        scratch.clear();
+        scratch.extend(ids.iter().map(|&i| samples[i as usize].file as i64));
+        scratch.sort_unstable();
+        scratch.dedup();
+        files += scratch.len();
+        scratch.clear();
+        scratch.extend(ids.iter().map(|&i| samples[i as usize].label));
+        scratch.sort_unstable();
+        scratch.dedup();
+        labels += scratch.len();
+    }
+    // Expected distinct labels in a uniformly random batch: Σ_c 1 − (1 − p_c)^B.
+    let mut counts = std::collections::HashMap::new();
+    for s in samples {
+        *counts.entry(s.label).or_insert(0u64) += 1;
+    }
+    let n = samples.len() as f64;
+    let bsz = plan.batch_size as f64;
+    let expected: f64 = counts
+        .values()
+        .map(|&c| 1.0 - (1.0 - c as f64 / n).powf(bsz))
+        .sum();
+    // Correlation between dataset index and epoch position.
+    let m = plan.order.len() as f64;
+    let (mut sx, mut sy, mut sxx, mut syy, mut sxy) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    for (pos, &id) in plan.order.iter().enumerate() {
+        let (x, y) = (id as f64, pos as f64);
+        sx += x;
+        sy += y;
+        sxx += x * x;
+        syy += y * y;
+        sxy += x * y;
+    }
+    let cov = sxy / m - (sx / m) * (sy / m);
+    let vx = sxx / m - (sx / m).powi(2);
+    let vy = syy / m - (sy / m).powi(2);
+    let corr = if vx > 0.0 && vy > 0.0 {
+        (cov / (vx.sqrt() * vy.sqrt())).abs()
+    } else {
+        0.0
+    };
+    let nb = plan.batches().max(1) as f64;
+    Quality {
+        mode: plan.cfg.order.name(),
+        samples: plan.order.len() as u64,
+        batches: plan.batches(),
+        reads_per_sample: reads as f64 / m,
+        read_amplification: if wanted > 0 {
+            read_bytes as f64 / wanted as f64
+        } else {
+            0.0
+        },
+        files_per_batch: files as f64 / nb,
+        labels_per_batch: labels as f64 / nb,
+        labels_per_batch_global: expected,
+        index_correlation: corr,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,264 @@
+use super::*;
+
+/// A random dataset: `files` files of consecutive samples with lengths in 1..max_len.
+fn dataset(rng: &mut Rng, n: usize, files: u32, max_len: u32) -> Vec<Sample> {
+    let mut v = Vec::with_capacity(n);
+    let mut off = vec![4096u64; files as usize];
+    for i in 0..n {
+        let file = (i as u64 * files as u64 / n as u64) as u32;
+        let len = 1 + rng.below(max_len as u64) as u32;
+        v.push(Sample {
+            file,
+            len,
+            offset: off[file as usize],
+            label: rng.below(10) as i64,
+            crc32c: 0,
+        });
+        off[file as usize] += len as u64 + rng.below(3) * 512;
+    }
+    v
+}
+
+fn modes() -> [Order; 4] {
+    [
+        Order::Global,
+        Order::ShardBuffer { buffer: 37 },
+        Order::Block {
+            block_bytes: 20_000,
+            open_blocks: 3,
+        },
+        Order::Block {
+            block_bytes: 1,
+            open_blocks: 1,
+        },
+    ]
+}
+
+#[test]
+fn every_sample_exactly_once_across_ranks() {
+    let mut rng = Rng::new(1);
+    for case in 0..300 {
+        let n = 1 + rng.below(500) as usize;
+        let files = 1 + rng.below(7) as u32;
+        let samples = dataset(&mut rng, n, files, 3000);
+        let world = 1 + rng.below(5) as u32;
+        let batch = 1 + rng.below(17) as u32;
+        let drop_last = rng.below(2) == 0;
+        for order in modes() {
+            let mut seen = vec![0u32; n];
+            let mut total = 0;
+            let mut per_rank = None;
+            for rank in 0..world {
+                let cfg = PlanConfig {
+                    order,
+                    seed: case,
+                    rank,
+                    world_size: world,
+                    batch_size: batch,
+                    drop_last,
+                    ..PlanConfig::default()
+                };
+                let o = match epoch_order(&samples, &cfg, 3) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        assert!(drop_last && (n / world as usize) < batch as usize, "{e}");
+                        continue;
+                    }
+                };
+                assert_eq!(o.len() % batch as usize, 0);
+                assert_eq!(
+                    *per_rank.get_or_insert(o.len()),
+                    o.len(),
+                    "ranks differ in length"
+                );
+                for &i in &o {
+                    seen[i as usize] += 1;
+                }
+                total += o.len();
+            }
+            if per_rank.is_none() {
+                continue;
+            }
+            if drop_last {
+                assert!(
+                    seen.iter().all(|&c| c <= 1),
+                    "case {case} {order:?}: a sample twice with drop_last"
+                );
+                assert!(
+                    n - total < world as usize * batch as usize,
+                    "dropped too many"
+                );
+            } else {
+                assert!(
+                    seen.iter().all(|&c| c >= 1),
+                    "case {case} {order:?}: a sample missing"
+                );
+                assert_eq!(seen.iter().map(|&c| c as usize).sum::<usize>(), total);
+                assert!(
+                    total - n < world as usize * batch as usize,
+                    "padded too much"
+                );
+            }
+            if n % (world as usize * batch as usize) == 0 {
+                assert!(
+                    seen.iter().all(|&c| c == 1),
+                    "case {case} {order:?}: not exactly once"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_order_other_epoch_other_order() {
+    let mut rng = Rng::new(2);
+    let samples = dataset(&mut rng, 2000, 4, 5000);
+    for order in modes() {
+        let cfg = PlanConfig {
+            order,
+            seed: 9,
+            batch_size: 10,
+            ..PlanConfig::default()
+        };
+        let a = epoch_order(&samples, &cfg, 0).unwrap();
+        assert_eq!(a, epoch_order(&samples, &cfg, 0).unwrap());
+        if !matches!(order, Order::Block { block_bytes: 1, .. }) {
+            assert_ne!(a, epoch_order(&samples, &cfg, 1).unwrap(), "{order:?}");
+            let other = PlanConfig {
+                seed: 10,
+                ..cfg.clone()
+            };
+            assert_ne!(a, epoch_order(&samples, &other, 0).unwrap(), "{order:?}");
+        }
+    }
+}
+
+#[test]
+fn groups_cover_batches_and_scatter_points_into_reads() {
+    let mut rng = Rng::new(3);
+    for case in 0..200u64 {
+        let n = 10 + rng.below(400) as usize;
+        let nfiles = 1 + rng.below(4) as u32;
+        let samples = dataset(&mut rng, n, nfiles, 20_000);
+        for order in modes() {
+            let cfg = PlanConfig {
+                order,
+                seed: case,
+                batch_size: 1 + rng.below(8) as u32,
+                window_batches: 1 + rng.below(5) as u32,
+                group_bytes_max: 300_000,
+                max_gap_bytes: rng.below(3) * 4096,
+                max_read_bytes: 50_000 + rng.below(200_000),
+                align: [512, 4096][rng.below(2) as usize],
+                ..PlanConfig::default()
+            };
+            let plan = EpochPlan::new(&samples, &cfg, case).unwrap();
+            let mut next_batch = 0;
+            for g in 0..plan.groups() {
+                let gr = plan.group(&samples, g);
+                assert_eq!(gr.batches.start, next_batch);
+                assert!(gr.batches.end > gr.batches.start);
+                if !matches!(order, Order::Block { .. }) {
+                    assert!(gr.batches.len() <= cfg.window_batches as usize);
+                }
+                next_batch = gr.batches.end;
+                assert!(gr.slot_bytes <= cfg.group_bytes_max);
+                // Reads lie in disjoint, aligned places of the slot, within max_read_bytes.
+                let a = cfg.align as u64;
+                let mut end = 0;
+                for r in &gr.reads {
+                    assert!(r.buf_offset >= end && r.buf_offset % a == 0);
+                    assert!(r.len as u64 <= cfg.max_read_bytes);
+                    end =
+                        r.buf_offset + (r.offset + r.len as u64).div_ceil(a) * a - r.offset / a * a;
+                }
+                assert_eq!(end, gr.slot_bytes);
+                // Every sample inside its read.
+                let ids: Vec<u32> = gr
+                    .batches
+                    .clone()
+                    .flat_map(|b| plan.batch(b).to_vec())
+                    .collect();
+                assert_eq!(ids.len(), gr.scatter.len());
+                for (&id, p) in ids.iter().zip(&gr.scatter) {
+                    let s = &samples[id as usize];
+                    let r = &gr.reads[p.read as usize];
+                    assert_eq!(r.file, s.file);
+                    assert_eq!(r.offset + p.offset_in_read as u64, s.offset);
+                    assert!(p.offset_in_read as u64 + s.len as u64 <= r.len as u64);
+                }
+                assert!(gr.bytes_read >= gr.bytes_wanted.min(gr.bytes_read));
+            }
+            assert_eq!(next_batch, plan.batches());
+            for b in 0..plan.batches() {
+                let g = plan.group_of_batch(b);
+                assert!(plan.group(&samples, g).batches.contains(&b));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_batch_larger_than_a_slot_is_a_clear_error() {
+    let mut rng = Rng::new(4);
+    let samples = dataset(&mut rng, 100, 1, 100_000);
+    let cfg = PlanConfig {
+        batch_size: 50,
+        group_bytes_max: 100_000,
+        ..PlanConfig::default()
+    };
+    let e = EpochPlan::new(&samples, &cfg, 0).unwrap_err();
+    assert!(e.to_string().contains("group_bytes_max"), "{e}");
+    let e = epoch_order(
+        &samples,
+        &PlanConfig {
+            rank: 3,
+            world_size: 2,
+            ..cfg
+        },
+        0,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("rank 3"), "{e}");
+}
+
+/// The trade the planner shows: a global shuffle barely merges reads and mixes labels like a
+/// uniform draw; block order merges most reads and mixes less.
+#[test]
+fn quality_shows_the_trade() {
+    let mut rng = Rng::new(5);
+    // 20 000 samples of ~110 KB in 20 shards, labels in runs (a class-sorted packing).
+    let mut samples = dataset(&mut rng, 20_000, 20, 220_000);
+    for (i, s) in samples.iter_mut().enumerate() {
+        s.label = (i / 20) as i64;
+    }
+    let q = |order| {
+        let cfg = PlanConfig {
+            order,
+            seed: 1,
+            batch_size: 256,
+            ..PlanConfig::default()
+        };
+        quality(&samples, &EpochPlan::new(&samples, &cfg, 0).unwrap())
+    };
+    let g = q(Order::Global);
+    let b = q(Order::Block {
+        block_bytes: 8 << 20,
+        open_blocks: 8,
+    });
+    let sb = q(Order::ShardBuffer { buffer: 1000 });
+    // A 1024-sample window over 20 000 samples finds a file neighbour ~5% of the time.
+    assert!(g.reads_per_sample > 0.9, "{g:?}");
+    assert!(b.reads_per_sample < 0.05, "{b:?}");
+    assert!(g.index_correlation < 0.05, "{g:?}");
+    assert!(
+        (g.labels_per_batch / g.labels_per_batch_global - 1.0).abs() < 0.05,
+        "{g:?}"
+    );
+    assert!(b.labels_per_batch < g.labels_per_batch, "{b:?}");
+    assert!(sb.files_per_batch < g.files_per_batch, "{sb:?}");
+    assert!(
+        b.read_amplification < 1.2 && g.read_amplification < 1.2,
+        "{b:?} {g:?}"
+    );
+}
