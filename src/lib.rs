@@ -68,6 +68,7 @@
 
 #![warn(missing_debug_implementations)]
 
+pub mod batch;
 pub mod bench;
 pub mod buf;
 #[doc(hidden)]
@@ -76,10 +77,15 @@ pub mod config;
 pub mod dataset;
 pub mod error;
 pub mod io;
+pub mod loader;
 pub mod plan;
 pub mod sys;
 pub mod util;
 
+pub use batch::Batch;
 pub use config::{EngineConfig, EngineKind};
+pub use dataset::Dataset;
 pub use error::{Error, ErrorKind, Result};
 pub use io::{Completion, Engine, FileId, ReadSpec};
+pub use loader::{Epoch, Loader, LoaderStats};
+pub use plan::{Order, PlanConfig};

@@ -17,7 +17,8 @@
 //! This module must never hand out a pointer into a slot it does not hold the token for.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use crate::error::{invalid, Error, Result};
 use crate::sys::Mapping;
@@ -53,6 +54,7 @@ pub struct Arena {
     slots: u32,
     piece_bytes: usize,
     free: Mutex<Vec<Slot>>,
+    returned: Condvar,
 }
 
 /// Options for [`Arena::new`].
@@ -109,12 +111,23 @@ impl Arena {
             slots: cfg.slots,
             piece_bytes,
             free: Mutex::new(free),
+            returned: Condvar::new(),
         }))
     }
 
     /// Takes a free slot, if any.
     pub fn take(&self) -> Option<Slot> {
         self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    /// Takes a free slot, waiting up to `timeout` for one to be returned.
+    pub fn take_timeout(&self, timeout: Duration) -> Option<Slot> {
+        let g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut g, _) = self
+            .returned
+            .wait_timeout_while(g, timeout, |free| free.is_empty())
+            .unwrap_or_else(|p| p.into_inner());
+        g.pop()
     }
 
     /// Returns a slot to the free list.

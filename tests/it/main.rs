@@ -4,4 +4,5 @@ mod cli;
 mod common;
 mod engine;
 mod fallback;
+mod loader;
 mod sim;

@@ -1,0 +1,540 @@
+//! ⑥ `Loader`: dataset ① → plan ② → engine ③ → batches, with bounded queues.
+//!
+//! Each epoch runs an I/O thread that owns the engine (io_uring binds to the thread that drives
+//! it), plans the epoch, and keeps up to `in_flight_groups` groups being read and up to
+//! `prefetch_groups` finished groups waiting for the consumer; a group is read into one slot.
+//! Memory is the arena and nothing else, whatever the dataset's size; when the consumer is slow,
+//! slots run out and reading pauses (back-pressure). Dropping an [`Epoch`] stops the thread,
+//! which cancels and drains its reads before anything is freed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::batch::{Batch, Region, SampleSpan};
+use crate::buf::Arena;
+use crate::config::{EngineConfig, EngineKind};
+use crate::dataset::Dataset;
+use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::io::{Completion, Engine, FileId, ReadSpec};
+use crate::plan::{EpochPlan, Group, Order, PlanConfig};
+
+/// Builds a [`Loader`]; every setting has a default.
+#[derive(Debug, Clone)]
+pub struct LoaderBuilder {
+    dataset: Arc<Dataset>,
+    plan: PlanConfig,
+    engine: EngineConfig,
+    prefetch_groups: u32,
+    in_flight_groups: u32,
+    verify_checksums: bool,
+}
+
+impl LoaderBuilder {
+    pub fn batch_size(mut self, n: u32) -> Self {
+        self.plan.batch_size = n;
+        self
+    }
+    pub fn order(mut self, order: Order) -> Self {
+        self.plan.order = order;
+        self
+    }
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.plan.seed = seed;
+        self
+    }
+    /// This process's rank and the number of ranks.
+    pub fn rank(mut self, rank: u32, world_size: u32) -> Self {
+        self.plan.rank = rank;
+        self.plan.world_size = world_size;
+        self
+    }
+    pub fn drop_last(mut self, yes: bool) -> Self {
+        self.plan.drop_last = yes;
+        self
+    }
+    /// Finished groups waiting for the consumer, at most.
+    pub fn prefetch_groups(mut self, n: u32) -> Self {
+        self.prefetch_groups = n;
+        self
+    }
+    /// Groups being read at once, at most.
+    pub fn in_flight_groups(mut self, n: u32) -> Self {
+        self.in_flight_groups = n;
+        self
+    }
+    /// Batches per read group, and the slot size a group must fit.
+    pub fn window(mut self, batches: u32, group_bytes_max: u64) -> Self {
+        self.plan.window_batches = batches;
+        self.plan.group_bytes_max = group_bytes_max;
+        self
+    }
+    /// Coalescing limits: largest gap read through, largest merged read.
+    pub fn coalescing(mut self, max_gap_bytes: u64, max_read_bytes: u64) -> Self {
+        self.plan.max_gap_bytes = max_gap_bytes;
+        self.plan.max_read_bytes = max_read_bytes;
+        self
+    }
+    pub fn engine_kind(mut self, kind: EngineKind) -> Self {
+        self.engine.kind = kind;
+        self
+    }
+    /// Reads in flight in the engine.
+    pub fn queue_depth(mut self, qd: u32) -> Self {
+        self.engine.queue_depth = qd;
+        self
+    }
+    /// Check every sample's crc32c where the format has one (default on).
+    pub fn verify_checksums(mut self, yes: bool) -> Self {
+        self.verify_checksums = yes;
+        self
+    }
+    /// The whole plan configuration at once.
+    pub fn plan(mut self, plan: PlanConfig) -> Self {
+        self.plan = plan;
+        self
+    }
+
+    pub fn build(self) -> Result<Loader> {
+        self.plan.validate()?;
+        if self.prefetch_groups == 0 || self.in_flight_groups == 0 {
+            return Err(invalid(
+                "prefetch_groups and in_flight_groups must be at least 1",
+            ));
+        }
+        if self.dataset.is_empty() {
+            return Err(invalid("the dataset has no samples"));
+        }
+        let files = self.dataset.files().len();
+        if files > 65536 {
+            return Err(invalid(format!(
+                "the dataset has {files} files; the engine opens at most 65536 at once: pack it \
+                 into shards (`gpufeed pack`)"
+            )));
+        }
+        let slot_bytes = (self.plan.group_bytes_max as usize).next_multiple_of(4096);
+        let mut engine = EngineConfig {
+            slot_bytes,
+            slots: self.prefetch_groups + self.in_flight_groups,
+            files_max: files as u32,
+            ..self.engine.clone()
+        };
+        engine.reads_per_job_max = engine
+            .reads_per_job_max
+            .max((self.plan.batch_size as u64 * self.plan.window_batches as u64).min(65536) as u32);
+        engine.validate()?;
+        Ok(Loader {
+            dataset: self.dataset,
+            plan: self.plan,
+            engine,
+            prefetch_groups: self.prefetch_groups,
+            in_flight_groups: self.in_flight_groups,
+            verify_checksums: self.verify_checksums,
+        })
+    }
+}
+
+/// Yields the batches of epochs over a dataset. Cheap to clone; each [`Loader::epoch`] runs
+/// its own I/O thread.
+#[derive(Debug, Clone)]
+pub struct Loader {
+    dataset: Arc<Dataset>,
+    plan: PlanConfig,
+    engine: EngineConfig,
+    prefetch_groups: u32,
+    in_flight_groups: u32,
+    verify_checksums: bool,
+}
+
+/// What an epoch delivered so far.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct LoaderStats {
+    pub batches: u64,
+    pub samples: u64,
+    pub sample_errors: u64,
+    /// Bytes of samples delivered.
+    pub bytes_delivered: u64,
+    /// Bytes read from files (aligned, with the gaps coalescing read through).
+    pub bytes_read: u64,
+    /// Reads issued (after coalescing).
+    pub reads: u64,
+    /// Time the consumer spent waiting for the next batch.
+    pub consumer_wait_s: f64,
+    /// Engine kind that served the reads (after fallbacks).
+    pub engine: String,
+}
+
+impl Loader {
+    /// A builder over `dataset` with defaults: global order, seed 0, one rank, batches of 256,
+    /// groups of up to 4 batches in 128 MiB slots, io_uring with QD 64.
+    pub fn builder(dataset: impl Into<Arc<Dataset>>) -> LoaderBuilder {
+        LoaderBuilder {
+            dataset: dataset.into(),
+            plan: PlanConfig::default(),
+            engine: EngineConfig {
+                queue_depth: 64,
+                ..EngineConfig::default()
+            },
+            prefetch_groups: 2,
+            in_flight_groups: 2,
+            verify_checksums: true,
+        }
+    }
+
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.dataset
+    }
+
+    pub fn plan_config(&self) -> &PlanConfig {
+        &self.plan
+    }
+
+    /// Plans `epoch` without reading (for its figures, or to look at its order).
+    pub fn plan_epoch(&self, epoch: u64) -> Result<EpochPlan> {
+        EpochPlan::new(self.dataset.samples(), &self.plan, epoch)
+    }
+
+    /// The batches of `epoch`, from the first.
+    pub fn epoch(&self, epoch: u64) -> Result<Epoch> {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// The batches of `epoch` from batch `start`: exactly the batches an uninterrupted epoch
+    /// yields from there (resuming after a restart).
+    pub fn epoch_from(&self, epoch: u64, start: u32) -> Result<Epoch> {
+        let plan = self.plan_epoch(epoch)?;
+        if start > plan.batches() {
+            return Err(invalid(format!(
+                "cannot resume at batch {start}: the epoch has {} batches",
+                plan.batches()
+            )));
+        }
+        let batches = plan.batches();
+        // One message per slot at most, plus the engine's name.
+        let (tx, rx) =
+            sync_channel(self.prefetch_groups as usize + self.in_flight_groups as usize + 1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = Worker {
+            dataset: self.dataset.clone(),
+            plan,
+            engine: self.engine.clone(),
+            in_flight_groups: self.in_flight_groups as usize,
+            verify: self.verify_checksums && self.dataset.has_checksums(),
+            start,
+            stop: stop.clone(),
+            tx,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("gpufeed-io-e{epoch}"))
+            .spawn(move || worker.run())
+            .map_err(|e| Error::io("cannot start the I/O thread", e))?;
+        Ok(Epoch {
+            epoch,
+            dataset: self.dataset.clone(),
+            rx: Some(rx),
+            thread: Some(thread),
+            stop,
+            next: start,
+            batches,
+            queue: std::collections::BTreeMap::new(),
+            stats: LoaderStats::default(),
+            failed: false,
+        })
+    }
+}
+
+/// How long the I/O thread waits for the consumer to return a slot before it reports a stall.
+const STALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// A finished group, sent from the I/O thread.
+struct GroupDone {
+    batches: std::ops::Range<u32>,
+    ids: Vec<u32>,
+    spans: Vec<SampleSpan>,
+    region: Arc<Region>,
+    reads: u64,
+    bytes_read: u64,
+}
+
+enum Msg {
+    Group(GroupDone),
+    Engine(String),
+    Failed(Error),
+}
+
+struct Worker {
+    dataset: Arc<Dataset>,
+    plan: EpochPlan,
+    engine: EngineConfig,
+    in_flight_groups: usize,
+    verify: bool,
+    start: u32,
+    stop: Arc<AtomicBool>,
+    tx: SyncSender<Msg>,
+}
+
+impl Worker {
+    fn run(self) {
+        if let Err(e) = self.read_epoch() {
+            let _ = self.tx.send(Msg::Failed(e));
+        }
+    }
+
+    fn read_epoch(&self) -> Result<()> {
+        let mut engine = Engine::new(self.engine.clone())?;
+        let _ = self.tx.send(Msg::Engine(engine.kind().name().to_string()));
+        let ds = &*self.dataset;
+        let files: Vec<FileId> = ds
+            .files()
+            .iter()
+            .map(|f| engine.open(&f.path))
+            .collect::<Result<_>>()?;
+        let arena = engine.arena().clone();
+        let mut next = if self.plan.batches() == 0 {
+            self.plan.groups()
+        } else {
+            self.plan
+                .group_of_batch(self.start.min(self.plan.batches().saturating_sub(1)))
+        };
+        if self.start >= self.plan.batches() {
+            next = self.plan.groups();
+        }
+        let mut in_flight: HashMap<u64, Group> = HashMap::new();
+        let mut specs = Vec::new();
+        let mut stalled_since: Option<Instant> = None;
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return Ok(()); // dropping the engine cancels and drains
+            }
+            // Start groups while there are slots and room.
+            while next < self.plan.groups() && in_flight.len() < self.in_flight_groups {
+                let Some(slot) = arena.take() else { break };
+                let g = self.plan.group(ds.samples(), next);
+                specs.clear();
+                specs.extend(g.reads.iter().map(|r| ReadSpec {
+                    file: files[r.file as usize],
+                    offset: r.offset,
+                    len: r.len,
+                    buf_offset: r.buf_offset as usize,
+                }));
+                engine.submit(slot, &specs, next as u64).map_err(|r| {
+                    arena.put(r.slot);
+                    r.error
+                })?;
+                in_flight.insert(next as u64, g);
+                next += 1;
+            }
+            if in_flight.is_empty() {
+                if next >= self.plan.groups() {
+                    return Ok(());
+                }
+                // Every slot is with the consumer: wait for one to come back, but never forever
+                // (a consumer that keeps a batch of every group would wait on us meanwhile).
+                if let Some(slot) = arena.take_timeout(Duration::from_millis(20)) {
+                    arena.put(slot);
+                    stalled_since = None;
+                } else if stalled_since.get_or_insert_with(Instant::now).elapsed() > STALL_LIMIT {
+                    return Err(Error::new(
+                        ErrorKind::Busy,
+                        format!(
+                            "all {} slots are held by batches that were not dropped for {} s; \
+                             drop batches sooner or raise prefetch_groups",
+                            arena.slots(),
+                            STALL_LIMIT.as_secs()
+                        ),
+                    ));
+                }
+                continue;
+            }
+            engine.wait(1)?;
+            while let Some(c) = engine.pop() {
+                let g = in_flight.remove(&c.user_data).expect("a group per job");
+                let done = self.deliver(&arena, g, c);
+                if self.tx.send(Msg::Group(done)).is_err() {
+                    return Ok(()); // the consumer went away
+                }
+            }
+        }
+    }
+
+    /// Turns a completed group into sample spans, verifying checksums.
+    fn deliver(&self, arena: &Arc<Arena>, g: Group, c: Completion) -> GroupDone {
+        let ds = &*self.dataset;
+        let b = self.plan.batch_size as usize;
+        let ids: Vec<u32> =
+            self.plan.order[g.batches.start as usize * b..g.batches.end as usize * b].to_vec();
+        let bytes = arena.bytes(&c.slot);
+        let outcomes = c.outcomes();
+        let mut spans = Vec::with_capacity(ids.len());
+        let mut read_errors: HashMap<u32, Arc<Error>> = HashMap::new();
+        for (&id, p) in ids.iter().zip(&g.scatter) {
+            let s = ds.sample(id as usize);
+            let span = match &outcomes[p.read as usize] {
+                Ok(r) => {
+                    let start = r.start + p.offset_in_read as usize;
+                    let end = start + s.len as usize;
+                    if end > r.end {
+                        Err(Arc::new(ds.sample_error(
+                            id as usize,
+                            Error::new(
+                                ErrorKind::UnexpectedEof,
+                                "the file ended inside this sample",
+                            ),
+                        )))
+                    } else if self.verify && crc32c::crc32c(&bytes[start..end]) != s.crc32c {
+                        Err(Arc::new(ds.sample_error(
+                            id as usize,
+                            Error::new(
+                                ErrorKind::InvalidInput,
+                                format!("checksum mismatch (key {:?})", ds.key(id as usize)),
+                            ),
+                        )))
+                    } else {
+                        Ok(start..end)
+                    }
+                }
+                Err(e) => {
+                    let shared = read_errors
+                        .entry(p.read)
+                        .or_insert_with(|| Arc::new(Error::new(e.kind(), e.to_string())));
+                    Err(Arc::new(ds.sample_error(
+                        id as usize,
+                        Error::new(shared.kind(), format!("read failed ({shared})")),
+                    )))
+                }
+            };
+            spans.push(span);
+        }
+        GroupDone {
+            batches: g.batches,
+            ids,
+            spans,
+            region: Arc::new(Region::new(arena.clone(), c.slot)),
+            reads: g.reads.len() as u64,
+            bytes_read: g.bytes_read,
+        }
+    }
+}
+
+/// The batches of one epoch, in order. Dropping it stops the I/O thread (batches already
+/// handed out stay valid).
+pub struct Epoch {
+    epoch: u64,
+    dataset: Arc<Dataset>,
+    rx: Option<Receiver<Msg>>,
+    thread: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    next: u32,
+    batches: u32,
+    /// Batches received, by index: groups complete out of order, batches leave in order.
+    queue: std::collections::BTreeMap<u32, Batch>,
+    stats: LoaderStats,
+    failed: bool,
+}
+
+impl Epoch {
+    /// Batches in this epoch (from batch 0).
+    pub fn batches(&self) -> u32 {
+        self.batches
+    }
+
+    /// Figures so far.
+    pub fn stats(&self) -> &LoaderStats {
+        &self.stats
+    }
+
+    fn take_group(&mut self, g: GroupDone) {
+        let b = g.ids.len() / g.batches.len().max(1);
+        self.stats.reads += g.reads;
+        self.stats.bytes_read += g.bytes_read;
+        let mut ids = g.ids.into_iter();
+        let mut spans = g.spans.into_iter();
+        for index in g.batches {
+            let bids: Vec<u32> = ids.by_ref().take(b).collect();
+            let bspans: Vec<SampleSpan> = spans.by_ref().take(b).collect();
+            if index < self.next {
+                continue; // resuming: batches before the start point are not handed out
+            }
+            self.queue.insert(
+                index,
+                Batch {
+                    epoch: self.epoch,
+                    index,
+                    labels: Vec::new(),
+                    ids: bids,
+                    spans: bspans,
+                    region: g.region.clone(),
+                },
+            );
+        }
+    }
+}
+
+impl Iterator for Epoch {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.failed || self.next >= self.batches {
+            return None;
+        }
+        let t0 = Instant::now();
+        while !self.queue.contains_key(&self.next) {
+            let msg = self.rx.as_ref()?.recv();
+            match msg {
+                Ok(Msg::Group(g)) => self.take_group(g),
+                Ok(Msg::Engine(name)) => self.stats.engine = name,
+                Ok(Msg::Failed(e)) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+                Err(_) => {
+                    self.failed = true;
+                    return Some(Err(Error::new(
+                        ErrorKind::Io,
+                        "the I/O thread ended before the epoch was complete",
+                    )));
+                }
+            }
+        }
+        self.stats.consumer_wait_s += t0.elapsed().as_secs_f64();
+        let mut batch = self.queue.remove(&self.next).expect("batch is queued");
+        self.next = batch.index + 1;
+        // Labels are looked up here, not carried through the I/O thread.
+        batch.labels = batch
+            .ids
+            .iter()
+            .map(|&i| self.dataset.sample(i as usize).label)
+            .collect();
+        self.stats.batches += 1;
+        self.stats.samples += batch.len() as u64;
+        self.stats.sample_errors += batch.errors().count() as u64;
+        self.stats.bytes_delivered += batch.bytes();
+        Some(Ok(batch))
+    }
+}
+
+impl Drop for Epoch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Dropping the receiver makes the worker's next send fail; queued groups return their
+        // slots as they drop.
+        self.queue.clear();
+        self.rx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Epoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Epoch")
+            .field("epoch", &self.epoch)
+            .field("next", &self.next)
+            .field("batches", &self.batches)
+            .finish()
+    }
+}
