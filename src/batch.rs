@@ -20,7 +20,7 @@ impl Region {
         }
     }
 
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         self.arena
             .bytes(self.slot.as_ref().expect("slot held until drop"))
     }

@@ -126,7 +126,14 @@ impl LoaderBuilder {
             .reads_per_job_max
             .max((self.plan.batch_size as u64 * self.plan.window_batches as u64).min(65536) as u32);
         engine.validate()?;
+        // Memory is allocated once: every epoch's engine reads into this arena.
+        let arena = Arena::new(&crate::buf::ArenaConfig {
+            slot_bytes: engine.slot_bytes,
+            slots: engine.slots,
+            huge_pages: engine.huge_pages,
+        })?;
         Ok(Loader {
+            arena,
             dataset: self.dataset,
             plan: self.plan,
             engine,
@@ -137,10 +144,12 @@ impl LoaderBuilder {
     }
 }
 
-/// Yields the batches of epochs over a dataset. Cheap to clone; each [`Loader::epoch`] runs
-/// its own I/O thread.
+/// Yields the batches of epochs over a dataset. Its arena (`(prefetch + in-flight groups) ×
+/// group_bytes_max`) is allocated once by `build`; each [`Loader::epoch`] runs its own I/O
+/// thread over it. Clones share the arena.
 #[derive(Debug, Clone)]
 pub struct Loader {
+    arena: Arc<Arena>,
     dataset: Arc<Dataset>,
     plan: PlanConfig,
     engine: EngineConfig,
@@ -188,6 +197,11 @@ impl Loader {
         &self.dataset
     }
 
+    /// Slots of the loader's arena not held by batches or reads right now.
+    pub fn free_slots(&self) -> usize {
+        self.arena.free_slots()
+    }
+
     pub fn plan_config(&self) -> &PlanConfig {
         &self.plan
     }
@@ -218,11 +232,11 @@ impl Loader {
             sync_channel(self.prefetch_groups as usize + self.in_flight_groups as usize + 1);
         let stop = Arc::new(AtomicBool::new(false));
         let worker = Worker {
+            arena: self.arena.clone(),
             dataset: self.dataset.clone(),
             plan,
             engine: self.engine.clone(),
             in_flight_groups: self.in_flight_groups as usize,
-            verify: self.verify_checksums && self.dataset.has_checksums(),
             start,
             stop: stop.clone(),
             tx,
@@ -234,6 +248,7 @@ impl Loader {
         Ok(Epoch {
             epoch,
             dataset: self.dataset.clone(),
+            verify: self.verify_checksums && self.dataset.has_checksums(),
             rx: Some(rx),
             thread: Some(thread),
             stop,
@@ -266,11 +281,11 @@ enum Msg {
 }
 
 struct Worker {
+    arena: Arc<Arena>,
     dataset: Arc<Dataset>,
     plan: EpochPlan,
     engine: EngineConfig,
     in_flight_groups: usize,
-    verify: bool,
     start: u32,
     stop: Arc<AtomicBool>,
     tx: SyncSender<Msg>,
@@ -284,7 +299,7 @@ impl Worker {
     }
 
     fn read_epoch(&self) -> Result<()> {
-        let mut engine = Engine::new(self.engine.clone())?;
+        let mut engine = Engine::with_arena(self.engine.clone(), self.arena.clone())?;
         let _ = self.tx.send(Msg::Engine(engine.kind().name().to_string()));
         let ds = &*self.dataset;
         let files: Vec<FileId> = ds
@@ -366,7 +381,6 @@ impl Worker {
         let b = self.plan.batch_size as usize;
         let ids: Vec<u32> =
             self.plan.order[g.batches.start as usize * b..g.batches.end as usize * b].to_vec();
-        let bytes = arena.bytes(&c.slot);
         let outcomes = c.outcomes();
         let mut spans = Vec::with_capacity(ids.len());
         let mut read_errors: HashMap<u32, Arc<Error>> = HashMap::new();
@@ -382,14 +396,6 @@ impl Worker {
                             Error::new(
                                 ErrorKind::UnexpectedEof,
                                 "the file ended inside this sample",
-                            ),
-                        )))
-                    } else if self.verify && crc32c::crc32c(&bytes[start..end]) != s.crc32c {
-                        Err(Arc::new(ds.sample_error(
-                            id as usize,
-                            Error::new(
-                                ErrorKind::InvalidInput,
-                                format!("checksum mismatch (key {:?})", ds.key(id as usize)),
                             ),
                         )))
                     } else {
@@ -424,6 +430,7 @@ impl Worker {
 pub struct Epoch {
     epoch: u64,
     dataset: Arc<Dataset>,
+    verify: bool,
     rx: Option<Receiver<Msg>>,
     thread: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
@@ -446,7 +453,27 @@ impl Epoch {
         &self.stats
     }
 
-    fn take_group(&mut self, g: GroupDone) {
+    fn take_group(&mut self, mut g: GroupDone) {
+        // Checksums are verified here, on the consumer's thread: on the I/O thread they would
+        // keep it from reaping and resubmitting, and the device queue would run dry.
+        if self.verify {
+            let ds = &*self.dataset;
+            let bytes = g.region.bytes();
+            for (span, &id) in g.spans.iter_mut().zip(&g.ids) {
+                if let Ok(r) = span {
+                    let s = ds.sample(id as usize);
+                    if crc32c::crc32c(&bytes[r.clone()]) != s.crc32c {
+                        *span = Err(Arc::new(ds.sample_error(
+                            id as usize,
+                            Error::new(
+                                ErrorKind::InvalidInput,
+                                format!("checksum mismatch (key {:?})", ds.key(id as usize)),
+                            ),
+                        )));
+                    }
+                }
+            }
+        }
         let b = g.ids.len() / g.batches.len().max(1);
         self.stats.reads += g.reads;
         self.stats.bytes_read += g.bytes_read;

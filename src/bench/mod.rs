@@ -6,5 +6,6 @@
 //! the JSON the CLI prints with `--json`.
 
 pub mod io;
+pub mod load;
 
 pub use io::{ensure_file, run_io_bench, IoBenchResult, IoBenchSpec, Pattern, SubmitPolicy};

@@ -25,6 +25,41 @@ enum Command {
     /// Measure what the disk and each engine deliver (no subcommand: a short comparison of
     /// every engine on a generated file).
     Bench(BenchCmd),
+    /// Pack a dataset (an ImageFolder directory of class folders) into gpufeed shards.
+    Pack(PackArgs),
+    /// Describe a dataset: format, samples, shards, sizes.
+    Inspect(InspectArgs),
+    /// Check every sample's checksum; exits non-zero if any is bad.
+    Verify(InspectArgs),
+}
+
+#[derive(Debug, Args)]
+struct PackArgs {
+    /// The dataset to pack (ImageFolder directory, or shards to re-pack).
+    src: PathBuf,
+    /// Output directory for shard-NNNNN.gpf files.
+    out: PathBuf,
+    /// Target size of each shard.
+    #[arg(long, default_value = "1G", value_parser = size_arg)]
+    shard_size: u64,
+    /// Align each sample inside shards (1: packed back to back).
+    #[arg(long, default_value_t = 1)]
+    align: u32,
+    /// Threads writing shards (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print a JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// A shard, a directory of shards, or an ImageFolder directory.
+    path: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -40,6 +75,43 @@ struct BenchCmd {
 enum BenchWhich {
     /// Raw reads from one file through one or more engines, as fio measures them.
     Io(IoArgs),
+    /// One epoch per mode over an ImageNet-like dataset it generates: small files vs packed
+    /// shards in global, block and shard-buffer order (cold cache when root).
+    Load(LoadArgs),
+}
+
+#[derive(Debug, Args)]
+struct LoadArgs {
+    /// Where the dataset lives (generated if absent: DIR/small and DIR/packed).
+    #[arg(long, default_value = "gpufeed-load")]
+    dir: PathBuf,
+    /// Samples in the generated dataset.
+    #[arg(long, default_value_t = 50_000)]
+    samples: u64,
+    /// Modes to run (comma-separated): small-files, global, block, shard-buffer, io.
+    #[arg(
+        long,
+        default_value = "small-files,global,block,shard-buffer,io",
+        value_delimiter = ','
+    )]
+    modes: Vec<String>,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 256)]
+    batch: u32,
+    /// Reads in flight in the engine.
+    #[arg(long, default_value_t = 64)]
+    qd: u32,
+    /// Threads of the small-files baseline.
+    #[arg(long, default_value_t = 8)]
+    threads: usize,
+    /// Shard size of the generated packed copy.
+    #[arg(long, default_value = "256M", value_parser = size_arg)]
+    shard_size: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object per mode.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -134,8 +206,12 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench(b) => match b.which {
             Some(BenchWhich::Io(a)) => bench_io(a),
+            Some(BenchWhich::Load(a)) => bench_load(a),
             None => bench_quick(b.quick),
         },
+        Command::Pack(a) => pack_cmd(a),
+        Command::Inspect(a) => inspect_cmd(a),
+        Command::Verify(a) => verify_cmd(a),
     }
 }
 
@@ -210,4 +286,219 @@ fn bench_quick(a: QuickArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn bench_load(a: LoadArgs) -> Result<()> {
+    use crate::bench::load::{
+        drop_caches, ensure_dataset, run_packed, run_small_files, table_header, PackedSpec,
+    };
+    use crate::plan::Order;
+    let (small, packed) = ensure_dataset(&a.dir, a.samples, a.shard_size)?;
+    let spec = PackedSpec {
+        batch_size: a.batch,
+        queue_depth: a.qd,
+        seed: a.seed,
+        engine: EngineKind::Uring,
+    };
+    if !a.json {
+        println!(
+            "gpufeed bench load: {} samples in {}",
+            a.samples,
+            a.dir.display()
+        );
+    }
+    if !a.json {
+        println!("{}", table_header());
+    }
+    for mode in &a.modes {
+        let cold = drop_caches();
+        if !cold && !a.json && mode == &a.modes[0] {
+            eprintln!(
+                "gpufeed: not root: the page cache could not be dropped, figures are warm-cache"
+            );
+        }
+        match mode.as_str() {
+            "small-files" => {
+                let r = run_small_files(&small, a.threads, a.seed, cold)?;
+                emit_load(&r, a.json);
+            }
+            "io" => {
+                // The engine alone on the same size mix and queue depth, for reference.
+                let shards = crate::dataset::shard::find_shards(&packed)?;
+                let biggest = shards
+                    .iter()
+                    .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+                    .ok_or_else(|| crate::error::invalid("no shards"))?;
+                let spec = IoBenchSpec {
+                    queue_depth: a.qd,
+                    seconds: 3.0,
+                    ..IoBenchSpec::new(
+                        biggest,
+                        EngineKind::Uring,
+                        Pattern::Rand,
+                        SizeMix::parse(IMAGENET_MIX)?,
+                    )
+                };
+                let r = run_io_bench(&spec)?;
+                if a.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"mode": "io", "gib_per_s": r.gib_per_s, "iops": r.iops, "cpu_s_per_gib": r.cpu_s_per_gib, "qd": r.qd, "cold_cache": cold})
+                    );
+                } else {
+                    println!("{:<13} {:>8} {:>10.0} {:>7.3} {:>10.3}   (bench io: random reads of the ImageNet mix, QD {})", "io", r.reads, r.iops, r.gib_per_s, r.cpu_s_per_gib, r.qd);
+                }
+            }
+            m => {
+                let order = Order::parse(m)?;
+                let r = run_packed(&packed, order, &spec, cold)?;
+                emit_load(&r, a.json);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn emit_load(r: &crate::bench::load::LoadBenchResult, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(r).expect("serialises"));
+    } else {
+        println!("{}", crate::bench::load::table_row(r));
+    }
+}
+
+fn pack_cmd(a: PackArgs) -> Result<()> {
+    use crate::dataset::pack::{pack, PackOptions};
+    let ds = crate::dataset::Dataset::open(&a.src)?;
+    let mut opts = PackOptions {
+        shard_bytes: a.shard_size,
+        align: a.align,
+        progress: !a.json,
+        ..PackOptions::default()
+    };
+    if let Some(t) = a.threads {
+        opts.threads = t;
+    }
+    let s = pack(&ds, &a.out, &opts)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&s).expect("serialises"));
+    } else {
+        println!(
+            "packed {} samples ({:.2} GiB) into {} shards in {}",
+            s.samples,
+            s.bytes as f64 / (1u64 << 30) as f64,
+            s.shards.len(),
+            a.out.display()
+        );
+    }
+    Ok(())
+}
+
+fn inspect_cmd(a: InspectArgs) -> Result<()> {
+    let ds = crate::dataset::Dataset::open(&a.path)?;
+    let mut hist = std::collections::BTreeMap::new();
+    for s in ds.samples() {
+        let b = (s.len.max(1) as u64).next_power_of_two();
+        *hist.entry(b).or_insert(0u64) += 1;
+    }
+    let mut labels: Vec<i64> = ds.samples().iter().map(|s| s.label).collect();
+    labels.sort_unstable();
+    labels.dedup();
+    if a.json {
+        let h: Vec<_> = hist
+            .iter()
+            .map(|(k, v)| serde_json::json!({"le_bytes": k, "samples": v}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "path": a.path.display().to_string(), "format": ds.format(), "samples": ds.len(),
+                "files": ds.files().len(), "bytes": ds.total_bytes(), "labels": labels.len(),
+                "checksums": ds.has_checksums(), "size_histogram": h,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "{}: {:?}, {} samples in {} files, {:.3} GiB, {} labels, checksums: {}",
+        a.path.display(),
+        ds.format(),
+        ds.len(),
+        ds.files().len(),
+        ds.total_bytes() as f64 / (1u64 << 30) as f64,
+        labels.len(),
+        ds.has_checksums()
+    );
+    let max = hist.values().copied().max().unwrap_or(1);
+    for (k, v) in &hist {
+        println!(
+            "  ≤ {:>6}  {:>9}  {}",
+            crate::util::size_label(*k),
+            v,
+            "#".repeat((v * 40 / max) as usize)
+        );
+    }
+    Ok(())
+}
+
+fn verify_cmd(a: InspectArgs) -> Result<()> {
+    let meta = std::fs::metadata(&a.path)
+        .map_err(|e| crate::Error::io("cannot open", e).with_path(a.path.clone()))?;
+    let shards = if meta.is_file() {
+        vec![a.path.clone()]
+    } else {
+        crate::dataset::shard::find_shards(&a.path)?
+    };
+    if shards.is_empty() {
+        return Err(crate::error::invalid(
+            "no .gpf shards to verify (other formats carry no checksums)",
+        )
+        .with_path(a.path.clone()));
+    }
+    let total: u64 = shards
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let mut prog = crate::util::Progress::bytes(format!("verifying {}", a.path.display()), total);
+    let mut done = 0u64;
+    let mut checked = 0u64;
+    let mut bad = Vec::new();
+    for p in &shards {
+        match crate::dataset::shard::verify(p, |n| {
+            done += n;
+            prog.set(done);
+        }) {
+            Ok((n, errs)) => {
+                checked += n;
+                bad.extend(errs);
+            }
+            Err(e) => bad.push(e),
+        }
+    }
+    prog.finish();
+    for e in &bad {
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"error": e.to_string(), "path": e.path().map(|p| p.display().to_string()), "sample": e.sample(), "offset": e.offset()})
+            );
+        } else {
+            println!("bad: {e}");
+        }
+    }
+    if !a.json {
+        println!(
+            "{checked} samples in {} shards checked, {} bad",
+            shards.len(),
+            bad.len()
+        );
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(crate::Error::new(
+            crate::ErrorKind::InvalidInput,
+            format!("{} bad sample(s) or shard(s)", bad.len()),
+        ))
+    }
 }

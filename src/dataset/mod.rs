@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod image_folder;
+pub mod pack;
 pub mod shard;
 
 use std::path::{Path, PathBuf};

@@ -297,6 +297,23 @@ impl Engine {
             slots: cfg.slots,
             huge_pages: cfg.huge_pages,
         })?;
+        Engine::build(cfg, arena)
+    }
+
+    /// Makes an engine over an existing arena (its `slot_bytes` and `slots` replace the
+    /// configuration's), so that memory is mapped and faulted in once for many engines — a
+    /// loader reuses one arena for every epoch. Slots other holders still own stay theirs.
+    pub fn with_arena(cfg: EngineConfig, arena: Arc<Arena>) -> Result<Engine> {
+        let cfg = EngineConfig {
+            slot_bytes: arena.slot_bytes(),
+            slots: arena.slots(),
+            ..cfg.with_env()?
+        };
+        cfg.validate()?;
+        Engine::build(cfg, arena)
+    }
+
+    fn build(cfg: EngineConfig, arena: Arc<Arena>) -> Result<Engine> {
         let mut notices = Vec::new();
         let (backend, kind): (Box<dyn Backend>, EngineKind) = match cfg.kind {
             EngineKind::Uring | EngineKind::UringBuffered => {

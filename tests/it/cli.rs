@@ -138,3 +138,81 @@ fn bad_arguments_are_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-dir/x.dat"));
 }
+
+#[test]
+fn pack_inspect_verify_round_trip_and_catch_corruption() {
+    let dir = disk_dir();
+    let src = dir.path().join("imagefolder");
+    for (class, n) in [("cat", 30), ("dog", 25), ("emu", 7)] {
+        std::fs::create_dir_all(src.join(class)).unwrap();
+        for i in 0..n {
+            let bytes: Vec<u8> = (0..(100 + i * 97)).map(|j| (j * 31 + i) as u8).collect();
+            std::fs::write(src.join(class).join(format!("{i:03}.jpg")), bytes).unwrap();
+        }
+    }
+    let out = dir.path().join("packed");
+    let run = |args: &[&str]| gpufeed().args(args).output().unwrap();
+    let o = run(&[
+        "pack",
+        src.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--shard-size",
+        "4K",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["samples"], 62);
+    let shards = s["shards"].as_array().unwrap().len();
+    assert!(shards > 3, "{s}");
+    // Packing again with another thread count gives identical shards.
+    let out2 = dir.path().join("packed2");
+    let o = run(&[
+        "pack",
+        src.to_str().unwrap(),
+        out2.to_str().unwrap(),
+        "--shard-size",
+        "4K",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success());
+    for k in 0..shards {
+        let name = format!("shard-{k:05}.gpf");
+        assert_eq!(
+            std::fs::read(out.join(&name)).unwrap(),
+            std::fs::read(out2.join(&name)).unwrap(),
+            "{name}"
+        );
+    }
+    let o = run(&["inspect", out.to_str().unwrap(), "--json"]);
+    assert!(o.status.success());
+    let i: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (
+            i["samples"].as_u64(),
+            i["labels"].as_u64(),
+            i["format"].as_str()
+        ),
+        (Some(62), Some(3), Some("packed"))
+    );
+    let o = run(&["verify", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    // Flip a byte inside the first sample of the second shard: verify names it and fails.
+    let victim = out.join("shard-00001.gpf");
+    let idx = gpufeed::dataset::shard::read_index(&victim).unwrap();
+    let mut b = std::fs::read(&victim).unwrap();
+    b[idx.entries[0].offset as usize + 5] ^= 1;
+    std::fs::write(&victim, &b).unwrap();
+    let o = run(&["verify", out.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("shard-00001.gpf")
+            && text.contains("sample 0")
+            && text.contains("checksum mismatch"),
+        "{text}"
+    );
+    assert!(text.contains("1 bad"), "{text}");
+}
