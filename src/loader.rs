@@ -308,15 +308,12 @@ impl Worker {
             .map(|f| engine.open(&f.path))
             .collect::<Result<_>>()?;
         let arena = engine.arena().clone();
-        let mut next = if self.plan.batches() == 0 {
-            self.plan.groups()
+        // Resuming at the end (or an empty epoch) reads nothing.
+        let mut next = if self.start < self.plan.batches() {
+            self.plan.group_of_batch(self.start)
         } else {
-            self.plan
-                .group_of_batch(self.start.min(self.plan.batches().saturating_sub(1)))
+            self.plan.groups()
         };
-        if self.start >= self.plan.batches() {
-            next = self.plan.groups();
-        }
         let mut in_flight: HashMap<u64, Group> = HashMap::new();
         let mut specs = Vec::new();
         let mut stalled_since: Option<Instant> = None;

@@ -277,8 +277,6 @@ pub struct Engine {
     notices: Vec<String>,
     reads_per_job_max: u32,
     drop_cache_behind: bool,
-    /// Set if draining failed: the arena must then never be freed.
-    poisoned: bool,
 }
 
 // SAFETY: the only non-Send fields are the raw `buf` pointers of ops, which point into the
@@ -388,7 +386,6 @@ impl Engine {
             notices,
             reads_per_job_max: cfg.reads_per_job_max,
             drop_cache_behind: cfg.drop_cache_behind,
-            poisoned: false,
         }
     }
 
@@ -951,7 +948,6 @@ impl Drop for Engine {
         if let Err(e) = self.cancel_all() {
             // The backend may still write into the arena: never free it. Leaking is the only
             // sound choice left.
-            self.poisoned = true;
             notice(&format!(
                 "engine could not drain its reads on drop ({e}); leaking its arena so no read \
                  lands in freed memory"
