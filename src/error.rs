@@ -164,6 +164,26 @@ impl Error {
     }
 }
 
+impl Clone for Error {
+    /// A copy with the same kind, message and context; an OS error keeps its code, any other
+    /// source becomes an equivalent `io::Error` with the same kind and text.
+    fn clone(&self) -> Error {
+        let i = &self.0;
+        Error(Box::new(Inner {
+            kind: i.kind,
+            message: i.message.clone(),
+            path: i.path.clone(),
+            offset: i.offset,
+            len: i.len,
+            sample: i.sample,
+            source: i.source.as_ref().map(|s| match s.raw_os_error() {
+                Some(code) => io::Error::from_raw_os_error(code),
+                None => io::Error::new(s.kind(), s.to_string()),
+            }),
+        }))
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let i = &*self.0;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::batch::{Batch, Region, SampleSpan};
 use crate::buf::Arena;
 use crate::config::{EngineConfig, EngineKind};
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, Frame};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::io::{Completion, Engine, FileId, ReadSpec};
 use crate::plan::{EpochPlan, Group, Order, PlanConfig};
@@ -248,7 +248,7 @@ impl Loader {
         Ok(Epoch {
             epoch,
             dataset: self.dataset.clone(),
-            verify: self.verify_checksums && self.dataset.has_checksums(),
+            verify: self.verify_checksums,
             rx: Some(rx),
             thread: Some(thread),
             stop,
@@ -451,23 +451,17 @@ impl Epoch {
     }
 
     fn take_group(&mut self, mut g: GroupDone) {
-        // Checksums are verified here, on the consumer's thread: on the I/O thread they would
-        // keep it from reaping and resubmitting, and the device queue would run dry.
-        if self.verify {
-            let ds = &*self.dataset;
+        // Checksums and frames are checked here, on the consumer's thread: on the I/O thread
+        // they would keep it from reaping and resubmitting, and the device queue would run dry.
+        let ds = &*self.dataset;
+        if (self.verify && ds.has_checksums()) || ds.frame() != Frame::None {
             let bytes = g.region.bytes();
             for (span, &id) in g.spans.iter_mut().zip(&g.ids) {
                 if let Ok(r) = span {
-                    let s = ds.sample(id as usize);
-                    if crc32c::crc32c(&bytes[r.clone()]) != s.crc32c {
-                        *span = Err(Arc::new(ds.sample_error(
-                            id as usize,
-                            Error::new(
-                                ErrorKind::InvalidInput,
-                                format!("checksum mismatch (key {:?})", ds.key(id as usize)),
-                            ),
-                        )));
-                    }
+                    *span = match ds.check_sample(id as usize, &bytes[r.clone()], self.verify) {
+                        Ok(p) => Ok(r.start + p.start..r.start + p.end),
+                        Err(e) => Err(Arc::new(e)),
+                    };
                 }
             }
         }

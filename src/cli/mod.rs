@@ -25,7 +25,8 @@ enum Command {
     /// Measure what the disk and each engine deliver (no subcommand: a short comparison of
     /// every engine on a generated file).
     Bench(BenchCmd),
-    /// Pack a dataset (an ImageFolder directory of class folders) into gpufeed shards.
+    /// Pack a dataset (ImageFolder directory, WebDataset tars, TFRecords, tokens…) into
+    /// gpufeed shards.
     Pack(PackArgs),
     /// Describe a dataset: format, samples, shards, sizes.
     Inspect(InspectArgs),
@@ -35,8 +36,10 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct PackArgs {
-    /// The dataset to pack (ImageFolder directory, or shards to re-pack).
+    /// The dataset to pack (ImageFolder directory, WebDataset tars, TFRecords, shards…).
     src: PathBuf,
+    #[command(flatten)]
+    dataset: DatasetArgs,
     /// Output directory for shard-NNNNN.gpf files.
     out: PathBuf,
     /// Target size of each shard.
@@ -55,11 +58,93 @@ struct PackArgs {
 
 #[derive(Debug, Args)]
 struct InspectArgs {
-    /// A shard, a directory of shards, or an ImageFolder directory.
+    /// A dataset: shards, WebDataset tars, TFRecords, a Megatron prefix, token files, or an
+    /// ImageFolder directory (a file or a directory of files).
     path: PathBuf,
+    #[command(flatten)]
+    dataset: DatasetArgs,
     /// Print JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// How to read a dataset (detected from the files when not given).
+#[derive(Debug, Args)]
+struct DatasetArgs {
+    /// The dataset's format (default: detected from extensions and magic bytes).
+    #[arg(long, value_enum)]
+    format: Option<crate::dataset::Format>,
+    /// WebDataset: extensions of the payload member, by preference.
+    #[arg(long, value_delimiter = ',', default_value = "jpg,jpeg,png,webp")]
+    payload: Vec<String>,
+    /// WebDataset: extension of the member holding the label ("none": no labels).
+    #[arg(long, default_value = "cls")]
+    label_ext: String,
+    /// TFRecord: index file, or directory of NAME.idx files (default: NAME.idx beside NAME).
+    #[arg(long)]
+    tfrecord_index: Option<PathBuf>,
+    /// Token files: width of each token (flat files; Megatron files name theirs).
+    #[arg(long, value_enum)]
+    token_dtype: Option<crate::dataset::tokens::TokenType>,
+    /// Token files: tokens per window (a sample is seq_len + 1 tokens). Flat default 1024;
+    /// Megatron: one sample per sequence unless given.
+    #[arg(long)]
+    seq_len: Option<u32>,
+    /// Token files: tokens between window starts (default: seq_len).
+    #[arg(long)]
+    stride: Option<u32>,
+}
+
+impl DatasetArgs {
+    fn open(&self, path: &std::path::Path) -> Result<crate::dataset::Dataset> {
+        use crate::dataset::{tar::TarOptions, tokens::TokenOptions, OpenOptions};
+        let opts = OpenOptions {
+            format: self.format,
+            webdataset: TarOptions {
+                payload: self.payload.iter().map(|p| p.to_lowercase()).collect(),
+                label: (self.label_ext != "none").then(|| self.label_ext.to_lowercase()),
+            },
+            tfrecord_index: self.tfrecord_index.clone(),
+            tokens: TokenOptions {
+                dtype: self.token_dtype,
+                seq_len: self.seq_len,
+                stride: self.stride,
+            },
+        };
+        crate::dataset::Dataset::open_with(path, &opts)
+    }
+}
+
+/// Prints what indexing found wrong (on stderr, or as JSON lines on stdout).
+fn report_problems(ds: &crate::dataset::Dataset, json: bool) {
+    const SHOWN: usize = 20;
+    for e in ds
+        .problems()
+        .iter()
+        .take(if json { usize::MAX } else { SHOWN })
+    {
+        if json {
+            println!("{}", error_json(e));
+        } else {
+            eprintln!("gpufeed: warning: {e}");
+        }
+    }
+    let total = ds.problems_total();
+    if !json && total > SHOWN as u64 {
+        eprintln!(
+            "gpufeed: warning: … {} more problems ({total} in all)",
+            total - SHOWN as u64
+        );
+    }
+}
+
+fn error_json(e: &crate::Error) -> serde_json::Value {
+    serde_json::json!({
+        "error": e.to_string(),
+        "path": e.path().map(|p| p.display().to_string()),
+        "sample": e.sample(),
+        "offset": e.offset(),
+    })
 }
 
 #[derive(Debug, Args)]
@@ -369,7 +454,8 @@ fn emit_load(r: &crate::bench::load::LoadBenchResult, json: bool) {
 
 fn pack_cmd(a: PackArgs) -> Result<()> {
     use crate::dataset::pack::{pack, PackOptions};
-    let ds = crate::dataset::Dataset::open(&a.src)?;
+    let ds = a.dataset.open(&a.src)?;
+    report_problems(&ds, false);
     let mut opts = PackOptions {
         shard_bytes: a.shard_size,
         align: a.align,
@@ -395,7 +481,10 @@ fn pack_cmd(a: PackArgs) -> Result<()> {
 }
 
 fn inspect_cmd(a: InspectArgs) -> Result<()> {
-    let ds = crate::dataset::Dataset::open(&a.path)?;
+    let ds = a.dataset.open(&a.path)?;
+    if !a.json {
+        report_problems(&ds, false);
+    }
     let mut hist = std::collections::BTreeMap::new();
     for s in ds.samples() {
         let b = (s.len.max(1) as u64).next_power_of_two();
@@ -415,19 +504,22 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
                 "path": a.path.display().to_string(), "format": ds.format(), "samples": ds.len(),
                 "files": ds.files().len(), "bytes": ds.total_bytes(), "labels": labels.len(),
                 "checksums": ds.has_checksums(), "size_histogram": h,
+                "problems": ds.problems_total(),
+                "first_problems": ds.problems().iter().take(20).map(error_json).collect::<Vec<_>>(),
             })
         );
         return Ok(());
     }
     println!(
-        "{}: {:?}, {} samples in {} files, {:.3} GiB, {} labels, checksums: {}",
+        "{}: {}, {} samples in {} files, {:.3} GiB, {} labels, checksums: {}, problems: {}",
         a.path.display(),
-        ds.format(),
+        ds.format().name(),
         ds.len(),
         ds.files().len(),
         ds.total_bytes() as f64 / (1u64 << 30) as f64,
         labels.len(),
-        ds.has_checksums()
+        ds.has_checksums(),
+        ds.problems_total()
     );
     let max = hist.values().copied().max().unwrap_or(1);
     for (k, v) in &hist {
@@ -445,51 +537,79 @@ fn verify_cmd(a: InspectArgs) -> Result<()> {
     let meta = std::fs::metadata(&a.path)
         .map_err(|e| crate::Error::io("cannot open", e).with_path(a.path.clone()))?;
     let shards = if meta.is_file() {
-        vec![a.path.clone()]
+        if a.path
+            .extension()
+            .is_some_and(|x| x == crate::dataset::shard::EXTENSION)
+        {
+            vec![a.path.clone()]
+        } else {
+            Vec::new()
+        }
     } else {
         crate::dataset::shard::find_shards(&a.path)?
     };
-    if shards.is_empty() {
-        return Err(crate::error::invalid(
-            "no .gpf shards to verify (other formats carry no checksums)",
-        )
-        .with_path(a.path.clone()));
-    }
-    let total: u64 = shards
-        .iter()
-        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
-        .sum();
-    let mut prog = crate::util::Progress::bytes(format!("verifying {}", a.path.display()), total);
-    let mut done = 0u64;
-    let mut checked = 0u64;
-    let mut bad = Vec::new();
-    for p in &shards {
-        match crate::dataset::shard::verify(p, |n| {
-            done += n;
-            prog.set(done);
-        }) {
-            Ok((n, errs)) => {
-                checked += n;
-                bad.extend(errs);
+    let mut bad: Vec<crate::Error> = Vec::new();
+    let (checked, files, what) = if !shards.is_empty() && a.dataset.format.is_none() {
+        // Shards are verified shard by shard, so that a shard whose index is damaged is one
+        // error and the others are still checked.
+        let total: u64 = shards
+            .iter()
+            .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+            .sum();
+        let mut prog =
+            crate::util::Progress::bytes(format!("verifying {}", a.path.display()), total);
+        let mut done = 0u64;
+        let mut checked = 0u64;
+        for p in &shards {
+            match crate::dataset::shard::verify(p, |n| {
+                done += n;
+                prog.set(done);
+            }) {
+                Ok((n, errs)) => {
+                    checked += n;
+                    bad.extend(errs);
+                }
+                Err(e) => bad.push(e),
             }
-            Err(e) => bad.push(e),
         }
-    }
-    prog.finish();
+        prog.finish();
+        (checked, shards.len(), "checked")
+    } else {
+        // Other formats: every sample is read and checked (checksums and frames where the
+        // format has them), and what indexing found wrong counts too.
+        let ds = a.dataset.open(&a.path)?;
+        bad.extend(ds.problems().iter().cloned());
+        let mut prog = crate::util::Progress::bytes(
+            format!("verifying {}", a.path.display()),
+            ds.total_bytes(),
+        );
+        let mut buf = Vec::new();
+        let mut done = 0u64;
+        for i in 0..ds.len() {
+            if let Err(e) = ds.read_sample(i, &mut buf, true) {
+                bad.push(e);
+            }
+            done += ds.sample(i).len as u64;
+            prog.set(done);
+        }
+        prog.finish();
+        let what = if ds.has_checksums() {
+            "checked"
+        } else {
+            "read (this format carries no checksums)"
+        };
+        (ds.len() as u64, ds.files().len(), what)
+    };
     for e in &bad {
         if a.json {
-            println!(
-                "{}",
-                serde_json::json!({"error": e.to_string(), "path": e.path().map(|p| p.display().to_string()), "sample": e.sample(), "offset": e.offset()})
-            );
+            println!("{}", error_json(e));
         } else {
             println!("bad: {e}");
         }
     }
     if !a.json {
         println!(
-            "{checked} samples in {} shards checked, {} bad",
-            shards.len(),
+            "{checked} samples in {files} files {what}, {} bad",
             bad.len()
         );
     }
@@ -498,7 +618,7 @@ fn verify_cmd(a: InspectArgs) -> Result<()> {
     } else {
         Err(crate::Error::new(
             crate::ErrorKind::InvalidInput,
-            format!("{} bad sample(s) or shard(s)", bad.len()),
+            format!("{} bad sample(s) or file(s)", bad.len()),
         ))
     }
 }

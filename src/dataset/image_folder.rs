@@ -60,12 +60,8 @@ pub fn open(root: &Path) -> Result<Dataset> {
         );
     }
     Ok(Dataset {
-        format: Format::ImageFolder,
-        files,
-        samples,
         keys,
-        metas: Strings::default(),
-        has_checksums: false,
         classes,
+        ..Dataset::empty(Format::ImageFolder, files, samples)
     })
 }

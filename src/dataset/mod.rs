@@ -11,10 +11,15 @@
 
 #![forbid(unsafe_code)]
 
+mod detect;
 pub mod image_folder;
 pub mod pack;
 pub mod shard;
+pub mod tar;
+pub mod tfrecord;
+pub mod tokens;
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -41,13 +46,61 @@ pub struct DataFile {
 }
 
 /// The layout a dataset was read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Format {
     /// gpufeed packed shards (`.gpf`), see docs/FORMAT.md.
     Packed,
     /// A directory of class folders holding one file per sample.
     ImageFolder,
+    /// WebDataset `.tar` shards: members grouped into samples by key.
+    #[value(name = "webdataset")]
+    #[serde(rename = "webdataset")]
+    WebDataset,
+    /// TFRecord files (length, masked crc32c, data, masked crc32c per record).
+    #[value(name = "tfrecord")]
+    #[serde(rename = "tfrecord")]
+    TfRecord,
+    /// A flat file of little-endian tokens (nanoGPT's `train.bin`) read as fixed windows.
+    Tokens,
+    /// Megatron-LM's indexed dataset (`PREFIX.idx` + `PREFIX.bin`).
+    Megatron,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Packed => "packed",
+            Format::ImageFolder => "image-folder",
+            Format::WebDataset => "webdataset",
+            Format::TfRecord => "tfrecord",
+            Format::Tokens => "tokens",
+            Format::Megatron => "megatron",
+        }
+    }
+}
+
+/// How a sample's bytes are wrapped in its file. A framed sample's `offset` and `len` cover the
+/// frame; the loader checks the frame and hands out only the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frame {
+    /// The sample is exactly its bytes.
+    None,
+    /// A TFRecord record: u64 length, masked crc32c of the length, data, masked crc32c of the
+    /// data (12 bytes before the payload, 4 after).
+    TfRecord,
+}
+
+/// How to open a dataset: the format (detected when `None`) and per-format options.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    pub format: Option<Format>,
+    pub webdataset: tar::TarOptions,
+    /// A TFRecord index (`offset size` lines, as `tfrecord2idx` writes): a file when one record
+    /// file is opened, or a directory holding `NAME.idx` for each record file `NAME`. Without
+    /// it, `NAME.idx` next to the record file is used if present, else the file is scanned.
+    pub tfrecord_index: Option<PathBuf>,
+    pub tokens: tokens::TokenOptions,
 }
 
 /// Variable-length byte strings stored back to back (keys, metadata).
@@ -87,27 +140,46 @@ pub struct Dataset {
     pub(crate) format: Format,
     pub(crate) files: Vec<DataFile>,
     pub(crate) samples: Vec<Sample>,
+    /// One key per sample, or empty: keys are then `FILE#SAMPLE@OFFSET`.
     pub(crate) keys: Strings,
     pub(crate) metas: Strings,
     pub(crate) has_checksums: bool,
+    pub(crate) frame: Frame,
     pub(crate) classes: Vec<String>,
+    pub(crate) problems: Vec<Error>,
+    pub(crate) problems_total: u64,
 }
 
 impl Dataset {
-    /// Opens a dataset: a `.gpf` shard, a directory of `.gpf` shards, or an ImageFolder
-    /// directory (class folders of files).
+    /// Opens a dataset, detecting its format: a `.gpf` shard or a directory of them, a
+    /// WebDataset `.tar` or a directory of them, a `.tfrecord` file or a directory of them, a
+    /// Megatron `PREFIX` (or `PREFIX.idx`), or an ImageFolder directory (class folders of
+    /// files). Flat token files need [`Dataset::open_with`] and `Format::Tokens`.
     pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
+        Dataset::open_with(path, &OpenOptions::default())
+    }
+
+    /// Opens a dataset with explicit options (format, payload extension, token window…).
+    pub fn open_with(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Dataset> {
         let path = path.as_ref();
-        let meta = std::fs::metadata(path)
-            .map_err(|e| Error::io("cannot open dataset", e).with_path(path.to_path_buf()))?;
-        if meta.is_file() {
-            return shard::open_shards(&[path.to_path_buf()]);
+        let (format, files) = detect::detect(path, opts)?;
+        Dataset::open_files(format, &files, opts)
+    }
+
+    /// Opens the given files as one dataset of `format`, in the order given (for Megatron,
+    /// each path is a `PREFIX` or `PREFIX.idx`).
+    pub fn open_files(format: Format, paths: &[PathBuf], opts: &OpenOptions) -> Result<Dataset> {
+        match format {
+            Format::Packed => shard::open_shards(paths),
+            Format::ImageFolder => match paths {
+                [root] => image_folder::open(root),
+                _ => Err(invalid("an ImageFolder dataset is one directory")),
+            },
+            Format::WebDataset => tar::open(paths, &opts.webdataset),
+            Format::TfRecord => tfrecord::open(paths, opts.tfrecord_index.as_deref()),
+            Format::Tokens => tokens::open_flat(paths, &opts.tokens),
+            Format::Megatron => tokens::open_megatron(paths, &opts.tokens),
         }
-        let shards = shard::find_shards(path)?;
-        if !shards.is_empty() {
-            return shard::open_shards(&shards);
-        }
-        image_folder::open(path)
     }
 
     /// Opens the given shards as one dataset, in the order given.
@@ -140,8 +212,15 @@ impl Dataset {
         &self.samples[i]
     }
 
-    /// The sample's key (e.g. its path inside the dataset), lossily as UTF-8.
+    /// The sample's key (e.g. its path inside the dataset), lossily as UTF-8; `FILE#SAMPLE@OFFSET`
+    /// for formats without keys (TFRecord, tokens).
     pub fn key(&self, i: usize) -> std::borrow::Cow<'_, str> {
+        if self.keys.is_empty() {
+            let s = &self.samples[i];
+            let f = &self.files[s.file as usize].path;
+            let name = f.file_name().unwrap_or_else(|| f.as_os_str());
+            return format!("{}#{i}@{}", name.to_string_lossy(), s.offset).into();
+        }
         String::from_utf8_lossy(self.keys.get(i))
     }
 
@@ -157,6 +236,61 @@ impl Dataset {
     /// Whether samples carry a crc32c that readers verify.
     pub fn has_checksums(&self) -> bool {
         self.has_checksums
+    }
+
+    /// How samples are wrapped in their files.
+    pub fn frame(&self) -> Frame {
+        self.frame
+    }
+
+    /// What was wrong in the files while indexing them (a corrupt tar header, a TFRecord length
+    /// whose checksum failed, a sample with no payload member…): each error names the file and
+    /// the offset or sample. The samples that could be located are in the dataset; these were
+    /// not. At most [`PROBLEMS_KEPT`] are kept; [`problems_total`](Dataset::problems_total)
+    /// counts all.
+    pub fn problems(&self) -> &[Error] {
+        &self.problems
+    }
+
+    /// How many problems indexing found (including those not kept).
+    pub fn problems_total(&self) -> u64 {
+        self.problems_total
+    }
+
+    /// Checks the raw bytes of sample `i` (as read from `offset .. offset + len`) — its frame,
+    /// and its checksums when `verify` and the format has them — and returns where its payload
+    /// lies inside `raw`. The error names the file, the sample and what was wrong.
+    pub fn check_sample(&self, i: usize, raw: &[u8], verify: bool) -> Result<Range<usize>> {
+        let s = &self.samples[i];
+        let r = match self.frame {
+            Frame::None => {
+                if verify && self.has_checksums && crc32c::crc32c(raw) != s.crc32c {
+                    Err(Error::new(
+                        crate::ErrorKind::InvalidInput,
+                        format!("checksum mismatch (key {:?})", self.key(i)),
+                    ))
+                } else {
+                    Ok(0..raw.len())
+                }
+            }
+            Frame::TfRecord => tfrecord::unframe(raw, verify),
+        };
+        r.map_err(|e| self.sample_error(i, e))
+    }
+
+    /// Reads sample `i` with ordinary buffered I/O into `buf` and checks it as
+    /// [`check_sample`](Dataset::check_sample) does; returns the payload's range in `buf`.
+    pub fn read_sample(&self, i: usize, buf: &mut Vec<u8>, verify: bool) -> Result<Range<usize>> {
+        use std::os::unix::fs::FileExt;
+        let s = &self.samples[i];
+        let path = &self.files[s.file as usize].path;
+        let f = std::fs::File::open(path)
+            .map_err(|e| self.sample_error(i, Error::io("cannot open", e)))?;
+        buf.clear();
+        buf.resize(s.len as usize, 0); // len was checked against the file's size when indexed
+        f.read_exact_at(buf, s.offset)
+            .map_err(|e| self.sample_error(i, Error::io("cannot read sample", e)))?;
+        self.check_sample(i, buf, verify)
     }
 
     /// Class names by label, where the format names them.
@@ -213,14 +347,134 @@ impl Dataset {
             }
         }
         Ok(Dataset {
-            format: Format::Packed,
+            keys: k,
+            ..Dataset::empty(Format::Packed, files, samples)
+        })
+    }
+
+    /// A dataset of `format` with no keys, metadata, checksums, classes or problems.
+    pub(crate) fn empty(format: Format, files: Vec<DataFile>, samples: Vec<Sample>) -> Dataset {
+        Dataset {
+            format,
             files,
             samples,
-            keys: k,
+            keys: Strings::default(),
             metas: Strings::default(),
             has_checksums: false,
+            frame: Frame::None,
             classes: Vec::new(),
+            problems: Vec::new(),
+            problems_total: 0,
+        }
+    }
+}
+
+/// How many indexing problems a dataset keeps (the rest are counted).
+pub const PROBLEMS_KEPT: usize = 1000;
+
+/// Collects the files, samples and problems of a dataset being indexed.
+#[derive(Default)]
+pub(crate) struct Builder {
+    pub files: Vec<DataFile>,
+    pub samples: Vec<Sample>,
+    pub keys: Strings,
+    pub problems: Vec<Error>,
+    pub problems_total: u64,
+}
+
+impl Builder {
+    pub fn problem(&mut self, e: Error) {
+        self.problems_total += 1;
+        if self.problems.len() < PROBLEMS_KEPT {
+            self.problems.push(e);
+        }
+    }
+
+    /// Adds a file; returns its index.
+    pub fn file(&mut self, path: &Path, size: u64) -> Result<u32> {
+        let i = u32::try_from(self.files.len()).map_err(|_| invalid("more than 2^32 files"))?;
+        self.files.push(data_file(path, size));
+        Ok(i)
+    }
+
+    /// The dataset, or an error if no sample was found (naming the first problem, if any).
+    pub fn finish(self, format: Format, what: &str) -> Result<Dataset> {
+        if self.samples.is_empty() {
+            let mut msg = format!("no samples found in {what}");
+            if let Some(p) = self.problems.first() {
+                msg.push_str(&format!(" (first problem: {p})"));
+            }
+            let mut e = invalid(msg);
+            if let [f] = &self.files[..] {
+                e = e.with_path(f.path.clone());
+            }
+            return Err(e);
+        }
+        let mut ds = Dataset::empty(format, self.files, self.samples);
+        ds.keys = self.keys;
+        ds.problems = self.problems;
+        ds.problems_total = self.problems_total;
+        Ok(ds)
+    }
+}
+
+/// Reads a file through a window of its bytes, for indexers that walk a file front to back
+/// (tar headers, TFRecord lengths): one `pread` serves many small reads.
+pub(crate) struct Window {
+    file: std::fs::File,
+    pub path: Arc<Path>,
+    pub size: u64,
+    start: u64,
+    buf: Vec<u8>,
+}
+
+/// Bytes a [`Window`] reads at a time, and the most one `get` may ask for.
+const WINDOW_BYTES: usize = 64 << 10;
+pub(crate) const WINDOW_MAX: usize = 1 << 20;
+
+impl Window {
+    pub fn open(path: &Path) -> Result<Window> {
+        let file = std::fs::File::open(path)
+            .map_err(|e| Error::io("cannot open", e).with_path(path.to_path_buf()))?;
+        let size = file
+            .metadata()
+            .map_err(|e| Error::io("cannot stat", e).with_path(path.to_path_buf()))?
+            .len();
+        Ok(Window {
+            file,
+            path: shared_path(path),
+            size,
+            start: 0,
+            buf: Vec::new(),
         })
+    }
+
+    /// The bytes `offset .. offset + len` (`len` ≤ [`WINDOW_MAX`]); an error if they are not
+    /// all in the file (including when it shrank since it was opened).
+    pub fn get(&mut self, offset: u64, len: usize) -> Result<&[u8]> {
+        use std::os::unix::fs::FileExt;
+        assert!(len <= WINDOW_MAX, "window reads are small");
+        let end = offset.checked_add(len as u64).filter(|&e| e <= self.size);
+        let Some(end) = end else {
+            return Err(Error::new(
+                crate::ErrorKind::UnexpectedEof,
+                format!("{len} bytes at offset {offset} lie past the end of the file"),
+            )
+            .with_path(self.path.clone()));
+        };
+        if offset < self.start || end > self.start + self.buf.len() as u64 {
+            let want = (self.size - offset).min(WINDOW_BYTES.max(len) as u64) as usize;
+            self.buf.resize(want, 0);
+            self.start = offset;
+            if let Err(e) = self.file.read_exact_at(&mut self.buf, offset) {
+                self.buf.clear();
+                return Err(Error::io("cannot read (did the file shrink?)", e)
+                    .with_path(self.path.clone())
+                    .with_range(offset, want as u64));
+            }
+        }
+        let at = (offset - self.start) as usize;
+        Ok(&self.buf[at..at + len])
     }
 }
 

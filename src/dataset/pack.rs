@@ -81,10 +81,8 @@ pub fn pack(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSum
                         let mut w = ShardWriter::create(&paths[k], opts.align)?;
                         for i in range.clone() {
                             let s = src.sample(i);
-                            let f = &src.files()[s.file as usize];
-                            read_sample(&f.path, s.offset, s.len, &mut buf)
-                                .map_err(|e| src.sample_error(i, e))?;
-                            w.add(&src.key(i), s.label, src.meta(i), &buf)?;
+                            let payload = src.read_sample(i, &mut buf, true)?;
+                            w.add(&src.key(i), s.label, src.meta(i), &buf[payload])?;
                             done.fetch_add(s.len as u64, Ordering::Relaxed);
                         }
                         w.finish()?;
@@ -116,15 +114,4 @@ pub fn pack(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSum
         samples: src.len() as u64,
         bytes: total,
     })
-}
-
-fn read_sample(path: &Path, offset: u64, len: u32, buf: &mut Vec<u8>) -> Result<()> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io("cannot open sample", e))?;
-    buf.clear();
-    buf.resize(len as usize, 0); // len was checked against the file's size when indexed
-    f.seek(SeekFrom::Start(offset))
-        .and_then(|_| f.read_exact(buf))
-        .map_err(|e| Error::io("cannot read sample", e))?;
-    Ok(())
 }

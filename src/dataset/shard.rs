@@ -252,13 +252,10 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
         }
     }
     Ok(Dataset {
-        format: Format::Packed,
-        files,
-        samples,
         keys,
         metas,
         has_checksums: true,
-        classes: Vec::new(),
+        ..Dataset::empty(Format::Packed, files, samples)
     })
 }
 

@@ -4,5 +4,6 @@ mod cli;
 mod common;
 mod engine;
 mod fallback;
+mod formats;
 mod loader;
 mod sim;

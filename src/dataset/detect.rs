@@ -1,0 +1,162 @@
+//! Telling a dataset's format from its path: the format named in the options, else file
+//! extensions, else the first bytes of the file.
+
+use std::path::{Path, PathBuf};
+
+use super::{Format, OpenOptions};
+use crate::error::{invalid, Error, Result};
+
+/// Extensions that name each format's files.
+fn extensions(f: Format) -> &'static [&'static str] {
+    match f {
+        Format::Packed => &[super::shard::EXTENSION],
+        Format::WebDataset => &["tar"],
+        Format::TfRecord => &["tfrecord", "tfrecords", "tfr"],
+        Format::Tokens => &["bin"],
+        Format::Megatron => &["idx"],
+        Format::ImageFolder => &[],
+    }
+}
+
+fn has_ext(p: &Path, f: Format) -> bool {
+    p.extension()
+        .and_then(|x| x.to_str())
+        .is_some_and(|x| extensions(f).iter().any(|e| x.eq_ignore_ascii_case(e)))
+}
+
+/// The format and the files (or, for ImageFolder, the root) to open.
+pub(crate) fn detect(path: &Path, opts: &OpenOptions) -> Result<(Format, Vec<PathBuf>)> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        // Megatron datasets are named by their prefix: PREFIX.idx + PREFIX.bin.
+        Err(_) if with_suffix(path, ".idx").is_file() => {
+            return Ok((Format::Megatron, vec![path.to_path_buf()]));
+        }
+        Err(e) => {
+            return Err(Error::io("cannot open dataset", e).with_path(path.to_path_buf()));
+        }
+    };
+    if meta.is_file() {
+        let f = match opts.format {
+            Some(Format::ImageFolder) => {
+                return Err(
+                    invalid("an ImageFolder dataset is a directory").with_path(path.to_path_buf())
+                )
+            }
+            Some(f) => f,
+            None => sniff(path)?,
+        };
+        return Ok((f, vec![path.to_path_buf()]));
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| Error::io("cannot list directory", e).with_path(path.to_path_buf()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let pick = |f: Format| -> Vec<PathBuf> {
+        files
+            .iter()
+            .filter(|p| has_ext(p, f))
+            .filter(|p| f != Format::Megatron || with_suffix(&strip_ext(p), ".bin").is_file())
+            .cloned()
+            .collect()
+    };
+    match opts.format {
+        Some(Format::ImageFolder) => Ok((Format::ImageFolder, vec![path.to_path_buf()])),
+        Some(f) => {
+            let mut v = pick(f);
+            if v.is_empty() && f == Format::TfRecord {
+                // TensorFlow often names record files without an extension.
+                v = files
+                    .iter()
+                    .filter(|p| p.extension().is_none_or(|x| x != "idx"))
+                    .cloned()
+                    .collect();
+            }
+            if v.is_empty() {
+                return Err(invalid(format!(
+                    "no {} files (*.{}) in this directory",
+                    f.name(),
+                    extensions(f).join(", *.")
+                ))
+                .with_path(path.to_path_buf()));
+            }
+            Ok((f, v))
+        }
+        None => {
+            for f in [
+                Format::Packed,
+                Format::WebDataset,
+                Format::TfRecord,
+                Format::Megatron,
+            ] {
+                let v = pick(f);
+                if !v.is_empty() {
+                    return Ok((f, v));
+                }
+            }
+            Ok((Format::ImageFolder, vec![path.to_path_buf()]))
+        }
+    }
+}
+
+/// A file's format from its extension, else from its first bytes.
+fn sniff(path: &Path) -> Result<Format> {
+    for f in [
+        Format::Packed,
+        Format::WebDataset,
+        Format::TfRecord,
+        Format::Megatron,
+    ] {
+        if has_ext(path, f) {
+            return Ok(f);
+        }
+    }
+    if has_ext(path, Format::Tokens) && with_suffix(&strip_ext(path), ".idx").is_file() {
+        return Ok(Format::Megatron);
+    }
+    let mut head = [0u8; 512];
+    let n = {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path)
+            .map_err(|e| Error::io("cannot open dataset", e).with_path(path.to_path_buf()))?;
+        let mut n = 0;
+        while n < head.len() {
+            match f.read(&mut head[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io("cannot read", e).with_path(path.to_path_buf())),
+            }
+        }
+        n
+    };
+    let head = &head[..n];
+    if head.starts_with(super::shard::MAGIC) {
+        return Ok(Format::Packed);
+    }
+    if head.starts_with(super::tokens::MEGATRON_MAGIC) {
+        return Ok(Format::Megatron);
+    }
+    if head.len() == 512 && &head[257..262] == b"ustar" {
+        return Ok(Format::WebDataset);
+    }
+    Err(invalid(
+        "cannot tell this file's format: name it with --format (packed, webdataset, tfrecord, \
+         tokens, megatron); flat token files always need --format tokens",
+    )
+    .with_path(path.to_path_buf()))
+}
+
+/// `p` with `suffix` appended to its file name.
+pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// `p` without its extension.
+pub(crate) fn strip_ext(p: &Path) -> PathBuf {
+    p.with_extension("")
+}

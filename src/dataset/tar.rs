@@ -1,0 +1,518 @@
+//! WebDataset shards: uncompressed tar files (ustar, GNU long names, pax headers) whose members
+//! are grouped into samples by key, as the webdataset library does.
+//!
+//! A member `dir/000123.seg.png` has key `dir/000123` and extension `seg.png` (the key ends at
+//! the first dot of the file name; extensions are compared in lower case). Consecutive members
+//! with the same key form one sample. The sample's bytes are its *payload* member, the first
+//! extension of [`TarOptions::payload`] the sample has (`jpg` by default); its label is the
+//! decimal integer in its [`TarOptions::label`] member (`cls`). Members that are not regular
+//! files, names without an extension, and `__name__` metadata files are skipped, as webdataset
+//! skips them.
+//!
+//! Tars are indexed by walking their headers (no index file exists); sample bytes are never
+//! read, except the small label members. A damaged header is reported as a
+//! [problem](super::Dataset::problems) and the walk resumes at the next block that is a valid
+//! header, so one bad header costs only the samples it covered.
+
+use std::path::{Path, PathBuf};
+
+use super::{Builder, Dataset, Format, Sample, Window, WINDOW_MAX};
+use crate::error::{invalid, Error, ErrorKind, Result};
+
+/// How tar members become samples.
+#[derive(Debug, Clone)]
+pub struct TarOptions {
+    /// Extensions of the payload member, by preference (lower case, without the dot).
+    pub payload: Vec<String>,
+    /// Extension of the member holding the label as decimal text; `None`: no labels.
+    pub label: Option<String>,
+}
+
+impl Default for TarOptions {
+    fn default() -> Self {
+        TarOptions {
+            payload: ["jpg", "jpeg", "png", "webp"].map(String::from).to_vec(),
+            label: Some("cls".into()),
+        }
+    }
+}
+
+const BLOCK: u64 = 512;
+/// Longest GNU long name or label member read; pax headers may use the whole window.
+const NAME_MAX: u64 = 64 << 10;
+const LABEL_MAX: u64 = 64;
+
+/// Indexes WebDataset tars as one dataset, in the order given.
+pub fn open(paths: &[PathBuf], opts: &TarOptions) -> Result<Dataset> {
+    if opts.payload.is_empty() {
+        return Err(invalid("name at least one payload extension"));
+    }
+    let mut b = Builder::default();
+    let mut seen = Vec::new();
+    for p in paths {
+        // One unreadable tar among many is a problem, not the end of the dataset.
+        if let Err(e) = index_tar(p, opts, &mut b, &mut seen) {
+            if paths.len() == 1 {
+                return Err(e);
+            }
+            b.problem(e);
+        }
+    }
+    if b.samples.is_empty() && b.problems_total > 0 && !seen.is_empty() {
+        let list: Vec<String> = seen.iter().map(|s| format!(".{s}")).collect();
+        return Err(invalid(format!(
+            "no sample has a member with extension {} (members seen: {}); name the payload \
+             extension (--payload)",
+            opts.payload.join("|"),
+            list.join(" ")
+        ))
+        .with_path(paths[0].clone()));
+    }
+    b.finish(Format::WebDataset, "these tar files")
+}
+
+/// A sample being assembled from consecutive members.
+struct Pending {
+    key: Vec<u8>,
+    exts: Vec<String>,
+    payload: Option<(usize, u64, u64)>, // rank in TarOptions::payload, offset, len
+    label: Option<i64>,
+}
+
+fn index_tar(
+    path: &Path,
+    opts: &TarOptions,
+    b: &mut Builder,
+    seen: &mut Vec<String>,
+) -> Result<()> {
+    let mut w = Window::open(path)?;
+    let size = w.size;
+    if size == 0 {
+        return Err(invalid("empty file: not a tar").with_path(path.to_path_buf()));
+    }
+    let first = w.get(0, 2.min(size as usize))?;
+    if first.starts_with(&[0x1f, 0x8b]) {
+        return Err(invalid(
+            "gzip-compressed tar: gpufeed reads byte ranges of uncompressed tars; decompress it \
+             or pack it (gpufeed pack)",
+        )
+        .with_path(path.to_path_buf()));
+    }
+    let fi = b.file(path, size)?;
+    let file_path = w.path.clone();
+    let problem = |b: &mut Builder, offset: u64, msg: String| {
+        b.problem(
+            Error::new(ErrorKind::InvalidInput, msg)
+                .with_path(file_path.clone())
+                .with_offset(offset),
+        );
+    };
+    let mut pos = 0u64;
+    let mut long_name: Option<Vec<u8>> = None;
+    let mut pax = Pax::default();
+    let mut cur: Option<Pending> = None;
+    let mut last_name: Vec<u8> = Vec::new();
+    let mut headers = 0u64;
+    loop {
+        if pos + BLOCK > size {
+            if pos < size {
+                problem(
+                    b,
+                    pos,
+                    format!(
+                        "{} stray bytes after the last member: the tar is truncated",
+                        size - pos
+                    ),
+                );
+            }
+            break;
+        }
+        let h: [u8; 512] = w.get(pos, 512)?.try_into().expect("512 bytes");
+        if h.iter().all(|&x| x == 0) {
+            break; // end of archive
+        }
+        let own_size = if checksum_ok(&h) {
+            number(&h[124..136])
+        } else {
+            None
+        };
+        let Some(own_size) = own_size else {
+            let after = if headers == 0 {
+                "at the start of the file".to_string()
+            } else {
+                format!("after member {:?}", String::from_utf8_lossy(&last_name))
+            };
+            let found = resync(&mut w, pos + BLOCK)?;
+            if headers == 0 && found.is_none() {
+                return Err(
+                    invalid("not a tar file (no valid tar header)").with_path(path.to_path_buf())
+                );
+            }
+            problem(
+                b,
+                pos,
+                format!(
+                    "corrupt tar header {after} (bad checksum or size field); skipped to the \
+                     next valid header"
+                ),
+            );
+            long_name = None;
+            pax = Pax::default();
+            match found {
+                Some(p) => {
+                    pos = p;
+                    continue;
+                }
+                None => break,
+            }
+        };
+        headers += 1;
+        let typ = h[156];
+        let is_meta = matches!(typ, b'L' | b'K' | b'x' | b'g');
+        let msize = if is_meta {
+            own_size
+        } else {
+            pax.size.unwrap_or(own_size)
+        };
+        let data = pos + BLOCK;
+        let next = msize
+            .checked_add(BLOCK - 1)
+            .map(|s| s / BLOCK * BLOCK)
+            .and_then(|s| data.checked_add(s));
+        let name = || -> Vec<u8> {
+            pax.path
+                .clone()
+                .or_else(|| long_name.clone())
+                .unwrap_or_else(|| header_name(&h))
+        };
+        let Some(next) = next.filter(|_| data + msize <= size) else {
+            problem(
+                b,
+                pos,
+                format!(
+                    "member {:?} of {msize} bytes runs past the end of the file ({size} bytes): \
+                     the tar is truncated",
+                    String::from_utf8_lossy(&name())
+                ),
+            );
+            break;
+        };
+        match typ {
+            b'L' => {
+                if msize > NAME_MAX {
+                    problem(b, pos, format!("GNU long name of {msize} bytes ignored"));
+                } else {
+                    let d = w.get(data, msize as usize)?;
+                    long_name = Some(d.split(|&c| c == 0).next().unwrap_or(&[]).to_vec());
+                }
+            }
+            b'x' => {
+                if msize > WINDOW_MAX as u64 {
+                    problem(b, pos, format!("pax header of {msize} bytes ignored"));
+                } else {
+                    match parse_pax(w.get(data, msize as usize)?) {
+                        Ok(p) => pax = p,
+                        Err(m) => problem(b, pos, format!("malformed pax header ignored: {m}")),
+                    }
+                }
+            }
+            b'K' | b'g' => {}
+            b'0' | 0 | b'7' if !pax.sparse => {
+                let n = name();
+                member(
+                    &mut w, &n, data, msize, opts, fi, b, &mut cur, seen, pos, &problem,
+                )?;
+                last_name = n;
+            }
+            _ => {
+                last_name = name(); // directories, links, devices, sparse files: no data
+            }
+        }
+        if !is_meta {
+            long_name = None;
+            pax = Pax::default();
+        }
+        pos = next;
+    }
+    flush(cur.take(), fi, opts, b, &problem)?;
+    Ok(())
+}
+
+/// One regular member: group it into the current sample.
+#[allow(clippy::too_many_arguments)]
+fn member(
+    w: &mut Window,
+    name: &[u8],
+    data: u64,
+    len: u64,
+    opts: &TarOptions,
+    fi: u32,
+    b: &mut Builder,
+    cur: &mut Option<Pending>,
+    seen: &mut Vec<String>,
+    header: u64,
+    problem: &dyn Fn(&mut Builder, u64, String),
+) -> Result<()> {
+    let base_at = name.iter().rposition(|&c| c == b'/').map_or(0, |i| i + 1);
+    let base = &name[base_at..];
+    if base_at == 0 && base.starts_with(b"__") && base.ends_with(b"__") {
+        return Ok(()); // webdataset's metadata members
+    }
+    // The key ends at the first dot of the file name; a name without one has no extension.
+    let Some(dot) = base.iter().position(|&c| c == b'.').filter(|&d| d > 0) else {
+        return Ok(());
+    };
+    let key = &name[..base_at + dot];
+    let ext = String::from_utf8_lossy(&base[dot + 1..]).to_lowercase();
+    if seen.len() < 20 && !seen.contains(&ext) {
+        seen.push(ext.clone());
+    }
+    if cur.as_ref().is_none_or(|c| c.key != key) {
+        flush(cur.take(), fi, opts, b, problem)?;
+        *cur = Some(Pending {
+            key: key.to_vec(),
+            exts: Vec::new(),
+            payload: None,
+            label: None,
+        });
+    }
+    let c = cur.as_mut().expect("a sample is open");
+    if c.exts.contains(&ext) {
+        problem(
+            b,
+            header,
+            format!(
+                "duplicate member .{ext} in sample {:?}: the second is ignored",
+                String::from_utf8_lossy(key)
+            ),
+        );
+        return Ok(());
+    }
+    c.exts.push(ext.clone());
+    if opts.label.as_deref() == Some(ext.as_str()) {
+        let parsed = if len > LABEL_MAX {
+            None
+        } else {
+            let text = w.get(data, len as usize)?;
+            std::str::from_utf8(text)
+                .ok()
+                .and_then(|t| t.trim().parse::<i64>().ok())
+        };
+        match parsed {
+            Some(l) => c.label = Some(l),
+            None => problem(
+                b,
+                header,
+                format!(
+                    "label member .{ext} of sample {:?} is not a decimal integer; label -1",
+                    String::from_utf8_lossy(key)
+                ),
+            ),
+        }
+    }
+    if let Some(rank) = opts.payload.iter().position(|p| *p == ext) {
+        if c.payload.is_none_or(|(r, _, _)| rank < r) {
+            c.payload = Some((rank, data, len));
+        }
+    }
+    Ok(())
+}
+
+/// Ends the current sample: a sample with a payload is added, one without is a problem.
+fn flush(
+    c: Option<Pending>,
+    fi: u32,
+    opts: &TarOptions,
+    b: &mut Builder,
+    problem: &dyn Fn(&mut Builder, u64, String),
+) -> Result<()> {
+    let Some(c) = c else { return Ok(()) };
+    let key = String::from_utf8_lossy(&c.key);
+    match c.payload {
+        Some((_, offset, len)) => {
+            let Ok(len) = u32::try_from(len) else {
+                problem(
+                    b,
+                    offset,
+                    format!("sample {key:?}: payload of {len} bytes is over 4 GiB; skipped"),
+                );
+                return Ok(());
+            };
+            b.samples.push(Sample {
+                file: fi,
+                len,
+                offset,
+                label: c.label.unwrap_or(-1),
+                crc32c: 0,
+            });
+            b.keys.push(&c.key)?;
+        }
+        None => problem(
+            b,
+            0,
+            format!(
+                "sample {key:?} has no member with extension {} (it has .{}); skipped",
+                opts.payload.join("|"),
+                c.exts.join(" .")
+            ),
+        ),
+    }
+    Ok(())
+}
+
+/// The next offset at or after `from` (a multiple of 512) holding a valid, non-empty header.
+fn resync(w: &mut Window, from: u64) -> Result<Option<u64>> {
+    let mut pos = from.div_ceil(BLOCK) * BLOCK;
+    while pos + BLOCK <= w.size {
+        let n = ((w.size - pos) / BLOCK).min(128) as usize * BLOCK as usize;
+        let chunk = w.get(pos, n)?;
+        for (k, h) in chunk.chunks_exact(BLOCK as usize).enumerate() {
+            let h: &[u8; 512] = h.try_into().expect("a block");
+            if h.iter().any(|&x| x != 0)
+                && checksum_ok(h)
+                && number(&h[124..136]).is_some()
+                && &h[257..262] == b"ustar"
+            {
+                return Ok(Some(pos + k as u64 * BLOCK));
+            }
+        }
+        pos += n as u64;
+    }
+    Ok(None)
+}
+
+/// Whether the header's checksum matches (as an unsigned or, as old tars wrote it, signed sum).
+fn checksum_ok(h: &[u8; 512]) -> bool {
+    let Some(stored) = number(&h[148..156]) else {
+        return false;
+    };
+    let (mut u, mut s) = (0u64, 0i64);
+    for (i, &c) in h.iter().enumerate() {
+        let c = if (148..156).contains(&i) { b' ' } else { c };
+        u += c as u64;
+        s += c as i8 as i64;
+    }
+    stored == u || stored as i64 == s
+}
+
+/// A numeric header field: octal text (space or NUL terminated) or GNU base-256.
+fn number(f: &[u8]) -> Option<u64> {
+    if f[0] & 0x80 != 0 {
+        if f[0] != 0x80 {
+            return None; // negative, or not a size
+        }
+        let mut v = 0u64;
+        for &c in &f[1..] {
+            v = v.checked_mul(256)?.checked_add(c as u64)?;
+        }
+        return Some(v);
+    }
+    let mut v = 0u64;
+    let mut digits = f.iter().skip_while(|&&c| c == b' ');
+    for &c in digits.by_ref() {
+        match c {
+            b'0'..=b'7' => v = v.checked_mul(8)?.checked_add((c - b'0') as u64)?,
+            0 | b' ' => break,
+            _ => return None,
+        }
+    }
+    Some(v)
+}
+
+/// The name in a header: `prefix/name` for POSIX ustar, `name` otherwise.
+fn header_name(h: &[u8; 512]) -> Vec<u8> {
+    let cstr = |f: &[u8]| -> Vec<u8> { f.split(|&c| c == 0).next().unwrap_or(&[]).to_vec() };
+    let name = cstr(&h[0..100]);
+    if &h[257..263] == b"ustar\0" {
+        let prefix = cstr(&h[345..500]);
+        if !prefix.is_empty() {
+            let mut full = prefix;
+            full.push(b'/');
+            full.extend_from_slice(&name);
+            return full;
+        }
+    }
+    name
+}
+
+/// What a pax extended header says about the next member.
+#[derive(Debug, Default)]
+struct Pax {
+    path: Option<Vec<u8>>,
+    size: Option<u64>,
+    sparse: bool,
+}
+
+/// Parses pax records, `LEN key=value\n`, where LEN counts the whole record.
+fn parse_pax(mut d: &[u8]) -> std::result::Result<Pax, String> {
+    let mut pax = Pax::default();
+    while !d.is_empty() {
+        if d.iter().all(|&c| c == 0) {
+            break; // padding
+        }
+        let sp = d
+            .iter()
+            .position(|&c| c == b' ')
+            .ok_or("record without a length")?;
+        let len: usize = std::str::from_utf8(&d[..sp])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or("bad record length")?;
+        if len <= sp + 1 || len > d.len() || d[len - 1] != b'\n' {
+            return Err(format!("record length {len} does not fit"));
+        }
+        let rec = &d[sp + 1..len - 1];
+        let eq = rec
+            .iter()
+            .position(|&c| c == b'=')
+            .ok_or("record without '='")?;
+        let (k, v) = (&rec[..eq], &rec[eq + 1..]);
+        match k {
+            b"path" => pax.path = Some(v.to_vec()),
+            b"size" => {
+                pax.size = Some(
+                    std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or("bad size")?,
+                )
+            }
+            _ if k.starts_with(b"GNU.sparse.") => pax.sparse = true,
+            _ => {}
+        }
+        d = &d[len..];
+    }
+    Ok(pax)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_octal_and_base256() {
+        assert_eq!(number(b"00000001750\0"), Some(0o1750));
+        assert_eq!(number(b"     17 \0\0\0\0"), Some(0o17));
+        assert_eq!(number(b"\0\0\0\0\0\0\0\0\0\0\0\0"), Some(0));
+        assert_eq!(number(b"0000000175x\0"), None);
+        let mut big = [0u8; 12];
+        big[0] = 0x80;
+        big[7] = 2; // 2 << 32
+        assert_eq!(number(&big), Some(2 << 32));
+        big[0] = 0xff;
+        assert_eq!(number(&big), None);
+        // More than 64 bits of base-256 overflows instead of wrapping.
+        let over = [0x80, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(number(&over), None);
+    }
+
+    #[test]
+    fn pax_records() {
+        let p = parse_pax(b"20 path=d/\xc3\xa9t\xc3\xa9.jpg\n11 size=99\n").unwrap();
+        assert_eq!(p.path.as_deref(), Some("d/été.jpg".as_bytes()));
+        assert_eq!(p.size, Some(99));
+        assert!(parse_pax(b"99 path=x\n").is_err());
+        assert!(parse_pax(b"10 pathx\n").is_err());
+        assert!(parse_pax(b"abc path=x\n").is_err());
+    }
+}

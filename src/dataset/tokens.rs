@@ -1,0 +1,315 @@
+//! Token corpora for language models.
+//!
+//! - **Flat token files** (nanoGPT's `train.bin`: little-endian `uint16` or `uint32` tokens back
+//!   to back) are read as fixed windows of `seq_len + 1` tokens — the inputs and, shifted by
+//!   one, the targets — starting every `stride` tokens (default `seq_len`, so consecutive
+//!   windows share one token). Windows never cross files.
+//! - **Megatron-LM indexed datasets** (`PREFIX.idx` + `PREFIX.bin`): the `.idx` holds the magic
+//!   `MMIDIDX\0\0`, version 1, a dtype code, the sequence and document counts, then the tokens
+//!   per sequence (`int32`), each sequence's byte offset in the `.bin` (`int64`), the document
+//!   boundaries (`int64`) and, for multimodal datasets, a mode per sequence (`int8`). Each
+//!   sequence is one sample; with `seq_len` set, the `.bin` is read as windows instead, as
+//!   Megatron's GPT dataset concatenates documents.
+//!
+//! Every count in an `.idx` is checked against the file's size before anything is allocated,
+//! and every sequence against the `.bin`'s size.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::detect::{strip_ext, with_suffix};
+use super::{Builder, Dataset, Format, Sample};
+use crate::error::{invalid, Error, Result};
+
+/// Width of the tokens in a flat token file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenType {
+    U16,
+    U32,
+}
+
+impl TokenType {
+    pub fn bytes(self) -> u64 {
+        match self {
+            TokenType::U16 => 2,
+            TokenType::U32 => 4,
+        }
+    }
+}
+
+/// How token files become samples.
+#[derive(Debug, Clone, Default)]
+pub struct TokenOptions {
+    /// Token width of a flat file (default `u16`, as nanoGPT writes). Megatron files name
+    /// their own; a different one given here is an error.
+    pub dtype: Option<TokenType>,
+    /// Tokens per window (a sample is `seq_len + 1` tokens). Flat files: default 1024.
+    /// Megatron: windows over the `.bin` when set, one sample per sequence otherwise.
+    pub seq_len: Option<u32>,
+    /// Tokens from one window's start to the next (default `seq_len`).
+    pub stride: Option<u32>,
+}
+
+/// The first bytes of a Megatron `.idx`.
+pub const MEGATRON_MAGIC: &[u8; 9] = b"MMIDIDX\0\0";
+const MEGATRON_HEADER: u64 = 9 + 8 + 1 + 8 + 8;
+
+/// Megatron dtype codes: (name, bytes per element).
+fn megatron_dtype(code: u8) -> Option<(&'static str, u64)> {
+    Some(match code {
+        1 => ("uint8", 1),
+        2 => ("int8", 1),
+        3 => ("int16", 2),
+        4 => ("int32", 4),
+        5 => ("int64", 8),
+        6 => ("float64", 8),
+        7 => ("float32", 4),
+        8 => ("uint16", 2),
+        _ => return None,
+    })
+}
+
+/// Window geometry: (tokens per sample, tokens between starts).
+fn windows(opts: &TokenOptions, default_seq: u32) -> Result<(u64, u64)> {
+    let seq = opts.seq_len.unwrap_or(default_seq);
+    if seq == 0 {
+        return Err(invalid("seq_len must be at least 1"));
+    }
+    let stride = opts.stride.unwrap_or(seq);
+    if stride == 0 {
+        return Err(invalid("stride must be at least 1"));
+    }
+    Ok((seq as u64 + 1, stride as u64))
+}
+
+/// Adds the windows of `tokens` tokens of `width` bytes starting at byte `base` of file `fi`.
+fn add_windows(
+    b: &mut Builder,
+    fi: u32,
+    base: u64,
+    tokens: u64,
+    width: u64,
+    (window, stride): (u64, u64),
+) -> Result<u64> {
+    let len = u32::try_from(window * width)
+        .map_err(|_| invalid("a window of over 4 GiB: lower seq_len"))?;
+    if tokens < window {
+        return Ok(0);
+    }
+    let n = (tokens - window) / stride + 1;
+    b.samples.reserve(n as usize);
+    for k in 0..n {
+        b.samples.push(Sample {
+            file: fi,
+            len,
+            offset: base + k * stride * width,
+            label: -1,
+            crc32c: 0,
+        });
+    }
+    Ok(n)
+}
+
+/// Opens flat token files as fixed windows.
+pub fn open_flat(paths: &[PathBuf], opts: &TokenOptions) -> Result<Dataset> {
+    let width = opts.dtype.unwrap_or(TokenType::U16).bytes();
+    let geom = windows(opts, 1024)?;
+    let mut b = Builder::default();
+    for p in paths {
+        let size = std::fs::metadata(p)
+            .map_err(|e| Error::io("cannot open token file", e).with_path(p.clone()))?
+            .len();
+        let r = (|| {
+            if size == 0 {
+                return Err(invalid("empty token file"));
+            }
+            if size % width != 0 {
+                return Err(invalid(format!(
+                    "{size} bytes is not a whole number of {width}-byte tokens: wrong --token-dtype?"
+                )));
+            }
+            Ok(())
+        })();
+        let r = r.and_then(|()| {
+            let fi = b.file(p, size)?;
+            if add_windows(&mut b, fi, 0, size / width, width, geom)? == 0 {
+                return Err(invalid(format!(
+                    "{} tokens are fewer than one window of {}",
+                    size / width,
+                    geom.0
+                )));
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            let e = e.with_path(p.clone());
+            if paths.len() == 1 {
+                return Err(e);
+            }
+            b.problem(e);
+        }
+    }
+    b.finish(Format::Tokens, "these token files")
+}
+
+/// Opens Megatron indexed datasets (each path a `PREFIX`, `PREFIX.idx` or `PREFIX.bin`).
+pub fn open_megatron(paths: &[PathBuf], opts: &TokenOptions) -> Result<Dataset> {
+    let mut b = Builder::default();
+    for p in paths {
+        let prefix = match p.extension().and_then(|x| x.to_str()) {
+            Some("idx") | Some("bin") => strip_ext(p),
+            _ => p.clone(),
+        };
+        if let Err(e) = megatron_one(&prefix, opts, &mut b) {
+            if paths.len() == 1 {
+                return Err(e);
+            }
+            b.problem(e);
+        }
+    }
+    b.finish(Format::Megatron, "these Megatron datasets")
+}
+
+fn read_u64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b.try_into().expect("8 bytes"))
+}
+
+fn megatron_one(prefix: &Path, opts: &TokenOptions, b: &mut Builder) -> Result<()> {
+    let idx = with_suffix(prefix, ".idx");
+    let bin = with_suffix(prefix, ".bin");
+    let bad = |msg: String| invalid(msg).with_path(idx.clone());
+    let f = std::fs::File::open(&idx)
+        .map_err(|e| Error::io("cannot open Megatron index", e).with_path(idx.clone()))?;
+    let idx_size = f
+        .metadata()
+        .map_err(|e| Error::io("cannot stat", e).with_path(idx.clone()))?
+        .len();
+    let bin_size = std::fs::metadata(&bin)
+        .map_err(|e| Error::io("cannot open Megatron data", e).with_path(bin.clone()))?
+        .len();
+    let mut r = std::io::BufReader::with_capacity(1 << 20, f);
+    let mut head = [0u8; MEGATRON_HEADER as usize];
+    if idx_size < MEGATRON_HEADER {
+        return Err(bad(format!(
+            "{idx_size} bytes is too short for a Megatron index header"
+        )));
+    }
+    r.read_exact(&mut head)
+        .map_err(|e| Error::io("cannot read", e).with_path(idx.clone()))?;
+    if &head[..9] != MEGATRON_MAGIC {
+        return Err(bad("not a Megatron index (magic MMIDIDX missing)".into()));
+    }
+    let version = read_u64(&head[9..17]);
+    if version != 1 {
+        return Err(bad(format!(
+            "Megatron index version {version}; only 1 is known"
+        )));
+    }
+    let (dtype, width) =
+        megatron_dtype(head[17]).ok_or_else(|| bad(format!("unknown dtype code {}", head[17])))?;
+    if let Some(t) = opts.dtype {
+        if t.bytes() != width || !dtype.starts_with("uint") {
+            return Err(bad(format!(
+                "the index says its tokens are {dtype}, not the {t:?} asked for"
+            )));
+        }
+    }
+    let seqs = read_u64(&head[18..26]);
+    let docs = read_u64(&head[26..34]);
+    // Every array's size is checked against the file before anything is allocated.
+    let arrays = seqs
+        .checked_mul(4 + 8)
+        .and_then(|x| docs.checked_mul(8).and_then(|d| x.checked_add(d)))
+        .and_then(|x| x.checked_add(MEGATRON_HEADER));
+    let rest = match arrays {
+        Some(need) if need <= idx_size => idx_size - need,
+        _ => {
+            return Err(bad(format!(
+                "claims {seqs} sequences and {docs} documents, more than its {idx_size} bytes hold"
+            )))
+        }
+    };
+    if rest != 0 && rest != seqs {
+        return Err(bad(format!(
+            "{rest} bytes after the arrays (expected none, or one mode byte per sequence)"
+        )));
+    }
+    let mut read_array = |n: u64, w: usize| -> Result<Vec<u8>> {
+        let mut v = vec![0u8; n as usize * w]; // bounded by the file's size, checked above
+        r.read_exact(&mut v).map_err(|e| {
+            Error::io("cannot read (did the index shrink?)", e).with_path(idx.clone())
+        })?;
+        Ok(v)
+    };
+    let sizes = read_array(seqs, 4)?;
+    let pointers = read_array(seqs, 8)?;
+    let doc_idx = read_array(docs, 8)?;
+    let mut prev = 0u64;
+    for (d, x) in doc_idx.chunks_exact(8).enumerate() {
+        let v = read_u64(x);
+        if v > seqs || v < prev {
+            b.problem(bad(format!(
+                "document {d} starts at sequence {v}: out of order or past {seqs} sequences"
+            )));
+            break;
+        }
+        prev = v;
+    }
+    let fi = b.file(&bin, bin_size)?;
+    let seq = |i: usize| -> (i64, i64) {
+        let s = i32::from_le_bytes(sizes[i * 4..i * 4 + 4].try_into().expect("4"));
+        let p = i64::from_le_bytes(pointers[i * 8..i * 8 + 8].try_into().expect("8"));
+        (s as i64, p)
+    };
+    if opts.seq_len.is_some() {
+        // Windows over the concatenated sequences, which must tile the .bin from 0.
+        let mut end = 0u64;
+        for i in 0..seqs as usize {
+            let (s, p) = seq(i);
+            if s < 0 || p != end as i64 {
+                return Err(bad(format!(
+                    "sequence {i} is not contiguous with the one before (offset {p}, expected \
+                     {end}): windows need a contiguous .bin; open without seq_len"
+                )));
+            }
+            end += s as u64 * width;
+        }
+        if end > bin_size {
+            return Err(invalid(format!(
+                "the index covers {end} bytes but the .bin holds {bin_size}"
+            ))
+            .with_path(bin.clone()));
+        }
+        add_windows(b, fi, 0, end / width, width, windows(opts, 0)?)?;
+        return Ok(());
+    }
+    b.samples.reserve(seqs as usize);
+    for i in 0..seqs as usize {
+        let (s, p) = seq(i);
+        let fits = u64::try_from(s)
+            .ok()
+            .zip(u64::try_from(p).ok())
+            .and_then(|(s, p)| {
+                let len = s.checked_mul(width)?;
+                (p.checked_add(len)? <= bin_size).then_some((p, u32::try_from(len).ok()?))
+            });
+        match fits {
+            Some((offset, len)) => b.samples.push(Sample {
+                file: fi,
+                len,
+                offset,
+                label: -1,
+                crc32c: 0,
+            }),
+            None => b.problem(
+                invalid(format!(
+                    "sequence {i} ({s} tokens at byte {p}) lies outside the .bin ({bin_size} \
+                     bytes) or is over 4 GiB; skipped"
+                ))
+                .with_path(bin.clone())
+                .with_sample(i as u64),
+            ),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,719 @@
+//! Dataset formats written by other tools — GNU tar, Python's tarfile, an independent TFRecord
+//! writer, token files from a script — read through the loader byte for byte; and bad input in
+//! each format reported with the file and sample, every other sample still delivered.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use gpufeed::dataset::tokens::{TokenOptions, TokenType};
+use gpufeed::dataset::{Format, OpenOptions};
+use gpufeed::io::sim::Rng;
+use gpufeed::{Dataset, Loader};
+
+use crate::common::*;
+
+/// Every sample of one epoch, by key: its bytes and label, or the error's text.
+fn epoch_by_key(ds: &Dataset) -> BTreeMap<String, Result<(Vec<u8>, i64), String>> {
+    let loader = Loader::builder(ds.clone())
+        .batch_size(1)
+        .seed(3)
+        .window(16, 4 << 20)
+        .build()
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for b in loader.epoch(0).unwrap() {
+        let b = b.unwrap();
+        let id = b.sample_ids()[0] as usize;
+        let v = match b.sample(0) {
+            Ok(bytes) => Ok((bytes.to_vec(), b.labels()[0])),
+            Err(e) => Err(e.to_string()),
+        };
+        assert!(
+            out.insert(ds.key(id).into_owned(), v).is_none(),
+            "key twice"
+        );
+    }
+    assert_eq!(out.len(), ds.len());
+    out
+}
+
+/// `python3`, or `None` (the test says it was skipped) where there is none. CI installs it.
+fn python() -> Option<Command> {
+    match Command::new("python3").arg("--version").output() {
+        Ok(o) if o.status.success() => Some(Command::new("python3")),
+        _ => {
+            eprintln!("skipped: python3 is not installed (CI installs it)");
+            None
+        }
+    }
+}
+
+fn run_ok(mut c: Command) {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{c:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn bytes_for(key: &str, len: usize) -> Vec<u8> {
+    let mut r = Rng::new(
+        key.bytes()
+            .fold(7u64, |h, c| h.wrapping_mul(131) ^ c as u64),
+    );
+    (0..len).map(|_| r.next_u64() as u8).collect()
+}
+
+/// A tree of WebDataset members: `KEY.jpg`, `KEY.cls` and sometimes `KEY.json`, with short,
+/// long (> 100 bytes with the extension), non-ASCII and deep names. Returns key → (payload, label); the top-level
+/// entries are `short`, `long…`, `été`, `deep`.
+fn member_tree(root: &Path, n: usize) -> BTreeMap<String, (Vec<u8>, i64)> {
+    let long = "l".repeat(99);
+    let mut want = BTreeMap::new();
+    let mut r = Rng::new(5);
+    for i in 0..n {
+        let key = match i % 4 {
+            0 => format!("short/{i:04}"),
+            1 => format!("{long}/{i:04}"),
+            2 => format!("été/图像_{i:04}"),
+            _ => format!("deep/x/y/z/{i:04}"),
+        };
+        let len = match i {
+            0 => 0,
+            1 => 512,
+            _ => 1 + r.below(9000) as usize,
+        };
+        let payload = bytes_for(&key, len);
+        let label = (i % 7) as i64;
+        let p = root.join(&key);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(root.join(format!("{key}.jpg")), &payload).unwrap();
+        std::fs::write(root.join(format!("{key}.cls")), format!("{label}\n")).unwrap();
+        if i % 3 == 0 {
+            std::fs::write(root.join(format!("{key}.json")), b"{\"x\": 1}").unwrap();
+        }
+        want.insert(key, (payload, label));
+    }
+    want
+}
+
+fn tops() -> Vec<String> {
+    vec!["deep".into(), "l".repeat(99), "short".into(), "été".into()]
+}
+
+fn assert_all(ds: &Dataset, want: &BTreeMap<String, (Vec<u8>, i64)>, what: &str) {
+    assert_eq!(ds.format(), Format::WebDataset);
+    assert!(ds.problems().is_empty(), "{what}: {:?}", ds.problems());
+    let got = epoch_by_key(ds);
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (k, v) in want {
+        let g = got
+            .get(k)
+            .unwrap_or_else(|| panic!("{what}: key {k:?} missing"));
+        let (bytes, label) = g.as_ref().unwrap();
+        assert!(bytes == &v.0, "{what}: bytes of {k:?} differ");
+        assert_eq!(*label, v.1, "{what}: label of {k:?}");
+    }
+}
+
+#[test]
+fn tars_from_gnu_tar_in_every_format() {
+    let dir = disk_dir();
+    let src = dir.path().join("src");
+    let want = member_tree(&src, 40);
+    for fmt in ["gnu", "posix", "ustar", "oldgnu"] {
+        let tar = dir.path().join(format!("{fmt}.tar"));
+        let mut c = Command::new("tar");
+        c.arg(format!("--format={fmt}"))
+            .args(["--sort=name", "-cf"])
+            .arg(&tar)
+            .arg("-C")
+            .arg(&src)
+            .args(tops());
+        run_ok(c);
+        let ds = Dataset::open(&tar).unwrap();
+        assert_all(&ds, &want, &format!("GNU tar --format={fmt}"));
+    }
+}
+
+#[test]
+fn tars_from_python_tarfile_in_every_format() {
+    let Some(mut py) = python() else { return };
+    let dir = disk_dir();
+    let src = dir.path().join("src");
+    let want = member_tree(&src, 40);
+    let script = r#"
+import os, sys, tarfile
+src, out = sys.argv[1], sys.argv[2]
+names = []
+for root, dirs, files in os.walk(src):
+    for f in files:
+        names.append(os.path.relpath(os.path.join(root, f), src))
+names.sort()
+for fmt, suffix in ((tarfile.PAX_FORMAT, "pax"), (tarfile.GNU_FORMAT, "gnu"), (tarfile.USTAR_FORMAT, "ustar")):
+    with tarfile.open(os.path.join(out, f"py-{suffix}.tar"), "w", format=fmt) as t:
+        for n in names:
+            t.add(os.path.join(src, n), arcname=n)
+"#;
+    py.arg("-c").arg(script).arg(&src).arg(dir.path());
+    run_ok(py);
+    for suffix in ["pax", "gnu", "ustar"] {
+        let ds = Dataset::open(dir.path().join(format!("py-{suffix}.tar"))).unwrap();
+        assert_all(&ds, &want, &format!("Python tarfile {suffix}"));
+    }
+    // The three tars as one dataset, from their directory.
+    let both = dir.path().join("all");
+    std::fs::create_dir(&both).unwrap();
+    for suffix in ["pax", "gnu"] {
+        let name = format!("py-{suffix}.tar");
+        std::fs::rename(dir.path().join(&name), both.join(&name)).unwrap();
+    }
+    let ds = Dataset::open(&both).unwrap();
+    assert_eq!(ds.len(), 2 * want.len());
+    assert_eq!(ds.files().len(), 2);
+}
+
+/// Offset of the header whose name field starts with `name`.
+fn header_offset(tar: &[u8], name: &str) -> usize {
+    (0..tar.len() / 512)
+        .map(|k| k * 512)
+        .find(|&o| tar[o..].starts_with(name.as_bytes()))
+        .unwrap_or_else(|| panic!("no header for {name}"))
+}
+
+#[test]
+fn corrupt_and_truncated_tars_lose_only_their_samples() {
+    let dir = disk_dir();
+    let src = dir.path().join("src");
+    let want = member_tree(&src, 24);
+    let tar = dir.path().join("a.tar");
+    let mut c = Command::new("tar");
+    c.args(["--format=gnu", "--sort=name", "-cf"])
+        .arg(&tar)
+        .arg("-C")
+        .arg(&src)
+        .arg("short");
+    run_ok(c);
+    let good = std::fs::read(&tar).unwrap();
+    let short: Vec<&String> = want.keys().filter(|k| k.starts_with("short/")).collect();
+    assert_eq!(short.len(), 6);
+
+    // A flipped byte in the header of short/0008.jpg: that sample is lost, with a problem
+    // naming the file and the header's offset; the others all arrive intact.
+    let mut bad = good.clone();
+    let at = header_offset(&bad, "short/0008.jpg");
+    bad[at + 3] ^= 0x20;
+    let p = dir.path().join("corrupt.tar");
+    std::fs::write(&p, &bad).unwrap();
+    let ds = Dataset::open(&p).unwrap();
+    assert_eq!(ds.len(), 5);
+    let msgs: Vec<String> = ds.problems().iter().map(|e| e.to_string()).collect();
+    let hdr = ds
+        .problems()
+        .iter()
+        .find(|e| e.to_string().contains("corrupt tar header"))
+        .unwrap_or_else(|| panic!("{msgs:?}"));
+    assert_eq!(hdr.path(), Some(p.as_path()));
+    assert_eq!(hdr.offset(), Some(at as u64));
+    assert!(hdr.to_string().contains("short/0008.cls"), "{hdr}"); // the member before it
+    let got = epoch_by_key(&ds);
+    for k in &short {
+        if k.as_str() == "short/0008" {
+            assert!(!got.contains_key(*k));
+        } else {
+            assert_eq!(got[*k].as_ref().unwrap().0, want[*k].0, "{k}");
+        }
+    }
+
+    // Truncated inside the last sample's payload: the earlier samples arrive, the last is a
+    // problem that says the tar is truncated.
+    let at = header_offset(&good, "short/0020.jpg");
+    let p = dir.path().join("truncated.tar");
+    std::fs::write(&p, &good[..at + 512 + want["short/0020"].0.len() / 2]).unwrap();
+    let ds = Dataset::open(&p).unwrap();
+    assert_eq!(ds.len(), 5);
+    assert!(
+        ds.problems()[0].to_string().contains("truncated"),
+        "{:?}",
+        ds.problems()
+    );
+    assert_eq!(ds.problems()[0].path(), Some(p.as_path()));
+
+    // A label that is not a number: label −1 and a problem naming the sample; bytes delivered.
+    let lab = dir.path().join("lab");
+    std::fs::create_dir_all(lab.join("s")).unwrap();
+    std::fs::write(lab.join("s/0001.jpg"), b"one").unwrap();
+    std::fs::write(lab.join("s/0001.cls"), b"cat").unwrap();
+    std::fs::write(lab.join("s/0002.jpg"), b"two").unwrap();
+    std::fs::write(lab.join("s/0003.txt"), b"no payload").unwrap();
+    let p = dir.path().join("lab.tar");
+    let mut c = Command::new("tar");
+    c.args(["--sort=name", "-cf"])
+        .arg(&p)
+        .arg("-C")
+        .arg(&lab)
+        .arg("s");
+    run_ok(c);
+    let ds = Dataset::open(&p).unwrap();
+    assert_eq!(ds.len(), 2);
+    let msgs: Vec<String> = ds.problems().iter().map(|e| e.to_string()).collect();
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("s/0001") && m.contains("not a decimal")),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("s/0003") && m.contains("no member")),
+        "{msgs:?}"
+    );
+    let got = epoch_by_key(&ds);
+    assert_eq!(got["s/0001"].as_ref().unwrap(), &(b"one".to_vec(), -1));
+    assert_eq!(got["s/0002"].as_ref().unwrap(), &(b"two".to_vec(), -1));
+
+    // Not tars: empty, compressed, random bytes.
+    for (name, bytes, says) in [
+        ("empty.tar", Vec::new(), "empty"),
+        ("z.tar", vec![0x1f, 0x8b, 8, 0, 0, 0], "gzip"),
+        ("junk.tar", vec![7u8; 4096], "not a tar"),
+    ] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let e = Dataset::open(&p).unwrap_err();
+        assert!(e.to_string().contains(says), "{name}: {e}");
+        assert_eq!(e.path(), Some(p.as_path()), "{name}");
+    }
+}
+
+/// An independent TFRecord writer (pure-Python crc32c), with an index as `tfrecord2idx` writes.
+const TFRECORD_WRITER: &str = r#"
+import struct, sys
+def table():
+    t = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t.append(c)
+    return t
+T = table()
+def crc32c(b):
+    c = 0xFFFFFFFF
+    for x in b:
+        c = T[(c ^ x) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+def masked(b):
+    c = crc32c(b)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+path, n = sys.argv[1], int(sys.argv[2])
+with open(path, "wb") as f, open(path + ".idx", "w") as idx:
+    for i in range(n):
+        data = bytes((i * 31 + j * 7) % 256 for j in range((i * 97) % 3000 if i != 3 else 0))
+        start = f.tell()
+        length = struct.pack("<Q", len(data))
+        f.write(length + struct.pack("<I", masked(length)) + data + struct.pack("<I", masked(data)))
+        idx.write(f"{start} {f.tell() - start}\n")
+"#;
+
+fn tf_data(i: usize) -> Vec<u8> {
+    let len = if i == 3 { 0 } else { (i * 97) % 3000 };
+    (0..len).map(|j| ((i * 31 + j * 7) % 256) as u8).collect()
+}
+
+/// Records by their number (the key is `FILE@OFFSET`; offsets increase with the number).
+fn tf_epoch(ds: &Dataset) -> Vec<Result<Vec<u8>, String>> {
+    let mut by_offset: Vec<(u64, Result<Vec<u8>, String>)> = Vec::new();
+    let map = epoch_by_key(ds);
+    for (k, v) in map {
+        let off: u64 = k.rsplit('@').next().unwrap().parse().unwrap();
+        by_offset.push((off, v.map(|(b, _)| b)));
+    }
+    by_offset.sort_by_key(|x| x.0);
+    by_offset.into_iter().map(|x| x.1).collect()
+}
+
+#[test]
+fn tfrecords_from_an_independent_writer_with_and_without_index() {
+    let Some(mut py) = python() else { return };
+    let dir = disk_dir();
+    let p = dir.path().join("train.tfrecord");
+    let n = 60;
+    py.arg("-c").arg(TFRECORD_WRITER).arg(&p).arg(n.to_string());
+    run_ok(py);
+    // With the index beside it.
+    let ds = Dataset::open(&p).unwrap();
+    assert_eq!(ds.format(), Format::TfRecord);
+    assert_eq!(ds.len(), n);
+    let with_index = tf_epoch(&ds);
+    for (i, r) in with_index.iter().enumerate() {
+        assert!(r.as_ref().unwrap() == &tf_data(i), "record {i}");
+    }
+    // Without it: the walk finds the same records.
+    let idx = dir.path().join("train.tfrecord.idx");
+    let moved = dir.path().join("elsewhere.idx");
+    std::fs::rename(&idx, &moved).unwrap();
+    let ds = Dataset::open(&p).unwrap();
+    assert_eq!(tf_epoch(&ds), with_index);
+    // An index named explicitly.
+    let opts = OpenOptions {
+        tfrecord_index: Some(moved.clone()),
+        ..OpenOptions::default()
+    };
+    assert_eq!(
+        tf_epoch(&Dataset::open_with(&p, &opts).unwrap()),
+        with_index
+    );
+
+    // A flipped data byte in record 10: that record is an error naming the file and sample;
+    // every other record arrives.
+    let good = std::fs::read(&p).unwrap();
+    let offsets: Vec<(u64, u64)> = std::fs::read_to_string(&moved)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut f = l.split(' ').map(|x| x.parse().unwrap());
+            (f.next().unwrap(), f.next().unwrap())
+        })
+        .collect();
+    let mut bad = good.clone();
+    bad[offsets[10].0 as usize + 12 + 5] ^= 1;
+    std::fs::write(&p, &bad).unwrap();
+    let ds = Dataset::open(&p).unwrap();
+    let got = tf_epoch(&ds);
+    for (i, r) in got.iter().enumerate() {
+        if i == 10 {
+            let e = r.as_ref().unwrap_err();
+            assert!(e.contains("data checksum mismatch"), "{e}");
+            assert!(e.contains("train.tfrecord"), "{e}");
+        } else {
+            assert!(r.as_ref().unwrap() == &tf_data(i), "record {i}");
+        }
+    }
+
+    // A flipped byte in record 20's length checksum (no index): a problem naming the offset,
+    // the walk resumes at record 21.
+    let mut bad = good.clone();
+    bad[offsets[20].0 as usize + 9] ^= 1;
+    std::fs::write(&p, &bad).unwrap();
+    let ds = Dataset::open(&p).unwrap();
+    assert_eq!(ds.len(), n - 1);
+    assert_eq!(ds.problems().len(), 1, "{:?}", ds.problems());
+    assert_eq!(ds.problems()[0].offset(), Some(offsets[20].0));
+    assert!(ds.problems()[0].to_string().contains("record 20"));
+    let got = tf_epoch(&ds);
+    let mut want: Vec<Vec<u8>> = (0..n).map(tf_data).collect();
+    want.remove(20);
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!(g.as_ref().unwrap() == w);
+    }
+
+    // An index that lies: one record past the end (a problem naming the index line), one whose
+    // size disagrees with the record's own length (an error for that sample at read time).
+    std::fs::write(&p, &good).unwrap();
+    let mut lines: Vec<String> = offsets.iter().map(|(o, s)| format!("{o} {s}")).collect();
+    lines[5] = format!("{} 64", good.len() - 10);
+    lines[6] = format!("{} {}", offsets[6].0, offsets[6].1 - 1);
+    std::fs::write(&moved, lines.join("\n")).unwrap();
+    let ds = Dataset::open_with(&p, &opts).unwrap();
+    assert_eq!(ds.len(), n - 1);
+    let e = &ds.problems()[0];
+    assert!(e.to_string().contains("index line 6"), "{e}");
+    assert_eq!(e.path(), Some(moved.as_path()));
+    let got = epoch_by_key(&ds);
+    let six = got
+        .iter()
+        .find(|(k, _)| k.ends_with(&format!("@{}", offsets[6].0)))
+        .unwrap()
+        .1
+        .as_ref()
+        .unwrap_err();
+    assert!(six.contains("index gives"), "{six}");
+    assert_eq!(got.values().filter(|r| r.is_ok()).count(), n - 2);
+
+    // Truncated after record 40 plus 7 bytes, and an empty file.
+    std::fs::write(&p, &good[..offsets[41].0 as usize + 7]).unwrap();
+    let ds = Dataset::open(&p).unwrap();
+    assert_eq!(ds.len(), 41);
+    assert!(ds.problems()[0].to_string().contains("truncated"));
+    std::fs::write(&p, b"").unwrap();
+    let e = Dataset::open(&p).unwrap_err();
+    assert!(e.to_string().contains("empty"), "{e}");
+    assert_eq!(e.path(), Some(p.as_path()));
+}
+
+/// Token files written by a script: nanoGPT-style flat uint16 / uint32, and a Megatron
+/// indexed dataset laid out as Megatron's `_IndexWriter` writes it.
+const TOKEN_WRITER: &str = r#"
+import array, struct, sys
+out = sys.argv[1]
+def tok(i): return (i * 7919 + 13) % 50257
+for code, name, n in (("H", "u16.bin", 5000), ("I", "u32.bin", 3000)):
+    a = array.array(code, (tok(i) if code == "H" else tok(i) * 40503 for i in range(n)))
+    if sys.byteorder == "big": a.byteswap()
+    with open(f"{out}/{name}", "wb") as f: a.tofile(f)
+# Megatron: 25 sequences of uint16 tokens (dtype code 8), one document each.
+lens = [(i * 37) % 200 + (0 if i == 4 else 1) for i in range(25)]
+lens[4] = 0
+toks, ptrs, pos = array.array("H"), [], 0
+for i, n in enumerate(lens):
+    ptrs.append(pos)
+    for j in range(n): toks.append(tok(i * 1000 + j))
+    pos += 2 * n
+if sys.byteorder == "big": toks.byteswap()
+with open(f"{out}/mega.bin", "wb") as f: toks.tofile(f)
+with open(f"{out}/mega.idx", "wb") as f:
+    f.write(b"MMIDIDX\x00\x00")
+    f.write(struct.pack("<Q", 1))
+    f.write(struct.pack("<B", 8))
+    f.write(struct.pack("<Q", len(lens)))
+    f.write(struct.pack("<Q", len(lens) + 1))
+    f.write(struct.pack(f"<{len(lens)}i", *lens))
+    f.write(struct.pack(f"<{len(lens)}q", *ptrs))
+    f.write(struct.pack(f"<{len(lens) + 1}q", *range(len(lens) + 1)))
+"#;
+
+fn tok(i: u64) -> u64 {
+    (i * 7919 + 13) % 50257
+}
+
+fn mega_len(i: u64) -> u64 {
+    if i == 4 {
+        0
+    } else {
+        (i * 37) % 200 + 1
+    }
+}
+
+#[test]
+fn token_files_from_a_script_as_windows_and_sequences() {
+    let Some(mut py) = python() else { return };
+    let dir = disk_dir();
+    py.arg("-c").arg(TOKEN_WRITER).arg(dir.path());
+    run_ok(py);
+    // uint16, windows of 64 + 1 tokens every 64.
+    let opts = OpenOptions {
+        format: Some(Format::Tokens),
+        tokens: TokenOptions {
+            dtype: Some(TokenType::U16),
+            seq_len: Some(64),
+            stride: None,
+        },
+        ..OpenOptions::default()
+    };
+    let ds = Dataset::open_with(dir.path().join("u16.bin"), &opts).unwrap();
+    assert_eq!(ds.len(), (5000 - 65) / 64 + 1);
+    for (k, v) in epoch_by_key(&ds) {
+        let off: u64 = k.rsplit('@').next().unwrap().parse().unwrap();
+        let bytes = v.unwrap().0;
+        assert_eq!(bytes.len(), 65 * 2);
+        for (j, t) in bytes.chunks_exact(2).enumerate() {
+            let t = u16::from_le_bytes([t[0], t[1]]) as u64;
+            assert_eq!(t, tok(off / 2 + j as u64), "window at {off}, token {j}");
+        }
+    }
+    // uint32, windows of 100 + 1 every 37 tokens.
+    let opts = OpenOptions {
+        format: Some(Format::Tokens),
+        tokens: TokenOptions {
+            dtype: Some(TokenType::U32),
+            seq_len: Some(100),
+            stride: Some(37),
+        },
+        ..OpenOptions::default()
+    };
+    let ds = Dataset::open_with(dir.path().join("u32.bin"), &opts).unwrap();
+    assert_eq!(ds.len(), (3000 - 101) / 37 + 1);
+    for (k, v) in epoch_by_key(&ds) {
+        let off: u64 = k.rsplit('@').next().unwrap().parse().unwrap();
+        for (j, t) in v.unwrap().0.chunks_exact(4).enumerate() {
+            let t = u32::from_le_bytes(t.try_into().unwrap()) as u64;
+            assert_eq!(t, tok(off / 4 + j as u64) * 40503);
+        }
+    }
+    // The wrong width is caught where it can be: 3000 u32 tokens are 6000 u16 ones, but a
+    // file of odd size is not a whole number of u16s.
+    let odd = dir.path().join("odd.bin");
+    std::fs::write(&odd, [1u8, 2, 3]).unwrap();
+    let e = Dataset::open_with(&odd, &opts).unwrap_err();
+    assert!(e.to_string().contains("whole number"), "{e}");
+    assert_eq!(e.path(), Some(odd.as_path()));
+
+    // Megatron: one sample per sequence, named by its prefix, detected without options.
+    let ds = Dataset::open(dir.path().join("mega")).unwrap();
+    assert_eq!(ds.format(), Format::Megatron);
+    assert_eq!(ds.len(), 25);
+    let mut seen = 0;
+    for (i, s) in ds.samples().iter().enumerate() {
+        assert_eq!(s.len as u64, 2 * mega_len(i as u64));
+        seen += 1;
+    }
+    assert_eq!(seen, 25);
+    let mut starts = Vec::new();
+    let mut pos = 0;
+    for i in 0..25 {
+        starts.push(pos);
+        pos += 2 * mega_len(i);
+    }
+    for (k, v) in epoch_by_key(&ds) {
+        let off: u64 = k.rsplit('@').next().unwrap().parse().unwrap();
+        let bytes = v.unwrap().0;
+        // Zero-length sequence 4 shares its offset with sequence 5: find it by length too.
+        let i = (0..25)
+            .find(|&i| starts[i as usize] == off && 2 * mega_len(i) == bytes.len() as u64)
+            .unwrap();
+        for (j, t) in bytes.chunks_exact(2).enumerate() {
+            assert_eq!(
+                u16::from_le_bytes([t[0], t[1]]) as u64,
+                tok(i * 1000 + j as u64)
+            );
+        }
+    }
+    // Megatron as windows over the concatenated sequences.
+    let opts = OpenOptions {
+        tokens: TokenOptions {
+            seq_len: Some(31),
+            ..TokenOptions::default()
+        },
+        ..OpenOptions::default()
+    };
+    let ds = Dataset::open_with(dir.path().join("mega.idx"), &opts).unwrap();
+    let total: u64 = (0..25).map(mega_len).sum();
+    assert_eq!(ds.len() as u64, (total - 32) / 31 + 1);
+    assert!(ds.samples().iter().all(|s| s.len == 64));
+}
+
+#[test]
+fn megatron_indexes_that_lie() {
+    let dir = disk_dir();
+    let prefix = dir.path().join("m");
+    let write = |seqs: u64, docs: u64, sizes: &[i32], ptrs: &[i64], bin: usize| {
+        let mut v = b"MMIDIDX\0\0".to_vec();
+        v.extend_from_slice(&1u64.to_le_bytes());
+        v.push(8);
+        v.extend_from_slice(&seqs.to_le_bytes());
+        v.extend_from_slice(&docs.to_le_bytes());
+        for s in sizes {
+            v.extend_from_slice(&s.to_le_bytes());
+        }
+        for p in ptrs {
+            v.extend_from_slice(&p.to_le_bytes());
+        }
+        for d in 0..docs {
+            v.extend_from_slice(&d.min(seqs).to_le_bytes());
+        }
+        std::fs::write(dir.path().join("m.idx"), v).unwrap();
+        std::fs::write(dir.path().join("m.bin"), vec![0u8; bin]).unwrap();
+    };
+    // A count far beyond the file: an error, nothing allocated by it.
+    write(1 << 60, 1, &[3], &[0], 100);
+    let e = Dataset::open(&prefix).unwrap_err();
+    assert!(e.to_string().contains("more than its"), "{e}");
+    // A sequence past the end of the .bin: a problem naming the sequence, the others kept.
+    write(3, 4, &[10, 500, 10], &[0, 20, 40], 100);
+    let ds = Dataset::open(&prefix).unwrap();
+    assert_eq!(ds.len(), 2);
+    assert_eq!(ds.problems()[0].sample(), Some(1));
+    assert!(ds.problems()[0].path().unwrap().ends_with("m.bin"));
+    // A negative length, and an empty index.
+    write(2, 3, &[-1, 10], &[0, 0], 100);
+    assert_eq!(Dataset::open(&prefix).unwrap().len(), 1);
+    std::fs::write(dir.path().join("m.idx"), b"").unwrap();
+    let e = Dataset::open(&prefix).unwrap_err();
+    assert!(e.to_string().contains("too short"), "{e}");
+}
+
+#[test]
+fn pack_webdataset_tars_into_shards_round_trip() {
+    let dir = disk_dir();
+    let src = dir.path().join("src");
+    let want = member_tree(&src, 30);
+    let tars = dir.path().join("tars");
+    std::fs::create_dir(&tars).unwrap();
+    for (k, top) in tops().iter().enumerate() {
+        let mut c = Command::new("tar");
+        c.args(["--format=posix", "--sort=name", "-cf"])
+            .arg(tars.join(format!("part-{k}.tar")))
+            .arg("-C")
+            .arg(&src)
+            .arg(top);
+        run_ok(c);
+    }
+    let out = dir.path().join("packed");
+    let st = Command::new(env!("CARGO_BIN_EXE_gpufeed"))
+        .env("GPUFEED_QUIET", "1")
+        .args(["pack", "--shard-size", "64K", "--json"])
+        .arg(&tars)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let ds = Dataset::open(&out).unwrap();
+    assert_eq!(ds.format(), Format::Packed);
+    assert!(ds.files().len() > 2);
+    let got = epoch_by_key(&ds);
+    assert_eq!(got.len(), want.len());
+    for (k, (bytes, label)) in &want {
+        assert_eq!(got[k].as_ref().unwrap(), &(bytes.clone(), *label), "{k}");
+    }
+    // `inspect --json` names the format; `verify` passes.
+    let o = Command::new(env!("CARGO_BIN_EXE_gpufeed"))
+        .args(["inspect", "--json"])
+        .arg(&tars)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["format"], "webdataset");
+    assert_eq!(v["samples"], 30);
+    assert_eq!(v["problems"], 0);
+    let o = Command::new(env!("CARGO_BIN_EXE_gpufeed"))
+        .args(["verify"])
+        .arg(&tars)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+}
+
+#[test]
+fn verify_reports_a_bad_tfrecord_by_file_and_sample() {
+    let Some(mut py) = python() else { return };
+    let dir = disk_dir();
+    let p = dir.path().join("x.tfrecord");
+    py.arg("-c").arg(TFRECORD_WRITER).arg(&p).arg("12");
+    run_ok(py);
+    let idx = std::fs::read_to_string(dir.path().join("x.tfrecord.idx")).unwrap();
+    let off7: usize = idx
+        .lines()
+        .nth(7)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut b = std::fs::read(&p).unwrap();
+    b[off7 + 12] ^= 0xff;
+    std::fs::write(&p, b).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_gpufeed"))
+        .env("GPUFEED_QUIET", "1")
+        .args(["verify", "--json"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["sample"], 7);
+    assert!(lines[0]["path"].as_str().unwrap().ends_with("x.tfrecord"));
+    assert!(lines[0]["error"].as_str().unwrap().contains("checksum"));
+}
