@@ -330,11 +330,17 @@ pub fn coalesce(
     cfg: &PlanConfig,
 ) -> (Vec<PlannedRead>, Vec<Placement>, u64) {
     let a = cfg.align as u64;
-    let mut idx: Vec<u32> = (0..ids.len() as u32).collect();
-    idx.sort_unstable_by_key(|&k| {
-        let s = &samples[ids[k as usize] as usize];
-        (s.file, s.offset, s.len)
-    });
+    // Each sample's position is looked up once: sorting by a key that reads `samples` would
+    // touch the (large, randomly accessed) index on every comparison.
+    let mut keyed: Vec<(u32, u64, u32, u32)> = ids
+        .iter()
+        .enumerate()
+        .map(|(k, &id)| {
+            let s = &samples[id as usize];
+            (s.file, s.offset, s.len, k as u32)
+        })
+        .collect();
+    keyed.sort_unstable();
     let mut reads: Vec<PlannedRead> = Vec::new();
     let mut scatter = vec![
         Placement {
@@ -344,10 +350,10 @@ pub fn coalesce(
         ids.len()
     ];
     let mut cur: Option<(u32, u64, u64)> = None; // file, start, end
-    let mut members: Vec<u32> = Vec::new();
+    let mut first = 0; // first member of the current read in `keyed`
     let mut slot = 0u64;
     let mut close = |cur: (u32, u64, u64),
-                     members: &mut Vec<u32>,
+                     members: &[(u32, u64, u32, u32)],
                      reads: &mut Vec<PlannedRead>,
                      slot: &mut u64| {
         let (file, start, end) = cur;
@@ -360,37 +366,34 @@ pub fn coalesce(
             len: (end - start) as u32,
             buf_offset: *slot,
         });
-        for &k in members.iter() {
-            let s = &samples[ids[k as usize] as usize];
+        for &(_, offset, _, k) in members {
             scatter[k as usize] = Placement {
                 read: r,
-                offset_in_read: (s.offset - start) as u32,
+                offset_in_read: (offset - start) as u32,
             };
         }
-        members.clear();
         *slot += span;
     };
-    for &k in &idx {
-        let s = &samples[ids[k as usize] as usize];
-        let (so, se) = (s.offset, s.offset + s.len as u64);
+    for (i, &(file, so, len, _)) in keyed.iter().enumerate() {
+        let se = so + len as u64;
         cur = match cur {
             Some((f, start, end))
-                if f == s.file
+                if f == file
                     && so <= end.saturating_add(cfg.max_gap_bytes)
                     && se.max(end) - start <= cfg.max_read_bytes =>
             {
                 Some((f, start, end.max(se)))
             }
             Some(c) => {
-                close(c, &mut members, &mut reads, &mut slot);
-                Some((s.file, so, se))
+                close(c, &keyed[first..i], &mut reads, &mut slot);
+                first = i;
+                Some((file, so, se))
             }
-            None => Some((s.file, so, se)),
+            None => Some((file, so, se)),
         };
-        members.push(k);
     }
     if let Some(c) = cur {
-        close(c, &mut members, &mut reads, &mut slot);
+        close(c, &keyed[first..], &mut reads, &mut slot);
     }
     (reads, scatter, slot)
 }
@@ -424,31 +427,36 @@ impl EpochPlan {
         let mut g = 0u32;
         while g < batches {
             group_starts.push(g);
-            let one = bytes(g, g + 1);
-            if one > cfg.group_bytes_max {
-                return Err(invalid(format!(
-                    "batch {g} needs {one} bytes of slot, more than group_bytes_max {}: raise it or \
-                     lower batch_size",
-                    cfg.group_bytes_max
-                )));
-            }
-            // Whole windows first; if not even one window fits, batch by batch.
-            let step = if (g + unit).min(batches) - g > 1
-                && bytes(g, (g + unit).min(batches)) <= cfg.group_bytes_max
-            {
+            // Whole windows where one fits, else single batches; the group is the longest run
+            // of such steps, up to `max_batches`, that fits — tried longest first, so a group
+            // that fits whole (the usual case) is coalesced once.
+            let unit_end = (g + unit).min(batches);
+            let step = if unit_end - g > 1 && bytes(g, unit_end) <= cfg.group_bytes_max {
                 unit
             } else {
                 1
             };
-            let mut end = (g + step).min(batches);
-            while end < batches && end + step - g <= max_batches {
-                let next = (end + step).min(batches);
-                if bytes(g, next) > cfg.group_bytes_max {
+            let steps = (max_batches / step).max(1);
+            let mut end = None;
+            for k in (1..=steps).rev() {
+                let e = (g + k * step).min(batches);
+                if k > 1 && e == (g + (k - 1) * step).min(batches) {
+                    continue; // capped at the last batch: same group as k − 1
+                }
+                let need = bytes(g, e);
+                if need <= cfg.group_bytes_max {
+                    end = Some(e);
                     break;
                 }
-                end = next;
+                if k == 1 {
+                    return Err(invalid(format!(
+                        "batch {g} needs {need} bytes of slot, more than group_bytes_max {}: \
+                         raise it or lower batch_size",
+                        cfg.group_bytes_max
+                    )));
+                }
             }
-            g = end;
+            g = end.expect("k = 1 fits or returned");
         }
         Ok(EpochPlan {
             epoch,
