@@ -34,6 +34,8 @@ pub struct LoadBenchResult {
     pub index_correlation: Option<f64>,
     pub sample_errors: u64,
     pub engine: String,
+    /// Whether each sample's crc32c was checked (small files carry none).
+    pub checksums_verified: bool,
 }
 
 /// Creates `dir/small` (ImageFolder: class folders of files with ImageNet-like sizes) and
@@ -162,6 +164,7 @@ pub fn run_small_files(
         index_correlation: None,
         sample_errors: errors.load(Ordering::Relaxed),
         engine: format!("{} threads, open/read/close", threads),
+        checksums_verified: false,
     })
 }
 
@@ -172,6 +175,8 @@ pub struct PackedSpec {
     pub queue_depth: u32,
     pub seed: u64,
     pub engine: EngineKind,
+    /// Check every sample's crc32c on the consumer thread (the loader's default).
+    pub verify: bool,
 }
 
 /// One epoch of the packed dataset through the loader in `order`.
@@ -190,6 +195,7 @@ pub fn run_packed(
         .seed(spec.seed)
         .queue_depth(spec.queue_depth)
         .engine_kind(spec.engine)
+        .verify_checksums(spec.verify)
         .build()?;
     // Shuffle quality is computed from the plan, outside the timed epoch.
     let q = quality(loader.dataset().samples(), &loader.plan_epoch(0)?);
@@ -225,13 +231,14 @@ pub fn run_packed(
         index_correlation: Some(q.index_correlation),
         sample_errors: st.sample_errors,
         engine: st.engine,
+        checksums_verified: spec.verify && loader.dataset().has_checksums(),
     })
 }
 
 /// The table header matching [`table_row`].
 pub fn table_header() -> String {
     format!(
-        "{:<13} {:>8} {:>10} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>6}",
+        "{:<13} {:>8} {:>10} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>6} {:>4}",
         "mode",
         "samples",
         "samples/s",
@@ -241,14 +248,15 @@ pub fn table_header() -> String {
         "amplif",
         "files/b",
         "labels/b",
-        "cold"
+        "cold",
+        "crc"
     )
 }
 
 pub fn table_row(r: &LoadBenchResult) -> String {
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     format!(
-        "{:<13} {:>8} {:>10.0} {:>7.3} {:>10.3} {:>10.4} {:>8.3} {:>9} {:>9} {:>6}",
+        "{:<13} {:>8} {:>10.0} {:>7.3} {:>10.3} {:>10.4} {:>8.3} {:>9} {:>9} {:>6} {:>4}",
         r.mode,
         r.samples,
         r.samples_per_s,
@@ -258,6 +266,7 @@ pub fn table_row(r: &LoadBenchResult) -> String {
         r.read_amplification,
         opt(r.files_per_batch),
         opt(r.labels_per_batch),
-        r.cold_cache
+        r.cold_cache,
+        if r.checksums_verified { "yes" } else { "no" }
     )
 }

@@ -184,7 +184,7 @@ struct LoadArgs {
     #[arg(long, default_value_t = 256)]
     batch: u32,
     /// Reads in flight in the engine.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 128)]
     qd: u32,
     /// Threads of the small-files baseline.
     #[arg(long, default_value_t = 8)]
@@ -194,6 +194,9 @@ struct LoadArgs {
     shard_size: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Do not check the packed samples' crc32c (the loader checks them by default).
+    #[arg(long)]
+    no_verify: bool,
     /// Print one JSON object per mode.
     #[arg(long)]
     json: bool,
@@ -384,6 +387,7 @@ fn bench_load(a: LoadArgs) -> Result<()> {
         queue_depth: a.qd,
         seed: a.seed,
         engine: EngineKind::Uring,
+        verify: !a.no_verify,
     };
     if !a.json {
         println!(
