@@ -428,8 +428,10 @@ pub(crate) struct Window {
     buf: Vec<u8>,
 }
 
-/// Bytes a [`Window`] reads at a time, and the most one `get` may ask for.
-const WINDOW_BYTES: usize = 64 << 10;
+/// Bytes a [`Window`] reads at a time (enough for a header and the small members that follow
+/// it, little enough that hopping over large members does not read them), and the most one
+/// `get` may ask for.
+const WINDOW_BYTES: usize = 8 << 10;
 pub(crate) const WINDOW_MAX: usize = 1 << 20;
 
 impl Window {
