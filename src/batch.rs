@@ -1,10 +1,12 @@
-//! ⑥ The `Batch` handed to the trainer: sample bytes (views into one slot), ids and labels.
+//! ⑥ The `Batch` handed to the trainer: sample bytes (views into one slot of host memory, or
+//! into one device region), ids and labels.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::buf::{Arena, Slot};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind, Result};
+use crate::gpu::DeviceRegion;
 
 /// One slot holding a group of batches; back to the arena when the last batch is dropped.
 pub(crate) struct Region {
@@ -34,22 +36,38 @@ impl Drop for Region {
     }
 }
 
+/// Where a batch's bytes are.
+#[derive(Clone)]
+pub(crate) enum Memory {
+    Host(Arc<Region>),
+    Device(Arc<DeviceRegion>),
+}
+
+/// The error `Batch::sample` gives for a batch in device memory.
+static ON_DEVICE: std::sync::LazyLock<Error> = std::sync::LazyLock::new(|| {
+    Error::new(
+        ErrorKind::InvalidInput,
+        "this batch is in device memory: use device_ptr() and sample_range(), or to_host()",
+    )
+});
+
 /// Where one sample's bytes are in its region, or why it has none.
 pub(crate) type SampleSpan = Result<Range<usize>, Arc<Error>>;
 
-/// A batch of samples in host memory.
+/// A batch of samples, in host memory or in device memory.
 ///
-/// The bytes live in a slot of the loader's arena shared with the other batches of the same
-/// read group; the slot is reused only after every batch of the group has been dropped, so a
-/// batch may be kept as long as needed (holding many keeps their slots from the loader and
-/// eventually stalls it).
+/// The bytes live in a slot of the loader's arena (host) or a device region (device), shared
+/// with the other batches of the same read group; it is reused only after every batch of the
+/// group has been dropped, so a batch may be kept as long as needed (holding many keeps their
+/// memory from the loader and eventually stalls it). A device batch carries the event its copy
+/// recorded: [`wait_on`](Batch::wait_on) makes a stream wait for it without blocking the host.
 pub struct Batch {
     pub(crate) epoch: u64,
     pub(crate) index: u32,
     pub(crate) ids: Vec<u32>,
     pub(crate) labels: Vec<i64>,
     pub(crate) spans: Vec<SampleSpan>,
-    pub(crate) region: Arc<Region>,
+    pub(crate) mem: Memory,
 }
 
 impl Batch {
@@ -84,11 +102,83 @@ impl Batch {
 
     /// The bytes of sample `i` of the batch, or the error that made them unavailable (it names
     /// the file, the sample and what was wrong). Other samples are unaffected.
+    /// For a device batch every sample is an error saying so (see
+    /// [`sample_range`](Batch::sample_range)).
     pub fn sample(&self, i: usize) -> Result<&[u8], &Error> {
+        match (&self.spans[i], &self.mem) {
+            (Ok(r), Memory::Host(region)) => Ok(&region.bytes()[r.clone()]),
+            (Ok(_), Memory::Device(_)) => Err(&ON_DEVICE),
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    /// Where sample `i` lies in the batch's memory (from [`device_ptr`](Batch::device_ptr) for
+    /// a device batch), or the error that made it unavailable.
+    pub fn sample_range(&self, i: usize) -> Result<Range<usize>, &Error> {
         match &self.spans[i] {
-            Ok(r) => Ok(&self.region.bytes()[r.clone()]),
+            Ok(r) => Ok(r.clone()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether the bytes are in device memory.
+    pub fn is_device(&self) -> bool {
+        matches!(self.mem, Memory::Device(_))
+    }
+
+    /// The CUDA device holding the bytes (`None` on the host or the simulated device).
+    pub fn device(&self) -> Option<u32> {
+        match &self.mem {
+            Memory::Device(d) => d.device(),
+            Memory::Host(_) => None,
+        }
+    }
+
+    /// The device address the sample ranges are relative to (`None` for a host batch).
+    pub fn device_ptr(&self) -> Option<u64> {
+        match &self.mem {
+            Memory::Device(d) => Some(d.ptr()),
+            Memory::Host(_) => None,
+        }
+    }
+
+    /// The raw `CUevent` recorded after the batch's copy (`None` on the host).
+    pub fn ready_event(&self) -> Option<u64> {
+        match &self.mem {
+            Memory::Device(d) => d.ready_event(),
+            Memory::Host(_) => None,
+        }
+    }
+
+    /// Makes `stream` (a raw `CUstream` of the device's primary context, 0 for the legacy
+    /// default stream) wait until the batch's bytes are on the device, without blocking the
+    /// host; the memory is then reused only after work enqueued on `stream` before the batch
+    /// is dropped. Does nothing for a host batch.
+    pub fn wait_on(&self, stream: u64) -> Result<()> {
+        match &self.mem {
+            Memory::Device(d) => d.wait_on(stream),
+            Memory::Host(_) => Ok(()),
+        }
+    }
+
+    /// Every sample's bytes copied to the host (synchronously; for checks and tests). Works for
+    /// host batches too.
+    pub fn to_host(&self) -> Result<Vec<Result<Vec<u8>, Error>>> {
+        let all = match &self.mem {
+            Memory::Host(r) => r.bytes().to_vec(),
+            Memory::Device(d) => d.to_host()?,
+        };
+        Ok(self
+            .spans
+            .iter()
+            .map(|s| match s {
+                Ok(r) => all
+                    .get(r.clone())
+                    .map(<[u8]>::to_vec)
+                    .ok_or_else(|| Error::new(ErrorKind::Io, "sample outside its region")),
+                Err(e) => Err((**e).clone()),
+            })
+            .collect())
     }
 
     /// Iterates over every sample's bytes or error.

@@ -14,11 +14,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::batch::{Batch, Region, SampleSpan};
-use crate::buf::Arena;
+use crate::batch::{Batch, Memory, Region, SampleSpan};
+use crate::buf::{Arena, Slot};
 use crate::config::{EngineConfig, EngineKind};
 use crate::dataset::{Dataset, Frame};
 use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::gpu::copy::CopyStage;
+use crate::gpu::{cuda, Device, DevicePool, GpuPath};
 use crate::io::{Completion, Engine, FileId, ReadSpec};
 use crate::plan::{EpochPlan, Group, Order, PlanConfig};
 
@@ -31,6 +33,8 @@ pub struct LoaderBuilder {
     prefetch_groups: u32,
     in_flight_groups: u32,
     verify_checksums: bool,
+    device: Device,
+    gpu_path: GpuPath,
 }
 
 impl LoaderBuilder {
@@ -92,6 +96,17 @@ impl LoaderBuilder {
         self.verify_checksums = yes;
         self
     }
+    /// Where batches are delivered: host memory (default), a CUDA device, or the simulated
+    /// device (tests).
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+    /// How reads reach a CUDA device (default: decided by the platform).
+    pub fn gpu_path(mut self, path: GpuPath) -> Self {
+        self.gpu_path = path;
+        self
+    }
     /// The whole plan configuration at once.
     pub fn plan(mut self, plan: PlanConfig) -> Self {
         self.plan = plan;
@@ -132,8 +147,37 @@ impl LoaderBuilder {
             slots: engine.slots,
             huge_pages: engine.huge_pages,
         })?;
+        let regions = (self.prefetch_groups + self.in_flight_groups) as usize;
+        let gpu = match &self.device {
+            Device::Host => None,
+            Device::Simulated(sim) => Some(Arc::new(GpuState {
+                _pin: None,
+                pool: DevicePool::sim(sim, regions, engine.slot_bytes),
+                _arena: arena.clone(),
+            })),
+            Device::Cuda(ordinal) => {
+                if self.gpu_path == GpuPath::Cufile {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        "the loader reads through io_uring → pinned → H2D; cuFile runs in \
+                         `gpufeed bench gpu` only so far",
+                    ));
+                }
+                let ctx = crate::gpu::context(*ordinal)?;
+                // SAFETY: the arena stays mapped while `GpuState` lives: it holds a reference
+                // to it, and its fields drop the registration before that reference.
+                let pin =
+                    unsafe { cuda::HostRegistration::new(&ctx, arena.as_ptr(), arena.len())? };
+                Some(Arc::new(GpuState {
+                    _pin: Some(pin),
+                    pool: DevicePool::cuda(&ctx, regions, engine.slot_bytes)?,
+                    _arena: arena.clone(),
+                }))
+            }
+        };
         Ok(Loader {
             arena,
+            gpu,
             dataset: self.dataset,
             plan: self.plan,
             engine,
@@ -144,12 +188,23 @@ impl LoaderBuilder {
     }
 }
 
+/// What a device loader holds for its whole life: the arena's CUDA registration (page-locked
+/// for DMA) and the device regions. Fields drop in order: the registration before the arena.
+#[derive(Debug)]
+struct GpuState {
+    _pin: Option<cuda::HostRegistration>,
+    pool: Arc<DevicePool>,
+    _arena: Arc<Arena>,
+}
+
 /// Yields the batches of epochs over a dataset. Its arena (`(prefetch + in-flight groups) ×
 /// group_bytes_max`) is allocated once by `build`; each [`Loader::epoch`] runs its own I/O
-/// thread over it. Clones share the arena.
+/// thread over it. Clones share the arena. With a device, batches are copied into device
+/// regions (as many as slots) allocated by `build` too.
 #[derive(Debug, Clone)]
 pub struct Loader {
     arena: Arc<Arena>,
+    gpu: Option<Arc<GpuState>>,
     dataset: Arc<Dataset>,
     plan: PlanConfig,
     engine: EngineConfig,
@@ -190,6 +245,8 @@ impl Loader {
             prefetch_groups: 2,
             in_flight_groups: 2,
             verify_checksums: true,
+            device: Device::Host,
+            gpu_path: GpuPath::Auto,
         }
     }
 
@@ -200,6 +257,19 @@ impl Loader {
     /// Slots of the loader's arena not held by batches or reads right now.
     pub fn free_slots(&self) -> usize {
         self.arena.free_slots()
+    }
+
+    /// Device regions not held by batches or copies right now (`None` for a host loader), and
+    /// how many there are.
+    pub fn free_device_regions(&self) -> Option<(usize, usize)> {
+        self.gpu
+            .as_ref()
+            .map(|g| (g.pool.free_regions(), g.pool.regions()))
+    }
+
+    /// Slots in the arena.
+    pub fn slots(&self) -> usize {
+        self.arena.slots() as usize
     }
 
     pub fn plan_config(&self) -> &PlanConfig {
@@ -236,6 +306,8 @@ impl Loader {
             dataset: self.dataset.clone(),
             plan,
             engine: self.engine.clone(),
+            gpu: self.gpu.clone(),
+            verify: self.verify_checksums,
             in_flight_groups: self.in_flight_groups as usize,
             start,
             stop: stop.clone(),
@@ -269,7 +341,18 @@ struct GroupDone {
     batches: std::ops::Range<u32>,
     ids: Vec<u32>,
     spans: Vec<SampleSpan>,
-    region: Arc<Region>,
+    mem: Memory,
+    reads: u64,
+    bytes_read: u64,
+}
+
+/// A group whose reads completed, with its slot, before it is handed over (host) or copied.
+struct Filled {
+    batches: std::ops::Range<u32>,
+    ids: Vec<u32>,
+    spans: Vec<SampleSpan>,
+    slot: Slot,
+    used: usize,
     reads: u64,
     bytes_read: u64,
 }
@@ -285,10 +368,40 @@ struct Worker {
     dataset: Arc<Dataset>,
     plan: EpochPlan,
     engine: EngineConfig,
+    gpu: Option<Arc<GpuState>>,
+    verify: bool,
     in_flight_groups: usize,
     start: u32,
     stop: Arc<AtomicBool>,
     tx: SyncSender<Msg>,
+}
+
+/// Groups between their reads and the consumer on the device path: waiting for a device region,
+/// or being copied. Dropping it waits for every copy before the slots go back to the arena (a
+/// DMA may still read them until then); if waiting fails, the slots are leaked, never reused.
+struct CopyQueue {
+    stage: CopyStage,
+    waiting: std::collections::VecDeque<Filled>,
+    copying: HashMap<u64, (Filled, usize)>,
+    arena: Arc<Arena>,
+}
+
+impl Drop for CopyQueue {
+    fn drop(&mut self) {
+        let mut done = Vec::new();
+        if self.stage.drain(&mut done).is_err() {
+            // A slot that is not put back is never handed out again: leaked, not reused
+            // under a DMA that may still be reading it (and its region with it).
+            self.copying.clear();
+        }
+        for (_, (f, r)) in self.copying.drain() {
+            self.arena.put(f.slot);
+            self.stage.pool().put_back(r);
+        }
+        for f in self.waiting.drain(..) {
+            self.arena.put(f.slot);
+        }
+    }
 }
 
 impl Worker {
@@ -299,8 +412,23 @@ impl Worker {
     }
 
     fn read_epoch(&self) -> Result<()> {
+        // The copy queue is declared before the engine, so it is dropped after it: reads are
+        // cancelled and drained first, then copies, then the slots return.
+        let mut copies = match &self.gpu {
+            Some(g) => Some(CopyQueue {
+                stage: CopyStage::new(&g.pool)?,
+                waiting: Default::default(),
+                copying: HashMap::new(),
+                arena: self.arena.clone(),
+            }),
+            None => None,
+        };
         let mut engine = Engine::with_arena(self.engine.clone(), self.arena.clone())?;
-        let _ = self.tx.send(Msg::Engine(engine.kind().name().to_string()));
+        let path = match &copies {
+            Some(_) => format!("{} → pinned → H2D", engine.kind().name()),
+            None => engine.kind().name().to_string(),
+        };
+        let _ = self.tx.send(Msg::Engine(path));
         let ds = &*self.dataset;
         let files: Vec<FileId> = ds
             .files()
@@ -317,9 +445,10 @@ impl Worker {
         let mut in_flight: HashMap<u64, Group> = HashMap::new();
         let mut specs = Vec::new();
         let mut stalled_since: Option<Instant> = None;
+        let mut copied = Vec::new();
         loop {
             if self.stop.load(Ordering::Relaxed) {
-                return Ok(()); // dropping the engine cancels and drains
+                return Ok(()); // dropping the engine and the copy queue cancels and drains
             }
             // Start groups while there are slots and room.
             while next < self.plan.groups() && in_flight.len() < self.in_flight_groups {
@@ -339,41 +468,124 @@ impl Worker {
                 in_flight.insert(next as u64, g);
                 next += 1;
             }
+            // Device path: copy filled groups into free regions; hand over finished copies.
+            if let Some(q) = copies.as_mut() {
+                if self.pump_copies(q, &mut copied, in_flight.is_empty())? {
+                    return Ok(()); // the consumer went away
+                }
+            }
+            let copying = copies
+                .as_ref()
+                .is_some_and(|q| !q.waiting.is_empty() || !q.copying.is_empty());
             if in_flight.is_empty() {
-                if next >= self.plan.groups() {
+                if next >= self.plan.groups() && !copying {
                     return Ok(());
+                }
+                if copying {
+                    // Waiting on a copy or a device region: pump_copies waited a little.
+                    if copies.as_ref().is_some_and(|q| q.copying.is_empty()) {
+                        self.stall_check(&mut stalled_since, "device regions")?;
+                    } else {
+                        stalled_since = None;
+                    }
+                    continue;
                 }
                 // Every slot is with the consumer: wait for one to come back, but never forever
                 // (a consumer that keeps a batch of every group would wait on us meanwhile).
                 if let Some(slot) = arena.take_timeout(Duration::from_millis(20)) {
                     arena.put(slot);
                     stalled_since = None;
-                } else if stalled_since.get_or_insert_with(Instant::now).elapsed() > STALL_LIMIT {
-                    return Err(Error::new(
-                        ErrorKind::Busy,
-                        format!(
-                            "all {} slots are held by batches that were not dropped for {} s; \
-                             drop batches sooner or raise prefetch_groups",
-                            arena.slots(),
-                            STALL_LIMIT.as_secs()
-                        ),
-                    ));
+                } else {
+                    self.stall_check(&mut stalled_since, "slots")?;
                 }
                 continue;
             }
             engine.wait(1)?;
             while let Some(c) = engine.pop() {
                 let g = in_flight.remove(&c.user_data).expect("a group per job");
-                let done = self.deliver(&arena, g, c);
-                if self.tx.send(Msg::Group(done)).is_err() {
-                    return Ok(()); // the consumer went away
+                let f = self.filled(g, c);
+                match copies.as_mut() {
+                    Some(q) => q.waiting.push_back(self.checked(f)),
+                    None => {
+                        let done = GroupDone {
+                            batches: f.batches,
+                            ids: f.ids,
+                            spans: f.spans,
+                            mem: Memory::Host(Arc::new(Region::new(arena.clone(), f.slot))),
+                            reads: f.reads,
+                            bytes_read: f.bytes_read,
+                        };
+                        if self.tx.send(Msg::Group(done)).is_err() {
+                            return Ok(()); // the consumer went away
+                        }
+                    }
                 }
             }
         }
     }
 
-    /// Turns a completed group into sample spans, verifying checksums.
-    fn deliver(&self, arena: &Arc<Arena>, g: Group, c: Completion) -> GroupDone {
+    /// Errors out after [`STALL_LIMIT`] without progress.
+    fn stall_check(&self, since: &mut Option<Instant>, what: &str) -> Result<()> {
+        if since.get_or_insert_with(Instant::now).elapsed() > STALL_LIMIT {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "all {what} are held by batches that were not dropped for {} s; drop batches \
+                     sooner or raise prefetch_groups",
+                    STALL_LIMIT.as_secs()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Starts copies for filled groups while device regions are free, and hands finished copies
+    /// to the consumer. With `idle` (no reads in flight), waits a little for progress. Returns
+    /// whether the consumer went away.
+    fn pump_copies(&self, q: &mut CopyQueue, done: &mut Vec<u64>, idle: bool) -> Result<bool> {
+        let pool = q.stage.pool().clone();
+        while !q.waiting.is_empty() {
+            let r = if idle && q.copying.is_empty() {
+                pool.take_timeout(Duration::from_millis(20))
+            } else {
+                pool.take()
+            };
+            let Some(r) = r else { break };
+            let f = q.waiting.pop_front().expect("not empty");
+            let tag = f.batches.start as u64;
+            let src = q.arena.bytes(&f.slot).as_ptr();
+            // SAFETY: the slot stays in `q.copying` (and so unchanged and mapped) until `poll`
+            // reports this tag; region `r` was just taken from the pool, so no batch views it.
+            if let Err(e) = unsafe { q.stage.start(r, src, f.used, tag) } {
+                pool.put_back(r);
+                q.arena.put(f.slot);
+                return Err(e);
+            }
+            q.copying.insert(tag, (f, r));
+        }
+        done.clear();
+        // Still waiting groups here means no region is free: wait for a copy if one runs.
+        q.stage.poll(done, idle && !q.copying.is_empty())?;
+        for tag in done.drain(..) {
+            let (f, r) = q.copying.remove(&tag).expect("a copy per tag");
+            q.arena.put(f.slot); // the copy has completed: the slot may be reused
+            let g = GroupDone {
+                batches: f.batches,
+                ids: f.ids,
+                spans: f.spans,
+                mem: Memory::Device(Arc::new(pool.region(r, f.used))),
+                reads: f.reads,
+                bytes_read: f.bytes_read,
+            };
+            if self.tx.send(Msg::Group(g)).is_err() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Turns a completed group into sample spans within its slot.
+    fn filled(&self, g: Group, c: Completion) -> Filled {
         let ds = &*self.dataset;
         let b = self.plan.batch_size as usize;
         let ids: Vec<u32> =
@@ -411,14 +623,39 @@ impl Worker {
             };
             spans.push(span);
         }
-        GroupDone {
+        // The bytes to copy: up to the end of the last sample the reads placed.
+        let used = spans
+            .iter()
+            .filter_map(|s| s.as_ref().ok().map(|r| r.end))
+            .max()
+            .unwrap_or(0);
+        Filled {
             batches: g.batches,
             ids,
             spans,
-            region: Arc::new(Region::new(arena.clone(), c.slot)),
+            slot: c.slot,
+            used,
             reads: g.reads.len() as u64,
             bytes_read: g.bytes_read,
         }
+    }
+
+    /// Checks frames and checksums on this thread (device path: the consumer never sees the
+    /// host bytes).
+    fn checked(&self, mut f: Filled) -> Filled {
+        let ds = &*self.dataset;
+        if (self.verify && ds.has_checksums()) || ds.frame() != Frame::None {
+            let bytes = self.arena.bytes(&f.slot);
+            for (span, &id) in f.spans.iter_mut().zip(&f.ids) {
+                if let Ok(r) = span {
+                    *span = match ds.check_sample(id as usize, &bytes[r.clone()], self.verify) {
+                        Ok(p) => Ok(r.start + p.start..r.start + p.end),
+                        Err(e) => Err(Arc::new(e)),
+                    };
+                }
+            }
+        }
+        f
     }
 }
 
@@ -453,15 +690,18 @@ impl Epoch {
     fn take_group(&mut self, mut g: GroupDone) {
         // Checksums and frames are checked here, on the consumer's thread: on the I/O thread
         // they would keep it from reaping and resubmitting, and the device queue would run dry.
+        // (Device groups were checked before their copy.)
         let ds = &*self.dataset;
-        if (self.verify && ds.has_checksums()) || ds.frame() != Frame::None {
-            let bytes = g.region.bytes();
-            for (span, &id) in g.spans.iter_mut().zip(&g.ids) {
-                if let Ok(r) = span {
-                    *span = match ds.check_sample(id as usize, &bytes[r.clone()], self.verify) {
-                        Ok(p) => Ok(r.start + p.start..r.start + p.end),
-                        Err(e) => Err(Arc::new(e)),
-                    };
+        if let Memory::Host(region) = &g.mem {
+            if (self.verify && ds.has_checksums()) || ds.frame() != Frame::None {
+                let bytes = region.bytes();
+                for (span, &id) in g.spans.iter_mut().zip(&g.ids) {
+                    if let Ok(r) = span {
+                        *span = match ds.check_sample(id as usize, &bytes[r.clone()], self.verify) {
+                            Ok(p) => Ok(r.start + p.start..r.start + p.end),
+                            Err(e) => Err(Arc::new(e)),
+                        };
+                    }
                 }
             }
         }
@@ -484,7 +724,7 @@ impl Epoch {
                     labels: Vec::new(),
                     ids: bids,
                     spans: bspans,
-                    region: g.region.clone(),
+                    mem: g.mem.clone(),
                 },
             );
         }

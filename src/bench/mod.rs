@@ -5,6 +5,7 @@
 //! included, from `getrusage`) and syscalls per read, as a [`IoBenchResult`] that serialises to
 //! the JSON the CLI prints with `--json`.
 
+pub mod gpu;
 pub mod io;
 pub mod load;
 

@@ -163,6 +163,49 @@ enum BenchWhich {
     /// One epoch per mode over an ImageNet-like dataset it generates: small files vs packed
     /// shards in global, block and shard-buffer order (cold cache when root).
     Load(LoadArgs),
+    /// Storage → GPU: ours (io_uring → pinned → H2D), cuFile, a naive path, and the two
+    /// ceilings (pinned H2D alone, storage → host alone); needs a CUDA GPU.
+    Gpu(GpuArgs),
+}
+
+#[derive(Debug, Args)]
+struct GpuArgs {
+    /// File for the fixed-size reads (created if missing).
+    #[arg(long, default_value = "gpufeed-bench.dat")]
+    file: PathBuf,
+    /// Size of the file to create.
+    #[arg(long, default_value = "4G", value_parser = size_arg)]
+    size: u64,
+    /// Where the packed ImageNet-like dataset lives (generated if absent).
+    #[arg(long, default_value = "gpufeed-load")]
+    dir: PathBuf,
+    /// Samples in the generated dataset.
+    #[arg(long, default_value_t = 50_000)]
+    samples: u64,
+    /// Seconds per fixed-size row.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: u32,
+    /// Size of the fixed reads.
+    #[arg(long, default_value = "1M", value_parser = size_arg)]
+    bs: u64,
+    /// Reads in flight (ours and host).
+    #[arg(long, default_value_t = 128)]
+    qd: u32,
+    /// cuFile reader threads.
+    #[arg(long, default_value_t = 16)]
+    cufile_threads: usize,
+    /// Rows (comma-separated): host, h2d, ours, cufile, naive.
+    #[arg(long, value_delimiter = ',')]
+    paths: Vec<String>,
+    /// Workloads (comma-separated): fixed, imagenet.
+    #[arg(long, value_delimiter = ',')]
+    workloads: Vec<String>,
+    /// Print one JSON object per row.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -295,6 +338,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(b) => match b.which {
             Some(BenchWhich::Io(a)) => bench_io(a),
             Some(BenchWhich::Load(a)) => bench_load(a),
+            Some(BenchWhich::Gpu(a)) => bench_gpu(a),
             None => bench_quick(b.quick),
         },
         Command::Pack(a) => pack_cmd(a),
@@ -371,6 +415,95 @@ fn bench_quick(a: QuickArgs) -> Result<()> {
                 .map(|r| format!("{:.2}× {}", ours.gib_per_s / r.gib_per_s, r.engine))
                 .collect();
             println!("  -> {} is {}", ours.engine, others.join(", "));
+        }
+    }
+    // Storage → GPU rows when a GPU is present (1 MiB reads of the same file).
+    match crate::gpu::gpu_available() {
+        Ok(_) => {
+            let spec = crate::bench::gpu::GpuBenchSpec {
+                file: a.file.clone(),
+                file_bytes: a.size,
+                workloads: vec!["fixed".into()],
+                seconds: a.seconds,
+                ..gpu_spec_defaults()
+            };
+            if !a.json {
+                println!("{}", crate::bench::gpu::table_header());
+            }
+            let rows = crate::bench::gpu::run_gpu_bench(&spec, |r| emit_gpu(r, a.json))?;
+            if !a.json {
+                for l in crate::bench::gpu::ratios(&rows) {
+                    println!("  -> {l}");
+                }
+            }
+        }
+        Err(e) if !a.json => println!("(no GPU rows: {})", e.message()),
+        Err(_) => {}
+    }
+    Ok(())
+}
+
+fn gpu_spec_defaults() -> crate::bench::gpu::GpuBenchSpec {
+    crate::bench::gpu::GpuBenchSpec {
+        file: "gpufeed-bench.dat".into(),
+        file_bytes: 4 << 30,
+        dir: "gpufeed-load".into(),
+        samples: 50_000,
+        seconds: 5.0,
+        device: 0,
+        read_bytes: 1 << 20,
+        queue_depth: 128,
+        cufile_threads: 16,
+        rows: ["host", "h2d", "ours", "cufile", "naive"]
+            .map(String::from)
+            .to_vec(),
+        workloads: vec!["fixed".into(), "imagenet".into()],
+    }
+}
+
+fn emit_gpu(r: &crate::bench::gpu::GpuBenchResult, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(r).expect("serialises"));
+    } else {
+        println!("{}", crate::bench::gpu::table_row(r));
+    }
+}
+
+fn bench_gpu(a: GpuArgs) -> Result<()> {
+    let d = gpu_spec_defaults();
+    let spec = crate::bench::gpu::GpuBenchSpec {
+        file: a.file,
+        file_bytes: a.size,
+        dir: a.dir,
+        samples: a.samples,
+        seconds: a.seconds,
+        device: a.device,
+        read_bytes: a.bs as u32,
+        queue_depth: a.qd,
+        cufile_threads: a.cufile_threads,
+        rows: if a.paths.is_empty() { d.rows } else { a.paths },
+        workloads: if a.workloads.is_empty() {
+            d.workloads
+        } else {
+            a.workloads
+        },
+    };
+    // No GPU: one line, non-zero exit (before any file is made).
+    let info = crate::gpu::gpu_available()?;
+    if !a.json {
+        println!(
+            "gpufeed bench gpu: {} ({} MiB, driver {}), cuFile: {}",
+            info.name,
+            info.total_mem >> 20,
+            info.driver_version,
+            info.cufile
+        );
+        println!("{}", crate::bench::gpu::table_header());
+    }
+    let rows = crate::bench::gpu::run_gpu_bench(&spec, |r| emit_gpu(r, a.json))?;
+    if !a.json {
+        for l in crate::bench::gpu::ratios(&rows) {
+            println!("  -> {l}");
         }
     }
     Ok(())

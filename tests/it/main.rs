@@ -2,6 +2,7 @@
 
 mod cli;
 mod common;
+mod device;
 mod engine;
 mod fallback;
 mod formats;

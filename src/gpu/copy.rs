@@ -1,0 +1,526 @@
+//! The copy stage: one host → device copy per read group, from its arena slot into a device
+//! region, and the slot states around it.
+//!
+//! A slot of the arena is `free → reading (engine) → filled → copying → free`: it returns to the
+//! free list only after its copy's completion was observed (an event, not a host sync of the
+//! stream). A device region is `free → being written → held by batches → free`: it returns when
+//! the last batch that views it is dropped; if the consumer made a stream wait on the batch,
+//! a *release* event is recorded on that stream at drop, and the next copy into the region waits
+//! for it on the copy stream, so a kernel still reading the region is never overwritten — with no
+//! host synchronisation.
+//!
+//! Two implementations: CUDA, and a simulator (host memory standing in for the device, copies
+//! completing after random delays in any order) that lets CI check the state machine: the
+//! simulator re-checks, when a copy completes, that its source slot was not changed meanwhile.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use super::cuda::{self, Context, DeviceBuffer, Event, Stream};
+use crate::error::{Error, ErrorKind, Result};
+use crate::io::sim::Rng;
+
+/// A simulated device, for tests: host memory, copies that complete late and out of order.
+#[derive(Debug, Clone)]
+pub struct SimDevice {
+    pub seed: u64,
+    /// A copy completes after 0..=max_delay polls of the copy stage.
+    pub max_delay: u32,
+    /// Figures the test reads afterwards.
+    pub stats: Arc<SimDeviceStats>,
+}
+
+impl SimDevice {
+    pub fn new(seed: u64) -> SimDevice {
+        SimDevice {
+            seed,
+            max_delay: 6,
+            stats: Arc::default(),
+        }
+    }
+}
+
+/// What the simulated device saw.
+#[derive(Debug, Default)]
+pub struct SimDeviceStats {
+    pub copies: AtomicU64,
+    /// Copies whose source slot changed while the copy was in flight (must stay 0).
+    pub source_changed: AtomicU64,
+    /// Copies into a region that batches still held (must stay 0).
+    pub region_in_use: AtomicU64,
+    pub max_in_flight: AtomicU64,
+}
+
+enum Mem {
+    Cuda {
+        buf: DeviceBuffer,
+        ready: Event,
+        released: Event,
+        /// A release event was recorded on a consumer stream since the last copy.
+        release_pending: AtomicBool,
+    },
+    Sim {
+        bytes: Mutex<Vec<u8>>,
+    },
+}
+
+/// The device regions of a loader, allocated once.
+pub struct DevicePool {
+    mem: Vec<Mem>,
+    region_bytes: usize,
+    free: Mutex<Vec<usize>>,
+    cv: Condvar,
+    /// Regions viewed by live batches (for the simulator's check).
+    held: Mutex<Vec<bool>>,
+    pub(crate) ctx: Option<Arc<Context>>,
+    sim: Option<SimDevice>,
+}
+
+impl std::fmt::Debug for DevicePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevicePool")
+            .field("regions", &self.mem.len())
+            .field("region_bytes", &self.region_bytes)
+            .finish()
+    }
+}
+
+impl DevicePool {
+    /// `regions` device buffers of `region_bytes` on a CUDA device.
+    pub fn cuda(ctx: &Arc<Context>, regions: usize, region_bytes: usize) -> Result<Arc<Self>> {
+        let mut mem = Vec::with_capacity(regions);
+        for _ in 0..regions {
+            mem.push(Mem::Cuda {
+                buf: DeviceBuffer::new(ctx, region_bytes)?,
+                ready: Event::new(ctx)?,
+                released: Event::new(ctx)?,
+                release_pending: AtomicBool::new(false),
+            });
+        }
+        Ok(Self::with(mem, region_bytes, Some(ctx.clone()), None))
+    }
+
+    /// The same in host memory, for the simulator.
+    pub fn sim(dev: &SimDevice, regions: usize, region_bytes: usize) -> Arc<Self> {
+        let mem = (0..regions)
+            .map(|_| Mem::Sim {
+                bytes: Mutex::new(vec![0; region_bytes]),
+            })
+            .collect();
+        Self::with(mem, region_bytes, None, Some(dev.clone()))
+    }
+
+    fn with(
+        mem: Vec<Mem>,
+        region_bytes: usize,
+        ctx: Option<Arc<Context>>,
+        sim: Option<SimDevice>,
+    ) -> Arc<Self> {
+        let n = mem.len();
+        Arc::new(DevicePool {
+            mem,
+            region_bytes,
+            free: Mutex::new((0..n).rev().collect()),
+            cv: Condvar::new(),
+            held: Mutex::new(vec![false; n]),
+            ctx,
+            sim,
+        })
+    }
+
+    pub fn regions(&self) -> usize {
+        self.mem.len()
+    }
+
+    pub fn free_regions(&self) -> usize {
+        self.free.lock().expect("pool lock").len()
+    }
+
+    pub(crate) fn take(&self) -> Option<usize> {
+        self.free.lock().expect("pool lock").pop()
+    }
+
+    pub(crate) fn take_timeout(&self, t: Duration) -> Option<usize> {
+        let mut f = self.free.lock().expect("pool lock");
+        if f.is_empty() {
+            f = self.cv.wait_timeout(f, t).expect("pool lock").0;
+        }
+        f.pop()
+    }
+
+    pub(crate) fn put_back(&self, r: usize) {
+        self.free.lock().expect("pool lock").push(r);
+        self.cv.notify_one();
+    }
+
+    /// The device address of region `r` (0-based addresses in the simulator).
+    pub(crate) fn ptr(&self, r: usize) -> u64 {
+        match &self.mem[r] {
+            Mem::Cuda { buf, .. } => buf.ptr(),
+            Mem::Sim { .. } => (r * self.region_bytes) as u64,
+        }
+    }
+
+    /// Hands region `r`, holding `used` bytes, to batches.
+    pub(crate) fn region(self: &Arc<Self>, r: usize, used: usize) -> DeviceRegion {
+        self.held.lock().expect("pool lock")[r] = true;
+        DeviceRegion {
+            pool: self.clone(),
+            index: r,
+            used,
+            consumer: Mutex::new(None),
+        }
+    }
+}
+
+/// A device region viewed by the batches of one read group; back to the pool when dropped.
+pub struct DeviceRegion {
+    pool: Arc<DevicePool>,
+    index: usize,
+    used: usize,
+    /// The last stream made to wait on this region's ready event.
+    consumer: Mutex<Option<u64>>,
+}
+
+impl DeviceRegion {
+    pub fn ptr(&self) -> u64 {
+        self.pool.ptr(self.index)
+    }
+
+    /// Bytes of the region holding data.
+    pub fn len(&self) -> usize {
+        self.used
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.used == 0
+    }
+
+    /// The CUDA device ordinal (`None` for the simulator).
+    pub fn device(&self) -> Option<u32> {
+        self.pool.ctx.as_ref().map(|c| c.ordinal())
+    }
+
+    /// The event recorded after this region's copy (`None` for the simulator).
+    pub fn ready_event(&self) -> Option<u64> {
+        match &self.pool.mem[self.index] {
+            Mem::Cuda { ready, .. } => Some(ready.raw()),
+            Mem::Sim { .. } => None,
+        }
+    }
+
+    /// Makes `stream` (a raw `CUstream` of the same context; 0 for the legacy default stream)
+    /// wait for the copy, and orders the region's reuse after work enqueued on it before the
+    /// batch is dropped.
+    pub fn wait_on(&self, stream: u64) -> Result<()> {
+        if let Mem::Cuda { ready, .. } = &self.pool.mem[self.index] {
+            if let Some(c) = &self.pool.ctx {
+                c.bind()?;
+            }
+            Stream::wait_raw(stream, ready)?;
+        }
+        *self.consumer.lock().expect("region lock") = Some(stream);
+        Ok(())
+    }
+
+    /// Copies the region's bytes to the host (synchronously; for checks and tests).
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; self.used];
+        match &self.pool.mem[self.index] {
+            Mem::Cuda { buf, ready, .. } => {
+                ready.synchronize()?;
+                buf.read(0, &mut v)?;
+            }
+            Mem::Sim { bytes } => v.copy_from_slice(&bytes.lock().expect("sim lock")[..self.used]),
+        }
+        Ok(v)
+    }
+}
+
+impl Drop for DeviceRegion {
+    fn drop(&mut self) {
+        if let Mem::Cuda {
+            released,
+            release_pending,
+            ..
+        } = &self.pool.mem[self.index]
+        {
+            if let Some(stream) = *self.consumer.lock().expect("region lock") {
+                // Work the consumer enqueued on its stream before dropping the batch must finish
+                // before the region is overwritten: the next copy waits for this event.
+                let bound = self.pool.ctx.as_ref().map_or(Ok(()), |c| c.bind());
+                if bound.and_then(|()| released.record_raw(stream)).is_ok() {
+                    release_pending.store(true, Ordering::Release);
+                } else {
+                    // Without the event, only a full wait is safe.
+                    let _ = self.pool.ctx.as_ref().map(|c| c.bind());
+                    // SAFETY: synchronising the whole context only waits.
+                    let _ = unsafe { cudarc::driver::sys::cuCtxSynchronize() };
+                }
+            }
+        }
+        self.pool.held.lock().expect("pool lock")[self.index] = false;
+        self.pool.put_back(self.index);
+    }
+}
+
+impl std::fmt::Debug for DeviceRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceRegion")
+            .field("index", &self.index)
+            .field("used", &self.used)
+            .finish()
+    }
+}
+
+/// A copy in flight: its tag, region, and (simulator) what it reads.
+struct InFlight {
+    tag: u64,
+    region: usize,
+    src: *const u8,
+    len: usize,
+    /// Simulator: crc of the source at submission, polls left.
+    crc: u32,
+    delay: u32,
+}
+
+/// Copies groups from slots into device regions.
+pub struct CopyStage {
+    pool: Arc<DevicePool>,
+    stream: Option<Stream>,
+    in_flight: Vec<InFlight>,
+    rng: Rng,
+}
+
+impl std::fmt::Debug for CopyStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyStage")
+            .field("in_flight", &self.in_flight.len())
+            .finish()
+    }
+}
+
+// SAFETY: the raw source pointers point into the loader's arena, whose slots are owned by the
+// I/O thread that owns this stage until their copies complete; the stage never leaves that
+// thread while copies are in flight.
+unsafe impl Send for CopyStage {}
+
+impl CopyStage {
+    /// A stage over `pool` (a CUDA stream is created, the context bound to this thread).
+    pub fn new(pool: &Arc<DevicePool>) -> Result<CopyStage> {
+        let stream = match &pool.ctx {
+            Some(c) => {
+                c.bind()?;
+                Some(Stream::new(c)?)
+            }
+            None => None,
+        };
+        let seed = pool.sim.as_ref().map_or(0, |s| s.seed);
+        Ok(CopyStage {
+            pool: pool.clone(),
+            stream,
+            in_flight: Vec::new(),
+            rng: Rng::new(seed),
+        })
+    }
+
+    pub fn pool(&self) -> &Arc<DevicePool> {
+        &self.pool
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Starts copying `len` bytes at `src` into region `r`.
+    ///
+    /// # Safety
+    /// `src .. src + len` must stay valid and unchanged until [`poll`](Self::poll) reports
+    /// `tag`, and region `r` must be taken from the pool and not viewed by any batch.
+    pub unsafe fn start(&mut self, r: usize, src: *const u8, len: usize, tag: u64) -> Result<()> {
+        if len > self.pool.region_bytes {
+            return Err(crate::error::invalid(format!(
+                "copy of {len} bytes into a {}-byte device region",
+                self.pool.region_bytes
+            )));
+        }
+        let mut crc = 0;
+        let mut delay = 0;
+        match (&self.pool.mem[r], &self.stream) {
+            (
+                Mem::Cuda {
+                    buf,
+                    ready,
+                    released,
+                    release_pending,
+                },
+                Some(s),
+            ) => {
+                if release_pending.swap(false, Ordering::AcqRel) {
+                    Stream::wait_raw(s.raw(), released)?;
+                }
+                // SAFETY: the caller keeps the source unchanged until the ready event is seen
+                // complete; the region is ours (taken, not viewed) and `len` fits it.
+                unsafe { cuda::memcpy_htod_async(buf.ptr(), src, len, s)? };
+                ready.record_raw(s.raw())?;
+            }
+            (Mem::Sim { .. }, _) => {
+                let sim = self.pool.sim.as_ref().expect("a simulated pool");
+                if self.pool.held.lock().expect("pool lock")[r] {
+                    sim.stats.region_in_use.fetch_add(1, Ordering::Relaxed);
+                }
+                // SAFETY: valid for `len` bytes per the caller's contract.
+                crc = crc32c::crc32c(unsafe { std::slice::from_raw_parts(src, len) });
+                delay = self.rng.below(sim.max_delay as u64 + 1) as u32;
+            }
+            _ => unreachable!("a CUDA pool always has a stream"),
+        }
+        self.in_flight.push(InFlight {
+            tag,
+            region: r,
+            src,
+            len,
+            crc,
+            delay,
+        });
+        if let Some(sim) = &self.pool.sim {
+            sim.stats
+                .max_in_flight
+                .fetch_max(self.in_flight.len() as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Appends the tags of copies that completed, in any order. With `wait`, blocks until at
+    /// least one completes (if any is in flight).
+    pub fn poll(&mut self, done: &mut Vec<u64>, wait: bool) -> Result<()> {
+        if self.in_flight.is_empty() {
+            return Ok(());
+        }
+        if self.pool.sim.is_some() {
+            return self.poll_sim(done, wait);
+        }
+        loop {
+            let before = done.len();
+            let mut i = 0;
+            while i < self.in_flight.len() {
+                let Mem::Cuda { ready, .. } = &self.pool.mem[self.in_flight[i].region] else {
+                    unreachable!("CUDA pool")
+                };
+                if ready.done()? {
+                    done.push(self.in_flight.swap_remove(i).tag);
+                } else {
+                    i += 1;
+                }
+            }
+            if !wait || done.len() > before {
+                return Ok(());
+            }
+            // Copies take a few ms; yield rather than block the stream (no host sync).
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    fn poll_sim(&mut self, done: &mut Vec<u64>, wait: bool) -> Result<()> {
+        let before = done.len();
+        let mut order: Vec<usize> = (0..self.in_flight.len()).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, self.rng.below(i as u64 + 1) as usize);
+        }
+        let mut finished = Vec::new();
+        for &i in &order {
+            let f = &mut self.in_flight[i];
+            if f.delay == 0 {
+                finished.push(i);
+            } else {
+                f.delay -= 1;
+            }
+        }
+        if wait && finished.is_empty() {
+            finished.push(order[0]);
+        }
+        finished.sort_unstable_by(|a, b| b.cmp(a));
+        for i in finished {
+            let f = self.in_flight.swap_remove(i);
+            self.complete_sim(&f)?;
+            done.push(f.tag);
+        }
+        debug_assert!(!wait || done.len() > before);
+        Ok(())
+    }
+
+    fn complete_sim(&self, f: &InFlight) -> Result<()> {
+        let sim = self.pool.sim.as_ref().expect("a simulated pool");
+        // SAFETY: per `start`'s contract the source is still valid (the check below is how the
+        // simulator catches a slot released early).
+        let src = unsafe { std::slice::from_raw_parts(f.src, f.len) };
+        sim.stats.copies.fetch_add(1, Ordering::Relaxed);
+        if crc32c::crc32c(src) != f.crc {
+            sim.stats.source_changed.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::new(
+                ErrorKind::Io,
+                "simulated device: a slot changed while its copy was in flight",
+            ));
+        }
+        let Mem::Sim { bytes } = &self.pool.mem[f.region] else {
+            unreachable!("simulated pool")
+        };
+        bytes.lock().expect("sim lock")[..f.len].copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Waits for every copy in flight (shutdown: their slots may be freed only afterwards).
+    pub fn drain(&mut self, done: &mut Vec<u64>) -> Result<()> {
+        while !self.in_flight.is_empty() {
+            self.poll(done, true)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CopyStage {
+    fn drop(&mut self) {
+        // Never leave a DMA reading a slot the caller is about to free.
+        let mut done = Vec::new();
+        if self.drain(&mut done).is_err() {
+            if let Some(s) = &self.stream {
+                let _ = s.synchronize();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The simulator's check can fail: a source changed while its copy is in flight is caught,
+    /// and a copy into a region batches still view is counted.
+    #[test]
+    fn simulator_catches_a_source_reused_early_and_a_region_in_use() {
+        let mut dev = SimDevice::new(1);
+        dev.max_delay = 0;
+        let pool = DevicePool::sim(&dev, 2, 64);
+        let mut stage = CopyStage::new(&pool).unwrap();
+        let mut src = vec![7u8; 64];
+        let r = pool.take().unwrap();
+        // SAFETY: `src` outlives the copy (polled below before it is dropped).
+        unsafe { stage.start(r, src.as_ptr(), 64, 1).unwrap() };
+        src[3] = 8; // the slot "reused" while the copy is in flight
+        let mut done = Vec::new();
+        assert!(stage.poll(&mut done, true).is_err());
+        assert_eq!(dev.stats.source_changed.load(Ordering::Relaxed), 1);
+
+        let mut stage = CopyStage::new(&pool).unwrap();
+        let region = pool.region(r, 64); // batches view region r
+                                         // SAFETY: as above.
+        unsafe { stage.start(r, src.as_ptr(), 64, 2).unwrap() };
+        assert_eq!(dev.stats.region_in_use.load(Ordering::Relaxed), 1);
+        stage.drain(&mut done).unwrap();
+        assert_eq!(done, vec![2]);
+        assert_eq!(region.to_host().unwrap(), src);
+        drop(region);
+        assert_eq!(pool.free_regions(), 2);
+    }
+}

@@ -1,0 +1,193 @@
+//! cuFile (GPUDirect Storage): detected at run time; reads straight into device memory.
+//!
+//! `libcufile` may be absent (then [`status`] says so); present, `cuFileDriverOpen` may fail, or
+//! succeed in *compatibility mode* (cuFile reads through a host bounce buffer when the
+//! `nvidia-fs` kernel module is not loaded or the file system is not supported). [`status`]
+//! tells which: true GDS needs `nvidia-fs` loaded and NVMe support in the driver's flags.
+
+use std::ffi::c_void;
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use cudarc::cufile::sys;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Whether `libcufile` loads.
+pub fn library_present() -> bool {
+    // SAFETY: loads (and drops) the library by name; no symbol is called.
+    unsafe { sys::is_culib_present() }
+}
+
+/// How cuFile moves data on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CufileMode {
+    /// Storage DMAs straight into GPU memory (nvidia-fs loaded, NVMe supported).
+    Gds,
+    /// cuFile's compatibility mode: POSIX reads into a bounce buffer, then a copy.
+    Compat,
+}
+
+impl CufileMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            CufileMode::Gds => "gds",
+            CufileMode::Compat => "compat",
+        }
+    }
+}
+
+fn op_error(call: &str, e: sys::CUfileError) -> Error {
+    Error::new(
+        ErrorKind::Io,
+        format!("{call} failed: {:?} (cu {:?})", e.err, e.cu_err),
+    )
+}
+
+/// Opens the cuFile driver once per process; how it runs, or why it cannot.
+pub fn status() -> Result<CufileMode> {
+    static STATUS: OnceLock<Result<CufileMode, String>> = OnceLock::new();
+    if !super::cuda::driver_present() || !library_present() {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            "cuFile is not installed (libcufile.so could not be loaded)",
+        ));
+    }
+    STATUS
+        .get_or_init(|| {
+            super::cuda::init().map_err(|e| e.message().to_string())?;
+            // SAFETY: no arguments; the library is present (checked above).
+            let r = unsafe { sys::cuFileDriverOpen() };
+            if r.err != sys::CUfileOpError::CU_FILE_SUCCESS {
+                return Err(op_error("cuFileDriverOpen", r).message().to_string());
+            }
+            let mut props = std::mem::MaybeUninit::<sys::CUfileDrvProps>::uninit();
+            // SAFETY: writes one properties struct.
+            let r = unsafe { sys::cuFileDriverGetProperties(props.as_mut_ptr()) };
+            if r.err != sys::CUfileOpError::CU_FILE_SUCCESS {
+                return Err(op_error("cuFileDriverGetProperties", r)
+                    .message()
+                    .to_string());
+            }
+            // SAFETY: initialised by the successful call above.
+            let props = unsafe { props.assume_init() };
+            let nvme = props.nvfs.dstatusflags
+                & (1 << sys::CUfileDriverStatusFlags::CU_FILE_NVME_SUPPORTED as u32)
+                != 0;
+            let nvfs = Path::new("/proc/driver/nvidia-fs").exists();
+            Ok(if nvme && nvfs {
+                CufileMode::Gds
+            } else {
+                CufileMode::Compat
+            })
+        })
+        .clone()
+        .map_err(|m| Error::new(ErrorKind::Unsupported, m))
+}
+
+/// A file registered with cuFile (opened with O_DIRECT).
+pub struct CufileFile {
+    handle: sys::CUfileHandle_t,
+    _file: File,
+}
+
+impl std::fmt::Debug for CufileFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CufileFile").finish_non_exhaustive()
+    }
+}
+
+// SAFETY: cuFile handles may be used from several threads (cuFile is thread-safe).
+unsafe impl Send for CufileFile {}
+// SAFETY: as above.
+unsafe impl Sync for CufileFile {}
+
+impl CufileFile {
+    pub fn open(path: &Path) -> Result<CufileFile> {
+        status()?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .map_err(|e| Error::io("cannot open for cuFile", e).with_path(path.to_path_buf()))?;
+        // SAFETY: a zeroed descriptor is valid before its fields are set.
+        let mut descr: sys::CUfileDescr_t = unsafe { std::mem::zeroed() };
+        descr.type_ = sys::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD;
+        descr.handle.fd = file.as_raw_fd();
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: `descr` describes an open fd that outlives the handle (both owned here).
+        let r = unsafe { sys::cuFileHandleRegister(&mut handle, &mut descr) };
+        if r.err != sys::CUfileOpError::CU_FILE_SUCCESS {
+            return Err(op_error("cuFileHandleRegister", r).with_path(path.to_path_buf()));
+        }
+        Ok(CufileFile {
+            handle,
+            _file: file,
+        })
+    }
+
+    /// Reads `len` bytes at `offset` into device memory at `dev + dev_offset`; returns the bytes
+    /// read (fewer at end of file). The caller's CUDA context must be current.
+    ///
+    /// # Safety
+    /// `dev + dev_offset .. + len` must be allocated device memory that nothing else uses
+    /// until this returns.
+    pub unsafe fn read(&self, dev: u64, dev_offset: u64, len: usize, offset: u64) -> Result<usize> {
+        // SAFETY: forwarded under the caller's guarantee; the handle is live.
+        let n = unsafe {
+            sys::cuFileRead(
+                self.handle,
+                dev as *mut c_void,
+                len,
+                offset as sys::off_t,
+                dev_offset as sys::off_t,
+            )
+        };
+        if n >= 0 {
+            Ok(n as usize)
+        } else if n == -1 {
+            Err(Error::io(
+                "cuFileRead failed",
+                std::io::Error::last_os_error(),
+            ))
+        } else {
+            Err(Error::new(
+                ErrorKind::Io,
+                format!("cuFileRead failed: cuFile error {}", -n),
+            ))
+        }
+    }
+}
+
+impl Drop for CufileFile {
+    fn drop(&mut self) {
+        // SAFETY: deregisters our own handle before the fd closes (field order).
+        unsafe { sys::cuFileHandleDeregister(self.handle) };
+    }
+}
+
+/// Registers device memory with cuFile (pinned BAR mapping for GDS).
+///
+/// # Safety
+/// `dev .. dev + len` must be allocated device memory that outlives the registration.
+pub unsafe fn register_buffer(dev: u64, len: usize) -> Result<()> {
+    // SAFETY: forwarded under the caller's guarantee.
+    let r = unsafe { sys::cuFileBufRegister(dev as *const c_void, len, 0) };
+    if r.err != sys::CUfileOpError::CU_FILE_SUCCESS {
+        return Err(op_error("cuFileBufRegister", r));
+    }
+    Ok(())
+}
+
+/// Undoes [`register_buffer`].
+///
+/// # Safety
+/// `dev` must have been registered and no read into it may be in flight.
+pub unsafe fn deregister_buffer(dev: u64) {
+    // SAFETY: forwarded under the caller's guarantee.
+    let _ = unsafe { sys::cuFileBufDeregister(dev as *const c_void) };
+}
