@@ -5,7 +5,7 @@ use std::process::Command;
 use crate::common::*;
 
 fn gpufeed() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpufeed"));
+    let mut c = Command::new(gpufeed_bin());
     c.env("GPUFEED_QUIET", "1").env_remove("GPUFEED_ENGINE");
     c
 }

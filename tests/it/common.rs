@@ -10,11 +10,24 @@ pub fn pattern_byte(offset: u64) -> u8 {
 }
 
 /// A directory on the project's disk (not tmpfs, so O_DIRECT works), removed on drop.
+/// `GPUFEED_TEST_TMPDIR` overrides the build's target directory (for test binaries shipped to
+/// another machine by `scripts/gpu-check.sh`).
 pub fn disk_dir() -> tempfile::TempDir {
+    let base = std::env::var_os("GPUFEED_TEST_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
+    std::fs::create_dir_all(&base).unwrap();
     tempfile::Builder::new()
         .prefix("gpufeed-it-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .tempdir_in(base)
         .unwrap()
+}
+
+/// The `gpufeed` binary under test (`GPUFEED_BIN` overrides the one cargo built).
+pub fn gpufeed_bin() -> PathBuf {
+    std::env::var_os("GPUFEED_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpufeed")))
 }
 
 /// Writes a pattern file of `size` bytes.

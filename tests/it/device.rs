@@ -245,7 +245,7 @@ fn no_gpu_is_an_error_not_a_panic() {
     let st = gpufeed::gpu::cufile::status();
     assert!(st.is_err());
     // The CLI: one clear line, non-zero exit.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufeed"))
+    let out = std::process::Command::new(gpufeed_bin())
         .args(["bench", "gpu"])
         .env("GPUFEED_QUIET", "1")
         .output()

@@ -643,7 +643,7 @@ fn pack_webdataset_tars_into_shards_round_trip() {
         run_ok(c);
     }
     let out = dir.path().join("packed");
-    let st = Command::new(env!("CARGO_BIN_EXE_gpufeed"))
+    let st = Command::new(gpufeed_bin())
         .env("GPUFEED_QUIET", "1")
         .args(["pack", "--shard-size", "64K", "--json"])
         .arg(&tars)
@@ -664,7 +664,7 @@ fn pack_webdataset_tars_into_shards_round_trip() {
         assert_eq!(got[k].as_ref().unwrap(), &(bytes.clone(), *label), "{k}");
     }
     // `inspect --json` names the format; `verify` passes.
-    let o = Command::new(env!("CARGO_BIN_EXE_gpufeed"))
+    let o = Command::new(gpufeed_bin())
         .args(["inspect", "--json"])
         .arg(&tars)
         .output()
@@ -673,7 +673,7 @@ fn pack_webdataset_tars_into_shards_round_trip() {
     assert_eq!(v["format"], "webdataset");
     assert_eq!(v["samples"], 30);
     assert_eq!(v["problems"], 0);
-    let o = Command::new(env!("CARGO_BIN_EXE_gpufeed"))
+    let o = Command::new(gpufeed_bin())
         .args(["verify"])
         .arg(&tars)
         .output()
@@ -701,7 +701,7 @@ fn verify_reports_a_bad_tfrecord_by_file_and_sample() {
     let mut b = std::fs::read(&p).unwrap();
     b[off7 + 12] ^= 0xff;
     std::fs::write(&p, b).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_gpufeed"))
+    let o = Command::new(gpufeed_bin())
         .env("GPUFEED_QUIET", "1")
         .args(["verify", "--json"])
         .arg(&p)

@@ -6,5 +6,6 @@ mod device;
 mod engine;
 mod fallback;
 mod formats;
+mod gpu;
 mod loader;
 mod sim;

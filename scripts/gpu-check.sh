@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Everything GPU in one run.
+#
+#   scripts/gpu-check.sh build   # on the x86-64 development machine (has Rust): builds the CLI and
+#                                # the test binaries and gathers them in .device/ (git-ignored)
+#   scripts/gpu-check.sh run     # on the GPU machine (no Rust needed), from the repository root
+#                                # with .device/ present: GPU tests in GPU-required mode (a
+#                                # skipped GPU test fails), the no-GPU path with
+#                                # CUDA_VISIBLE_DEVICES=, the CPU tests, then `gpufeed bench gpu`;
+#                                # prints a table. Results land in $OUT (or .device/out).
+#
+# Options for run: --quick (small dataset, 2 s rows), --skip-bench, --skip-tests.
+# With the device tool:  run(command="scripts/gpu-check.sh run", carry=[".device"])
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-}"
+shift || true
+SHIP=.device
+
+if [[ "$mode" == build ]]; then
+    cargo build --release
+    # The integration test binary: the last executable cargo reports for the `it` target.
+    it=$(cargo test --release --no-run --message-format=json 2>/dev/null \
+        | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable"):
+        print(m["executable"])' | tail -1)
+    lib=$(cargo test --release --lib --no-run --message-format=json 2>/dev/null \
+        | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["lib"] and m.get("executable"):
+        print(m["executable"])' | tail -1)
+    [[ -x "$it" && -x "$lib" ]] || { echo "could not find the test binaries" >&2; exit 1; }
+    rm -rf "$SHIP"
+    mkdir -p "$SHIP"
+    cp target/release/gpufeed "$SHIP/gpufeed"
+    cp "$it" "$SHIP/it"
+    cp "$lib" "$SHIP/unit"
+    # Compressed debug sections keep line numbers in backtraces at a third of the size (the
+    # device tool carries at most 64 MiB).
+    for b in gpufeed it unit; do
+        objcopy --compress-debug-sections=zlib "$SHIP/$b" 2>/dev/null || true
+    done
+    git rev-parse HEAD > "$SHIP/commit" 2>/dev/null || true
+    du -sh "$SHIP"
+    echo "shipped to $SHIP: gpufeed, it (integration tests), unit; commit $(cat "$SHIP/commit" 2>/dev/null)"
+    exit 0
+fi
+
+if [[ "$mode" != run ]]; then
+    echo "usage: $0 build | run [--quick] [--skip-bench] [--skip-tests]" >&2
+    exit 2
+fi
+
+quick=0; bench=1; tests=1
+for a in "$@"; do
+    case "$a" in
+        --quick) quick=1 ;;
+        --skip-bench) bench=0 ;;
+        --skip-tests) tests=0 ;;
+        *) echo "unknown option $a" >&2; exit 2 ;;
+    esac
+done
+[[ -x "$SHIP/gpufeed" && -x "$SHIP/it" ]] || {
+    echo "$SHIP/ is missing: run '$0 build' on the development machine and carry $SHIP" >&2
+    exit 1
+}
+out="${OUT:-$SHIP/out}"
+mkdir -p "$out"
+work="${GPUFEED_WORK:-$PWD/.device/work}"
+mkdir -p "$work"
+export GPUFEED_BIN="$PWD/$SHIP/gpufeed" GPUFEED_TEST_TMPDIR="$work/tmp" GPUFEED_QUIET=1
+summary="$out/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+note "== machine"
+(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true) | tee -a "$summary"
+note "commit: $(cat "$SHIP/commit" 2>/dev/null || echo unknown)"
+lsmod 2>/dev/null | grep -q nvidia_fs && note "nvidia-fs: loaded" || note "nvidia-fs: not loaded"
+ls /usr/local/cuda*/lib64/libcufile.so* /usr/lib/x86_64-linux-gnu/libcufile.so* 2>/dev/null | head -3 | tee -a "$summary" || true
+
+status=0
+run_tests() { # name, env..., -- args
+    local name=$1; shift
+    local log="$out/test-$name.log"
+    if env "$@" > "$log" 2>&1; then
+        note "PASS  $name  ($(grep -Eo 'test result: ok\. [0-9]+ passed' "$log" | tail -1))"
+    else
+        note "FAIL  $name  (see $log)"; tail -30 "$log"; status=1
+    fi
+}
+if [[ $tests == 1 ]]; then
+    note "== tests"
+    # GPU-required: a skipped GPU test fails here.
+    run_tests gpu GPUFEED_REQUIRE_GPU=1 "$SHIP/it" gpu:: device:: --test-threads=1
+    # The no-GPU path of every entry point, on the GPU machine.
+    run_tests no-gpu CUDA_VISIBLE_DEVICES= "$SHIP/it" device::no_gpu
+    # Everything else (CPU) on this machine too.
+    run_tests cpu "$SHIP/it" --skip gpu:: --skip device::no_gpu
+    [[ -x "$SHIP/unit" ]] && run_tests unit "$SHIP/unit"
+    grep -h "skipped" "$out"/test-gpu.log | sed 's/^/  /' | tee -a "$summary" || true
+fi
+
+if [[ $bench == 1 ]]; then
+    note "== gpufeed bench gpu"
+    if [[ $quick == 1 ]]; then
+        args=(--size 2G --samples 10000 --seconds 2)
+    else
+        args=(--size 8G --samples 50000 --seconds 5)
+    fi
+    if "$SHIP/gpufeed" bench gpu --file "$work/bench.dat" --dir "$work/load" "${args[@]}" --json \
+        > "$out/bench-gpu.jsonl" 2> "$out/bench-gpu.err"; then
+        :
+    else
+        note "FAIL  bench gpu (see $out/bench-gpu.err)"; tail -20 "$out/bench-gpu.err"; status=1
+    fi
+    python3 - "$out/bench-gpu.jsonl" <<'EOF' | tee -a "$summary"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+if not rows:
+    sys.exit(0)
+print(f"{'workload':<30} {'path':<7} {'GiB/s':>8} {'CPU-s/GiB':>10}  what ran")
+for r in rows:
+    print(f"{r['workload']:<30} {r['path']:<7} {r['gib_per_s']:>8.3f} {r['cpu_s_per_gib']:>10.3f}  {r['detail']}")
+print(f"device: {rows[0]['device']}")
+for w in dict.fromkeys(r['workload'] for r in rows):
+    get = {r['path']: r for r in rows if r['workload'] == w and r['bytes'] > 0}
+    if 'ours' not in get:
+        continue
+    o = get['ours']
+    parts = []
+    if 'host' in get and 'h2d' in get:
+        parts.append(f"{o['gib_per_s'] / min(get['host']['gib_per_s'], get['h2d']['gib_per_s']):.2f}x min(host, h2d) [target >= 0.95]")
+    for p, t in (('naive', '>= 2'), ('cufile', '>= 1.0')):
+        if p in get:
+            parts.append(f"{o['gib_per_s'] / get[p]['gib_per_s']:.2f}x {p} [target {t}] at {o['cpu_s_per_gib'] / max(get[p]['cpu_s_per_gib'], 1e-12):.2f}x its CPU/GiB")
+    print(f"{w}: ours = " + "; ".join(parts))
+EOF
+fi
+note "== done: $([[ $status == 0 ]] && echo all passed || echo FAILURES)"
+exit $status

@@ -1,0 +1,216 @@
+//! GPU tests: they run where a CUDA GPU is visible and say they were skipped elsewhere; with
+//! `GPUFEED_REQUIRE_GPU=1` (`scripts/gpu-check.sh`) a missing GPU is a failure instead.
+
+use std::path::{Path, PathBuf};
+
+use gpufeed::buf::{Arena, ArenaConfig};
+use gpufeed::dataset::shard::ShardWriter;
+use gpufeed::gpu::cuda::{self, DeviceBuffer, HostRegistration, Stream};
+use gpufeed::gpu::cufile::{self, CufileFile};
+use gpufeed::io::sim::Rng;
+use gpufeed::{Dataset, Device, Engine, EngineKind, Loader, Order, ReadSpec};
+
+use crate::common::*;
+
+/// `Some(())` when a GPU is usable; otherwise skipped (or, when required, a failure).
+fn gpu() -> Option<()> {
+    match gpufeed::gpu_available() {
+        Ok(_) => Some(()),
+        Err(e) if std::env::var_os("GPUFEED_REQUIRE_GPU").is_some() => {
+            panic!("GPUFEED_REQUIRE_GPU is set but no GPU is usable: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipped: no GPU ({e})");
+            None
+        }
+    }
+}
+
+fn content(i: usize, len: usize) -> Vec<u8> {
+    let mut r = Rng::new(i as u64 * 131 + 7);
+    (0..len).map(|_| r.next_u64() as u8).collect()
+}
+
+fn shards(dir: &Path, n: usize, per: usize) -> Vec<PathBuf> {
+    let mut rng = Rng::new(3);
+    (0..n.div_ceil(per))
+        .map(|s| {
+            let p = dir.join(format!("shard-{s:05}.gpf"));
+            let mut w = ShardWriter::create(&p, 1).unwrap();
+            for i in s * per..((s + 1) * per).min(n) {
+                let len = 1 + rng.below(200_000) as usize;
+                w.add(&format!("{i}"), (i % 3) as i64, &[], &content(i, len))
+                    .unwrap();
+            }
+            w.finish().unwrap();
+            p
+        })
+        .collect()
+}
+
+/// mmap → io_uring registration → CUDA registration, and the other order: reads land through
+/// io_uring in CUDA-registered memory and reach the device intact either way.
+#[test]
+fn arena_registered_with_io_uring_and_cuda_in_both_orders() {
+    let Some(()) = gpu() else { return };
+    let ctx = gpufeed::gpu::context(0).unwrap();
+    let dir = disk_dir();
+    let file = pattern_file(dir.path(), "p.dat", 8 << 20);
+    for cuda_first in [false, true] {
+        let arena = Arena::new(&ArenaConfig {
+            slot_bytes: 4 << 20,
+            slots: 2,
+            huge_pages: true,
+        })
+        .unwrap();
+        let cfg = config(EngineKind::Uring, 8, 4 << 20);
+        // SAFETY: `arena` outlives the registration (dropped at the end of the iteration,
+        // after `_pin`, which is declared later).
+        let (mut engine, _pin) = if cuda_first {
+            let pin = unsafe { HostRegistration::new(&ctx, arena.as_ptr(), arena.len()) }.unwrap();
+            (Engine::with_arena(cfg, arena.clone()).unwrap(), pin)
+        } else {
+            let e = Engine::with_arena(cfg, arena.clone()).unwrap();
+            let pin = unsafe { HostRegistration::new(&ctx, arena.as_ptr(), arena.len()) }.unwrap();
+            (e, pin)
+        };
+        assert!(engine.buffers_registered(), "io_uring registration (cuda_first {cuda_first})");
+        let f = engine.open(&file).unwrap();
+        let slot = arena.take().unwrap();
+        let spec = ReadSpec { file: f, offset: 1 << 20, len: 3 << 20, buf_offset: 0 };
+        engine.submit_one(slot, spec, 1).map_err(|r| r.error).unwrap();
+        engine.wait(1).unwrap();
+        let c = engine.pop().unwrap();
+        let range = c.outcome().as_ref().unwrap().clone();
+        let stream = Stream::new(&ctx).unwrap();
+        let dev = DeviceBuffer::new(&ctx, range.len()).unwrap();
+        let src = arena.bytes(&c.slot)[range.clone()].as_ptr();
+        // SAFETY: the slot is held until the stream is synchronised below.
+        unsafe { cuda::memcpy_htod_async(dev.ptr(), src, range.len(), &stream).unwrap() };
+        stream.synchronize().unwrap();
+        let mut back = vec![0u8; range.len()];
+        dev.read(0, &mut back).unwrap();
+        assert_pattern(&back, 1 << 20, &format!("cuda_first {cuda_first}"));
+        arena.put(c.slot);
+    }
+}
+
+fn modes() -> [Order; 3] {
+    [
+        Order::Global,
+        Order::ShardBuffer { buffer: 64 },
+        Order::Block { block_bytes: 4 << 20, open_blocks: 3 },
+    ]
+}
+
+/// Every sample of an epoch, in every order mode, reaches device memory with its file bytes; a
+/// consumer stream waits on each batch's event.
+#[test]
+fn device_epochs_equal_the_files_in_every_mode() {
+    let Some(()) = gpu() else { return };
+    let ctx = gpufeed::gpu::context(0).unwrap();
+    let dir = disk_dir();
+    let n = 16 * 40;
+    let ds = Dataset::open_shards(&shards(dir.path(), n, 200)).unwrap();
+    let consumer = Stream::new(&ctx).unwrap();
+    for order in modes() {
+        let loader = Loader::builder(ds.clone())
+            .batch_size(16)
+            .order(order)
+            .window(2, 8 << 20)
+            .device(Device::Cuda(0))
+            .build()
+            .unwrap();
+        let mut seen = vec![0u32; n];
+        let mut epoch = loader.epoch(1).unwrap();
+        for b in epoch.by_ref() {
+            let b = b.unwrap();
+            assert_eq!(b.device(), Some(0));
+            assert!(b.device_ptr().is_some() && b.ready_event().is_some());
+            b.wait_on(consumer.raw()).unwrap();
+            consumer.synchronize().unwrap();
+            for (j, s) in b.to_host().unwrap().into_iter().enumerate() {
+                let id = b.sample_ids()[j] as usize;
+                let bytes = s.unwrap();
+                let i: usize = ds.key(id).parse().unwrap();
+                assert!(bytes == content(i, bytes.len()), "{order:?}: sample {id}");
+                seen[id] += 1;
+            }
+        }
+        drop(epoch);
+        assert!(seen.iter().all(|&c| c == 1), "{order:?}");
+        assert_eq!(loader.free_slots(), loader.slots());
+        let (free, all) = loader.free_device_regions().unwrap();
+        assert_eq!(free, all);
+    }
+}
+
+/// A device loader dropped mid-epoch, copies in flight: everything returns, nothing crashes,
+/// and the next epoch is intact.
+#[test]
+fn device_loader_dropped_mid_epoch() {
+    let Some(()) = gpu() else { return };
+    let dir = disk_dir();
+    let n = 16 * 30;
+    let ds = Dataset::open_shards(&shards(dir.path(), n, 100)).unwrap();
+    let loader = Loader::builder(ds.clone())
+        .batch_size(16)
+        .window(1, 4 << 20)
+        .device(Device::Cuda(0))
+        .build()
+        .unwrap();
+    for k in 0..20u64 {
+        let mut epoch = loader.epoch(k).unwrap();
+        let held: Vec<_> = epoch.by_ref().take((k % 5) as usize).map(|b| b.unwrap()).collect();
+        drop(epoch);
+        drop(held);
+        assert_eq!(loader.free_slots(), loader.slots(), "round {k}");
+        let (free, all) = loader.free_device_regions().unwrap();
+        assert_eq!(free, all, "round {k}");
+    }
+    let count: usize = loader.epoch(99).unwrap().map(|b| b.unwrap().len()).sum();
+    assert_eq!(count, n);
+}
+
+/// cuFile and io_uring → pinned → H2D put the same bytes on the device.
+#[test]
+fn cufile_and_io_uring_paths_give_identical_bytes() {
+    let Some(()) = gpu() else { return };
+    let mode = match cufile::status() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("skipped: cuFile unavailable ({e}); the io_uring path is checked above");
+            return;
+        }
+    };
+    let ctx = gpufeed::gpu::context(0).unwrap();
+    let dir = disk_dir();
+    let n = 64;
+    let paths = shards(dir.path(), n, 64);
+    let ds = Dataset::open_shards(&paths).unwrap();
+    let f = CufileFile::open(&paths[0]).unwrap();
+    let loader = Loader::builder(ds.clone())
+        .batch_size(16)
+        .window(1, 8 << 20)
+        .device(Device::Cuda(0))
+        .build()
+        .unwrap();
+    let mut checked = 0;
+    for b in loader.epoch(0).unwrap() {
+        let b = b.unwrap();
+        for (j, s) in b.to_host().unwrap().into_iter().enumerate() {
+            let id = b.sample_ids()[j] as usize;
+            let smp = ds.sample(id);
+            let dev = DeviceBuffer::new(&ctx, smp.len as usize).unwrap();
+            ctx.bind().unwrap();
+            // SAFETY: `dev` holds the sample's length.
+            let got = unsafe { f.read(dev.ptr(), 0, smp.len as usize, smp.offset) }.unwrap();
+            assert_eq!(got, smp.len as usize);
+            let mut back = vec![0u8; got];
+            dev.read(0, &mut back).unwrap();
+            assert!(back == s.unwrap(), "sample {id} differs between cuFile ({}) and io_uring", mode.name());
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, n);
+}
