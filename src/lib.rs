@@ -91,3 +91,8 @@ pub use gpu::{gpu_available, Device, GpuPath};
 pub use io::{Completion, Engine, FileId, ReadSpec};
 pub use loader::{Epoch, Loader, LoaderStats};
 pub use plan::{Order, PlanConfig};
+
+/// The README's examples, compiled as doctests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

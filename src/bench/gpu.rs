@@ -55,6 +55,8 @@ pub struct GpuBenchSpec {
     pub rows: Vec<String>,
     /// Workloads: "fixed", "imagenet".
     pub workloads: Vec<String>,
+    /// Loader rows check crc32c (the loader's default).
+    pub verify: bool,
 }
 
 /// One row.
@@ -482,6 +484,7 @@ fn epoch_row(
     let loader = Loader::builder(ds.clone())
         .order(Order::Global)
         .queue_depth(spec.queue_depth)
+        .verify_checksums(spec.verify)
         .device(dev)
         .build()?;
     let cold = drop_caches();
@@ -492,7 +495,11 @@ fn epoch_row(
         b?;
     }
     let st = epoch.stats().clone();
-    let detail = format!("loader: {}", st.engine);
+    let detail = format!(
+        "loader: {}{}",
+        st.engine,
+        if spec.verify { ", crc32c checked" } else { "" }
+    );
     Ok(result(
         w,
         if on_gpu { "ours" } else { "host" },

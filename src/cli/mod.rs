@@ -203,6 +203,9 @@ struct GpuArgs {
     /// Workloads (comma-separated): fixed, imagenet.
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
+    /// Loader rows skip crc32c verification (cuFile and naive rows never verify).
+    #[arg(long)]
+    no_verify: bool,
     /// Print one JSON object per row.
     #[arg(long)]
     json: bool,
@@ -458,6 +461,7 @@ fn gpu_spec_defaults() -> crate::bench::gpu::GpuBenchSpec {
             .map(String::from)
             .to_vec(),
         workloads: vec!["fixed".into(), "imagenet".into()],
+        verify: true,
     }
 }
 
@@ -487,6 +491,7 @@ fn bench_gpu(a: GpuArgs) -> Result<()> {
         } else {
             a.workloads
         },
+        verify: !a.no_verify,
     };
     // No GPU: one line, non-zero exit (before any file is made).
     let info = crate::gpu::gpu_available()?;

@@ -74,11 +74,22 @@ fn arena_registered_with_io_uring_and_cuda_in_both_orders() {
             let pin = unsafe { HostRegistration::new(&ctx, arena.as_ptr(), arena.len()) }.unwrap();
             (e, pin)
         };
-        assert!(engine.buffers_registered(), "io_uring registration (cuda_first {cuda_first})");
+        assert!(
+            engine.buffers_registered(),
+            "io_uring registration (cuda_first {cuda_first})"
+        );
         let f = engine.open(&file).unwrap();
         let slot = arena.take().unwrap();
-        let spec = ReadSpec { file: f, offset: 1 << 20, len: 3 << 20, buf_offset: 0 };
-        engine.submit_one(slot, spec, 1).map_err(|r| r.error).unwrap();
+        let spec = ReadSpec {
+            file: f,
+            offset: 1 << 20,
+            len: 3 << 20,
+            buf_offset: 0,
+        };
+        engine
+            .submit_one(slot, spec, 1)
+            .map_err(|r| r.error)
+            .unwrap();
         engine.wait(1).unwrap();
         let c = engine.pop().unwrap();
         let range = c.outcome().as_ref().unwrap().clone();
@@ -99,7 +110,10 @@ fn modes() -> [Order; 3] {
     [
         Order::Global,
         Order::ShardBuffer { buffer: 64 },
-        Order::Block { block_bytes: 4 << 20, open_blocks: 3 },
+        Order::Block {
+            block_bytes: 4 << 20,
+            open_blocks: 3,
+        },
     ]
 }
 
@@ -161,7 +175,11 @@ fn device_loader_dropped_mid_epoch() {
         .unwrap();
     for k in 0..20u64 {
         let mut epoch = loader.epoch(k).unwrap();
-        let held: Vec<_> = epoch.by_ref().take((k % 5) as usize).map(|b| b.unwrap()).collect();
+        let held: Vec<_> = epoch
+            .by_ref()
+            .take((k % 5) as usize)
+            .map(|b| b.unwrap())
+            .collect();
         drop(epoch);
         drop(held);
         assert_eq!(loader.free_slots(), loader.slots(), "round {k}");
@@ -208,7 +226,11 @@ fn cufile_and_io_uring_paths_give_identical_bytes() {
             assert_eq!(got, smp.len as usize);
             let mut back = vec![0u8; got];
             dev.read(0, &mut back).unwrap();
-            assert!(back == s.unwrap(), "sample {id} differs between cuFile ({}) and io_uring", mode.name());
+            assert!(
+                back == s.unwrap(),
+                "sample {id} differs between cuFile ({}) and io_uring",
+                mode.name()
+            );
             checked += 1;
         }
     }
