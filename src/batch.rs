@@ -121,6 +121,23 @@ impl Batch {
         }
     }
 
+    /// The whole host region the sample ranges index into (`None` for a device batch). Its
+    /// address is stable while the batch lives.
+    pub fn region_bytes(&self) -> Option<&[u8]> {
+        match &self.mem {
+            Memory::Host(r) => Some(r.bytes()),
+            Memory::Device(_) => None,
+        }
+    }
+
+    /// Bytes of the region the sample ranges index into (host or device).
+    pub fn region_len(&self) -> usize {
+        match &self.mem {
+            Memory::Host(r) => r.bytes().len(),
+            Memory::Device(d) => d.len(),
+        }
+    }
+
     /// Whether the bytes are in device memory.
     pub fn is_device(&self) -> bool {
         matches!(self.mem, Memory::Device(_))

@@ -267,6 +267,11 @@ impl Loader {
             .map(|g| (g.pool.free_regions(), g.pool.regions()))
     }
 
+    /// Batches in each epoch for this rank (the same for every epoch and rank).
+    pub fn batches_per_epoch(&self) -> u32 {
+        (self.plan.samples_per_rank(self.dataset.len()) / self.plan.batch_size as usize) as u32
+    }
+
     /// Slots in the arena.
     pub fn slots(&self) -> usize {
         self.arena.slots() as usize

@@ -108,6 +108,17 @@ impl Default for PlanConfig {
 }
 
 impl PlanConfig {
+    /// Samples each rank reads per epoch of `n` samples: every rank gets the same number of
+    /// full batches (the last dropped with `drop_last`, padded otherwise).
+    pub fn samples_per_rank(&self, n: usize) -> usize {
+        let (world, b) = (self.world_size.max(1) as usize, self.batch_size.max(1) as usize);
+        if self.drop_last {
+            (n / world) / b * b
+        } else {
+            n.div_ceil(world).div_ceil(b) * b
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.world_size == 0 || self.rank >= self.world_size {
             return Err(invalid(format!(
@@ -169,12 +180,7 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
     }
     let world = cfg.world_size as usize;
     let b = cfg.batch_size as usize;
-    // Samples per rank: every rank gets the same number of full batches.
-    let per_rank = if cfg.drop_last {
-        (n / world) / b * b
-    } else {
-        n.div_ceil(world).div_ceil(b) * b
-    };
+    let per_rank = cfg.samples_per_rank(n);
     if per_rank == 0 {
         return Err(invalid(format!(
             "{n} samples over {world} ranks do not fill one batch of {b} with drop_last"

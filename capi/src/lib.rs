@@ -1,0 +1,526 @@
+//! gpufeed's C ABI (`include/gpufeed.h`): opaque handles, status codes with a per-thread last
+//! error message, and batches exported as DLPack `DLManagedTensor`s.
+//!
+//! Every function checks its pointers (a null handle is `GPUFEED_ERR_INVALID`, not a crash) and
+//! catches panics at the boundary. A batch handle keeps its memory alive; so does every
+//! `DLManagedTensor` made from it, until its deleter runs — the batch may be freed first.
+//! `tests/it/capi.rs` (root crate) checks the header against this file and runs a C program.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use gpufeed::{Batch, Dataset, Device, Epoch, ErrorKind, Loader, Order};
+
+/// Status codes (`gpufeed_status` in the header).
+pub const GPUFEED_OK: i32 = 0;
+pub const GPUFEED_ERR_INVALID: i32 = 1;
+pub const GPUFEED_ERR_NOT_FOUND: i32 = 2;
+pub const GPUFEED_ERR_IO: i32 = 3;
+pub const GPUFEED_ERR_UNSUPPORTED: i32 = 4;
+pub const GPUFEED_ERR_SAMPLE: i32 = 5;
+pub const GPUFEED_ERR_PANIC: i32 = 6;
+
+/// Loader options (`gpufeed_options`); fill with `gpufeed_options_default` first.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GpufeedOptions {
+    pub batch_size: u32,
+    /// 0 global, 1 shard-buffer, 2 block.
+    pub order: u32,
+    pub seed: u64,
+    pub rank: u32,
+    pub world_size: u32,
+    /// −1: host memory; ≥ 0: that CUDA device.
+    pub device: i32,
+    pub prefetch: u32,
+    pub drop_last: u8,
+    pub verify: u8,
+}
+
+/// DLPack's device (`DLDevice`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DLDevice {
+    pub device_type: i32,
+    pub device_id: i32,
+}
+
+/// DLPack's data type (`DLDataType`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DLDataType {
+    pub code: u8,
+    pub bits: u8,
+    pub lanes: u16,
+}
+
+/// DLPack's tensor (`DLTensor`).
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLTensor {
+    pub data: *mut c_void,
+    pub device: DLDevice,
+    pub ndim: i32,
+    pub dtype: DLDataType,
+    pub shape: *mut i64,
+    pub strides: *mut i64,
+    pub byte_offset: u64,
+}
+
+/// DLPack's managed tensor (`DLManagedTensor`).
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLManagedTensor {
+    pub dl_tensor: DLTensor,
+    pub manager_ctx: *mut c_void,
+    pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+}
+
+/// What a `DLManagedTensor` keeps alive: the batch's memory and the shape.
+struct TensorCtx {
+    _batch: Arc<Batch>,
+    shape: [i64; 1],
+    tensor: DLManagedTensor,
+}
+
+/// An open loader and its current epoch (`gpufeed_loader`).
+pub struct GpufeedLoader {
+    loader: Loader,
+    epoch: Option<Epoch>,
+}
+
+/// One batch (`gpufeed_batch`).
+pub struct GpufeedBatch {
+    batch: Arc<Batch>,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+fn status_of(e: &gpufeed::Error) -> i32 {
+    set_error(&e.to_string());
+    match e.kind() {
+        ErrorKind::NotFound | ErrorKind::PermissionDenied => GPUFEED_ERR_NOT_FOUND,
+        ErrorKind::InvalidInput => GPUFEED_ERR_INVALID,
+        ErrorKind::Unsupported => GPUFEED_ERR_UNSUPPORTED,
+        _ => GPUFEED_ERR_IO,
+    }
+}
+
+/// Runs `f`, turning a panic into `GPUFEED_ERR_PANIC`.
+fn guard(f: impl FnOnce() -> i32) -> i32 {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        set_error("internal error (a panic was caught at the C boundary)");
+        GPUFEED_ERR_PANIC
+    })
+}
+
+fn invalid(msg: &str) -> i32 {
+    set_error(msg);
+    GPUFEED_ERR_INVALID
+}
+
+/// The last error message on this thread (empty if none); valid until the next gpufeed call
+/// on this thread.
+#[no_mangle]
+pub extern "C" fn gpufeed_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Default options: batches of 256, global order, seed 0, rank 0 of 1, host memory, prefetch 2,
+/// drop_last off, checksums verified.
+///
+/// # Safety
+/// `out` must be null or point to writable memory for one `gpufeed_options`.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_options_default(out: *mut GpufeedOptions) -> i32 {
+    if out.is_null() {
+        return invalid("options pointer is null");
+    }
+    // SAFETY: non-null and writable per the contract.
+    unsafe {
+        out.write(GpufeedOptions {
+            batch_size: 256,
+            order: 0,
+            seed: 0,
+            rank: 0,
+            world_size: 1,
+            device: -1,
+            prefetch: 2,
+            drop_last: 0,
+            verify: 1,
+        })
+    };
+    GPUFEED_OK
+}
+
+/// Opens the dataset at `path` (any format gpufeed detects) and builds a loader.
+///
+/// # Safety
+/// `path` must be a NUL-terminated string; `opts` null (defaults) or a valid options struct;
+/// `out` writable for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_open(
+    path: *const c_char,
+    opts: *const GpufeedOptions,
+    out: *mut *mut GpufeedLoader,
+) -> i32 {
+    guard(|| {
+        if path.is_null() || out.is_null() {
+            return invalid("path and out must not be null");
+        }
+        // SAFETY: NUL-terminated per the contract.
+        let path = unsafe { CStr::from_ptr(path) }.to_string_lossy().into_owned();
+        let mut o = GpufeedOptions {
+            batch_size: 0,
+            order: 0,
+            seed: 0,
+            rank: 0,
+            world_size: 0,
+            device: 0,
+            prefetch: 0,
+            drop_last: 0,
+            verify: 0,
+        };
+        if opts.is_null() {
+            // SAFETY: `o` is a valid local.
+            unsafe { gpufeed_options_default(&mut o) };
+        } else {
+            // SAFETY: valid per the contract.
+            o = unsafe { *opts };
+        }
+        let order = match o.order {
+            0 => Order::Global,
+            1 => Order::parse("shard-buffer").expect("known"),
+            2 => Order::parse("block").expect("known"),
+            n => return invalid(&format!("unknown order {n} (0 global, 1 shard-buffer, 2 block)")),
+        };
+        let device = match o.device {
+            d if d < 0 => Device::Host,
+            d => Device::Cuda(d as u32),
+        };
+        let built = Dataset::open(&path).and_then(|ds| {
+            Loader::builder(ds)
+                .batch_size(o.batch_size)
+                .order(order)
+                .seed(o.seed)
+                .rank(o.rank, o.world_size)
+                .drop_last(o.drop_last != 0)
+                .prefetch_groups(o.prefetch)
+                .verify_checksums(o.verify != 0)
+                .device(device)
+                .build()
+        });
+        match built {
+            Ok(loader) => {
+                let h = Box::new(GpufeedLoader {
+                    loader,
+                    epoch: None,
+                });
+                // SAFETY: writable per the contract.
+                unsafe { out.write(Box::into_raw(h)) };
+                GPUFEED_OK
+            }
+            Err(e) => status_of(&e),
+        }
+    })
+}
+
+/// Batches per epoch for this rank.
+///
+/// # Safety
+/// `l` must be null or a loader from `gpufeed_loader_open` not yet closed.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_batches(l: *const GpufeedLoader) -> u32 {
+    // SAFETY: valid or null per the contract.
+    unsafe { l.as_ref() }.map_or(0, |l| l.loader.batches_per_epoch())
+}
+
+/// Samples in the dataset.
+///
+/// # Safety
+/// As `gpufeed_loader_batches`.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_samples(l: *const GpufeedLoader) -> u64 {
+    // SAFETY: valid or null per the contract.
+    unsafe { l.as_ref() }.map_or(0, |l| l.loader.dataset().len() as u64)
+}
+
+/// Starts `epoch` at batch `start` (0: the beginning; resuming gives exactly the batches an
+/// uninterrupted epoch gives from there). Ends the previous epoch, if any.
+///
+/// # Safety
+/// As `gpufeed_loader_batches`, and not used from two threads at once.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_start_epoch(
+    l: *mut GpufeedLoader,
+    epoch: u64,
+    start: u32,
+) -> i32 {
+    guard(|| {
+        // SAFETY: valid or null per the contract.
+        let Some(l) = (unsafe { l.as_mut() }) else {
+            return invalid("loader is null");
+        };
+        l.epoch = None;
+        match l.loader.epoch_from(epoch, start) {
+            Ok(e) => {
+                l.epoch = Some(e);
+                GPUFEED_OK
+            }
+            Err(e) => status_of(&e),
+        }
+    })
+}
+
+/// The next batch of the current epoch into `*out`, or null at its end (status OK). A batch
+/// with a bad sample is still returned: `gpufeed_batch_sample` reports that sample.
+///
+/// # Safety
+/// As `gpufeed_loader_start_epoch`; `out` writable for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_next(
+    l: *mut GpufeedLoader,
+    out: *mut *mut GpufeedBatch,
+) -> i32 {
+    guard(|| {
+        // SAFETY: valid or null per the contract.
+        let Some(l) = (unsafe { l.as_mut() }) else {
+            return invalid("loader is null");
+        };
+        if out.is_null() {
+            return invalid("out is null");
+        }
+        let Some(epoch) = l.epoch.as_mut() else {
+            return invalid("no epoch started (gpufeed_loader_start_epoch)");
+        };
+        let next = match epoch.next() {
+            None => std::ptr::null_mut(),
+            Some(Ok(b)) => Box::into_raw(Box::new(GpufeedBatch { batch: Arc::new(b) })),
+            Some(Err(e)) => return status_of(&e),
+        };
+        // SAFETY: writable per the contract.
+        unsafe { out.write(next) };
+        GPUFEED_OK
+    })
+}
+
+/// Closes a loader (stops its epoch; batches still held stay valid).
+///
+/// # Safety
+/// `l` must be null or a loader from `gpufeed_loader_open`, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_close(l: *mut GpufeedLoader) {
+    if !l.is_null() {
+        // SAFETY: created by Box::into_raw in gpufeed_loader_open; ownership returns here.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(l) })));
+    }
+}
+
+/// Samples in a batch.
+///
+/// # Safety
+/// `b` must be null or a live batch.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_batch_len(b: *const GpufeedBatch) -> u32 {
+    // SAFETY: valid or null per the contract.
+    unsafe { b.as_ref() }.map_or(0, |b| b.batch.len() as u32)
+}
+
+/// Sample `i`'s bytes (host batches): `*data`, `*len`. A bad sample returns
+/// `GPUFEED_ERR_SAMPLE` with the message (file, sample, what was wrong) in
+/// `gpufeed_last_error`.
+///
+/// # Safety
+/// `b` a live batch; `data` and `len` writable. The bytes live as long as the batch.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_batch_sample(
+    b: *const GpufeedBatch,
+    i: u32,
+    data: *mut *const u8,
+    len: *mut u64,
+) -> i32 {
+    guard(|| {
+        // SAFETY: valid or null per the contract.
+        let Some(b) = (unsafe { b.as_ref() }) else {
+            return invalid("batch is null");
+        };
+        if data.is_null() || len.is_null() {
+            return invalid("data and len must not be null");
+        }
+        if i as usize >= b.batch.len() {
+            return invalid(&format!("sample {i} of a batch of {}", b.batch.len()));
+        }
+        match b.batch.sample(i as usize) {
+            Ok(s) => {
+                // SAFETY: writable per the contract.
+                unsafe {
+                    data.write(s.as_ptr());
+                    len.write(s.len() as u64);
+                }
+                GPUFEED_OK
+            }
+            Err(e) => {
+                set_error(&e.to_string());
+                if b.batch.is_device() {
+                    GPUFEED_ERR_INVALID
+                } else {
+                    GPUFEED_ERR_SAMPLE
+                }
+            }
+        }
+    })
+}
+
+/// Sample `i`'s label (−1 when none or out of range).
+///
+/// # Safety
+/// `b` null or a live batch.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_batch_label(b: *const GpufeedBatch, i: u32) -> i64 {
+    // SAFETY: valid or null per the contract.
+    unsafe { b.as_ref() }
+        .and_then(|b| b.batch.labels().get(i as usize).copied())
+        .unwrap_or(-1)
+}
+
+/// Sample `i`'s index in the dataset (`UINT32_MAX` when out of range).
+///
+/// # Safety
+/// `b` null or a live batch.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_batch_sample_id(b: *const GpufeedBatch, i: u32) -> u32 {
+    // SAFETY: valid or null per the contract.
+    unsafe { b.as_ref() }
+        .and_then(|b| b.batch.sample_ids().get(i as usize).copied())
+        .unwrap_or(u32::MAX)
+}
+
+/// Where sample `i` lies in the batch's memory (the tensor of `gpufeed_batch_to_dlpack`):
+/// `*offset`, `*len`. `GPUFEED_ERR_SAMPLE` for a bad sample.
+///
+/// # Safety
+/// `b` a live batch; `offset` and `len` writable.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_batch_sample_range(
+    b: *const GpufeedBatch,
+    i: u32,
+    offset: *mut u64,
+    len: *mut u64,
+) -> i32 {
+    guard(|| {
+        // SAFETY: valid or null per the contract.
+        let Some(b) = (unsafe { b.as_ref() }) else {
+            return invalid("batch is null");
+        };
+        if offset.is_null() || len.is_null() || i as usize >= b.batch.len() {
+            return invalid("null output or sample out of range");
+        }
+        match b.batch.sample_range(i as usize) {
+            Ok(r) => {
+                // SAFETY: writable per the contract.
+                unsafe {
+                    offset.write(r.start as u64);
+                    len.write(r.len() as u64);
+                }
+                GPUFEED_OK
+            }
+            Err(e) => {
+                set_error(&e.to_string());
+                GPUFEED_ERR_SAMPLE
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn delete_tensor(t: *mut DLManagedTensor) {
+    if t.is_null() {
+        return;
+    }
+    // SAFETY: `manager_ctx` is the Box<TensorCtx> made in gpufeed_batch_to_dlpack; the deleter
+    // runs once (DLPack's contract), returning ownership here.
+    let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
+        drop(Box::from_raw((*t).manager_ctx as *mut TensorCtx))
+    }));
+}
+
+/// The batch's memory as a 1-D uint8 DLPack tensor (host: kDLCPU; CUDA: kDLCUDA, after the
+/// batch's copy — make your stream wait first with the device API). Sample ranges index into
+/// it. The tensor keeps the memory alive until its deleter is called, even after
+/// `gpufeed_batch_free`.
+///
+/// # Safety
+/// `b` a live batch; `out` writable for one pointer.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_batch_to_dlpack(
+    b: *const GpufeedBatch,
+    out: *mut *mut DLManagedTensor,
+) -> i32 {
+    guard(|| {
+        // SAFETY: valid or null per the contract.
+        let Some(b) = (unsafe { b.as_ref() }) else {
+            return invalid("batch is null");
+        };
+        if out.is_null() {
+            return invalid("out is null");
+        }
+        let batch = b.batch.clone();
+        let len = batch.region_len();
+        let (data, device) = match (batch.region_bytes(), batch.device_ptr()) {
+            (Some(bytes), _) => (bytes.as_ptr() as *mut c_void, DLDevice { device_type: 1, device_id: 0 }),
+            (None, Some(ptr)) => (
+                ptr as *mut c_void,
+                DLDevice {
+                    device_type: 2,
+                    device_id: batch.device().unwrap_or(0) as i32,
+                },
+            ),
+            (None, None) => return invalid("this batch's memory cannot be exported"),
+        };
+        let mut ctx = Box::new(TensorCtx {
+            _batch: batch,
+            shape: [len as i64],
+            tensor: DLManagedTensor {
+                dl_tensor: DLTensor {
+                    data,
+                    device,
+                    ndim: 1,
+                    dtype: DLDataType { code: 1, bits: 8, lanes: 1 },
+                    shape: std::ptr::null_mut(),
+                    strides: std::ptr::null_mut(),
+                    byte_offset: 0,
+                },
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(delete_tensor),
+            },
+        });
+        ctx.tensor.dl_tensor.shape = ctx.shape.as_mut_ptr();
+        let raw = Box::into_raw(ctx);
+        // SAFETY: `raw` is a live Box; the tensor points back at its owner for the deleter.
+        unsafe {
+            (*raw).tensor.manager_ctx = raw as *mut c_void;
+            out.write(&mut (*raw).tensor);
+        }
+        GPUFEED_OK
+    })
+}
+
+/// Frees a batch handle (its memory returns to the loader once no DLPack tensor holds it).
+///
+/// # Safety
+/// `b` null or a batch from `gpufeed_loader_next`, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_batch_free(b: *mut GpufeedBatch) {
+    if !b.is_null() {
+        // SAFETY: created by Box::into_raw in gpufeed_loader_next; ownership returns here.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(b) })));
+    }
+}

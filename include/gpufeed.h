@@ -1,0 +1,94 @@
+/*
+ * gpufeed C ABI: read a dataset's epochs from any framework.
+ *
+ * Link with libgpufeed_c.so (cargo build --release -p gpufeed-capi). Every function returns a
+ * status (GPUFEED_OK = 0) unless it returns a value; on failure, gpufeed_last_error() gives the
+ * message on this thread (file, sample and what was wrong). Null handles are errors, not
+ * crashes. A batch keeps its memory alive until gpufeed_batch_free; a DLPack tensor made from
+ * it keeps it alive until the tensor's deleter runs.
+ *
+ * Kept in step with capi/src/lib.rs by a test (tests/it/capi.rs): change both together.
+ */
+#ifndef GPUFEED_H
+#define GPUFEED_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GPUFEED_OK 0
+#define GPUFEED_ERR_INVALID 1
+#define GPUFEED_ERR_NOT_FOUND 2
+#define GPUFEED_ERR_IO 3
+#define GPUFEED_ERR_UNSUPPORTED 4
+#define GPUFEED_ERR_SAMPLE 5
+#define GPUFEED_ERR_PANIC 6
+
+typedef struct gpufeed_loader gpufeed_loader;
+typedef struct gpufeed_batch gpufeed_batch;
+
+typedef struct gpufeed_options {
+    uint32_t batch_size;
+    uint32_t order; /* 0 global, 1 shard-buffer, 2 block */
+    uint64_t seed;
+    uint32_t rank;
+    uint32_t world_size;
+    int32_t device; /* -1: host memory; >= 0: that CUDA device */
+    uint32_t prefetch;
+    uint8_t drop_last;
+    uint8_t verify;
+} gpufeed_options;
+
+#ifndef DLPACK_VERSION
+/* The subset of dlpack.h (v0.8) that gpufeed exports. */
+typedef struct {
+    int32_t device_type; /* 1 kDLCPU, 2 kDLCUDA */
+    int32_t device_id;
+} DLDevice;
+
+typedef struct {
+    uint8_t code; /* 1 kDLUInt */
+    uint8_t bits;
+    uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+    void* data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t* shape;
+    int64_t* strides;
+    uint64_t byte_offset;
+} DLTensor;
+
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void* manager_ctx;
+    void (*deleter)(struct DLManagedTensor* self);
+} DLManagedTensor;
+#endif
+
+const char* gpufeed_last_error(void);
+int32_t gpufeed_options_default(gpufeed_options* out);
+int32_t gpufeed_loader_open(const char* path, const gpufeed_options* opts, gpufeed_loader** out);
+uint32_t gpufeed_loader_batches(const gpufeed_loader* l);
+uint64_t gpufeed_loader_samples(const gpufeed_loader* l);
+int32_t gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint32_t start);
+int32_t gpufeed_loader_next(gpufeed_loader* l, gpufeed_batch** out);
+void gpufeed_loader_close(gpufeed_loader* l);
+uint32_t gpufeed_batch_len(const gpufeed_batch* b);
+int32_t gpufeed_batch_sample(const gpufeed_batch* b, uint32_t i, const uint8_t** data, uint64_t* len);
+int64_t gpufeed_batch_label(const gpufeed_batch* b, uint32_t i);
+uint32_t gpufeed_batch_sample_id(const gpufeed_batch* b, uint32_t i);
+int32_t gpufeed_batch_sample_range(const gpufeed_batch* b, uint32_t i, uint64_t* offset, uint64_t* len);
+int32_t gpufeed_batch_to_dlpack(const gpufeed_batch* b, DLManagedTensor** out);
+void gpufeed_batch_free(gpufeed_batch* b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUFEED_H */

@@ -1,0 +1,258 @@
+//! The C ABI: `include/gpufeed.h` agrees with `capi/src/lib.rs` (no drift), and a C program
+//! compiled against the header reads an epoch through `libgpufeed_c.so` and sees every sample.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gpufeed::dataset::shard::ShardWriter;
+use gpufeed::io::sim::Rng;
+
+use crate::common::*;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Collapses whitespace and the spaces around `*`, so `const char* x` and `const char *x`
+/// compare equal.
+fn norm(s: &str) -> String {
+    let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    s.replace(" *", "*").replace("* ", "*")
+}
+
+/// The C type a Rust FFI type is declared as in the header.
+fn c_type(rust: &str) -> String {
+    let t = rust.trim();
+    if let Some(rest) = t.strip_prefix("*const ") {
+        let inner = c_type(rest);
+        // `*const *const u8` → `const uint8_t**`; `*const c_char` → `const char*`.
+        return if inner.ends_with('*') {
+            format!("{inner}*")
+        } else {
+            format!("const {inner}*")
+        };
+    }
+    if let Some(rest) = t.strip_prefix("*mut ") {
+        let inner = c_type(rest);
+        return format!("{inner}*");
+    }
+    match t {
+        "u8" => "uint8_t",
+        "u16" => "uint16_t",
+        "u32" => "uint32_t",
+        "u64" => "uint64_t",
+        "i32" => "int32_t",
+        "i64" => "int64_t",
+        "c_char" => "char",
+        "c_void" => "void",
+        "GpufeedOptions" => "gpufeed_options",
+        "GpufeedLoader" => "gpufeed_loader",
+        "GpufeedBatch" => "gpufeed_batch",
+        "DLManagedTensor" => "DLManagedTensor",
+        other => panic!("no C spelling for Rust type {other:?}: extend c_type()"),
+    }
+    .to_string()
+}
+
+/// `name → "ret name(params)"` for every exported function of the Rust source.
+fn rust_functions(src: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let flat = src.split_whitespace().collect::<Vec<_>>().join(" ");
+    for part in flat.split("#[no_mangle] ").skip(1) {
+        let sig = &part[..part.find('{').expect("a body")];
+        let after = sig.split("extern \"C\" fn ").nth(1).expect("extern C fn");
+        let name = after[..after.find('(').unwrap()].trim().to_string();
+        let params = &after[after.find('(').unwrap() + 1..after.rfind(')').unwrap()];
+        let ret = after[after.rfind(')').unwrap() + 1..]
+            .trim()
+            .strip_prefix("->")
+            .map_or("void".to_string(), |r| c_type(r));
+        let ps: Vec<String> = params
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (n, t) = p.split_once(':').expect("name: type");
+                format!("{} {}", c_type(t), n.trim())
+            })
+            .collect();
+        let ps = if ps.is_empty() {
+            "void".to_string()
+        } else {
+            ps.join(", ")
+        };
+        out.insert(name.clone(), norm(&format!("{ret} {name}({ps})")));
+    }
+    out
+}
+
+/// `name → "ret name(params)"` for every `gpufeed_*` prototype of the header.
+fn header_functions(h: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in h.lines() {
+        let l = line.trim();
+        if l.starts_with('#') || l.starts_with("typedef") || !l.ends_with(");") {
+            continue;
+        }
+        let Some(open) = l.find('(') else { continue };
+        let name = l[..open].split_whitespace().last().unwrap().trim_start_matches('*');
+        if !name.starts_with("gpufeed_") {
+            continue;
+        }
+        out.insert(name.to_string(), norm(l.trim_end_matches(';')));
+    }
+    out
+}
+
+/// Field lines of a `#[repr(C)]` Rust struct and of the header's typedef, as `type name`.
+fn rust_fields(src: &str, name: &str) -> Vec<String> {
+    let start = src.find(&format!("pub struct {name} {{")).expect("struct");
+    let body = &src[start..start + src[start..].find('}').unwrap()];
+    body.lines()
+        .filter_map(|l| l.trim().strip_prefix("pub "))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, t)| norm(&format!("{} {}", c_type(t.trim_end_matches(',')), n.trim())))
+        .collect()
+}
+
+fn header_fields(h: &str, name: &str) -> Vec<String> {
+    let start = h.find(&format!("typedef struct {name} {{")).expect("typedef");
+    let body = &h[start..start + h[start..].find('}').unwrap()];
+    body.lines()
+        .skip(1)
+        .map(|l| l.split("/*").next().unwrap().trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| norm(l.trim_end_matches(';')))
+        .collect()
+}
+
+#[test]
+fn header_matches_the_rust_definitions() {
+    let src = std::fs::read_to_string(root().join("capi/src/lib.rs")).unwrap();
+    let h = std::fs::read_to_string(root().join("include/gpufeed.h")).unwrap();
+    let (r, c) = (rust_functions(&src), header_functions(&h));
+    assert!(r.len() >= 15, "{r:?}");
+    assert_eq!(
+        r.keys().collect::<Vec<_>>(),
+        c.keys().collect::<Vec<_>>(),
+        "functions in one and not the other"
+    );
+    for (name, sig) in &r {
+        assert_eq!(sig, &c[name], "{name}: Rust and header differ");
+    }
+    assert_eq!(
+        rust_fields(&src, "GpufeedOptions"),
+        header_fields(&h, "gpufeed_options")
+    );
+    // Status codes: the same names and values.
+    for line in src.lines().filter(|l| l.starts_with("pub const GPUFEED_")) {
+        let (name, value) = line["pub const ".len()..].split_once(": i32 = ").unwrap();
+        let value = value.trim_end_matches(';');
+        assert!(
+            h.contains(&format!("#define {name} {value}\n")),
+            "{name} = {value} missing from the header"
+        );
+    }
+}
+
+fn content(i: usize, len: usize) -> Vec<u8> {
+    let mut r = Rng::new(i as u64 + 99);
+    (0..len).map(|_| r.next_u64() as u8).collect()
+}
+
+/// Builds the cdylib; returns the directory holding `libgpufeed_c.so`.
+fn build_capi() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--release", "-p", "gpufeed-capi", "--message-format=json"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+        if v["reason"] == "compiler-artifact" && v["target"]["name"] == "gpufeed_c" {
+            for f in v["filenames"].as_array().unwrap() {
+                let p = PathBuf::from(f.as_str().unwrap());
+                if p.extension().is_some_and(|x| x == "so") {
+                    return p.parent().unwrap().to_path_buf();
+                }
+            }
+        }
+    }
+    panic!("no libgpufeed_c.so in cargo's output");
+}
+
+fn compile(dir: &Path, lib: &Path) -> PathBuf {
+    let exe = dir.join("epoch");
+    let out = Command::new("cc")
+        .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1"])
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(root().join("tests/c/epoch.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lgpufeed_c")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+#[test]
+fn a_c_program_reads_an_epoch() {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("skipped: no C compiler (cc) on this machine");
+        return;
+    }
+    let lib = build_capi();
+    let dir = disk_dir();
+    let exe = compile(dir.path(), &lib);
+    // 80 samples (10 batches of 8) in two shards; sample 33 is corrupted on disk.
+    let (n, bad) = (80usize, 33usize);
+    let mut sum = 0u64;
+    let mut labels = 0i64;
+    let mut rng = Rng::new(4);
+    let mut shards = Vec::new();
+    for s in 0..2 {
+        let p = dir.path().join(format!("shard-{s:05}.gpf"));
+        let mut w = ShardWriter::create(&p, 1).unwrap();
+        for i in s * 40..(s + 1) * 40 {
+            let bytes = content(i, 1 + rng.below(5000) as usize);
+            if i != bad {
+                sum += bytes.iter().map(|&b| b as u64).sum::<u64>();
+                labels += (i % 7) as i64;
+            }
+            w.add(&format!("{i}"), (i % 7) as i64, &[], &bytes).unwrap();
+        }
+        w.finish().unwrap();
+        shards.push(p);
+    }
+    let ds = gpufeed::Dataset::open(dir.path()).unwrap();
+    let s = *ds.sample(bad);
+    let shard = &shards[s.file as usize];
+    let mut f = std::fs::read(shard).unwrap();
+    f[s.offset as usize] ^= 0x55;
+    std::fs::write(shard, f).unwrap();
+
+    let out = Command::new(&exe).arg(dir.path()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout.lines().last().unwrap();
+    assert_eq!(
+        last,
+        format!("samples {n} bad 1 bytes {sum} labels {labels}"),
+        "{stdout}"
+    );
+    let bad_line = stdout.lines().find(|l| l.starts_with("bad ")).unwrap();
+    assert!(bad_line.contains("shard-00000.gpf"), "{bad_line}");
+    assert!(bad_line.contains(&format!("sample {bad}")), "{bad_line}");
+}
