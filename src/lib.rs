@@ -75,6 +75,7 @@ pub mod buf;
 pub mod cli;
 pub mod config;
 pub mod dataset;
+pub mod dlpack;
 pub mod error;
 pub mod gpu;
 pub mod io;

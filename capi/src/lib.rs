@@ -11,6 +11,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use gpufeed::dlpack;
 use gpufeed::{Batch, Dataset, Device, Epoch, ErrorKind, Loader, Order};
 
 /// Status codes (`gpufeed_status` in the header).
@@ -39,51 +40,7 @@ pub struct GpufeedOptions {
     pub verify: u8,
 }
 
-/// DLPack's device (`DLDevice`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct DLDevice {
-    pub device_type: i32,
-    pub device_id: i32,
-}
-
-/// DLPack's data type (`DLDataType`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct DLDataType {
-    pub code: u8,
-    pub bits: u8,
-    pub lanes: u16,
-}
-
-/// DLPack's tensor (`DLTensor`).
-#[repr(C)]
-#[derive(Debug)]
-pub struct DLTensor {
-    pub data: *mut c_void,
-    pub device: DLDevice,
-    pub ndim: i32,
-    pub dtype: DLDataType,
-    pub shape: *mut i64,
-    pub strides: *mut i64,
-    pub byte_offset: u64,
-}
-
-/// DLPack's managed tensor (`DLManagedTensor`).
-#[repr(C)]
-#[derive(Debug)]
-pub struct DLManagedTensor {
-    pub dl_tensor: DLTensor,
-    pub manager_ctx: *mut c_void,
-    pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
-}
-
-/// What a `DLManagedTensor` keeps alive: the batch's memory and the shape.
-struct TensorCtx {
-    _batch: Arc<Batch>,
-    shape: [i64; 1],
-    tensor: DLManagedTensor,
-}
+pub use gpufeed::dlpack::{DLDataType, DLDevice, DLManagedTensor, DLTensor};
 
 /// An open loader and its current epoch (`gpufeed_loader`).
 pub struct GpufeedLoader {
@@ -178,7 +135,9 @@ pub unsafe extern "C" fn gpufeed_loader_open(
             return invalid("path and out must not be null");
         }
         // SAFETY: NUL-terminated per the contract.
-        let path = unsafe { CStr::from_ptr(path) }.to_string_lossy().into_owned();
+        let path = unsafe { CStr::from_ptr(path) }
+            .to_string_lossy()
+            .into_owned();
         let mut o = GpufeedOptions {
             batch_size: 0,
             order: 0,
@@ -201,7 +160,11 @@ pub unsafe extern "C" fn gpufeed_loader_open(
             0 => Order::Global,
             1 => Order::parse("shard-buffer").expect("known"),
             2 => Order::parse("block").expect("known"),
-            n => return invalid(&format!("unknown order {n} (0 global, 1 shard-buffer, 2 block)")),
+            n => {
+                return invalid(&format!(
+                    "unknown order {n} (0 global, 1 shard-buffer, 2 block)"
+                ))
+            }
         };
         let device = match o.device {
             d if d < 0 => Device::Host,
@@ -441,17 +404,6 @@ pub unsafe extern "C" fn gpufeed_batch_sample_range(
     })
 }
 
-unsafe extern "C" fn delete_tensor(t: *mut DLManagedTensor) {
-    if t.is_null() {
-        return;
-    }
-    // SAFETY: `manager_ctx` is the Box<TensorCtx> made in gpufeed_batch_to_dlpack; the deleter
-    // runs once (DLPack's contract), returning ownership here.
-    let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
-        drop(Box::from_raw((*t).manager_ctx as *mut TensorCtx))
-    }));
-}
-
 /// The batch's memory as a 1-D uint8 DLPack tensor (host: kDLCPU; CUDA: kDLCUDA, after the
 /// batch's copy — make your stream wait first with the device API). Sample ranges index into
 /// it. The tensor keeps the memory alive until its deleter is called, even after
@@ -475,40 +427,21 @@ pub unsafe extern "C" fn gpufeed_batch_to_dlpack(
         let batch = b.batch.clone();
         let len = batch.region_len();
         let (data, device) = match (batch.region_bytes(), batch.device_ptr()) {
-            (Some(bytes), _) => (bytes.as_ptr() as *mut c_void, DLDevice { device_type: 1, device_id: 0 }),
+            (Some(bytes), _) => (bytes.as_ptr() as *mut c_void, (dlpack::KDL_CPU, 0)),
             (None, Some(ptr)) => (
                 ptr as *mut c_void,
-                DLDevice {
-                    device_type: 2,
-                    device_id: batch.device().unwrap_or(0) as i32,
-                },
+                (dlpack::KDL_CUDA, batch.device().unwrap_or(0) as i32),
             ),
             (None, None) => return invalid("this batch's memory cannot be exported"),
         };
-        let mut ctx = Box::new(TensorCtx {
-            _batch: batch,
-            shape: [len as i64],
-            tensor: DLManagedTensor {
-                dl_tensor: DLTensor {
-                    data,
-                    device,
-                    ndim: 1,
-                    dtype: DLDataType { code: 1, bits: 8, lanes: 1 },
-                    shape: std::ptr::null_mut(),
-                    strides: std::ptr::null_mut(),
-                    byte_offset: 0,
-                },
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_tensor),
-            },
-        });
-        ctx.tensor.dl_tensor.shape = ctx.shape.as_mut_ptr();
-        let raw = Box::into_raw(ctx);
-        // SAFETY: `raw` is a live Box; the tensor points back at its owner for the deleter.
-        unsafe {
-            (*raw).tensor.manager_ctx = raw as *mut c_void;
-            out.write(&mut (*raw).tensor);
-        }
+        let device = DLDevice {
+            device_type: device.0,
+            device_id: device.1,
+        };
+        // SAFETY: the region holds `len` bytes at `data` while the batch (the owner) lives.
+        let t = unsafe { dlpack::export(Box::new(batch), data, device, dlpack::UINT8, len) };
+        // SAFETY: writable per the contract.
+        unsafe { out.write(t) };
         GPUFEED_OK
     })
 }

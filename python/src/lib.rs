@@ -1,1 +1,744 @@
-// placeholder
+//! `gpufeed._gpufeed`: the Python binding (PyO3, abi3 for CPython ≥ 3.9).
+//!
+//! Batches are handed over without a copy: `Batch.data` and the offsets, lengths and labels are
+//! `Buffer`s that implement the DLPack protocol, so `torch.from_dlpack`, `numpy.from_dlpack`,
+//! `cupy.from_dlpack` and `jax.dlpack` view gpufeed's memory. A buffer keeps its batch's memory
+//! alive until the last consumer releases it. The GIL is released while waiting for data; no
+//! Python code runs per sample.
+
+use std::ffi::{c_void, CStr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use gpufeed::dataset::OpenOptions;
+use gpufeed::dlpack::{self, DLDevice, DLManagedTensor};
+use gpufeed::{Batch, Dataset, Device, Epoch, Loader, Order};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyIndexError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+create_exception!(
+    _gpufeed,
+    GpufeedError,
+    PyException,
+    "An error from gpufeed; the message names the file, the sample and what was wrong."
+);
+create_exception!(
+    _gpufeed,
+    SampleError,
+    GpufeedError,
+    "A batch held a sample that could not be read or failed its checksum."
+);
+
+fn err(e: gpufeed::Error) -> PyErr {
+    GpufeedError::new_err(e.to_string())
+}
+
+/// Where an epoch stands: the epoch `set_epoch` chose, a resume point, batches yielded.
+#[derive(Debug, Default)]
+struct State {
+    epoch: u64,
+    resume: Option<u32>,
+    /// Epoch and batches yielded of the iteration in progress (or last finished).
+    iter_epoch: u64,
+    yielded: u32,
+}
+
+/// An epoch-by-epoch loader over a dataset.
+#[pyclass(name = "Loader", module = "gpufeed._gpufeed")]
+struct PyLoader {
+    loader: Loader,
+    state: Arc<Mutex<State>>,
+    raise_on_error: bool,
+    settings: Settings,
+}
+
+/// What must match for a saved state to apply.
+#[derive(Debug, Clone, PartialEq)]
+struct Settings {
+    batch_size: u32,
+    order: String,
+    seed: u64,
+    rank: u32,
+    world_size: u32,
+    drop_last: bool,
+    samples: usize,
+}
+
+fn env_u32(name: &str) -> PyResult<Option<u32>> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| PyValueError::new_err(format!("{name}={v:?} is not an integer"))),
+        Err(_) => Ok(None),
+    }
+}
+
+fn parse_device(device: &str) -> PyResult<Device> {
+    match device {
+        "cpu" => Ok(Device::Host),
+        "cuda" => Ok(Device::Cuda(env_u32("LOCAL_RANK")?.unwrap_or(0))),
+        d => match d.strip_prefix("cuda:").map(str::parse::<u32>) {
+            Some(Ok(i)) => Ok(Device::Cuda(i)),
+            _ => Err(PyValueError::new_err(format!(
+                "device {device:?}: expected \"cpu\", \"cuda\" or \"cuda:N\""
+            ))),
+        },
+    }
+}
+
+#[pymethods]
+impl PyLoader {
+    #[new]
+    #[pyo3(signature = (
+        paths, batch_size, order="global", seed=0, rank=None, world_size=None, device="cpu",
+        prefetch=2, drop_last=false, verify=true, on_error="raise", shuffle_buffer=None,
+        block_bytes=None, open_blocks=None, queue_depth=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        paths: &Bound<'_, PyAny>,
+        batch_size: u32,
+        order: &str,
+        seed: u64,
+        rank: Option<u32>,
+        world_size: Option<u32>,
+        device: &str,
+        prefetch: u32,
+        drop_last: bool,
+        verify: bool,
+        on_error: &str,
+        shuffle_buffer: Option<u32>,
+        block_bytes: Option<u64>,
+        open_blocks: Option<u32>,
+        queue_depth: Option<u32>,
+    ) -> PyResult<Self> {
+        let mut ord = Order::parse(order).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        match &mut ord {
+            Order::ShardBuffer { buffer } => *buffer = shuffle_buffer.unwrap_or(*buffer),
+            Order::Block {
+                block_bytes: b,
+                open_blocks: o,
+            } => {
+                *b = block_bytes.unwrap_or(*b);
+                *o = open_blocks.unwrap_or(*o);
+            }
+            Order::Global => {}
+        }
+        let raise_on_error = match on_error {
+            "raise" => true,
+            "mark" => false,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "on_error must be \"raise\" or \"mark\"",
+                ))
+            }
+        };
+        // torch.distributed's environment when not given.
+        let world_size = match world_size {
+            Some(w) => w,
+            None => env_u32("WORLD_SIZE")?.unwrap_or(1),
+        };
+        let rank = match rank {
+            Some(r) => r,
+            None => env_u32("RANK")?.unwrap_or(0),
+        };
+        let dev = parse_device(device)?;
+        // One path (str or os.PathLike), or a sequence of them.
+        let paths: Vec<PathBuf> = match paths.extract::<PathBuf>() {
+            Ok(p) => vec![p],
+            Err(_) => paths
+                .extract()
+                .map_err(|_| PyValueError::new_err("paths: a path, or a list of paths"))?,
+        };
+        if paths.is_empty() {
+            return Err(PyValueError::new_err("paths is empty"));
+        }
+        let loader = py
+            .detach(|| -> gpufeed::Result<Loader> {
+                let ds = match &paths[..] {
+                    [one] => Dataset::open(one)?,
+                    many => Dataset::open_many(many, &OpenOptions::default())?,
+                };
+                let mut b = Loader::builder(ds)
+                    .batch_size(batch_size)
+                    .order(ord)
+                    .seed(seed)
+                    .rank(rank, world_size)
+                    .drop_last(drop_last)
+                    .prefetch_groups(prefetch)
+                    .verify_checksums(verify)
+                    .device(dev);
+                if let Some(q) = queue_depth {
+                    b = b.queue_depth(q);
+                }
+                b.build()
+            })
+            .map_err(err)?;
+        let samples = loader.dataset().len();
+        Ok(PyLoader {
+            loader,
+            state: Arc::default(),
+            raise_on_error,
+            settings: Settings {
+                batch_size,
+                order: order.to_string(),
+                seed,
+                rank,
+                world_size,
+                drop_last,
+                samples,
+            },
+        })
+    }
+
+    /// Chooses the epoch the next iteration reads (as with `DistributedSampler.set_epoch`).
+    fn set_epoch(&self, epoch: u64) {
+        let mut s = self.state.lock().expect("state lock");
+        s.epoch = epoch;
+        s.resume = None;
+    }
+
+    /// Batches per epoch for this rank.
+    fn __len__(&self) -> usize {
+        self.loader.batches_per_epoch() as usize
+    }
+
+    /// Samples in the dataset (all ranks).
+    #[getter]
+    fn num_samples(&self) -> usize {
+        self.settings.samples
+    }
+
+    #[getter]
+    fn rank(&self) -> u32 {
+        self.settings.rank
+    }
+
+    #[getter]
+    fn world_size(&self) -> u32 {
+        self.settings.world_size
+    }
+
+    /// The batches of the current epoch (from the resume point after `load_state_dict`).
+    fn __iter__(&self, py: Python<'_>) -> PyResult<PyEpoch> {
+        let (epoch, start) = {
+            let mut s = self.state.lock().expect("state lock");
+            let start = s.resume.take().unwrap_or(0);
+            s.iter_epoch = s.epoch;
+            s.yielded = start;
+            (s.epoch, start)
+        };
+        let loader = self.loader.clone();
+        let it = py
+            .detach(move || loader.epoch_from(epoch, start))
+            .map_err(err)?;
+        Ok(PyEpoch {
+            epoch: Mutex::new(it),
+            state: self.state.clone(),
+            dataset: self.loader.dataset().clone(),
+            raise_on_error: self.raise_on_error,
+        })
+    }
+
+    /// Where iteration stands, for `load_state_dict` (the shape torchdata's
+    /// `StatefulDataLoader` users expect: a plain dict).
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.state.lock().expect("state lock");
+        let d = PyDict::new(py);
+        // A finished epoch resumes at the start of the next one.
+        let (epoch, batch) = if s.yielded as usize >= self.__len__() {
+            (s.iter_epoch + 1, 0)
+        } else {
+            (s.iter_epoch, s.yielded)
+        };
+        d.set_item("epoch", epoch)?;
+        d.set_item("batch", batch)?;
+        d.set_item("batch_size", self.settings.batch_size)?;
+        d.set_item("order", &self.settings.order)?;
+        d.set_item("seed", self.settings.seed)?;
+        d.set_item("rank", self.settings.rank)?;
+        d.set_item("world_size", self.settings.world_size)?;
+        d.set_item("drop_last", self.settings.drop_last)?;
+        d.set_item("num_samples", self.settings.samples)?;
+        Ok(d)
+    }
+
+    /// Resumes from `state_dict()`: the next iteration yields exactly the batches an
+    /// uninterrupted run would from there. Settings that change the order must match.
+    fn load_state_dict(&self, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+            state
+                .get_item(k)?
+                .ok_or_else(|| PyValueError::new_err(format!("state has no {k:?}")))
+        };
+        let saved = Settings {
+            batch_size: get("batch_size")?.extract()?,
+            order: get("order")?.extract()?,
+            seed: get("seed")?.extract()?,
+            rank: get("rank")?.extract()?,
+            world_size: get("world_size")?.extract()?,
+            drop_last: get("drop_last")?.extract()?,
+            samples: get("num_samples")?.extract()?,
+        };
+        if saved != self.settings {
+            return Err(PyValueError::new_err(format!(
+                "the state was saved with {saved:?}, this loader has {:?}: resuming would give \
+                 other batches",
+                self.settings
+            )));
+        }
+        let batch: u32 = get("batch")?.extract()?;
+        if batch as usize > self.__len__() {
+            return Err(PyValueError::new_err(format!(
+                "batch {batch} is past the epoch's {} batches",
+                self.__len__()
+            )));
+        }
+        let mut s = self.state.lock().expect("state lock");
+        s.epoch = get("epoch")?.extract()?;
+        s.resume = Some(batch);
+        Ok(())
+    }
+}
+
+/// The batches of one epoch.
+#[pyclass(name = "_Epoch", module = "gpufeed._gpufeed")]
+struct PyEpoch {
+    epoch: Mutex<Epoch>,
+    state: Arc<Mutex<State>>,
+    dataset: Arc<Dataset>,
+    raise_on_error: bool,
+}
+
+#[pymethods]
+impl PyEpoch {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+        let epoch = &self.epoch;
+        // The GIL is released while the I/O thread fills the next batch.
+        let next = py.detach(|| epoch.lock().expect("epoch lock").next());
+        let b = match next {
+            None => return Ok(None),
+            Some(Err(e)) => return Err(err(e)),
+            Some(Ok(b)) => b,
+        };
+        self.state.lock().expect("state lock").yielded = b.index() + 1;
+        if self.raise_on_error {
+            let errors: Vec<String> = b.errors().map(|(_, e)| e.to_string()).collect();
+            if let Some(first) = errors.first() {
+                let more = if errors.len() > 1 {
+                    format!(" (and {} more in this batch)", errors.len() - 1)
+                } else {
+                    String::new()
+                };
+                return Err(SampleError::new_err(format!("{first}{more}")));
+            }
+        }
+        Ok(Some(PyBatch::new(b, self.dataset.clone())))
+    }
+
+    /// What the epoch delivered so far (samples, bytes, reads, consumer wait…).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.epoch.lock().expect("epoch lock").stats().clone();
+        let d = PyDict::new(py);
+        d.set_item("batches", st.batches)?;
+        d.set_item("samples", st.samples)?;
+        d.set_item("sample_errors", st.sample_errors)?;
+        d.set_item("bytes_delivered", st.bytes_delivered)?;
+        d.set_item("bytes_read", st.bytes_read)?;
+        d.set_item("reads", st.reads)?;
+        d.set_item("consumer_wait_s", st.consumer_wait_s)?;
+        d.set_item("engine", st.engine)?;
+        Ok(d)
+    }
+}
+
+/// A batch: its samples' bytes as one buffer with offsets and lengths, labels, keys.
+#[pyclass(name = "Batch", module = "gpufeed._gpufeed")]
+struct PyBatch {
+    batch: Arc<Batch>,
+    dataset: Arc<Dataset>,
+    /// The span of the region the batch's samples occupy.
+    lo: usize,
+    hi: usize,
+    offsets: Arc<Vec<i64>>,
+    lengths: Arc<Vec<i64>>,
+    labels: Arc<Vec<i64>>,
+    ids: Arc<Vec<i64>>,
+}
+
+impl PyBatch {
+    fn new(b: Batch, dataset: Arc<Dataset>) -> PyBatch {
+        let ranges: Vec<Option<std::ops::Range<usize>>> =
+            (0..b.len()).map(|i| b.sample_range(i).ok()).collect();
+        let lo = ranges.iter().flatten().map(|r| r.start).min().unwrap_or(0);
+        let hi = ranges.iter().flatten().map(|r| r.end).max().unwrap_or(lo);
+        let offsets = ranges
+            .iter()
+            .map(|r| r.as_ref().map_or(0, |r| (r.start - lo) as i64))
+            .collect();
+        let lengths = ranges
+            .iter()
+            .map(|r| r.as_ref().map_or(-1, |r| r.len() as i64))
+            .collect();
+        PyBatch {
+            labels: Arc::new(b.labels().to_vec()),
+            ids: Arc::new(b.sample_ids().iter().map(|&i| i as i64).collect()),
+            batch: Arc::new(b),
+            dataset,
+            lo,
+            hi,
+            offsets: Arc::new(offsets),
+            lengths: Arc::new(lengths),
+        }
+    }
+}
+
+#[pymethods]
+impl PyBatch {
+    fn __len__(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// All samples' bytes, one uint8 buffer (host or device): sample `i` is
+    /// `data[offsets[i] : offsets[i] + lengths[i]]`.
+    #[getter]
+    fn data(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::Region {
+                batch: self.batch.clone(),
+                offset: self.lo,
+                len: self.hi - self.lo,
+            },
+        }
+    }
+
+    /// Where each sample starts in `data` (int64).
+    #[getter]
+    fn offsets(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::I64(self.offsets.clone()),
+        }
+    }
+
+    /// Each sample's length (int64; −1 for a sample that failed, with `on_error="mark"`).
+    #[getter]
+    fn lengths(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::I64(self.lengths.clone()),
+        }
+    }
+
+    /// Each sample's label (int64; −1 when none).
+    #[getter]
+    fn labels(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::I64(self.labels.clone()),
+        }
+    }
+
+    /// Each sample's index in the dataset (int64).
+    #[getter]
+    fn sample_ids(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::I64(self.ids.clone()),
+        }
+    }
+
+    /// Each sample's key.
+    #[getter]
+    fn keys(&self) -> Vec<String> {
+        self.batch
+            .sample_ids()
+            .iter()
+            .map(|&i| self.dataset.key(i as usize).into_owned())
+            .collect()
+    }
+
+    /// `(index, message)` of every sample that failed.
+    #[getter]
+    fn errors(&self) -> Vec<(usize, String)> {
+        self.batch
+            .errors()
+            .map(|(i, e)| (i, e.to_string()))
+            .collect()
+    }
+
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.batch.epoch()
+    }
+
+    #[getter]
+    fn index(&self) -> u32 {
+        self.batch.index()
+    }
+
+    /// "cpu" or "cuda:N".
+    #[getter]
+    fn device(&self) -> String {
+        match self.batch.device() {
+            Some(d) => format!("cuda:{d}"),
+            None => "cpu".into(),
+        }
+    }
+
+    /// Sample `i`'s bytes, copied (host batches).
+    fn sample<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyBytes>> {
+        if i >= self.batch.len() {
+            return Err(PyIndexError::new_err(format!(
+                "sample {i} of a batch of {}",
+                self.batch.len()
+            )));
+        }
+        match self.batch.sample(i) {
+            Ok(s) => Ok(PyBytes::new(py, s)),
+            Err(e) => Err(SampleError::new_err(e.to_string())),
+        }
+    }
+}
+
+enum Mem {
+    Region {
+        batch: Arc<Batch>,
+        offset: usize,
+        len: usize,
+    },
+    I64(Arc<Vec<i64>>),
+}
+
+/// A 1-D buffer implementing the DLPack protocol (`__dlpack__`, `__dlpack_device__`).
+#[pyclass(name = "Buffer", module = "gpufeed._gpufeed")]
+struct PyBuffer {
+    mem: Mem,
+}
+
+impl PyBuffer {
+    /// (data pointer, element count, DLPack device).
+    fn raw(&self) -> (u64, usize, DLDevice) {
+        match &self.mem {
+            Mem::Region { batch, offset, len } => {
+                match (batch.region_bytes(), batch.device_ptr()) {
+                    (Some(b), _) => (
+                        b.as_ptr() as u64 + *offset as u64,
+                        *len,
+                        DLDevice {
+                            device_type: dlpack::KDL_CPU,
+                            device_id: 0,
+                        },
+                    ),
+                    (None, Some(p)) => (
+                        p + *offset as u64,
+                        *len,
+                        DLDevice {
+                            device_type: dlpack::KDL_CUDA,
+                            device_id: batch.device().unwrap_or(0) as i32,
+                        },
+                    ),
+                    (None, None) => (
+                        0,
+                        *len,
+                        DLDevice {
+                            device_type: dlpack::KDL_CPU,
+                            device_id: 0,
+                        },
+                    ),
+                }
+            }
+            Mem::I64(v) => (
+                v.as_ptr() as u64,
+                v.len(),
+                DLDevice {
+                    device_type: dlpack::KDL_CPU,
+                    device_id: 0,
+                },
+            ),
+        }
+    }
+}
+
+const CAPSULE: &CStr = c"dltensor";
+const USED: &CStr = c"used_dltensor";
+
+/// Frees an unconsumed tensor (a consumer renames the capsule and owns the tensor).
+unsafe extern "C" fn capsule_destructor(capsule: *mut pyo3::ffi::PyObject) {
+    // SAFETY: called by Python with a live capsule; IsValid sets no exception.
+    unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule, CAPSULE.as_ptr()) == 1 {
+            let t =
+                pyo3::ffi::PyCapsule_GetPointer(capsule, CAPSULE.as_ptr()) as *mut DLManagedTensor;
+            if let Some(d) = t.as_ref().and_then(|t| t.deleter) {
+                d(t);
+            }
+        }
+    }
+    let _ = USED;
+}
+
+#[pymethods]
+impl PyBuffer {
+    /// Exports the buffer as a DLPack capsule (the consumer keeps gpufeed's memory alive).
+    /// On a CUDA device the consumer's `stream` waits for the batch's copy (None or 1: the
+    /// legacy default stream, 2: per-thread, −1: no wait); the host never blocks.
+    #[pyo3(signature = (stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<i64>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = max_version; // we produce the unversioned (v0.8) capsule, which the spec allows
+        let (ptr, len, dev) = self.raw();
+        if let Some((t, id)) = dl_device {
+            if (t, id) != (dev.device_type, dev.device_id) {
+                return Err(pyo3::exceptions::PyBufferError::new_err(
+                    "gpufeed buffers are exported on their own device only",
+                ));
+            }
+        }
+        if copy == Some(true) {
+            return Err(pyo3::exceptions::PyBufferError::new_err(
+                "gpufeed exports without copying (copy=True is not supported)",
+            ));
+        }
+        let (owner, dtype): (Box<dyn std::any::Any + Send>, _) = match &self.mem {
+            Mem::Region { batch, .. } => {
+                if dev.device_type == dlpack::KDL_CUDA {
+                    match stream {
+                        Some(-1) => {}
+                        s => batch.wait_on(s.unwrap_or(1) as u64).map_err(err)?,
+                    }
+                }
+                (Box::new(batch.clone()), dlpack::UINT8)
+            }
+            Mem::I64(v) => (Box::new(v.clone()), dlpack::INT64),
+        };
+        // SAFETY: `owner` keeps the `len` elements at `ptr` alive (the batch's region, or the
+        // vector) until the tensor's deleter runs.
+        let t = unsafe { dlpack::export(owner, ptr as *mut c_void, dev, dtype, len) };
+        // SAFETY: a new capsule owning `t`; the destructor frees it unless a consumer took it.
+        unsafe {
+            let cap = pyo3::ffi::PyCapsule_New(
+                t as *mut c_void,
+                CAPSULE.as_ptr(),
+                Some(capsule_destructor),
+            );
+            if cap.is_null() {
+                if let Some(d) = (*t).deleter {
+                    d(t);
+                }
+            }
+            Bound::from_owned_ptr_or_err(py, cap)
+        }
+    }
+
+    /// `(device_type, device_id)`: (1, 0) for host memory, (2, N) for CUDA device N.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        let (_, _, d) = self.raw();
+        (d.device_type, d.device_id)
+    }
+
+    fn __len__(&self) -> usize {
+        self.raw().1
+    }
+
+    /// Address of the first element (host or device).
+    #[getter]
+    fn ptr(&self) -> u64 {
+        self.raw().0
+    }
+
+    /// "uint8" or "int64".
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        match self.mem {
+            Mem::Region { .. } => "uint8",
+            Mem::I64(_) => "int64",
+        }
+    }
+
+    /// Bytes in the buffer.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        match &self.mem {
+            Mem::Region { len, .. } => *len,
+            Mem::I64(v) => v.len() * 8,
+        }
+    }
+
+    /// The elements as a list (int64 buffers, or host uint8).
+    fn tolist(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match &self.mem {
+            Mem::I64(v) => Ok(v.as_ref().clone().into_pyobject(py)?.into_any().unbind()),
+            Mem::Region { .. } => Ok(self.host_bytes()?.into_pyobject(py)?.into_any().unbind()),
+        }
+    }
+
+    /// The bytes, copied (host buffers).
+    fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        match &self.mem {
+            Mem::I64(v) => Ok(PyBytes::new(
+                py,
+                &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+            )),
+            Mem::Region { .. } => Ok(PyBytes::new(py, &self.host_bytes()?)),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let (_, len, d) = self.raw();
+        format!(
+            "gpufeed.Buffer({} × {}, device=({}, {}))",
+            len,
+            self.dtype(),
+            d.device_type,
+            d.device_id
+        )
+    }
+}
+
+impl PyBuffer {
+    fn host_bytes(&self) -> PyResult<Vec<u8>> {
+        match &self.mem {
+            Mem::Region { batch, offset, len } => match batch.region_bytes() {
+                Some(b) => Ok(b[*offset..*offset + *len].to_vec()),
+                None => Err(PyValueError::new_err(
+                    "a device buffer: use from_dlpack with a device framework",
+                )),
+            },
+            Mem::I64(_) => Err(PyValueError::new_err("not a byte buffer")),
+        }
+    }
+}
+
+/// Whether a CUDA GPU is usable, and why not (never raises for lack of a GPU).
+#[pyfunction]
+fn gpu_available() -> (bool, String) {
+    match gpufeed::gpu_available() {
+        Ok(i) => (true, format!("{} (driver {})", i.name, i.driver_version)),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
+#[pymodule]
+fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyLoader>()?;
+    m.add_class::<PyEpoch>()?;
+    m.add_class::<PyBatch>()?;
+    m.add_class::<PyBuffer>()?;
+    m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
+    m.add("GpufeedError", m.py().get_type::<GpufeedError>())?;
+    m.add("SampleError", m.py().get_type::<SampleError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

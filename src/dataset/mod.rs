@@ -166,6 +166,19 @@ impl Dataset {
         Dataset::open_files(format, &files, opts)
     }
 
+    /// Opens several files (or Megatron prefixes) as one dataset, in the order given; the
+    /// format is the options' or the first file's.
+    pub fn open_many(paths: &[PathBuf], opts: &OpenOptions) -> Result<Dataset> {
+        let first = paths
+            .first()
+            .ok_or_else(|| invalid("no dataset files given"))?;
+        let format = match opts.format {
+            Some(f) => f,
+            None => detect::detect(first, opts)?.0,
+        };
+        Dataset::open_files(format, paths, opts)
+    }
+
     /// Opens the given files as one dataset of `format`, in the order given (for Megatron,
     /// each path is a `PREFIX` or `PREFIX.idx`).
     pub fn open_files(format: Format, paths: &[PathBuf], opts: &OpenOptions) -> Result<Dataset> {

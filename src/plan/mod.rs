@@ -111,7 +111,10 @@ impl PlanConfig {
     /// Samples each rank reads per epoch of `n` samples: every rank gets the same number of
     /// full batches (the last dropped with `drop_last`, padded otherwise).
     pub fn samples_per_rank(&self, n: usize) -> usize {
-        let (world, b) = (self.world_size.max(1) as usize, self.batch_size.max(1) as usize);
+        let (world, b) = (
+            self.world_size.max(1) as usize,
+            self.batch_size.max(1) as usize,
+        );
         if self.drop_last {
             (n / world) / b * b
         } else {

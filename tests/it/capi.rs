@@ -67,7 +67,7 @@ fn rust_functions(src: &str) -> BTreeMap<String, String> {
         let ret = after[after.rfind(')').unwrap() + 1..]
             .trim()
             .strip_prefix("->")
-            .map_or("void".to_string(), |r| c_type(r));
+            .map_or("void".to_string(), c_type);
         let ps: Vec<String> = params
             .split(',')
             .map(str::trim)
@@ -96,7 +96,11 @@ fn header_functions(h: &str) -> BTreeMap<String, String> {
             continue;
         }
         let Some(open) = l.find('(') else { continue };
-        let name = l[..open].split_whitespace().last().unwrap().trim_start_matches('*');
+        let name = l[..open]
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .trim_start_matches('*');
         if !name.starts_with("gpufeed_") {
             continue;
         }
@@ -117,7 +121,9 @@ fn rust_fields(src: &str, name: &str) -> Vec<String> {
 }
 
 fn header_fields(h: &str, name: &str) -> Vec<String> {
-    let start = h.find(&format!("typedef struct {name} {{")).expect("typedef");
+    let start = h
+        .find(&format!("typedef struct {name} {{"))
+        .expect("typedef");
     let body = &h[start..start + h[start..].find('}').unwrap()];
     body.lines()
         .skip(1)
@@ -165,11 +171,21 @@ fn content(i: usize, len: usize) -> Vec<u8> {
 fn build_capi() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["build", "--release", "-p", "gpufeed-capi", "--message-format=json"])
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "gpufeed-capi",
+            "--message-format=json",
+        ])
         .current_dir(root())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
         if v["reason"] == "compiler-artifact" && v["target"]["name"] == "gpufeed_c" {
@@ -199,7 +215,11 @@ fn compile(dir: &Path, lib: &Path) -> PathBuf {
         .arg("-lgpufeed_c")
         .output()
         .unwrap();
-    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     exe
 }
 

@@ -9,4 +9,5 @@ mod fallback;
 mod formats;
 mod gpu;
 mod loader;
+mod python;
 mod sim;

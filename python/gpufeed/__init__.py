@@ -1,0 +1,37 @@
+"""gpufeed: keeps GPUs fed with training data.
+
+io_uring O_DIRECT reads into pinned, registered buffers; a batch planner that turns a shuffled
+epoch into few, large reads; batches handed over without a copy through DLPack.
+
+Example::
+
+    import gpufeed, torch
+    loader = gpufeed.Loader("/nvme/imagenet-gpf", batch_size=256, device="cuda")
+    for epoch in range(90):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            data = torch.from_dlpack(batch.data)        # uint8, on the GPU, no copy
+            offsets = torch.from_dlpack(batch.offsets)  # int64, host
+            lengths = torch.from_dlpack(batch.lengths)
+            labels = torch.from_dlpack(batch.labels)
+"""
+
+from ._gpufeed import (
+    Batch,
+    Buffer,
+    GpufeedError,
+    Loader,
+    SampleError,
+    __version__,
+    gpu_available,
+)
+
+__all__ = [
+    "Batch",
+    "Buffer",
+    "GpufeedError",
+    "Loader",
+    "SampleError",
+    "__version__",
+    "gpu_available",
+]

@@ -1,0 +1,111 @@
+"""Type hints for the compiled module."""
+
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+__version__: str
+
+class GpufeedError(Exception):
+    """An error from gpufeed; the message names the file, the sample and what was wrong."""
+
+class SampleError(GpufeedError):
+    """A batch held a sample that could not be read or failed its checksum."""
+
+class Buffer:
+    """A 1-D buffer (uint8 sample bytes, or int64 offsets/lengths/labels/ids) implementing
+    the DLPack protocol: ``numpy.from_dlpack(buf)``, ``torch.from_dlpack(buf)`` share it."""
+
+    def __dlpack__(
+        self,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __len__(self) -> int: ...
+    @property
+    def ptr(self) -> int:
+        """Address of the first element (host or device)."""
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+    def tolist(self) -> List[int]: ...
+    def tobytes(self) -> bytes: ...
+
+class Batch:
+    """One batch: ``data[offsets[i] : offsets[i] + lengths[i]]`` is sample ``i``."""
+
+    def __len__(self) -> int: ...
+    @property
+    def data(self) -> Buffer: ...
+    @property
+    def offsets(self) -> Buffer: ...
+    @property
+    def lengths(self) -> Buffer:
+        """int64 lengths; -1 for a failed sample when the loader was made with on_error="mark"."""
+    @property
+    def labels(self) -> Buffer: ...
+    @property
+    def sample_ids(self) -> Buffer: ...
+    @property
+    def keys(self) -> List[str]: ...
+    @property
+    def errors(self) -> List[Tuple[int, str]]: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda:N"."""
+    def sample(self, i: int) -> bytes:
+        """Sample ``i``'s bytes, copied (host batches)."""
+
+class _Epoch(Iterator[Batch]):
+    def __next__(self) -> Batch: ...
+    def stats(self) -> Dict[str, Any]: ...
+
+class Loader:
+    """Reads a dataset epoch by epoch.
+
+    ``paths``: a dataset (packed shards, WebDataset tars, TFRecords, a Megatron prefix, an
+    ImageFolder directory) or a list of its files. ``order``: "global", "block" or
+    "shard-buffer". ``rank`` / ``world_size`` default to ``RANK`` / ``WORLD_SIZE``.
+    ``device``: "cpu", "cuda" (``LOCAL_RANK``) or "cuda:N". ``on_error``: "raise" (a batch
+    with a bad sample raises SampleError) or "mark" (its length is -1, ``Batch.errors`` says
+    why).
+    """
+
+    def __init__(
+        self,
+        paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
+        batch_size: int,
+        order: str = "global",
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        device: str = "cpu",
+        prefetch: int = 2,
+        drop_last: bool = False,
+        verify: bool = True,
+        on_error: str = "raise",
+        shuffle_buffer: Optional[int] = None,
+        block_bytes: Optional[int] = None,
+        open_blocks: Optional[int] = None,
+        queue_depth: Optional[int] = None,
+    ) -> None: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> _Epoch: ...
+    def state_dict(self) -> Dict[str, Any]: ...
+    def load_state_dict(self, state: Dict[str, Any]) -> None: ...
+    @property
+    def num_samples(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+
+def gpu_available() -> Tuple[bool, str]: ...

@@ -1,0 +1,160 @@
+"""Tests of the Python package (CPU; numpy, no torch needed).
+
+Run by the Rust test ``tests/it/python.rs``, which builds the wheel, installs it in a fresh
+virtualenv and makes the datasets: ``GPUFEED_TEST_DATA`` holds ``good/`` (packed shards) and
+``corrupt/`` (the same, one sample damaged on disk), and ``samples.txt`` lists each sample's
+key and length. Sample ``i``'s bytes are ``(i * 7 + j * 13) % 256`` for ``j < length``.
+"""
+
+import gc
+import os
+import unittest
+
+import numpy as np
+
+import gpufeed
+
+DATA = os.environ.get("GPUFEED_TEST_DATA", "")
+MODES = ("global", "shard-buffer", "block")
+
+
+def expected(key, length):
+    i = int(key)
+    return ((i * 7 + np.arange(length, dtype=np.int64) * 13) % 256).astype(np.uint8)
+
+
+def samples():
+    with open(os.path.join(DATA, "samples.txt")) as f:
+        return {k: int(n) for k, n in (line.split() for line in f if line.strip())}
+
+
+def loader(name="good", **kw):
+    args = dict(batch_size=8, seed=3, shuffle_buffer=40, block_bytes=64 << 10, open_blocks=3)
+    args.update(kw)
+    return gpufeed.Loader(os.path.join(DATA, name), **args)
+
+
+@unittest.skipUnless(DATA, "GPUFEED_TEST_DATA is not set (tests/it/python.rs sets it)")
+class LoaderTests(unittest.TestCase):
+    def test_every_sample_once_with_its_bytes_in_every_mode_and_across_ranks(self):
+        want = samples()
+        for order in MODES:
+            seen = {}
+            for rank in range(3):
+                ld = loader(order=order, rank=rank, world_size=3)
+                count = 0
+                for b in ld:
+                    data = np.from_dlpack(b.data)
+                    offsets = np.from_dlpack(b.offsets)
+                    lengths = np.from_dlpack(b.lengths)
+                    labels = np.from_dlpack(b.labels)
+                    for i, key in enumerate(b.keys):
+                        got = data[offsets[i] : offsets[i] + lengths[i]]
+                        self.assertEqual(lengths[i], want[key], key)
+                        np.testing.assert_array_equal(got, expected(key, want[key]), key)
+                        self.assertEqual(labels[i], int(key) % 5)
+                        self.assertEqual(b.sample(i), got.tobytes())
+                        seen[key] = seen.get(key, 0) + 1
+                    count += 1
+                self.assertEqual(count, len(ld))
+            self.assertEqual(seen, {k: 1 for k in want}, order)
+
+    def test_dlpack_shares_memory(self):
+        ld = loader()
+        b = next(iter(ld))
+        self.assertEqual(b.data.__dlpack_device__(), (1, 0))
+        arr = np.from_dlpack(b.data)
+        self.assertEqual(arr.ctypes.data, b.data.ptr, "numpy views gpufeed's memory")
+        self.assertEqual(arr.dtype, np.uint8)
+        self.assertEqual(arr.nbytes, b.data.nbytes)
+        offs = np.from_dlpack(b.offsets)
+        self.assertEqual(offs.ctypes.data, b.offsets.ptr)
+        self.assertEqual(offs.dtype, np.int64)
+
+    def test_a_kept_batch_stays_intact_while_others_are_recycled(self):
+        ld = loader(prefetch=1)
+        it = iter(ld)
+        first = next(it)
+        kept = np.from_dlpack(first.data)
+        snapshot = kept.copy()
+        ptr = kept.ctypes.data
+        del first
+        gc.collect()
+        rest = 0
+        addresses = set()
+        for b in it:
+            addresses.add(b.data.ptr)
+            rest += 1
+        self.assertEqual(rest, len(ld) - 1)
+        np.testing.assert_array_equal(kept, snapshot)
+        self.assertEqual(kept.ctypes.data, ptr)
+        self.assertGreater(len(addresses), 0)
+
+    def test_resume_from_state_dict_equals_an_uninterrupted_run(self):
+        for order in MODES:
+            full = loader(order=order)
+            full.set_epoch(4)
+            whole = [(b.index, b.sample_ids.tolist()) for b in full]
+            part = loader(order=order)
+            part.set_epoch(4)
+            it = iter(part)
+            head = [next(it) for _ in range(5)]
+            state = part.state_dict()
+            self.assertEqual((state["epoch"], state["batch"]), (4, 5))
+            del it, head
+            again = loader(order=order)
+            again.load_state_dict(state)
+            tail = [(b.index, b.sample_ids.tolist()) for b in again]
+            self.assertEqual(tail, whole[5:], order)
+        with self.assertRaises(ValueError):
+            loader(seed=99).load_state_dict(state)
+
+    def test_a_corrupt_sample_raises_naming_file_and_sample(self):
+        with open(os.path.join(DATA, "corrupt.txt")) as f:
+            shard, sample = f.read().split()
+        raised = []
+        it = iter(loader("corrupt"))
+        while True:
+            try:
+                next(it)
+            except StopIteration:
+                break
+            except gpufeed.SampleError as e:
+                raised.append(str(e))
+        self.assertEqual(len(raised), 1, raised)
+        self.assertIn(shard, raised[0])
+        self.assertIn(f"sample {sample}", raised[0])
+        self.assertTrue(issubclass(gpufeed.SampleError, gpufeed.GpufeedError))
+        marked = [(b, i) for b in loader("corrupt", on_error="mark") for i, _ in b.errors]
+        self.assertEqual(len(marked), 1)
+        b, i = marked[0]
+        self.assertEqual(np.from_dlpack(b.lengths)[i], -1)
+
+    def test_bad_arguments_and_missing_files_are_exceptions(self):
+        with self.assertRaises(gpufeed.GpufeedError):
+            gpufeed.Loader("/nonexistent/dataset", batch_size=8)
+        with self.assertRaises(ValueError):
+            loader(order="sideways")
+        with self.assertRaises(ValueError):
+            loader(device="tpu")
+
+    def test_rank_and_world_size_default_to_torch_distributed_env(self):
+        os.environ.update(RANK="1", WORLD_SIZE="4")
+        try:
+            ld = loader()
+        finally:
+            del os.environ["RANK"], os.environ["WORLD_SIZE"]
+        self.assertEqual((ld.rank, ld.world_size), (1, 4))
+        self.assertEqual(len(ld), -(-(-(-ld.num_samples // 4)) // 8))
+
+    def test_no_gpu_is_an_exception_not_a_crash(self):
+        ok, why = gpufeed.gpu_available()
+        if ok:
+            self.skipTest(f"a GPU is present: {why}")
+        with self.assertRaises(gpufeed.GpufeedError) as c:
+            loader(device="cuda:0")
+        self.assertTrue("CUDA" in str(c.exception) or "GPU" in str(c.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
