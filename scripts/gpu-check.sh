@@ -43,9 +43,12 @@ for l in sys.stdin:
     for b in gpufeed it unit; do
         objcopy --compress-debug-sections=zlib "$SHIP/$b" 2>/dev/null || true
     done
+    # The Python package as a wheel (abi3: any CPython >= 3.9), its GPU tests and bench script.
+    python3 -m pip wheel --quiet --no-deps --wheel-dir "$SHIP" ./python
+    cp python/tests/test_gpu.py scripts/bench-python.py "$SHIP/"
     git rev-parse HEAD > "$SHIP/commit" 2>/dev/null || true
     du -sh "$SHIP"
-    echo "shipped to $SHIP: gpufeed, it (integration tests), unit; commit $(cat "$SHIP/commit" 2>/dev/null)"
+    echo "shipped to $SHIP: gpufeed, it (integration tests), unit, $(basename "$SHIP"/gpufeed-*.whl); commit $(cat "$SHIP/commit" 2>/dev/null)"
     exit 0
 fi
 
@@ -102,6 +105,16 @@ if [[ $tests == 1 ]]; then
     run_tests cpu "$SHIP/it" --skip gpu:: --skip device::no_gpu
     [[ -x "$SHIP/unit" ]] && run_tests unit "$SHIP/unit"
     grep -h "skipped" "$out"/test-gpu.log | sed 's/^/  /' | tee -a "$summary" || true
+    # Python: the wheel into a venv that sees the machine's torch, then the GPU tests.
+    if python3 -m venv --system-site-packages "$work/venv" >/dev/null 2>&1 &&
+        "$work/venv/bin/pip" install --quiet --no-deps --force-reinstall "$SHIP"/gpufeed-*.whl; then
+        "$SHIP/gpufeed" bench load --dir "$work/pyload" --samples 3000 --modes io --json \
+            > /dev/null 2>&1 || true
+        run_tests python-gpu GPUFEED_REQUIRE_GPU=1 GPUFEED_GPU_DATA="$work/pyload/packed" \
+            "$work/venv/bin/python" -m unittest -v "$SHIP/test_gpu.py"
+    else
+        note "FAIL  python wheel install"; status=1
+    fi
 fi
 
 if [[ $bench == 1 ]]; then
@@ -144,6 +157,12 @@ for w in dict.fromkeys(r['workload'] for r in rows):
             parts.append(f"{o['gib_per_s'] / get[p]['gib_per_s']:.2f}x {p} [target {t}] at {o['cpu_s_per_gib'] / max(get[p]['cpu_s_per_gib'], 1e-12):.2f}x its CPU/GiB")
     print(f"{w}: ours = " + "; ".join(parts))
 EOF
+fi
+if [[ $bench == 1 && -x "$work/venv/bin/python" ]]; then
+    note "== scripts/bench-python.py --device cuda (gpufeed Python vs torch DataLoader)"
+    "$work/venv/bin/python" "$SHIP/bench-python.py" --gpufeed "$SHIP/gpufeed" --dir "$work/load" \
+        --samples "${args[3]}" --device cuda:0 --rounds 2 2>&1 | tee -a "$summary" || {
+        note "FAIL  bench-python"; status=1; }
 fi
 note "== done: $([[ $status == 0 ]] && echo all passed || echo FAILURES)"
 exit $status

@@ -95,6 +95,15 @@ fn python_package_installs_and_passes_its_tests() {
             .env("CARGO_TERM_COLOR", "never"),
         "pip install ./python numpy",
     );
+    // The examples and the bench script at least compile (torch is not needed to check that).
+    run(
+        Command::new(&py)
+            .args(["-m", "py_compile"])
+            .arg(root().join("examples/train_torch.py"))
+            .arg(root().join("examples/train_torch_dataloader.py"))
+            .arg(root().join("scripts/bench-python.py")),
+        "py_compile examples",
+    );
     run(
         Command::new(&py)
             .args(["-m", "unittest", "-v", "test_loader"])
