@@ -367,6 +367,53 @@ fn h2d_ceiling(
     ))
 }
 
+/// Device buffers registered with cuFile, one per reader thread; deregistered on drop.
+struct CufileBuffers(Vec<DeviceBuffer>);
+
+impl CufileBuffers {
+    fn new(ctx: &Arc<Context>, threads: usize, len: usize) -> Result<CufileBuffers> {
+        let mut v = Vec::with_capacity(threads);
+        for _ in 0..threads.max(1) {
+            let b = DeviceBuffer::new(ctx, len)?;
+            // SAFETY: our allocation; deregistered in `drop`, before it is freed.
+            unsafe { cufile::register_buffer(b.ptr(), len)? };
+            v.push(b);
+        }
+        Ok(CufileBuffers(v))
+    }
+
+    /// Runs `f(thread, buffer)` on one thread per buffer (the context bound), until each
+    /// returns; the first error wins.
+    fn each(
+        &self,
+        ctx: &Arc<Context>,
+        f: impl Fn(usize, &DeviceBuffer) -> Result<()> + Sync,
+    ) -> Result<()> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = self
+                .0
+                .iter()
+                .enumerate()
+                .map(|(k, b)| {
+                    let f = &f;
+                    s.spawn(move || ctx.bind().and_then(|()| f(k, b)))
+                })
+                .collect();
+            hs.into_iter()
+                .try_for_each(|h| h.join().unwrap_or_else(|_| Err(panicked())))
+        })
+    }
+}
+
+impl Drop for CufileBuffers {
+    fn drop(&mut self) {
+        for b in &self.0 {
+            // SAFETY: registered in `new`; the reader threads have been joined.
+            unsafe { cufile::deregister_buffer(b.ptr()) };
+        }
+    }
+}
+
 /// cuFile reads from `threads` threads into registered device buffers.
 fn fixed_cufile(
     spec: &GpuBenchSpec,
@@ -381,37 +428,19 @@ fn fixed_cufile(
         .len();
     let bs = spec.read_bytes as usize;
     let threads = spec.cufile_threads.max(1);
-    let bufs: Vec<DeviceBuffer> = (0..threads)
-        .map(|_| DeviceBuffer::new(ctx, bs))
-        .collect::<Result<_>>()?;
-    for b in &bufs {
-        // SAFETY: our allocation, deregistered below before it is freed.
-        unsafe { cufile::register_buffer(b.ptr(), bs)? };
-    }
+    let bufs = CufileBuffers::new(ctx, threads, bs)?;
     let cold = drop_caches();
     let bytes = AtomicU64::new(0);
     let cpu0 = cpu_now();
     let t0 = Instant::now();
-    let r: Result<()> = std::thread::scope(|s| {
-        let hs: Vec<_> = bufs
-            .iter()
-            .enumerate()
-            .map(|(k, b)| {
-                let (f, bytes) = (&f, &bytes);
-                s.spawn(move || -> Result<()> {
-                    ctx.bind()?;
-                    let mut next = offsets(size, bs as u32, 100 + k as u64);
-                    while t0.elapsed().as_secs_f64() < spec.seconds {
-                        // SAFETY: each thread reads into its own registered buffer.
-                        let n = unsafe { f.read(b.ptr(), 0, bs, next())? };
-                        bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .try_for_each(|h| h.join().unwrap_or_else(|_| Err(panicked())))
+    let r = bufs.each(ctx, |k, b| {
+        let mut next = offsets(size, bs as u32, 100 + k as u64);
+        while t0.elapsed().as_secs_f64() < spec.seconds {
+            // SAFETY: each thread reads into its own registered buffer of `bs` bytes.
+            let n = unsafe { f.read(b.ptr(), 0, bs, next())? };
+            bytes.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        Ok(())
     });
     let res = result(
         w,
@@ -423,10 +452,6 @@ fn fixed_cufile(
         device,
         cold,
     );
-    for b in &bufs {
-        // SAFETY: registered above; no read is in flight (threads joined).
-        unsafe { cufile::deregister_buffer(b.ptr()) };
-    }
     r?;
     Ok(res)
 }
@@ -529,41 +554,22 @@ fn samples_cufile(
     let order = sample_order(ds)?;
     let max = ds.samples().iter().map(|s| s.len).max().unwrap_or(1) as usize;
     let threads = spec.cufile_threads.max(1);
-    let bufs: Vec<DeviceBuffer> = (0..threads)
-        .map(|_| DeviceBuffer::new(ctx, max))
-        .collect::<Result<_>>()?;
-    for b in &bufs {
-        // SAFETY: our allocation, deregistered below before it is freed.
-        unsafe { cufile::register_buffer(b.ptr(), max)? };
-    }
+    let bufs = CufileBuffers::new(ctx, threads, max)?;
     let cold = drop_caches();
     let next = AtomicUsize::new(0);
     let bytes = AtomicU64::new(0);
     let cpu0 = cpu_now();
     let t0 = Instant::now();
-    let r: Result<()> = std::thread::scope(|s| {
-        let hs: Vec<_> = bufs
-            .iter()
-            .map(|b| {
-                let (files, order, next, bytes) = (&files, &order, &next, &bytes);
-                s.spawn(move || -> Result<()> {
-                    ctx.bind()?;
-                    loop {
-                        let k = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&id) = order.get(k) else {
-                            return Ok(());
-                        };
-                        let smp = ds.sample(id as usize);
-                        let f = &files[smp.file as usize];
-                        // SAFETY: each thread reads into its own registered buffer of `max`.
-                        let n = unsafe { f.read(b.ptr(), 0, smp.len as usize, smp.offset)? };
-                        bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    }
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .try_for_each(|h| h.join().unwrap_or_else(|_| Err(panicked())))
+    let r = bufs.each(ctx, |_, b| loop {
+        let k = next.fetch_add(1, Ordering::Relaxed);
+        let Some(&id) = order.get(k) else {
+            return Ok(());
+        };
+        let smp = ds.sample(id as usize);
+        let f = &files[smp.file as usize];
+        // SAFETY: each thread reads into its own registered buffer of `max` bytes.
+        let n = unsafe { f.read(b.ptr(), 0, smp.len as usize, smp.offset)? };
+        bytes.fetch_add(n as u64, Ordering::Relaxed);
     });
     let res = result(
         w,
@@ -578,10 +584,6 @@ fn samples_cufile(
         device,
         cold,
     );
-    for b in &bufs {
-        // SAFETY: registered above; threads joined.
-        unsafe { cufile::deregister_buffer(b.ptr()) };
-    }
     r?;
     Ok(res)
 }

@@ -403,6 +403,15 @@ impl Builder {
         }
     }
 
+    /// A problem of kind `InvalidInput` at `offset` of `path`.
+    pub fn problem_at(&mut self, path: &Arc<Path>, offset: u64, msg: String) {
+        self.problem(
+            Error::new(crate::ErrorKind::InvalidInput, msg)
+                .with_path(path.clone())
+                .with_offset(offset),
+        );
+    }
+
     /// Adds a file; returns its index.
     pub fn file(&mut self, path: &Path, size: u64) -> Result<u32> {
         let i = u32::try_from(self.files.len()).map_err(|_| invalid("more than 2^32 files"))?;

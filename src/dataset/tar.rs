@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{Builder, Dataset, Format, Sample, Window, WINDOW_MAX};
-use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::error::{invalid, Result};
 
 /// How tar members become samples.
 #[derive(Debug, Clone)]
@@ -100,13 +100,7 @@ fn index_tar(
     }
     let fi = b.file(path, size)?;
     let file_path = w.path.clone();
-    let problem = |b: &mut Builder, offset: u64, msg: String| {
-        b.problem(
-            Error::new(ErrorKind::InvalidInput, msg)
-                .with_path(file_path.clone())
-                .with_offset(offset),
-        );
-    };
+    let problem = |b: &mut Builder, offset: u64, msg: String| b.problem_at(&file_path, offset, msg);
     let mut pos = 0u64;
     let mut long_name: Option<Vec<u8>> = None;
     let mut pax = Pax::default();

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use super::detect::with_suffix;
 use super::{Builder, Dataset, Format, Frame, Sample, Window};
-use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::error::{invalid, Error, Result};
 
 /// Bytes of framing around a record's data: 12 before, 4 after.
 pub const HEAD: usize = 12;
@@ -83,13 +83,7 @@ fn scan(path: &Path, b: &mut Builder) -> Result<()> {
     }
     let fi = b.file(path, size)?;
     let file_path = w.path.clone();
-    let problem = |b: &mut Builder, offset: u64, msg: String| {
-        b.problem(
-            Error::new(ErrorKind::InvalidInput, msg)
-                .with_path(file_path.clone())
-                .with_offset(offset),
-        )
-    };
+    let problem = |b: &mut Builder, offset: u64, msg: String| b.problem_at(&file_path, offset, msg);
     let mut pos = 0u64;
     let mut record = 0u64;
     while pos < size {
