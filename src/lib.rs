@@ -2,20 +2,44 @@
 //!
 //! Training reads millions of small samples in a new random order every epoch. gpufeed moves
 //! them from NVMe towards the GPU with as few copies, syscalls and interrupts as the hardware
-//! allows. This crate is built in stages; the foundation, present today, is the read engine.
+//! allows: the CPU plans and submits, the disk and the copy engine move the bytes.
 //!
 //! ## The way the data flows
 //! ```text
-//! dataset files ──► dataset (sample → file, offset, len)              [next]
-//!                     │
-//! epoch order ──────► plan (shuffle, sharding, coalescing)             [next]
+//! dataset files ──► dataset::Dataset (sample → file, offset, len, label, key; packed shards,
+//!                     │   WebDataset tars, TFRecord, token corpora, ImageFolder)
+//! epoch order ──────► plan::EpochPlan (global / shard-buffer / block order, rank sharding,
+//!                     │   coalescing into read groups, scatter map, shuffle quality)
 //!                     ▼
-//!                   io::Engine (io_uring: fixed files, fixed buffers, O_DIRECT)   ◄── here
-//!                     │   reads land in one huge-page arena (buf::Arena), slot by slot
+//!                   io::Engine (io_uring: fixed files, fixed buffers, O_DIRECT)
+//!                     │   a group's reads land in one slot of a huge-page arena (buf::Arena)
 //!                     ▼
-//!                   gpu (one H2D copy per batch; cuFile)               [later]
+//!                   gpu (one H2D copy per group on a copy stream, event-ordered; cuFile)
 //!                     ▼
-//!                   decode (nvJPEG, CUDA kernels, CPU twins)           [later]
+//!                   Loader → Batch (host slot or device region; DLPack for Python and C)
+//!                     ▼
+//!                   decode (nvJPEG, CUDA kernels, CPU twins)           [not built yet]
+//! ```
+//!
+//! ## An epoch
+//! ```no_run
+//! use gpufeed::{Dataset, Loader, Order};
+//!
+//! let loader = Loader::builder(Dataset::open("/nvme/imagenet-gpf")?)
+//!     .batch_size(256)
+//!     .order(Order::Global)
+//!     .seed(0)
+//!     .build()?;
+//! for batch in loader.epoch(3)? {
+//!     let batch = batch?;
+//!     for i in 0..batch.len() {
+//!         match batch.sample(i) {
+//!             Ok(bytes) => { let _ = (bytes, batch.labels()[i]); }
+//!             Err(e) => eprintln!("{e}"), // names the file and the sample; the others arrive
+//!         }
+//!     }
+//! }
+//! # Ok::<(), gpufeed::Error>(())
 //! ```
 //!
 //! ## A first read
@@ -41,7 +65,10 @@
 //!
 //! ## Glossary
 //! - **arena** ([`buf::Arena`]): one 2 MiB-aligned, huge-page-backed mapping, registered with
-//!   io_uring as fixed buffers (and, later, pinned with CUDA) — never moved, never regrown.
+//!   io_uring as fixed buffers (and pinned with CUDA on a device loader) — never moved, never
+//!   regrown.
+//! - **group**: consecutive batches read together into one slot (and copied to the device in
+//!   one DMA); their samples are sorted by file and offset and merged into few reads.
 //! - **slot** ([`buf::Slot`]): an equal part of the arena, and the token that owns it.
 //! - **job**: one slot plus the reads ([`ReadSpec`]) that land in it; it completes as a whole
 //!   ([`Completion`]) with one outcome per read.

@@ -4,7 +4,7 @@
 //! CUDA is loaded at run time (cudarc's dynamic loading, CUDA 13.0 API). cudarc panics when a
 //! library is missing, so every entry point first checks that the library loads
 //! ([`cuda::driver_present`], [`cufile::library_present`]): without a GPU, callers get an
-//! [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) error that says why, never a panic.
+//! `Unsupported` error that says why, never a panic.
 //!
 //! Pinning order, on the machine that runs the GPU checks (`scripts/gpu-check.sh`): the arena
 //! is mapped (huge pages, touched), registered with CUDA once when the loader is built
