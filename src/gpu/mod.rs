@@ -38,7 +38,9 @@ pub enum Device {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum GpuPath {
-    /// cuFile when true GPUDirect Storage is available, io_uring → pinned → H2D otherwise.
+    /// The platform's best path. Today the loader always takes io_uring → pinned → H2D:
+    /// routing large aligned reads to cuFile under true GDS waits on measurements from a GPU
+    /// machine (`gpufeed bench gpu` measures both).
     #[default]
     Auto,
     /// io_uring into the pinned arena, then one copy per read group.
