@@ -154,7 +154,7 @@ impl EngineConfig {
         range("reads_per_job_max", self.reads_per_job_max as u64, 1, 65536)?;
         range("threads", self.threads as u64, 0, 1024)?;
         range("slot_bytes", self.slot_bytes as u64, 4096, 1 << 30)?;
-        if self.slot_bytes % 4096 != 0 {
+        if !self.slot_bytes.is_multiple_of(4096) {
             return Err(invalid(format!(
                 "slot_bytes must be a multiple of 4096, got {}",
                 self.slot_bytes

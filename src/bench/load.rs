@@ -36,6 +36,8 @@ pub struct LoadBenchResult {
     pub engine: String,
     /// Whether each sample's crc32c was checked (small files carry none).
     pub checksums_verified: bool,
+    /// Fraction of the loader's arena backed by huge pages (packed modes).
+    pub arena_huge_pages: Option<f64>,
 }
 
 /// Creates `dir/small` (ImageFolder: class folders of files with ImageNet-like sizes) and
@@ -165,6 +167,7 @@ pub fn run_small_files(
         sample_errors: errors.load(Ordering::Relaxed),
         engine: format!("{} threads, open/read/close", threads),
         checksums_verified: false,
+        arena_huge_pages: None,
     })
 }
 
@@ -232,6 +235,10 @@ pub fn run_packed(
         sample_errors: st.sample_errors,
         engine: st.engine,
         checksums_verified: spec.verify && loader.dataset().has_checksums(),
+        arena_huge_pages: match loader.huge_page_bytes() {
+            (Some(h), len) => Some(h as f64 / len.max(1) as f64),
+            (None, _) => None,
+        },
     })
 }
 

@@ -71,7 +71,7 @@ pub struct ArenaConfig {
 impl Arena {
     /// Maps and touches the arena. All slots start in the free list.
     pub fn new(cfg: &ArenaConfig) -> Result<Arc<Arena>> {
-        if cfg.slot_bytes == 0 || cfg.slot_bytes % 4096 != 0 {
+        if cfg.slot_bytes == 0 || !cfg.slot_bytes.is_multiple_of(4096) {
             return Err(invalid(format!(
                 "slot_bytes must be a positive multiple of 4096, got {}",
                 cfg.slot_bytes

@@ -277,7 +277,7 @@ impl Dataset {
         let s = &self.samples[i];
         let r = match self.frame {
             Frame::None => {
-                if verify && self.has_checksums && crc32c::crc32c(raw) != s.crc32c {
+                if verify && self.has_checksums && crate::util::crc32c(raw) != s.crc32c {
                     Err(Error::new(
                         crate::ErrorKind::InvalidInput,
                         format!("checksum mismatch (key {:?})", self.key(i)),

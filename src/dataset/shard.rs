@@ -39,7 +39,7 @@ impl Header {
         b[32..40].copy_from_slice(&self.index_offset.to_le_bytes());
         b[40..48].copy_from_slice(&self.index_bytes.to_le_bytes());
         b[48..52].copy_from_slice(&self.index_crc32c.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..60]);
+        let crc = crate::util::crc32c(&b[..60]);
         b[60..64].copy_from_slice(&crc.to_le_bytes());
         b
     }
@@ -60,7 +60,7 @@ impl Header {
                 u16_at(8)
             ));
         }
-        if crc32c::crc32c(&b[..60]) != u32_at(60) {
+        if crate::util::crc32c(&b[..60]) != u32_at(60) {
             return Err("header checksum mismatch".into());
         }
         if u16_at(10) as usize != HEADER_BYTES {
@@ -165,7 +165,7 @@ pub fn read_index(path: &Path) -> Result<ShardIndex> {
     f.seek(SeekFrom::Start(header.index_offset))
         .and_then(|_| f.read_exact(&mut index))
         .map_err(|e| Error::io("cannot read shard index", e).with_path(path.to_path_buf()))?;
-    if crc32c::crc32c(&index) != header.index_crc32c {
+    if crate::util::crc32c(&index) != header.index_crc32c {
         return Err(corrupt(path, "index checksum mismatch"));
     }
     let n = header.sample_count as usize;
@@ -194,7 +194,7 @@ pub fn read_index(path: &Path) -> Result<ShardIndex> {
                 entry.offset, entry.len, header.data_offset, header.index_offset
             )));
         }
-        if entry.offset % header.sample_align as u64 != 0 {
+        if !entry.offset.is_multiple_of(header.sample_align as u64) {
             return Err(bad(format!(
                 "sample offset {} is not aligned to {}",
                 entry.offset, header.sample_align
@@ -342,7 +342,7 @@ impl ShardWriter {
         self.entries.push(Entry {
             offset: self.pos,
             len,
-            crc32c: crc32c::crc32c(bytes),
+            crc32c: crate::util::crc32c(bytes),
             label,
             blob_offset,
             key_len,
@@ -376,7 +376,7 @@ impl ShardWriter {
             data_offset: DATA_OFFSET,
             index_offset,
             index_bytes: index.len() as u64,
-            index_crc32c: crc32c::crc32c(&index),
+            index_crc32c: crate::util::crc32c(&index),
         };
         let mut f = out.into_inner().map_err(|e| ctx(e.into_error()))?;
         f.seek(SeekFrom::Start(0)).map_err(ctx)?;
@@ -416,7 +416,7 @@ pub fn verify(path: &Path, mut progress: impl FnMut(u64)) -> Result<(u64, Vec<Er
             .and_then(|_| f.read_exact(&mut buf));
         let err = match r {
             Err(err) => Some(Error::io("cannot read sample", err)),
-            Ok(()) if crc32c::crc32c(&buf) != e.crc32c => Some(Error::new(
+            Ok(()) if crate::util::crc32c(&buf) != e.crc32c => Some(Error::new(
                 ErrorKind::InvalidInput,
                 format!(
                     "checksum mismatch (key {:?})",
@@ -528,7 +528,7 @@ mod tests {
         // An index that lies but is checksummed consistently: a length past the data region.
         let mut b = good.clone();
         b[io + 8..io + 12].copy_from_slice(&u32::MAX.to_le_bytes());
-        let crc = crc32c::crc32c(&b[io..]);
+        let crc = crate::util::crc32c(&b[io..]);
         let mut h = idx.header;
         h.index_crc32c = crc;
         b[..HEADER_BYTES].copy_from_slice(&h.encode());

@@ -371,7 +371,7 @@ impl CopyStage {
                     sim.stats.region_in_use.fetch_add(1, Ordering::Relaxed);
                 }
                 // SAFETY: valid for `len` bytes per the caller's contract.
-                crc = crc32c::crc32c(unsafe { std::slice::from_raw_parts(src, len) });
+                crc = crate::util::crc32c(unsafe { std::slice::from_raw_parts(src, len) });
                 delay = self.rng.below(sim.max_delay as u64 + 1) as u32;
             }
             _ => unreachable!("a CUDA pool always has a stream"),
@@ -456,7 +456,7 @@ impl CopyStage {
         // simulator catches a slot released early).
         let src = unsafe { std::slice::from_raw_parts(f.src, f.len) };
         sim.stats.copies.fetch_add(1, Ordering::Relaxed);
-        if crc32c::crc32c(src) != f.crc {
+        if crate::util::crc32c(src) != f.crc {
             sim.stats.source_changed.fetch_add(1, Ordering::Relaxed);
             return Err(Error::new(
                 ErrorKind::Io,

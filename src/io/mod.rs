@@ -819,7 +819,7 @@ impl Engine {
         // Short of what we need. O_DIRECT returns a partial block only at the end of the file,
         // and any read returns 0 there: either way the file now ends before `needed_end`.
         let align = entry.info.offset_align;
-        if n == 0 || (entry.info.direct && op.done % align != 0) {
+        if n == 0 || (entry.info.direct && !op.done.is_multiple_of(align)) {
             let err = Error::new(
                 ErrorKind::UnexpectedEof,
                 format!(

@@ -116,7 +116,9 @@ impl SimBackend {
         let res = if f.cancelled {
             -libc::ECANCELED
         } else if op.direct
-            && (op.offset % a != 0 || op.len as u64 % a != 0 || op.buf as u64 % a != 0)
+            && (!op.offset.is_multiple_of(a)
+                || !(op.len as u64).is_multiple_of(a)
+                || !(op.buf as u64).is_multiple_of(a))
         {
             -libc::EINVAL
         } else if self.rng.chance(self.cfg.eio) {

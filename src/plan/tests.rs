@@ -99,7 +99,7 @@ fn every_sample_exactly_once_across_ranks() {
                     "padded too much"
                 );
             }
-            if n % (world as usize * batch as usize) == 0 {
+            if n.is_multiple_of(world as usize * batch as usize) {
                 assert!(
                     seen.iter().all(|&c| c == 1),
                     "case {case} {order:?}: not exactly once"
