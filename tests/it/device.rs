@@ -255,3 +255,50 @@ fn no_gpu_is_an_error_not_a_panic() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("GPU") || err.contains("CUDA"), "{err}");
 }
+
+/// Framed samples (TFRecord) on the device path: the frame is checked before the copy and the
+/// ranges point at the data inside the copied region.
+#[test]
+fn tfrecord_frames_are_unwrapped_on_the_device_path() {
+    use gpufeed::dataset::tfrecord::masked_crc;
+    let dir = disk_dir();
+    let p = dir.path().join("r.tfrecord");
+    let mut f = Vec::new();
+    let data = |i: usize| content(i, 1 + i * 53 % 4000);
+    for i in 0..64 {
+        let d = data(i);
+        let len = (d.len() as u64).to_le_bytes();
+        f.extend_from_slice(&len);
+        f.extend_from_slice(&masked_crc(&len).to_le_bytes());
+        f.extend_from_slice(&d);
+        f.extend_from_slice(&masked_crc(&d).to_le_bytes());
+    }
+    std::fs::write(&p, &f).unwrap();
+    let ds = Dataset::open(&p).unwrap();
+    // Record 9's data is damaged afterwards: an error for it alone.
+    let nine = *ds.sample(9);
+    f[nine.offset as usize + 14] ^= 1;
+    std::fs::write(&p, &f).unwrap();
+    let sim = SimDevice::new(5);
+    let loader = Loader::builder(ds.clone())
+        .batch_size(8)
+        .window(2, 1 << 20)
+        .device(Device::Simulated(sim.clone()))
+        .build()
+        .unwrap();
+    let mut seen = 0;
+    for b in loader.epoch(0).unwrap() {
+        let b = b.unwrap();
+        for (j, s) in b.to_host().unwrap().into_iter().enumerate() {
+            let id = b.sample_ids()[j] as usize;
+            if id == 9 {
+                assert!(s.unwrap_err().to_string().contains("data checksum"));
+            } else {
+                assert_eq!(s.unwrap(), data(id), "record {id}");
+            }
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 64);
+    assert_eq!(sim.stats.source_changed.load(Ordering::Relaxed), 0);
+}
