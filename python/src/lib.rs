@@ -680,7 +680,10 @@ impl PyBuffer {
     fn tolist(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         match &self.mem {
             Mem::I64(v) => Ok(v.as_ref().clone().into_pyobject(py)?.into_any().unbind()),
-            Mem::Region { .. } => Ok(self.host_bytes()?.into_pyobject(py)?.into_any().unbind()),
+            Mem::Region { .. } => {
+                let ints = self.host_bytes()?.into_iter().map(u32::from);
+                Ok(pyo3::types::PyList::new(py, ints)?.into_any().unbind())
+            }
         }
     }
 

@@ -67,6 +67,8 @@ class LoaderTests(unittest.TestCase):
         self.assertEqual(arr.ctypes.data, b.data.ptr, "numpy views gpufeed's memory")
         self.assertEqual(arr.dtype, np.uint8)
         self.assertEqual(arr.nbytes, b.data.nbytes)
+        self.assertEqual(b.data.tolist()[:16], arr[:16].tolist())
+        self.assertEqual(b.data.tobytes(), arr.tobytes())
         offs = np.from_dlpack(b.offsets)
         self.assertEqual(offs.ctypes.data, b.offsets.ptr)
         self.assertEqual(offs.dtype, np.int64)
