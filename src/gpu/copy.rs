@@ -14,12 +14,18 @@
 //! simulator re-checks, when a copy completes, that its source slot was not changed meanwhile.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::cuda::{self, Context, DeviceBuffer, Event, Stream};
 use crate::error::{Error, ErrorKind, Result};
 use crate::io::sim::Rng;
+
+/// Locks `m`, recovering from poisoning: these locks guard plain bookkeeping that a panic
+/// elsewhere cannot leave half-written, and they are taken in `Drop`, which must not panic.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A simulated device, for tests: host memory, copies that complete late and out of order.
 #[derive(Debug, Clone)]
@@ -134,23 +140,27 @@ impl DevicePool {
     }
 
     pub fn free_regions(&self) -> usize {
-        self.free.lock().expect("pool lock").len()
+        lock(&self.free).len()
     }
 
     pub(crate) fn take(&self) -> Option<usize> {
-        self.free.lock().expect("pool lock").pop()
+        lock(&self.free).pop()
     }
 
     pub(crate) fn take_timeout(&self, t: Duration) -> Option<usize> {
-        let mut f = self.free.lock().expect("pool lock");
+        let mut f = lock(&self.free);
         if f.is_empty() {
-            f = self.cv.wait_timeout(f, t).expect("pool lock").0;
+            f = self
+                .cv
+                .wait_timeout(f, t)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
         f.pop()
     }
 
     pub(crate) fn put_back(&self, r: usize) {
-        self.free.lock().expect("pool lock").push(r);
+        lock(&self.free).push(r);
         self.cv.notify_one();
     }
 
@@ -164,7 +174,7 @@ impl DevicePool {
 
     /// Hands region `r`, holding `used` bytes, to batches.
     pub(crate) fn region(self: &Arc<Self>, r: usize, used: usize) -> DeviceRegion {
-        self.held.lock().expect("pool lock")[r] = true;
+        lock(&self.held)[r] = true;
         DeviceRegion {
             pool: self.clone(),
             index: r,
@@ -220,7 +230,7 @@ impl DeviceRegion {
             }
             Stream::wait_raw(stream, ready)?;
         }
-        *self.consumer.lock().expect("region lock") = Some(stream);
+        *lock(&self.consumer) = Some(stream);
         Ok(())
     }
 
@@ -232,7 +242,7 @@ impl DeviceRegion {
                 ready.synchronize()?;
                 buf.read(0, &mut v)?;
             }
-            Mem::Sim { bytes } => v.copy_from_slice(&bytes.lock().expect("sim lock")[..self.used]),
+            Mem::Sim { bytes } => v.copy_from_slice(&lock(bytes)[..self.used]),
         }
         Ok(v)
     }
@@ -246,7 +256,7 @@ impl Drop for DeviceRegion {
             ..
         } = &self.pool.mem[self.index]
         {
-            if let Some(stream) = *self.consumer.lock().expect("region lock") {
+            if let Some(stream) = *lock(&self.consumer) {
                 // Work the consumer enqueued on its stream before dropping the batch must finish
                 // before the region is overwritten: the next copy waits for this event.
                 let bound = self.pool.ctx.as_ref().map_or(Ok(()), |c| c.bind());
@@ -260,7 +270,7 @@ impl Drop for DeviceRegion {
                 }
             }
         }
-        self.pool.held.lock().expect("pool lock")[self.index] = false;
+        lock(&self.pool.held)[self.index] = false;
         self.pool.put_back(self.index);
     }
 }
@@ -367,7 +377,7 @@ impl CopyStage {
             }
             (Mem::Sim { .. }, _) => {
                 let sim = self.pool.sim.as_ref().expect("a simulated pool");
-                if self.pool.held.lock().expect("pool lock")[r] {
+                if lock(&self.pool.held)[r] {
                     sim.stats.region_in_use.fetch_add(1, Ordering::Relaxed);
                 }
                 // SAFETY: valid for `len` bytes per the caller's contract.
@@ -466,7 +476,7 @@ impl CopyStage {
         let Mem::Sim { bytes } = &self.pool.mem[f.region] else {
             unreachable!("simulated pool")
         };
-        bytes.lock().expect("sim lock")[..f.len].copy_from_slice(src);
+        lock(bytes)[..f.len].copy_from_slice(src);
         Ok(())
     }
 
