@@ -412,6 +412,29 @@ impl Builder {
         );
     }
 
+    /// Appends another builder's files, samples, keys and problems (its file indices shifted).
+    pub fn append(&mut self, other: Builder) -> Result<()> {
+        let shift = u32::try_from(self.files.len()).map_err(|_| invalid("more than 2^32 files"))?;
+        self.files.extend(other.files);
+        self.samples.reserve(other.samples.len());
+        for s in other.samples {
+            self.samples.push(Sample {
+                file: s.file + shift,
+                ..s
+            });
+        }
+        for i in 0..other.keys.len() {
+            self.keys.push(other.keys.get(i))?;
+        }
+        self.problems_total += other.problems_total;
+        for p in other.problems {
+            if self.problems.len() < PROBLEMS_KEPT {
+                self.problems.push(p);
+            }
+        }
+        Ok(())
+    }
+
     /// Adds a file; returns its index.
     pub fn file(&mut self, path: &Path, size: u64) -> Result<u32> {
         let i = u32::try_from(self.files.len()).map_err(|_| invalid("more than 2^32 files"))?;
@@ -440,6 +463,52 @@ impl Builder {
     }
 }
 
+/// Indexes `paths` on up to 8 threads (files are independent: cold tar headers are small random
+/// reads, which a single thread issues one at a time) and merges them in the order given, so
+/// the result does not depend on the thread count. `index` indexes one file into an empty
+/// builder; what it found before an error is kept, and the error becomes a problem — or the
+/// result, when there is only one file.
+pub(crate) fn index_files<F>(paths: &[PathBuf], index: F) -> Result<Builder>
+where
+    F: Fn(&Path, &mut Builder) -> Result<()> + Sync,
+{
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8)
+        .min(paths.len().max(1));
+    let next = AtomicUsize::new(0);
+    let done: Vec<Mutex<Option<(Builder, Result<()>)>>> =
+        paths.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(p) = paths.get(k) else { return };
+                let mut b = Builder::default();
+                let r = index(p, &mut b);
+                *done[k].lock().unwrap_or_else(|e| e.into_inner()) = Some((b, r));
+            });
+        }
+    });
+    let mut all = Builder::default();
+    for slot in done {
+        let (b, r) = slot
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .ok_or_else(|| invalid("an indexing thread stopped early"))?;
+        all.append(b)?;
+        if let Err(e) = r {
+            if paths.len() == 1 {
+                return Err(e);
+            }
+            all.problem(e);
+        }
+    }
+    Ok(all)
+}
+
 /// Reads a file through a window of its bytes, for indexers that walk a file front to back
 /// (tar headers, TFRecord lengths): one `pread` serves many small reads.
 pub(crate) struct Window {
@@ -453,7 +522,7 @@ pub(crate) struct Window {
 /// Bytes a [`Window`] reads at a time (enough for a header and the small members that follow
 /// it, little enough that hopping over large members does not read them), and the most one
 /// `get` may ask for.
-const WINDOW_BYTES: usize = 8 << 10;
+const WINDOW_BYTES: usize = 4 << 10;
 pub(crate) const WINDOW_MAX: usize = 1 << 20;
 
 impl Window {
@@ -464,6 +533,10 @@ impl Window {
             .metadata()
             .map_err(|e| Error::io("cannot stat", e).with_path(path.to_path_buf()))?
             .len();
+        // The walk hops over the members' data: without this the kernel's readahead (8 MiB on
+        // the development VM's disk) reads most of the file to index it.
+        use std::os::unix::io::AsRawFd;
+        let _ = crate::sys::fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
         Ok(Window {
             file,
             path: shared_path(path),

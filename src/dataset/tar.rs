@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Builder, Dataset, Format, Sample, Window, WINDOW_MAX};
+use super::{index_files, Builder, Dataset, Format, Sample, Window, WINDOW_MAX};
 use crate::error::{invalid, Result};
 
 /// How tar members become samples.
@@ -47,17 +47,21 @@ pub fn open(paths: &[PathBuf], opts: &TarOptions) -> Result<Dataset> {
     if opts.payload.is_empty() {
         return Err(invalid("name at least one payload extension"));
     }
-    let mut b = Builder::default();
-    let mut seen = Vec::new();
-    for p in paths {
-        // One unreadable tar among many is a problem, not the end of the dataset.
-        if let Err(e) = index_tar(p, opts, &mut b, &mut seen) {
-            if paths.len() == 1 {
-                return Err(e);
+    let seen = std::sync::Mutex::new(Vec::new());
+    // One unreadable tar among many is a problem, not the end of the dataset.
+    let b = index_files(paths, |p, b| {
+        let mut mine = Vec::new();
+        let r = index_tar(p, opts, b, &mut mine);
+        let mut all = seen.lock().unwrap_or_else(|e| e.into_inner());
+        for x in mine {
+            if all.len() < 20 && !all.contains(&x) {
+                all.push(x);
             }
-            b.problem(e);
         }
-    }
+        r
+    })?;
+    let mut seen = seen.into_inner().unwrap_or_else(|e| e.into_inner());
+    seen.sort();
     if b.samples.is_empty() && b.problems_total > 0 && !seen.is_empty() {
         let list: Vec<String> = seen.iter().map(|s| format!(".{s}")).collect();
         return Err(invalid(format!(

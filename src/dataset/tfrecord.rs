@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::detect::with_suffix;
-use super::{Builder, Dataset, Format, Frame, Sample, Window};
+use super::{index_files, Builder, Dataset, Format, Frame, Sample, Window};
 use crate::error::{invalid, Error, Result};
 
 /// Bytes of framing around a record's data: 12 before, 4 after.
@@ -31,33 +31,27 @@ pub fn masked_crc(data: &[u8]) -> u32 {
 /// record file) or a directory of `NAME.idx` files; without it `NAME.idx` beside each file is
 /// used when present.
 pub fn open(paths: &[PathBuf], index: Option<&Path>) -> Result<Dataset> {
-    let mut b = Builder::default();
-    for p in paths {
-        let idx =
-            match index {
-                Some(i) if i.is_dir() => Some(i.join(with_suffix(
-                    Path::new(p.file_name().unwrap_or_default()),
-                    ".idx",
-                ))),
-                Some(i) if paths.len() == 1 => Some(i.to_path_buf()),
-                Some(i) => return Err(invalid(
-                    "several record files need an index directory (NAME.idx for each file NAME)",
-                )
-                .with_path(i.to_path_buf())),
-                None => Some(with_suffix(p, ".idx")).filter(|i| i.is_file()),
-            };
-        let r = match idx {
-            Some(i) => from_index(p, &i, &mut b),
-            None => scan(p, &mut b),
-        };
-        // One unreadable file among many is a problem, not the end of the dataset.
-        if let Err(e) = r {
-            if paths.len() == 1 {
-                return Err(e);
-            }
-            b.problem(e);
-        }
+    if let Some(i) = index.filter(|i| !i.is_dir() && paths.len() > 1) {
+        return Err(invalid(
+            "several record files need an index directory (NAME.idx for each file NAME)",
+        )
+        .with_path(i.to_path_buf()));
     }
+    // One unreadable file among many is a problem, not the end of the dataset.
+    let b = index_files(paths, |p, b| {
+        let idx = match index {
+            Some(i) if i.is_dir() => Some(i.join(with_suffix(
+                Path::new(p.file_name().unwrap_or_default()),
+                ".idx",
+            ))),
+            Some(i) => Some(i.to_path_buf()),
+            None => Some(with_suffix(p, ".idx")).filter(|i| i.is_file()),
+        };
+        match idx {
+            Some(i) => from_index(p, &i, b),
+            None => scan(p, b),
+        }
+    })?;
     let mut ds = b.finish(Format::TfRecord, "these TFRecord files")?;
     ds.frame = Frame::TfRecord;
     ds.has_checksums = true;
