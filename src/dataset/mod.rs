@@ -479,8 +479,9 @@ where
         .clamp(1, 8)
         .min(paths.len().max(1));
     let next = AtomicUsize::new(0);
-    let done: Vec<Mutex<Option<(Builder, Result<()>)>>> =
-        paths.iter().map(|_| Mutex::new(None)).collect();
+    /// One file's index and how its walk ended, once a thread has done it.
+    type Indexed = Mutex<Option<(Builder, Result<()>)>>;
+    let done: Vec<Indexed> = paths.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
