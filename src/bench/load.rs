@@ -38,6 +38,8 @@ pub struct LoadBenchResult {
     pub checksums_verified: bool,
     /// Fraction of the loader's arena backed by huge pages (packed modes).
     pub arena_huge_pages: Option<f64>,
+    /// The dataset's format ("image-folder" for small-files).
+    pub format: &'static str,
 }
 
 /// Creates `dir/small` (ImageFolder: class folders of files with ImageNet-like sizes) and
@@ -168,6 +170,7 @@ pub fn run_small_files(
         engine: format!("{} threads, open/read/close", threads),
         checksums_verified: false,
         arena_huge_pages: None,
+        format: "image-folder",
     })
 }
 
@@ -186,12 +189,12 @@ pub struct PackedSpec {
 ///
 /// The loader (its index, its arena) is built before the clock starts: a trainer builds it once.
 pub fn run_packed(
-    packed: &Path,
+    ds: Dataset,
     order: Order,
     spec: &PackedSpec,
     cold: bool,
 ) -> Result<LoadBenchResult> {
-    let ds = Dataset::open(packed)?;
+    let format = ds.format().name();
     let loader = Loader::builder(ds)
         .batch_size(spec.batch_size)
         .order(order)
@@ -239,6 +242,7 @@ pub fn run_packed(
             (Some(h), len) => Some(h as f64 / len.max(1) as f64),
             (None, _) => None,
         },
+        format,
     })
 }
 

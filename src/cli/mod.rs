@@ -243,6 +243,10 @@ struct LoadArgs {
     /// Do not check the packed samples' crc32c (the loader checks them by default).
     #[arg(long)]
     no_verify: bool,
+    /// Run the loader modes (global, block, shard-buffer) over this dataset instead of
+    /// DIR/packed: any format gpufeed reads (tars, TFRecords, shards…).
+    #[arg(long)]
+    dataset: Option<PathBuf>,
     /// Print one JSON object per mode.
     #[arg(long)]
     json: bool,
@@ -578,7 +582,8 @@ fn bench_load(a: LoadArgs) -> Result<()> {
             }
             m => {
                 let order = Order::parse(m)?;
-                let r = run_packed(&packed, order, &spec, cold)?;
+                let ds = crate::dataset::Dataset::open(a.dataset.as_ref().unwrap_or(&packed))?;
+                let r = run_packed(ds, order, &spec, cold)?;
                 emit_load(&r, a.json);
             }
         }
