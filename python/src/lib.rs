@@ -566,9 +566,8 @@ impl PyBuffer {
 }
 
 const CAPSULE: &CStr = c"dltensor";
-const USED: &CStr = c"used_dltensor";
 
-/// Frees an unconsumed tensor (a consumer renames the capsule and owns the tensor).
+/// Frees an unconsumed tensor (a consumer renames the capsule to `used_dltensor` and owns it).
 unsafe extern "C" fn capsule_destructor(capsule: *mut pyo3::ffi::PyObject) {
     // SAFETY: called by Python with a live capsule; IsValid sets no exception.
     unsafe {
@@ -580,7 +579,6 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut pyo3::ffi::PyObject) {
             }
         }
     }
-    let _ = USED;
 }
 
 #[pymethods]

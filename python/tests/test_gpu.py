@@ -56,18 +56,18 @@ class GpuTests(unittest.TestCase):
             self.assertEqual(n, len(loader("cpu", order)) * 64, order)
 
     def test_a_consumer_stream_waits_on_the_copy(self):
-        def sample_sums(data, offsets, lengths, lib):
+        def sample_sums(data, offsets, lengths):
             return [data[o : o + n].sum() for o, n in zip(offsets.tolist(), lengths.tolist())]
 
         host = []
         for b in loader("cpu"):
-            host += sample_sums(np.from_dlpack(b.data).astype(np.int64), b.offsets, b.lengths, np)
+            host += sample_sums(np.from_dlpack(b.data).astype(np.int64), b.offsets, b.lengths)
         s = torch.cuda.Stream()
         sums = []
         with torch.cuda.stream(s):
             for b in loader("cuda:0"):
                 t = torch.from_dlpack(b.data)  # __dlpack__(stream=s): s waits on the copy
-                sums += sample_sums(t.to(torch.int64), b.offsets, b.lengths, torch)  # on s
+                sums += sample_sums(t.to(torch.int64), b.offsets, b.lengths)  # on s
         s.synchronize()
         self.assertEqual([int(x) for x in sums], [int(x) for x in host])
 

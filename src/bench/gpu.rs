@@ -207,9 +207,11 @@ fn fixed_pipeline(
         slots,
         huge_pages: true,
     })?;
-    // CUDA registration first, then io_uring's (as the loader does).
-    // SAFETY: `arena` outlives `_pin` (declared after it, dropped before it).
-    let _pin = if copy {
+    // CUDA registration first, then io_uring's (as the loader does). Locals drop in reverse:
+    // the copy stage (which waits for its copies) before the registration, and that before the
+    // arena.
+    // SAFETY: `arena` outlives `pin` (declared after it, dropped before it).
+    let mut pin = if copy {
         Some(unsafe { HostRegistration::new(ctx, arena.as_ptr(), arena.len())? })
     } else {
         None
@@ -217,8 +219,14 @@ fn fixed_pipeline(
     let mut engine = Engine::with_arena(cfg, arena.clone())?;
     let file = engine.open(&spec.file)?;
     let size = engine.file_info(file)?.size;
-    let pool = DevicePool::cuda(ctx, 4, slot_bytes)?;
-    let mut stage = CopyStage::new(&pool)?;
+    // Device regions and a copy stage only for the row that copies.
+    let (pool, mut stage) = if copy {
+        let pool = DevicePool::cuda(ctx, 4, slot_bytes)?;
+        let stage = CopyStage::new(&pool)?;
+        (Some(pool), Some(stage))
+    } else {
+        (None, None)
+    };
     let mut next = offsets(size, spec.read_bytes, 7);
     let cold = drop_caches();
     let mut copying: std::collections::HashMap<u64, (crate::buf::Slot, usize)> = Default::default();
@@ -253,9 +261,7 @@ fn fixed_pipeline(
         }
         while let Some(c) = engine.pop() {
             for o in c.outcomes() {
-                let r = o
-                    .as_ref()
-                    .map_err(|e| Error::new(e.kind(), e.to_string()))?;
+                let r = o.as_ref().map_err(Error::clone)?;
                 bytes += r.len() as u64;
             }
             if copy {
@@ -264,12 +270,23 @@ fn fixed_pipeline(
                 arena.put(c.slot);
             }
         }
+        let (Some(pool), Some(stage)) = (&pool, &mut stage) else {
+            continue;
+        };
         while !waiting.is_empty() {
             let Some(r) = pool.take() else { break };
             let slot = waiting.pop_front().expect("not empty");
             tag += 1;
             // SAFETY: the slot stays in `copying` until its copy is reported complete.
-            unsafe { stage.start(r, arena.bytes(&slot).as_ptr(), slot_bytes, tag)? };
+            if let Err(e) = unsafe { stage.start(r, arena.bytes(&slot).as_ptr(), slot_bytes, tag) }
+            {
+                if stage.broken() {
+                    // A DMA may still read the arena: never unregister or unmap it.
+                    std::mem::forget(pin.take());
+                    std::mem::forget(arena.clone());
+                }
+                return Err(e);
+            }
             copying.insert(tag, (slot, r));
         }
         done.clear();

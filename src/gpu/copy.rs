@@ -301,6 +301,8 @@ pub struct CopyStage {
     stream: Option<Stream>,
     in_flight: Vec<InFlight>,
     rng: Rng,
+    /// A copy may still read a source this stage lost track of: never reuse its sources.
+    broken: bool,
 }
 
 impl std::fmt::Debug for CopyStage {
@@ -332,6 +334,7 @@ impl CopyStage {
             stream,
             in_flight: Vec::new(),
             rng: Rng::new(seed),
+            broken: false,
         })
     }
 
@@ -341,6 +344,11 @@ impl CopyStage {
 
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// Whether a failed [`start`](Self::start) may have left a DMA reading its source.
+    pub fn broken(&self) -> bool {
+        self.broken
     }
 
     /// Starts copying `len` bytes at `src` into region `r`.
@@ -373,7 +381,15 @@ impl CopyStage {
                 // SAFETY: the caller keeps the source unchanged until the ready event is seen
                 // complete; the region is ours (taken, not viewed) and `len` fits it.
                 unsafe { cuda::memcpy_htod_async(buf.ptr(), src, len, s)? };
-                ready.record_raw(s.raw())?;
+                if let Err(e) = ready.record_raw(s.raw()) {
+                    // The copy is enqueued but no event marks its end: wait for the stream so
+                    // the caller may reuse the source; if even that fails, say the stage is
+                    // broken so the caller leaks the source instead.
+                    if s.synchronize().is_err() {
+                        self.broken = true;
+                    }
+                    return Err(e);
+                }
             }
             (Mem::Sim { .. }, _) => {
                 let sim = self.pool.sim.as_ref().expect("a simulated pool");

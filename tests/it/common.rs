@@ -105,14 +105,33 @@ pub fn read_all(
         .collect()
 }
 
-/// Errors are not Clone; tests only need kind, message and context.
+/// A copy of an error (kind, message, context).
 pub fn clone_err(e: &gpufeed::Error) -> gpufeed::Error {
-    let mut c = gpufeed::Error::new(e.kind(), e.to_string());
-    if let Some(p) = e.path() {
-        c = c.with_path(p.to_path_buf());
-    }
-    if let (Some(o), Some(l)) = (e.offset(), e.request_len()) {
-        c = c.with_range(o, l);
-    }
-    c
+    e.clone()
+}
+
+/// Writes samples `0..n`, `per` to a shard, as `dir/shard-NNNNN.gpf`: sample `i` has key `i`,
+/// label `i % labels`, a length of 1 + `rng.below(max_len)` (one generator seeded `seed`) and
+/// the bytes `content(i, length)`.
+pub fn keyed_shards(
+    dir: &Path,
+    n: usize,
+    per: usize,
+    (seed, max_len, labels): (u64, u64, usize),
+    content: impl Fn(usize, usize) -> Vec<u8>,
+) -> Vec<PathBuf> {
+    let mut rng = gpufeed::io::sim::Rng::new(seed);
+    (0..n.div_ceil(per))
+        .map(|s| {
+            let p = dir.join(format!("shard-{s:05}.gpf"));
+            let mut w = gpufeed::dataset::shard::ShardWriter::create(&p, 1).unwrap();
+            for i in s * per..((s + 1) * per).min(n) {
+                let len = 1 + rng.below(max_len) as usize;
+                w.add(&i.to_string(), (i % labels) as i64, &[], &content(i, len))
+                    .unwrap();
+            }
+            w.finish().unwrap();
+            p
+        })
+        .collect()
 }

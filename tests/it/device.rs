@@ -8,7 +8,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use gpufeed::dataset::shard::ShardWriter;
 use gpufeed::gpu::SimDevice;
 use gpufeed::io::sim::Rng;
 use gpufeed::{Dataset, Device, ErrorKind, Loader, Order};
@@ -21,20 +20,7 @@ fn content(i: usize, len: usize) -> Vec<u8> {
 }
 
 fn shards(dir: &Path, n: usize, per: usize) -> Vec<PathBuf> {
-    let mut rng = Rng::new(9);
-    let mut paths = Vec::new();
-    for s in 0..n.div_ceil(per) {
-        let p = dir.join(format!("shard-{s:05}.gpf"));
-        let mut w = ShardWriter::create(&p, 1).unwrap();
-        for i in s * per..((s + 1) * per).min(n) {
-            let len = 1 + rng.below(30_000) as usize;
-            w.add(&format!("{i}"), (i % 5) as i64, &[], &content(i, len))
-                .unwrap();
-        }
-        w.finish().unwrap();
-        paths.push(p);
-    }
-    paths
+    keyed_shards(dir, n, per, (9, 30_000, 5), content)
 }
 
 fn sim_loader(ds: &Dataset, order: Order, sim: &SimDevice) -> Loader {

@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 
 use gpufeed::buf::{Arena, ArenaConfig};
-use gpufeed::dataset::shard::ShardWriter;
 use gpufeed::gpu::cuda::{self, DeviceBuffer, HostRegistration, Stream};
 use gpufeed::gpu::cufile::{self, CufileFile};
 use gpufeed::io::sim::Rng;
@@ -32,20 +31,7 @@ fn content(i: usize, len: usize) -> Vec<u8> {
 }
 
 fn shards(dir: &Path, n: usize, per: usize) -> Vec<PathBuf> {
-    let mut rng = Rng::new(3);
-    (0..n.div_ceil(per))
-        .map(|s| {
-            let p = dir.join(format!("shard-{s:05}.gpf"));
-            let mut w = ShardWriter::create(&p, 1).unwrap();
-            for i in s * per..((s + 1) * per).min(n) {
-                let len = 1 + rng.below(200_000) as usize;
-                w.add(&format!("{i}"), (i % 3) as i64, &[], &content(i, len))
-                    .unwrap();
-            }
-            w.finish().unwrap();
-            p
-        })
-        .collect()
+    keyed_shards(dir, n, per, (3, 200_000, 3), content)
 }
 
 /// mmap → io_uring registration → CUDA registration, and the other order: reads land through
@@ -71,6 +57,7 @@ fn arena_registered_with_io_uring_and_cuda_in_both_orders() {
             (Engine::with_arena(cfg, arena.clone()).unwrap(), pin)
         } else {
             let e = Engine::with_arena(cfg, arena.clone()).unwrap();
+            // SAFETY: as above: `arena` outlives `_pin`.
             let pin = unsafe { HostRegistration::new(&ctx, arena.as_ptr(), arena.len()) }.unwrap();
             (e, pin)
         };
