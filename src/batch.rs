@@ -66,6 +66,8 @@ pub struct Batch {
     pub(crate) index: u32,
     pub(crate) ids: Vec<u32>,
     pub(crate) labels: Vec<i64>,
+    /// Samples from this position on are padding.
+    pub(crate) padding_from: usize,
     pub(crate) spans: Vec<SampleSpan>,
     pub(crate) mem: Memory,
 }
@@ -93,6 +95,23 @@ impl Batch {
     /// Dataset index of each sample.
     pub fn sample_ids(&self) -> &[u32] {
         &self.ids
+    }
+
+    /// Whether sample `i` is padding: a repeat of a sample this epoch already delivers, added
+    /// only to give every rank the same number of samples (`LastBatch::Pad`). Evaluation should
+    /// drop it.
+    pub fn is_padding(&self, i: usize) -> bool {
+        i >= self.padding_from
+    }
+
+    /// One flag per sample: [`is_padding`](Batch::is_padding).
+    pub fn padding_mask(&self) -> Vec<bool> {
+        (0..self.len()).map(|i| self.is_padding(i)).collect()
+    }
+
+    /// Padded samples in this batch (they are the last ones).
+    pub fn padding_count(&self) -> usize {
+        self.len().saturating_sub(self.padding_from)
     }
 
     /// Label of each sample (−1 when none).

@@ -118,7 +118,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use gpu::{gpu_available, Device, GpuPath};
 pub use io::{Completion, Engine, FileId, ReadSpec};
 pub use loader::{Epoch, Loader, LoaderStats};
-pub use plan::{Order, PlanConfig};
+pub use plan::{LastBatch, Order, PlanConfig};
 
 /// The README's examples, compiled as doctests so they stay true.
 #[doc = include_str!("../README.md")]

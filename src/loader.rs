@@ -22,7 +22,7 @@ use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::gpu::copy::CopyStage;
 use crate::gpu::{cuda, Device, DevicePool, GpuPath};
 use crate::io::{Completion, Engine, FileId, ReadSpec};
-use crate::plan::{EpochPlan, Group, Order, PlanConfig};
+use crate::plan::{EpochPlan, Group, LastBatch, Order, PlanConfig};
 
 /// Builds a [`Loader`]; every setting has a default.
 #[derive(Debug, Clone)]
@@ -56,9 +56,19 @@ impl LoaderBuilder {
         self.plan.world_size = world_size;
         self
     }
-    pub fn drop_last(mut self, yes: bool) -> Self {
-        self.plan.drop_last = yes;
+    /// What happens to the samples that do not fill a rank's last batch: a short last batch
+    /// (default; every sample exactly once), dropped, or padded to even out ranks.
+    pub fn last_batch(mut self, policy: LastBatch) -> Self {
+        self.plan.last_batch = policy;
         self
+    }
+    /// The familiar alias: `true` is [`LastBatch::Drop`], `false` [`LastBatch::Short`].
+    pub fn drop_last(self, yes: bool) -> Self {
+        self.last_batch(if yes {
+            LastBatch::Drop
+        } else {
+            LastBatch::Short
+        })
     }
     /// Finished groups waiting for the consumer, at most.
     pub fn prefetch_groups(mut self, n: u32) -> Self {
@@ -218,6 +228,8 @@ pub struct Loader {
 pub struct LoaderStats {
     pub batches: u64,
     pub samples: u64,
+    /// Samples delivered as padding (repeats that even out ranks, `LastBatch::Pad`).
+    pub padding: u64,
     pub sample_errors: u64,
     /// Bytes of samples delivered.
     pub bytes_delivered: u64,
@@ -267,9 +279,15 @@ impl Loader {
             .map(|g| (g.pool.free_regions(), g.pool.regions()))
     }
 
-    /// Batches in each epoch for this rank (the same for every epoch and rank).
+    /// Batches in each epoch for this rank (the same for every epoch; the same for every rank
+    /// unless the last batch is short, when ranks may differ by one).
     pub fn batches_per_epoch(&self) -> u32 {
-        (self.plan.samples_per_rank(self.dataset.len()) / self.plan.batch_size as usize) as u32
+        self.plan.rank_batches(self.dataset.len()) as u32
+    }
+
+    /// Samples in each epoch for this rank, padding included.
+    pub fn samples_per_epoch(&self) -> usize {
+        self.plan.rank_samples(self.dataset.len()).0
     }
 
     /// Bytes of the arena backed by transparent huge pages (`None` if unknown), and its size.
@@ -309,6 +327,7 @@ impl Loader {
             )));
         }
         let batches = plan.batches();
+        let padding_from = plan.padding_from();
         // One message per slot at most, plus the engine's name.
         let (tx, rx) =
             sync_channel(self.prefetch_groups as usize + self.in_flight_groups as usize + 1);
@@ -338,6 +357,8 @@ impl Loader {
             stop,
             next: start,
             batches,
+            batch_size: self.plan.batch_size as usize,
+            padding_from,
             queue: std::collections::BTreeMap::new(),
             stats: LoaderStats::default(),
             failed: false,
@@ -603,9 +624,9 @@ impl Worker {
     /// Turns a completed group into sample spans within its slot.
     fn filled(&self, g: Group, c: Completion) -> Filled {
         let ds = &*self.dataset;
-        let b = self.plan.batch_size as usize;
-        let ids: Vec<u32> =
-            self.plan.order[g.batches.start as usize * b..g.batches.end as usize * b].to_vec();
+        let first = self.plan.batch_range(g.batches.start).start;
+        let end = self.plan.batch_range(g.batches.end - 1).end;
+        let ids: Vec<u32> = self.plan.order[first..end].to_vec();
         let outcomes = c.outcomes();
         let mut spans = Vec::with_capacity(ids.len());
         let mut read_errors: HashMap<u32, Arc<Error>> = HashMap::new();
@@ -693,6 +714,9 @@ pub struct Epoch {
     stop: Arc<AtomicBool>,
     next: u32,
     batches: u32,
+    batch_size: usize,
+    /// Positions of the rank's order from here on are padding.
+    padding_from: usize,
     /// Batches received, by index: groups complete out of order, batches leave in order.
     queue: std::collections::BTreeMap<u32, Batch>,
     stats: LoaderStats,
@@ -728,7 +752,8 @@ impl Epoch {
                 }
             }
         }
-        let b = g.ids.len() / g.batches.len().max(1);
+        // Batches are full but for the epoch's last, which ends its group.
+        let b = self.batch_size;
         self.stats.reads += g.reads;
         self.stats.bytes_read += g.bytes_read;
         let mut ids = g.ids.into_iter();
@@ -739,12 +764,17 @@ impl Epoch {
             if index < self.next {
                 continue; // resuming: batches before the start point are not handed out
             }
+            let padding_from = self
+                .padding_from
+                .saturating_sub(index as usize * b)
+                .min(bids.len());
             self.queue.insert(
                 index,
                 Batch {
                     epoch: self.epoch,
                     index,
                     labels: Vec::new(),
+                    padding_from,
                     ids: bids,
                     spans: bspans,
                     mem: g.mem.clone(),
@@ -791,6 +821,7 @@ impl Iterator for Epoch {
             .collect();
         self.stats.batches += 1;
         self.stats.samples += batch.len() as u64;
+        self.stats.padding += batch.padding_count() as u64;
         self.stats.sample_errors += batch.errors().count() as u64;
         self.stats.bytes_delivered += batch.bytes();
         Some(Ok(batch))

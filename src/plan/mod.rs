@@ -64,6 +64,51 @@ impl Order {
     }
 }
 
+/// What happens to the samples that do not fill a rank's last batch.
+///
+/// The epoch contract (DESIGN): an epoch delivers every sample exactly once. `Short` keeps it
+/// whatever the sizes; `Drop` gives up the tail; `Pad` repeats samples only to give every rank
+/// the same number of samples (as PyTorch's `DistributedSampler`), and flags each repeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LastBatch {
+    /// Every sample exactly once: a rank's last batch may be short, and with several ranks
+    /// their batch counts may differ by one (as `DataLoader` with `drop_last=False`).
+    #[default]
+    Short,
+    /// Every batch full and every rank the same number of batches: the samples that do not
+    /// fill them are not read this epoch (fewer than `world_size × batch_size`).
+    Drop,
+    /// Every rank gets ⌈N / world_size⌉ samples: samples from the start of the epoch's order
+    /// are repeated to fill the ranks that fall short, each marked as padding
+    /// ([`EpochPlan::is_padding`], `Batch::is_padding`) so evaluation can drop it. The last
+    /// batch may still be short. With one rank nothing is ever padded.
+    Pad,
+}
+
+impl LastBatch {
+    /// `short`, `drop` or `pad`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LastBatch::Short => "short",
+            LastBatch::Drop => "drop",
+            LastBatch::Pad => "pad",
+        }
+    }
+
+    /// Parses `short`, `drop` or `pad`.
+    pub fn parse(s: &str) -> Result<LastBatch> {
+        match s {
+            "short" => Ok(LastBatch::Short),
+            "drop" => Ok(LastBatch::Drop),
+            "pad" => Ok(LastBatch::Pad),
+            _ => Err(invalid(format!(
+                "unknown last_batch {s:?}; expected short, drop or pad"
+            ))),
+        }
+    }
+}
+
 /// Every choice that shapes an epoch's plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanConfig {
@@ -72,9 +117,9 @@ pub struct PlanConfig {
     pub rank: u32,
     pub world_size: u32,
     pub batch_size: u32,
-    /// Drop the samples that do not fill the last batch of every rank (otherwise the epoch is
-    /// padded by repeating samples from its start, so every rank has the same full batches).
-    pub drop_last: bool,
+    /// What happens to the samples that do not fill a rank's last batch (default: a short
+    /// last batch, every sample exactly once).
+    pub last_batch: LastBatch,
     /// Batches read together into one slot at most; a block-order window that holds more
     /// batches is still read whole (if it fits `group_bytes_max`).
     pub window_batches: u32,
@@ -97,7 +142,7 @@ impl Default for PlanConfig {
             rank: 0,
             world_size: 1,
             batch_size: 256,
-            drop_last: false,
+            last_batch: LastBatch::Short,
             window_batches: 4,
             group_bytes_max: 128 << 20,
             max_gap_bytes: 64 << 10,
@@ -108,18 +153,63 @@ impl Default for PlanConfig {
 }
 
 impl PlanConfig {
-    /// Samples each rank reads per epoch of `n` samples: every rank gets the same number of
-    /// full batches (the last dropped with `drop_last`, padded otherwise).
-    pub fn samples_per_rank(&self, n: usize) -> usize {
+    /// Samples this rank reads per epoch of `n` samples, and how many of them are not padding
+    /// (the first ones: padding always comes last in a rank's order).
+    pub fn rank_samples(&self, n: usize) -> (usize, usize) {
         let (world, b) = (
             self.world_size.max(1) as usize,
             self.batch_size.max(1) as usize,
         );
-        if self.drop_last {
-            (n / world) / b * b
-        } else {
-            n.div_ceil(world).div_ceil(b) * b
+        let rank = self.rank as usize;
+        match self.last_batch {
+            LastBatch::Drop => {
+                let k = (n / world) / b * b;
+                (k, k)
+            }
+            LastBatch::Short => {
+                let k = self.positions(n).len();
+                (k, k)
+            }
+            LastBatch::Pad => {
+                let per = n.div_ceil(world);
+                let real = match self.order {
+                    // Positions rank, rank + world, … below n.
+                    Order::Global => n.saturating_sub(rank).div_ceil(world).min(per),
+                    _ => n.saturating_sub(rank * per).min(per),
+                };
+                (per, real)
+            }
         }
+    }
+
+    /// This rank's positions in the epoch's whole stream (before padding wraps them): interleaved
+    /// for a global shuffle (as DistributedSampler), a contiguous part otherwise (locality).
+    fn positions(&self, n: usize) -> Box<dyn ExactSizeIterator<Item = usize>> {
+        let world = self.world_size.max(1) as usize;
+        let rank = self.rank as usize;
+        let b = self.batch_size.max(1) as usize;
+        let per = match self.last_batch {
+            LastBatch::Drop => (n / world) / b * b,
+            LastBatch::Pad => n.div_ceil(world),
+            LastBatch::Short => 0, // unused below
+        };
+        match (self.order, self.last_batch) {
+            (Order::Global, LastBatch::Short) => Box::new((rank..n).step_by(world)),
+            (Order::Global, _) => Box::new((0..per).map(move |k| k * world + rank)),
+            (_, LastBatch::Short) => {
+                // Balanced contiguous parts: sizes differ by at most one.
+                let cut = |r: usize| (r as u128 * n as u128 / world as u128) as usize;
+                Box::new(cut(rank)..cut(rank + 1))
+            }
+            (_, _) => Box::new(rank * per..(rank + 1) * per),
+        }
+    }
+
+    /// Batches this rank reads per epoch of `n` samples (the last may be short).
+    pub fn rank_batches(&self, n: usize) -> usize {
+        self.rank_samples(n)
+            .0
+            .div_ceil(self.batch_size.max(1) as usize)
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -171,7 +261,8 @@ fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
     }
 }
 
-/// This rank's samples for `epoch`, in order: `batches × batch_size` sample ids.
+/// This rank's samples for `epoch`, in order (the last batch may be short). With
+/// [`LastBatch::Pad`], the samples from position `cfg.rank_samples(n).1` on are padding.
 pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<Vec<u32>> {
     cfg.validate()?;
     let n = samples.len();
@@ -181,12 +272,11 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
     if n > u32::MAX as usize {
         return Err(invalid("more than 2^32 samples"));
     }
-    let world = cfg.world_size as usize;
-    let b = cfg.batch_size as usize;
-    let per_rank = cfg.samples_per_rank(n);
-    if per_rank == 0 {
+    let (per_rank, real) = cfg.rank_samples(n);
+    if per_rank == 0 && cfg.last_batch == LastBatch::Drop {
         return Err(invalid(format!(
-            "{n} samples over {world} ranks do not fill one batch of {b} with drop_last"
+            "{n} samples over {} ranks do not fill one batch of {} with last_batch=drop",
+            cfg.world_size, cfg.batch_size
         )));
     }
     let rank = cfg.rank as usize;
@@ -222,23 +312,23 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
             p
         }
     };
-    let positions: Box<dyn Iterator<Item = usize>> = match cfg.order {
-        // Interleaved, padded by wrapping around the permutation.
-        Order::Global => Box::new((0..per_rank).map(move |k| (k * world + rank) % n)),
-        // A contiguous part of the stream (locality), padded by wrapping.
-        _ => Box::new((rank * per_rank..(rank + 1) * per_rank).map(move |k| k % n)),
-    };
-    let mut mine: Vec<u32> = positions.map(|k| stream[k]).collect();
+    // This rank's part of the stream; positions past its end wrap around to its start (padding,
+    // which only `pad` asks for, and which comes last).
+    let mut mine: Vec<u32> = cfg.positions(n).map(|k| stream[k % n]).collect();
+    debug_assert_eq!(mine.len(), per_rank);
     let mut rng = seed_for(cfg.seed, epoch, 10 + rank as u64);
+    // The shuffles within a rank move only its real samples: padding stays last, so that "the
+    // samples from position `real` on" are exactly the padded ones.
+    let (mine_real, _padding) = mine.split_at_mut(real);
     match cfg.order {
         Order::Global => {}
-        Order::ShardBuffer { buffer } => shuffle_buffer(&mut mine, buffer as usize, &mut rng),
+        Order::ShardBuffer { buffer } => shuffle_buffer(mine_real, buffer as usize, &mut rng),
         Order::Block { .. } => {
             // Windows of whole batches, each about `open_blocks` blocks: their samples are
             // drawn in random order. A block cut at a window's edge leaves one contiguous run
             // on each side, so every run in a window is one read.
             let w = block_window_samples(samples, cfg);
-            for chunk in mine.chunks_mut(w) {
+            for chunk in mine_real.chunks_mut(w) {
                 shuffle(chunk, &mut rng);
             }
         }
@@ -413,6 +503,8 @@ pub struct EpochPlan {
     pub epoch: u64,
     pub order: Vec<u32>,
     pub batch_size: u32,
+    /// Positions of `order` from here on are padding ([`LastBatch::Pad`]).
+    padding_from: usize,
     /// First batch of every group, and the number of batches.
     group_starts: Vec<u32>,
     batches: u32,
@@ -423,15 +515,17 @@ impl EpochPlan {
     /// Plans `epoch` for `cfg.rank`. Fails if one batch alone does not fit `group_bytes_max`.
     pub fn new(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<EpochPlan> {
         let order = epoch_order(samples, cfg, epoch)?;
+        let padding_from = cfg.rank_samples(samples.len()).1;
         let b = cfg.batch_size as usize;
-        let batches = (order.len() / b) as u32;
+        // The last batch may be short.
+        let batches = order.len().div_ceil(b) as u32;
+        let ids =
+            |from: u32, to: u32| &order[from as usize * b..(to as usize * b).min(order.len())];
         // Groups are made of whole block-order windows where they fit, so that no window's
         // blocks are split between two slots (single batches otherwise).
         let unit = (block_window_samples(samples, cfg) / b) as u32;
         let max_batches = cfg.window_batches.max(unit);
-        let bytes = |from: u32, to: u32| {
-            coalesce(samples, &order[from as usize * b..to as usize * b], cfg).2
-        };
+        let bytes = |from: u32, to: u32| coalesce(samples, ids(from, to), cfg).2;
         let mut group_starts = Vec::new();
         let mut g = 0u32;
         while g < batches {
@@ -471,6 +565,7 @@ impl EpochPlan {
             epoch,
             order,
             batch_size: cfg.batch_size,
+            padding_from,
             group_starts,
             batches,
             cfg: cfg.clone(),
@@ -487,10 +582,26 @@ impl EpochPlan {
         self.group_starts.len()
     }
 
-    /// Sample ids of batch `i`.
+    /// Sample ids of batch `i` (only the last batch may be shorter than `batch_size`).
     pub fn batch(&self, i: u32) -> &[u32] {
+        &self.order[self.batch_range(i)]
+    }
+
+    /// Positions in [`order`](EpochPlan::order) of batch `i`.
+    pub fn batch_range(&self, i: u32) -> Range<usize> {
         let b = self.batch_size as usize;
-        &self.order[i as usize * b..(i as usize + 1) * b]
+        (i as usize * b).min(self.order.len())..((i as usize + 1) * b).min(self.order.len())
+    }
+
+    /// Whether the sample at `position` of the rank's order is padding (a repeat that only
+    /// evens out the ranks, [`LastBatch::Pad`]).
+    pub fn is_padding(&self, position: usize) -> bool {
+        position >= self.padding_from
+    }
+
+    /// Positions from here on are padding (the order's length when there is none).
+    pub fn padding_from(&self) -> usize {
+        self.padding_from
     }
 
     /// The group holding batch `i`.
@@ -506,8 +617,7 @@ impl EpochPlan {
             .get(g + 1)
             .copied()
             .unwrap_or(self.batches);
-        let b = self.batch_size as usize;
-        let ids = &self.order[start as usize * b..end as usize * b];
+        let ids = &self.order[self.batch_range(start).start..self.batch_range(end - 1).end];
         let (reads, scatter, slot_bytes) = coalesce(samples, ids, &self.cfg);
         let a = self.cfg.align as u64;
         let bytes_read = reads

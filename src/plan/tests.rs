@@ -34,8 +34,12 @@ fn modes() -> [Order; 4] {
     ]
 }
 
+/// The epoch contract over random sizes, batch sizes, rank counts and orders: `short` delivers
+/// every sample exactly once (only a rank's last batch short, ranks within one batch of each
+/// other); `drop` never repeats and drops less than one batch per rank; `pad` gives every rank
+/// ⌈N / world⌉ samples, and exactly the flagged ones repeat.
 #[test]
-fn every_sample_exactly_once_across_ranks() {
+fn the_epoch_contract_for_every_last_batch_policy() {
     let mut rng = Rng::new(1);
     for case in 0..300 {
         let n = 1 + rng.below(500) as usize;
@@ -43,67 +47,99 @@ fn every_sample_exactly_once_across_ranks() {
         let samples = dataset(&mut rng, n, files, 3000);
         let world = 1 + rng.below(5) as u32;
         let batch = 1 + rng.below(17) as u32;
-        let drop_last = rng.below(2) == 0;
-        for order in modes() {
-            let mut seen = vec![0u32; n];
-            let mut total = 0;
-            let mut per_rank = None;
-            for rank in 0..world {
-                let cfg = PlanConfig {
-                    order,
-                    seed: case,
-                    rank,
-                    world_size: world,
-                    batch_size: batch,
-                    drop_last,
-                    ..PlanConfig::default()
-                };
-                let o = match epoch_order(&samples, &cfg, 3) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        assert!(drop_last && (n / world as usize) < batch as usize, "{e}");
-                        continue;
+        let b = batch as usize;
+        for last_batch in [LastBatch::Short, LastBatch::Drop, LastBatch::Pad] {
+            for order in modes() {
+                let what = format!(
+                    "case {case} n {n} world {world} batch {batch} {last_batch:?} {order:?}"
+                );
+                let mut real_seen = vec![0u32; n];
+                let mut padded_seen = vec![0u32; n];
+                let mut lens = Vec::new();
+                let mut batch_counts = Vec::new();
+                for rank in 0..world {
+                    let cfg = PlanConfig {
+                        order,
+                        seed: case,
+                        rank,
+                        world_size: world,
+                        batch_size: batch,
+                        last_batch,
+                        ..PlanConfig::default()
+                    };
+                    let plan = match EpochPlan::new(&samples, &cfg, 3) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            assert!(
+                                last_batch == LastBatch::Drop && n / (world as usize) < b,
+                                "{what}: {e}"
+                            );
+                            continue;
+                        }
+                    };
+                    assert_eq!(plan.order.len(), cfg.rank_samples(n).0, "{what}");
+                    assert_eq!(plan.batches() as usize, cfg.rank_batches(n), "{what}");
+                    assert_eq!(
+                        plan.batches() as usize,
+                        plan.order.len().div_ceil(b),
+                        "{what}"
+                    );
+                    // Batches tile the order; only the last may be short.
+                    let mut pos = 0;
+                    for i in 0..plan.batches() {
+                        let r = plan.batch_range(i);
+                        assert_eq!(r.start, pos, "{what}");
+                        assert!(!r.is_empty() && r.len() <= b, "{what}");
+                        if i + 1 < plan.batches() || last_batch == LastBatch::Drop {
+                            assert_eq!(r.len(), b, "{what}: batch {i} of {}", plan.batches());
+                        }
+                        pos = r.end;
                     }
-                };
-                assert_eq!(o.len() % batch as usize, 0);
-                assert_eq!(
-                    *per_rank.get_or_insert(o.len()),
-                    o.len(),
-                    "ranks differ in length"
-                );
-                for &i in &o {
-                    seen[i as usize] += 1;
+                    assert_eq!(pos, plan.order.len(), "{what}");
+                    for (p, &id) in plan.order.iter().enumerate() {
+                        if plan.is_padding(p) {
+                            padded_seen[id as usize] += 1;
+                        } else {
+                            real_seen[id as usize] += 1;
+                        }
+                    }
+                    lens.push(plan.order.len());
+                    batch_counts.push(plan.batches());
                 }
-                total += o.len();
-            }
-            if per_rank.is_none() {
-                continue;
-            }
-            if drop_last {
-                assert!(
-                    seen.iter().all(|&c| c <= 1),
-                    "case {case} {order:?}: a sample twice with drop_last"
-                );
-                assert!(
-                    n - total < world as usize * batch as usize,
-                    "dropped too many"
-                );
-            } else {
-                assert!(
-                    seen.iter().all(|&c| c >= 1),
-                    "case {case} {order:?}: a sample missing"
-                );
-                assert_eq!(seen.iter().map(|&c| c as usize).sum::<usize>(), total);
-                assert!(
-                    total - n < world as usize * batch as usize,
-                    "padded too much"
-                );
-            }
-            if n.is_multiple_of(world as usize * batch as usize) {
-                assert!(
-                    seen.iter().all(|&c| c == 1),
-                    "case {case} {order:?}: not exactly once"
-                );
+                let total: usize = lens.iter().sum();
+                let padded: u32 = padded_seen.iter().sum();
+                match last_batch {
+                    LastBatch::Short => {
+                        assert!(
+                            real_seen.iter().all(|&c| c == 1),
+                            "{what}: not exactly once"
+                        );
+                        assert_eq!(padded, 0, "{what}");
+                        let (lo, hi) = (batch_counts.iter().min(), batch_counts.iter().max());
+                        assert!(hi.unwrap() - lo.unwrap() <= 1, "{what}: {batch_counts:?}");
+                    }
+                    LastBatch::Drop => {
+                        if lens.is_empty() {
+                            continue;
+                        }
+                        assert!(real_seen.iter().all(|&c| c <= 1), "{what}: a sample twice");
+                        assert_eq!(padded, 0, "{what}");
+                        assert!(n - total < world as usize * b, "{what}: dropped too many");
+                        assert!(lens.iter().all(|&l| l == lens[0] && l % b == 0), "{what}");
+                    }
+                    LastBatch::Pad => {
+                        assert!(
+                            real_seen.iter().all(|&c| c == 1),
+                            "{what}: real not exactly once"
+                        );
+                        let per = n.div_ceil(world as usize);
+                        assert!(lens.iter().all(|&l| l == per), "{what}: {lens:?}");
+                        assert_eq!(padded as usize, per * world as usize - n, "{what}");
+                        if world == 1 {
+                            assert_eq!(padded, 0, "{what}: one rank is never padded");
+                        }
+                    }
+                }
             }
         }
     }

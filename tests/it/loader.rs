@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use gpufeed::dataset::shard::ShardWriter;
 use gpufeed::io::sim::Rng;
-use gpufeed::{Dataset, ErrorKind, Loader, Order};
+use gpufeed::{Dataset, ErrorKind, LastBatch, Loader, Order};
 
 use crate::common::*;
 
@@ -103,6 +103,149 @@ fn every_sample_exactly_once_across_ranks_and_modes() {
             "{order:?}: not every sample exactly once"
         );
     }
+}
+
+/// The epoch contract through the loader, over random sizes, batch sizes, rank counts, orders
+/// and last-batch policies, each rank resumed at a random batch: the batches from the resume
+/// point equal the uninterrupted epoch's; `short` delivers every sample exactly once (with the
+/// right bytes), `drop` never repeats, `pad` repeats exactly the flagged samples.
+#[test]
+fn epoch_contract_with_random_sizes_and_resume_points() {
+    let dir = disk_dir();
+    let mut rng = Rng::new(77);
+    let n_max = 260;
+    let paths = write_shards(dir.path(), n_max, 3, 3_000, 9);
+    let all = Dataset::open_shards(&paths).unwrap();
+    for case in 0..24u64 {
+        // A random prefix of the samples: as a dataset of its own (keys and bytes stay).
+        let n = 1 + rng.below(n_max as u64) as usize;
+        let ds = Dataset::from_parts(
+            all.files().to_vec(),
+            all.samples()[..n].to_vec(),
+            (0..n).map(|i| all.key(i).into_owned()).collect(),
+        )
+        .unwrap();
+        let world = 1 + rng.below(4) as u32;
+        let batch = 1 + rng.below(20) as u32;
+        let order = modes()[rng.below(3) as usize];
+        let policy = [LastBatch::Short, LastBatch::Drop, LastBatch::Pad][rng.below(3) as usize];
+        let what = format!("case {case}: n {n} world {world} batch {batch} {order:?} {policy:?}");
+        let mut real = vec![0u32; n];
+        let mut padded = vec![0u32; n];
+        let mut per_rank = Vec::new();
+        for rank in 0..world {
+            let loader = match Loader::builder(ds.clone())
+                .batch_size(batch)
+                .order(order)
+                .seed(case)
+                .rank(rank, world)
+                .last_batch(policy)
+                .window(1 + rng.below(3) as u32, 1 << 20)
+                .build()
+                .and_then(|l| l.epoch(case).map(|e| (l, e)))
+            {
+                Ok(x) => x,
+                Err(e) => {
+                    assert!(
+                        policy == LastBatch::Drop && n / (world as usize) < batch as usize,
+                        "{what}: {e}"
+                    );
+                    continue;
+                }
+            };
+            let (loader, epoch) = loader;
+            // What the test compares, copied out: holding the batches would hold every slot.
+            type Seen = (u32, Vec<u32>, Vec<bool>, Vec<Vec<u8>>);
+            let take = |b: gpufeed::Result<gpufeed::Batch>| -> Seen {
+                let b = b.unwrap();
+                assert_eq!(
+                    b.padding_mask().iter().filter(|&&p| p).count(),
+                    b.padding_count()
+                );
+                let bytes = b.samples().map(|s| s.unwrap().to_vec()).collect();
+                (b.index(), b.sample_ids().to_vec(), b.padding_mask(), bytes)
+            };
+            let full: Vec<Seen> = epoch.map(take).collect();
+            assert_eq!(full.len() as u32, loader.batches_per_epoch(), "{what}");
+            let samples: usize = full.iter().map(|b| b.1.len()).sum();
+            assert_eq!(samples, loader.samples_per_epoch(), "{what}");
+            per_rank.push(samples);
+            for (k, (index, ids, mask, bytes)) in full.iter().enumerate() {
+                assert_eq!(*index as usize, k);
+                assert!(ids.len() <= batch as usize && !ids.is_empty(), "{what}");
+                if k + 1 < full.len() {
+                    assert_eq!(
+                        ids.len(),
+                        batch as usize,
+                        "{what}: only the last batch is short"
+                    );
+                }
+                for (j, &id) in ids.iter().enumerate() {
+                    check_sample(&ds, id, &bytes[j]);
+                    if mask[j] {
+                        padded[id as usize] += 1;
+                    } else {
+                        real[id as usize] += 1;
+                    }
+                }
+            }
+            // Resumed at a random batch: the same batches from there, with the same flags.
+            let start = rng.below(full.len() as u64 + 1) as u32;
+            let resumed: Vec<Seen> = loader.epoch_from(case, start).unwrap().map(take).collect();
+            assert_eq!(
+                resumed,
+                full[start as usize..].to_vec(),
+                "{what}: resume at {start}"
+            );
+        }
+        let total_padded: u32 = padded.iter().sum();
+        match policy {
+            LastBatch::Short => {
+                assert!(real.iter().all(|&c| c == 1), "{what}: not exactly once");
+                assert_eq!(total_padded, 0);
+            }
+            LastBatch::Drop => {
+                assert!(real.iter().all(|&c| c <= 1), "{what}: a sample twice");
+                assert_eq!(total_padded, 0);
+            }
+            LastBatch::Pad => {
+                assert!(real.iter().all(|&c| c == 1), "{what}: not exactly once");
+                assert!(
+                    per_rank.iter().all(|&k| k == n.div_ceil(world as usize)),
+                    "{what}"
+                );
+                assert_eq!(
+                    total_padded as usize,
+                    n.div_ceil(world as usize) * world as usize - n
+                );
+            }
+        }
+    }
+}
+
+/// The acceptance's case: 2,000 samples in batches of 64 on one rank are 32 batches, the last of
+/// 16, and 2,000 distinct samples (the default policy).
+#[test]
+fn two_thousand_samples_in_batches_of_64_are_2000_distinct() {
+    let dir = disk_dir();
+    let paths = write_shards(dir.path(), 2000, 2, 600, 4);
+    let ds = Dataset::open_shards(&paths).unwrap();
+    let loader = Loader::builder(ds).batch_size(64).build().unwrap();
+    assert_eq!(loader.batches_per_epoch(), 32);
+    let mut ids = Vec::new();
+    let mut lens = Vec::new();
+    for b in loader.epoch(0).unwrap() {
+        let b = b.unwrap();
+        lens.push(b.len());
+        assert_eq!(b.padding_count(), 0);
+        ids.extend_from_slice(b.sample_ids());
+    }
+    assert_eq!(lens.len(), 32);
+    assert_eq!(lens[31], 2000 - 31 * 64);
+    assert_eq!(ids.len(), 2000);
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 2000, "a sample twice");
 }
 
 #[test]
