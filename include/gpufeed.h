@@ -29,6 +29,9 @@ extern "C" {
 typedef struct gpufeed_loader gpufeed_loader;
 typedef struct gpufeed_batch gpufeed_batch;
 
+/* Options of gpufeed_loader_open; fill with gpufeed_options_default first. The dataset options
+ * (format ... stride) are named as the CLI's --format ... --stride and Python's keyword arguments
+ * (`gpufeed inspect --help` documents each): NULL, or 0, keeps the default. */
 typedef struct gpufeed_options {
     uint32_t batch_size;
     uint32_t order; /* 0 global, 1 shard-buffer, 2 block */
@@ -37,9 +40,27 @@ typedef struct gpufeed_options {
     uint32_t world_size;
     int32_t device; /* -1: host memory; >= 0: that CUDA device */
     uint32_t prefetch;
-    uint8_t drop_last;
+    uint8_t drop_last; /* nonzero: last_batch drop (the familiar alias) */
     uint8_t verify;
+    uint8_t last_batch; /* GPUFEED_LAST_BATCH_SHORT (default), _DROP or _PAD */
+    const char* format; /* from here on: the dataset options (see above) */
+    const char* payload;
+    const char* label_ext;
+    int64_t label_offset;
+    const char* tfrecord_index;
+    const char* tfrecord_payload;
+    const char* tfrecord_label;
+    const char* token_dtype;
+    uint32_t seq_len;
+    uint32_t stride;
 } gpufeed_options;
+
+/* last_batch: SHORT delivers every sample exactly once (the last batch may be short); DROP drops
+ * the samples that do not fill a batch; PAD gives every rank the same number of samples by
+ * repeating some, each flagged (gpufeed_batch_is_padding). */
+#define GPUFEED_LAST_BATCH_SHORT 0
+#define GPUFEED_LAST_BATCH_DROP 1
+#define GPUFEED_LAST_BATCH_PAD 2
 
 #ifndef DLPACK_VERSION
 /* The subset of dlpack.h (v0.8) that gpufeed exports. */
@@ -74,6 +95,9 @@ typedef struct DLManagedTensor {
 const char* gpufeed_last_error(void);
 int32_t gpufeed_options_default(gpufeed_options* out);
 int32_t gpufeed_loader_open(const char* path, const gpufeed_options* opts, gpufeed_loader** out);
+int32_t gpufeed_loader_open_paths(const char** paths, uint32_t n, const gpufeed_options* opts, gpufeed_loader** out);
+const char* gpufeed_loader_dataset_options(const gpufeed_loader* l);
+uint64_t gpufeed_loader_samples_per_epoch(const gpufeed_loader* l);
 uint32_t gpufeed_loader_batches(const gpufeed_loader* l);
 uint64_t gpufeed_loader_samples(const gpufeed_loader* l);
 int32_t gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint32_t start);
@@ -82,6 +106,7 @@ void gpufeed_loader_close(gpufeed_loader* l);
 uint32_t gpufeed_batch_len(const gpufeed_batch* b);
 int32_t gpufeed_batch_sample(const gpufeed_batch* b, uint32_t i, const uint8_t** data, uint64_t* len);
 int64_t gpufeed_batch_label(const gpufeed_batch* b, uint32_t i);
+uint8_t gpufeed_batch_is_padding(const gpufeed_batch* b, uint32_t i);
 uint32_t gpufeed_batch_sample_id(const gpufeed_batch* b, uint32_t i);
 int32_t gpufeed_batch_sample_range(const gpufeed_batch* b, uint32_t i, uint64_t* offset, uint64_t* len);
 int32_t gpufeed_batch_to_dlpack(const gpufeed_batch* b, DLManagedTensor** out);

@@ -374,6 +374,8 @@ struct GroupDone {
     batches: std::ops::Range<u32>,
     ids: Vec<u32>,
     spans: Vec<SampleSpan>,
+    /// One per sample: the index's label, or the one its data carries once checked.
+    labels: Vec<i64>,
     mem: Memory,
     reads: u64,
     bytes_read: u64,
@@ -384,6 +386,7 @@ struct Filled {
     batches: std::ops::Range<u32>,
     ids: Vec<u32>,
     spans: Vec<SampleSpan>,
+    labels: Vec<i64>,
     slot: Slot,
     used: usize,
     reads: u64,
@@ -544,6 +547,7 @@ impl Worker {
                             batches: f.batches,
                             ids: f.ids,
                             spans: f.spans,
+                            labels: f.labels,
                             mem: Memory::Host(Arc::new(Region::new(arena.clone(), f.slot))),
                             reads: f.reads,
                             bytes_read: f.bytes_read,
@@ -610,6 +614,7 @@ impl Worker {
                 batches: f.batches,
                 ids: f.ids,
                 spans: f.spans,
+                labels: f.labels,
                 mem: Memory::Device(Arc::new(pool.region(r, f.used))),
                 reads: f.reads,
                 bytes_read: f.bytes_read,
@@ -666,10 +671,13 @@ impl Worker {
             .filter_map(|s| s.as_ref().ok().map(|r| r.end))
             .max()
             .unwrap_or(0);
+        // Labels are the index's until a check finds the data's own (TFRecord Examples).
+        let labels = ids.iter().map(|&i| ds.sample(i as usize).label).collect();
         Filled {
             batches: g.batches,
             ids,
             spans,
+            labels,
             slot: c.slot,
             used,
             reads: g.reads.len() as u64,
@@ -681,22 +689,39 @@ impl Worker {
     /// host bytes).
     fn checked(&self, mut f: Filled) -> Filled {
         let bytes = self.arena.bytes(&f.slot);
-        check_spans(&self.dataset, bytes, &f.ids, &mut f.spans, self.verify);
+        check_spans(
+            &self.dataset,
+            bytes,
+            &f.ids,
+            &mut f.spans,
+            &mut f.labels,
+            self.verify,
+        );
         f
     }
 }
 
 /// Checks each delivered sample's frame and (with `verify`) checksum against the group's bytes,
-/// narrowing its span to the payload or replacing it with the error. Nothing to do for formats
-/// without frames when not verifying.
-fn check_spans(ds: &Dataset, bytes: &[u8], ids: &[u32], spans: &mut [SampleSpan], verify: bool) {
+/// narrowing its span to the payload (and taking the label its data carries) or replacing it
+/// with the error. Nothing to do for formats without frames when not verifying.
+fn check_spans(
+    ds: &Dataset,
+    bytes: &[u8],
+    ids: &[u32],
+    spans: &mut [SampleSpan],
+    labels: &mut [i64],
+    verify: bool,
+) {
     if !(verify && ds.has_checksums()) && ds.frame() == Frame::None {
         return;
     }
-    for (span, &id) in spans.iter_mut().zip(ids) {
+    for ((span, label), &id) in spans.iter_mut().zip(labels.iter_mut()).zip(ids) {
         if let Ok(r) = span {
             *span = match ds.check_sample(id as usize, &bytes[r.clone()], verify) {
-                Ok(p) => Ok(r.start + p.start..r.start + p.end),
+                Ok(c) => {
+                    *label = ds.label_of(id as usize, &c);
+                    Ok(r.start + c.payload.start..r.start + c.payload.end)
+                }
                 Err(e) => Err(Arc::new(e)),
             };
         }
@@ -738,19 +763,16 @@ impl Epoch {
         // Checksums and frames are checked here, on the consumer's thread: on the I/O thread
         // they would keep it from reaping and resubmitting, and the device queue would run dry.
         // (Device groups were checked before their copy.)
-        let ds = &*self.dataset;
         if let Memory::Host(region) = &g.mem {
-            if (self.verify && ds.has_checksums()) || ds.frame() != Frame::None {
-                let bytes = region.bytes();
-                for (span, &id) in g.spans.iter_mut().zip(&g.ids) {
-                    if let Ok(r) = span {
-                        *span = match ds.check_sample(id as usize, &bytes[r.clone()], self.verify) {
-                            Ok(p) => Ok(r.start + p.start..r.start + p.end),
-                            Err(e) => Err(Arc::new(e)),
-                        };
-                    }
-                }
-            }
+            let bytes = region.bytes();
+            check_spans(
+                &self.dataset,
+                bytes,
+                &g.ids,
+                &mut g.spans,
+                &mut g.labels,
+                self.verify,
+            );
         }
         // Batches are full but for the epoch's last, which ends its group.
         let b = self.batch_size;
@@ -758,9 +780,11 @@ impl Epoch {
         self.stats.bytes_read += g.bytes_read;
         let mut ids = g.ids.into_iter();
         let mut spans = g.spans.into_iter();
+        let mut labels = g.labels.into_iter();
         for index in g.batches {
             let bids: Vec<u32> = ids.by_ref().take(b).collect();
             let bspans: Vec<SampleSpan> = spans.by_ref().take(b).collect();
+            let blabels: Vec<i64> = labels.by_ref().take(b).collect();
             if index < self.next {
                 continue; // resuming: batches before the start point are not handed out
             }
@@ -773,7 +797,7 @@ impl Epoch {
                 Batch {
                     epoch: self.epoch,
                     index,
-                    labels: Vec::new(),
+                    labels: blabels,
                     padding_from,
                     ids: bids,
                     spans: bspans,
@@ -811,14 +835,8 @@ impl Iterator for Epoch {
             }
         }
         self.stats.consumer_wait_s += t0.elapsed().as_secs_f64();
-        let mut batch = self.queue.remove(&self.next).expect("batch is queued");
+        let batch = self.queue.remove(&self.next).expect("batch is queued");
         self.next = batch.index + 1;
-        // Labels are looked up here, not carried through the I/O thread.
-        batch.labels = batch
-            .ids
-            .iter()
-            .map(|&i| self.dataset.sample(i as usize).label)
-            .collect();
         self.stats.batches += 1;
         self.stats.samples += batch.len() as u64;
         self.stats.padding += batch.padding_count() as u64;

@@ -8,11 +8,13 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
+use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use gpufeed::dataset::OpenOptions;
 use gpufeed::dlpack;
-use gpufeed::{Batch, Dataset, Device, Epoch, ErrorKind, Loader, Order};
+use gpufeed::{Batch, Dataset, Device, Epoch, ErrorKind, LastBatch, Loader, Order};
 
 /// Status codes (`gpufeed_status` in the header).
 pub const GPUFEED_OK: i32 = 0;
@@ -36,9 +38,28 @@ pub struct GpufeedOptions {
     /// −1: host memory; ≥ 0: that CUDA device.
     pub device: i32,
     pub prefetch: u32,
+    /// Nonzero: `last_batch` drop (the familiar alias).
     pub drop_last: u8,
     pub verify: u8,
+    /// 0 short (every sample exactly once; the default), 1 drop, 2 pad.
+    pub last_batch: u8,
+    /// The dataset options (the CLI's `--format` … `--stride`): null, or 0, keeps the default.
+    pub format: *const c_char,
+    pub payload: *const c_char,
+    pub label_ext: *const c_char,
+    pub label_offset: i64,
+    pub tfrecord_index: *const c_char,
+    pub tfrecord_payload: *const c_char,
+    pub tfrecord_label: *const c_char,
+    pub token_dtype: *const c_char,
+    pub seq_len: u32,
+    pub stride: u32,
 }
+
+/// `last_batch` values (`GPUFEED_LAST_BATCH_*` in the header).
+pub const GPUFEED_LAST_BATCH_SHORT: u8 = 0;
+pub const GPUFEED_LAST_BATCH_DROP: u8 = 1;
+pub const GPUFEED_LAST_BATCH_PAD: u8 = 2;
 
 pub use gpufeed::dlpack::{DLDataType, DLDevice, DLManagedTensor, DLTensor};
 
@@ -46,6 +67,8 @@ pub use gpufeed::dlpack::{DLDataType, DLDevice, DLManagedTensor, DLTensor};
 pub struct GpufeedLoader {
     loader: Loader,
     epoch: Option<Epoch>,
+    /// The dataset options in effect, as JSON (returned by `gpufeed_loader_dataset_options`).
+    options_json: CString,
 }
 
 /// One batch (`gpufeed_batch`).
@@ -93,7 +116,7 @@ pub extern "C" fn gpufeed_last_error() -> *const c_char {
 }
 
 /// Default options: batches of 256, global order, seed 0, rank 0 of 1, host memory, prefetch 2,
-/// drop_last off, checksums verified.
+/// a short last batch, checksums verified, every dataset option at its default.
 ///
 /// # Safety
 /// `out` must be null or point to writable memory for one `gpufeed_options`.
@@ -114,48 +137,109 @@ pub unsafe extern "C" fn gpufeed_options_default(out: *mut GpufeedOptions) -> i3
             prefetch: 2,
             drop_last: 0,
             verify: 1,
+            last_batch: GPUFEED_LAST_BATCH_SHORT,
+            format: std::ptr::null(),
+            payload: std::ptr::null(),
+            label_ext: std::ptr::null(),
+            label_offset: 0,
+            tfrecord_index: std::ptr::null(),
+            tfrecord_payload: std::ptr::null(),
+            tfrecord_label: std::ptr::null(),
+            token_dtype: std::ptr::null(),
+            seq_len: 0,
+            stride: 0,
         })
     };
     GPUFEED_OK
 }
 
-/// Opens the dataset at `path` (any format gpufeed detects) and builds a loader.
+/// The dataset options of `o` through the table every front door shares.
 ///
 /// # Safety
-/// `path` must be a NUL-terminated string; `opts` null (defaults) or a valid options struct;
-/// `out` writable for one pointer.
+/// Every non-null string field of `o` is NUL-terminated.
+unsafe fn dataset_options(o: &GpufeedOptions) -> gpufeed::Result<OpenOptions> {
+    let mut opts = OpenOptions::default();
+    let strings = [
+        ("format", o.format),
+        ("payload", o.payload),
+        ("label_ext", o.label_ext),
+        ("tfrecord_index", o.tfrecord_index),
+        ("tfrecord_payload", o.tfrecord_payload),
+        ("tfrecord_label", o.tfrecord_label),
+        ("token_dtype", o.token_dtype),
+    ];
+    for (name, p) in strings {
+        if !p.is_null() {
+            // SAFETY: non-null and NUL-terminated per the contract.
+            let v = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+            opts.set(name, &v)?;
+        }
+    }
+    if o.label_offset != 0 {
+        opts.set("label_offset", &o.label_offset.to_string())?;
+    }
+    if o.seq_len != 0 {
+        opts.set("seq_len", &o.seq_len.to_string())?;
+    }
+    if o.stride != 0 {
+        opts.set("stride", &o.stride.to_string())?;
+    }
+    Ok(opts)
+}
+
+/// Opens the dataset at `path` (any path the CLI takes: shards, tars, TFRecords, a Megatron
+/// prefix, token files with `format` "tokens", an ImageFolder) and builds a loader.
+///
+/// # Safety
+/// `path` must be a NUL-terminated string; `opts` null (defaults) or a valid options struct
+/// whose non-null strings are NUL-terminated; `out` writable for one pointer.
 #[no_mangle]
 pub unsafe extern "C" fn gpufeed_loader_open(
     path: *const c_char,
     opts: *const GpufeedOptions,
     out: *mut *mut GpufeedLoader,
 ) -> i32 {
+    // SAFETY: the contract is this function's, passed on (one path).
+    unsafe { gpufeed_loader_open_paths(&path, 1, opts, out) }
+}
+
+/// Opens the `n` files `paths` as one dataset (as `gpufeed_loader_open` does for one).
+///
+/// # Safety
+/// `paths` must point to `n` NUL-terminated strings; `opts` and `out` as for
+/// `gpufeed_loader_open`.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_open_paths(
+    paths: *const *const c_char,
+    n: u32,
+    opts: *const GpufeedOptions,
+    out: *mut *mut GpufeedLoader,
+) -> i32 {
     guard(|| {
-        if path.is_null() || out.is_null() {
-            return invalid("path and out must not be null");
+        if paths.is_null() || out.is_null() || n == 0 {
+            return invalid("paths and out must not be null, and n at least 1");
         }
-        // SAFETY: NUL-terminated per the contract.
-        let path = unsafe { CStr::from_ptr(path) }
-            .to_string_lossy()
-            .into_owned();
-        let mut o = GpufeedOptions {
-            batch_size: 0,
-            order: 0,
-            seed: 0,
-            rank: 0,
-            world_size: 0,
-            device: 0,
-            prefetch: 0,
-            drop_last: 0,
-            verify: 0,
-        };
+        // SAFETY: `n` pointers per the contract.
+        let raw = unsafe { std::slice::from_raw_parts(paths, n as usize) };
+        let mut list = Vec::with_capacity(raw.len());
+        for &p in raw {
+            if p.is_null() {
+                return invalid("a path is null");
+            }
+            // SAFETY: NUL-terminated per the contract.
+            let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+            list.push(std::path::PathBuf::from(s));
+        }
+        let mut o = MaybeUninit::<GpufeedOptions>::uninit();
         if opts.is_null() {
-            // SAFETY: `o` is a valid local.
-            unsafe { gpufeed_options_default(&mut o) };
+            // SAFETY: `o` is writable for one options struct.
+            unsafe { gpufeed_options_default(o.as_mut_ptr()) };
         } else {
             // SAFETY: valid per the contract.
-            o = unsafe { *opts };
+            o.write(unsafe { *opts });
         }
+        // SAFETY: written just above, on either branch.
+        let o = unsafe { o.assume_init() };
         let order = match o.order {
             0 => Order::Global,
             1 => Order::parse("shard-buffer").expect("known"),
@@ -166,27 +250,39 @@ pub unsafe extern "C" fn gpufeed_loader_open(
                 ))
             }
         };
+        let last = match (o.drop_last, o.last_batch) {
+            (d, _) if d != 0 => LastBatch::Drop,
+            (_, GPUFEED_LAST_BATCH_SHORT) => LastBatch::Short,
+            (_, GPUFEED_LAST_BATCH_DROP) => LastBatch::Drop,
+            (_, GPUFEED_LAST_BATCH_PAD) => LastBatch::Pad,
+            (_, n) => return invalid(&format!("unknown last_batch {n} (0 short, 1 drop, 2 pad)")),
+        };
         let device = match o.device {
             d if d < 0 => Device::Host,
             d => Device::Cuda(d as u32),
         };
-        let built = Dataset::open(&path).and_then(|ds| {
-            Loader::builder(ds)
-                .batch_size(o.batch_size)
-                .order(order)
-                .seed(o.seed)
-                .rank(o.rank, o.world_size)
-                .drop_last(o.drop_last != 0)
-                .prefetch_groups(o.prefetch)
-                .verify_checksums(o.verify != 0)
-                .device(device)
-                .build()
-        });
+        // SAFETY: the strings of `o` are NUL-terminated per the contract.
+        let built = unsafe { dataset_options(&o) }
+            .and_then(|opts| Dataset::open_paths(&list, &opts))
+            .and_then(|ds| {
+                Loader::builder(ds)
+                    .batch_size(o.batch_size)
+                    .order(order)
+                    .seed(o.seed)
+                    .rank(o.rank, o.world_size)
+                    .last_batch(last)
+                    .prefetch_groups(o.prefetch)
+                    .verify_checksums(o.verify != 0)
+                    .device(device)
+                    .build()
+            });
         match built {
             Ok(loader) => {
+                let json = loader.dataset().options().to_json().to_string();
                 let h = Box::new(GpufeedLoader {
                     loader,
                     epoch: None,
+                    options_json: CString::new(json).unwrap_or_default(),
                 });
                 // SAFETY: writable per the contract.
                 unsafe { out.write(Box::into_raw(h)) };
@@ -195,6 +291,27 @@ pub unsafe extern "C" fn gpufeed_loader_open(
             Err(e) => status_of(&e),
         }
     })
+}
+
+/// The dataset options in effect, as a JSON object (the names and values `gpufeed inspect
+/// --json` prints under "options"); valid until the loader is closed. Null for a null loader.
+///
+/// # Safety
+/// `l` must be null or a loader from `gpufeed_loader_open` not yet closed.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_dataset_options(l: *const GpufeedLoader) -> *const c_char {
+    // SAFETY: valid or null per the contract.
+    unsafe { l.as_ref() }.map_or(std::ptr::null(), |l| l.options_json.as_ptr())
+}
+
+/// Samples this rank reads per epoch (padding included).
+///
+/// # Safety
+/// As `gpufeed_loader_dataset_options`.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_samples_per_epoch(l: *const GpufeedLoader) -> u64 {
+    // SAFETY: valid or null per the contract.
+    unsafe { l.as_ref() }.map_or(0, |l| l.loader.samples_per_epoch() as u64)
 }
 
 /// Batches per epoch for this rank.
@@ -353,6 +470,19 @@ pub unsafe extern "C" fn gpufeed_batch_label(b: *const GpufeedBatch, i: u32) -> 
     unsafe { b.as_ref() }
         .and_then(|b| b.batch.labels().get(i as usize).copied())
         .unwrap_or(-1)
+}
+
+/// 1 if sample `i` is padding (a repeat that only evens out the ranks, last_batch pad), else 0
+/// (also when out of range).
+///
+/// # Safety
+/// `b` null or a live batch.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_batch_is_padding(b: *const GpufeedBatch, i: u32) -> u8 {
+    // SAFETY: valid or null per the contract.
+    unsafe { b.as_ref() }
+        .filter(|b| (i as usize) < b.batch.len())
+        .map_or(0, |b| u8::from(b.batch.is_padding(i as usize)))
 }
 
 /// Sample `i`'s index in the dataset (`UINT32_MAX` when out of range).

@@ -17,6 +17,7 @@ Example::
 """
 
 from ._gpufeed import (
+    DATASET_OPTIONS,
     Batch,
     Buffer,
     GpufeedError,
@@ -27,6 +28,7 @@ from ._gpufeed import (
 )
 
 __all__ = [
+    "DATASET_OPTIONS",
     "Batch",
     "Buffer",
     "GpufeedError",

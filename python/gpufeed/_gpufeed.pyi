@@ -50,6 +50,9 @@ class Batch:
     @property
     def sample_ids(self) -> Buffer: ...
     @property
+    def padding(self) -> Buffer:
+        """uint8 flags, 1 for a sample repeated only to even out ranks (last_batch="pad")."""
+    @property
     def keys(self) -> List[str]: ...
     @property
     def errors(self) -> List[Tuple[int, str]]: ...
@@ -70,12 +73,19 @@ class _Epoch(Iterator[Batch]):
 class Loader:
     """Reads a dataset epoch by epoch.
 
-    ``paths``: a dataset (packed shards, WebDataset tars, TFRecords, a Megatron prefix, an
-    ImageFolder directory) or a list of its files. ``order``: "global", "block" or
+    ``paths``: a dataset (packed shards, WebDataset tars, TFRecords, a Megatron prefix, token
+    files, an ImageFolder directory) or a list of its files. ``order``: "global", "block" or
     "shard-buffer". ``rank`` / ``world_size`` default to ``RANK`` / ``WORLD_SIZE``.
-    ``device``: "cpu", "cuda" (``LOCAL_RANK``) or "cuda:N". ``on_error``: "raise" (a batch
-    with a bad sample raises SampleError) or "mark" (its length is -1, ``Batch.errors`` says
-    why).
+    ``device``: "cpu", "cuda" (``LOCAL_RANK``) or "cuda:N". ``last_batch``: "short" (default:
+    every sample exactly once, the last batch may be short), "drop", or "pad" (every rank the
+    same number of samples, repeats flagged in ``Batch.padding``); ``drop_last=True`` is the
+    alias of "drop". ``on_error``: "raise" (a batch with a bad sample raises SampleError) or
+    "mark" (its length is -1, ``Batch.errors`` says why).
+
+    The dataset options (``format``, ``payload``, ``label_ext``, ``label_offset``,
+    ``tfrecord_index``, ``tfrecord_payload``, ``tfrecord_label``, ``token_dtype``,
+    ``seq_len``, ``stride``) are the CLI's ``--format``, ``--payload``… with the same
+    defaults: ``gpufeed.DATASET_OPTIONS`` documents each; ``None`` means the default.
     """
 
     def __init__(
@@ -88,14 +98,33 @@ class Loader:
         world_size: Optional[int] = None,
         device: str = "cpu",
         prefetch: int = 2,
-        drop_last: bool = False,
+        last_batch: Optional[str] = None,
+        drop_last: Optional[bool] = None,
         verify: bool = True,
         on_error: str = "raise",
         shuffle_buffer: Optional[int] = None,
         block_bytes: Optional[int] = None,
         open_blocks: Optional[int] = None,
         queue_depth: Optional[int] = None,
+        *,
+        format: Optional[str] = None,
+        payload: Optional[Union[str, Sequence[str]]] = None,
+        label_ext: Optional[str] = None,
+        label_offset: Optional[int] = None,
+        tfrecord_index: Optional[Union[str, os.PathLike]] = None,
+        tfrecord_payload: Optional[str] = None,
+        tfrecord_label: Optional[str] = None,
+        token_dtype: Optional[str] = None,
+        seq_len: Optional[int] = None,
+        stride: Optional[int] = None,
     ) -> None: ...
+    @property
+    def dataset_options(self) -> Dict[str, Optional[str]]:
+        """The dataset options in effect (as ``gpufeed inspect --json`` prints them)."""
+    @property
+    def last_batch(self) -> str: ...
+    @property
+    def samples_per_epoch(self) -> int: ...
     def set_epoch(self, epoch: int) -> None: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> _Epoch: ...
@@ -109,3 +138,6 @@ class Loader:
     def world_size(self) -> int: ...
 
 def gpu_available() -> Tuple[bool, str]: ...
+
+DATASET_OPTIONS: Dict[str, Tuple[str, str]]
+"""Every dataset option ``Loader`` takes: name -> (default, help)."""

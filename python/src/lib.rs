@@ -10,9 +10,9 @@ use std::ffi::{c_void, CStr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use gpufeed::dataset::OpenOptions;
+use gpufeed::dataset::{OpenOptions, DATASET_OPTIONS};
 use gpufeed::dlpack::{self, DLDevice, DLManagedTensor};
-use gpufeed::{Batch, Dataset, Device, Epoch, Loader, Order};
+use gpufeed::{Batch, Dataset, Device, Epoch, LastBatch, Loader, Order};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyIndexError, PyValueError};
 use pyo3::prelude::*;
@@ -62,7 +62,9 @@ struct Settings {
     seed: u64,
     rank: u32,
     world_size: u32,
-    drop_last: bool,
+    last_batch: String,
+    /// The dataset options in effect, as JSON text.
+    dataset_options: String,
     samples: usize,
 }
 
@@ -90,13 +92,63 @@ fn parse_device(device: &str) -> PyResult<Device> {
     }
 }
 
+/// A dataset option's Python value as the text `OpenOptions::set` takes: str, int, path, or a
+/// list of str (joined by commas).
+fn option_text(name: &str, v: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(s) = v.extract::<String>() {
+        return Ok(s);
+    }
+    if v.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyValueError::new_err(format!(
+            "{name}: expected a string or a number, not a bool"
+        )));
+    }
+    if let Ok(i) = v.extract::<i64>() {
+        return Ok(i.to_string());
+    }
+    if let Ok(p) = v.extract::<PathBuf>() {
+        return Ok(p.display().to_string());
+    }
+    if let Ok(list) = v.extract::<Vec<String>>() {
+        return Ok(list.join(","));
+    }
+    Err(PyValueError::new_err(format!(
+        "{name}: expected a string, a number, a path or a list of strings"
+    )))
+}
+
+/// The dataset options from keyword arguments, through the table every front door shares.
+fn dataset_options(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<OpenOptions> {
+    let mut opts = OpenOptions::default();
+    if let Some(kw) = kwargs {
+        for (k, v) in kw.iter() {
+            let name: String = k.extract()?;
+            if !DATASET_OPTIONS.iter().any(|o| o.name == name) {
+                let names: Vec<&str> = DATASET_OPTIONS.iter().map(|o| o.name).collect();
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "Loader() got an unexpected keyword argument {name:?}; the dataset options \
+                     are {}",
+                    names.join(", ")
+                )));
+            }
+            if v.is_none() {
+                continue; // the default
+            }
+            opts.set(&name, &option_text(&name, &v)?)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        }
+    }
+    Ok(opts)
+}
+
 #[pymethods]
 impl PyLoader {
     #[new]
     #[pyo3(signature = (
         paths, batch_size, order="global", seed=0, rank=None, world_size=None, device="cpu",
-        prefetch=2, drop_last=false, verify=true, on_error="raise", shuffle_buffer=None,
-        block_bytes=None, open_blocks=None, queue_depth=None
+        prefetch=2, last_batch=None, drop_last=None, verify=true, on_error="raise",
+        shuffle_buffer=None, block_bytes=None, open_blocks=None, queue_depth=None,
+        **dataset
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -109,14 +161,29 @@ impl PyLoader {
         world_size: Option<u32>,
         device: &str,
         prefetch: u32,
-        drop_last: bool,
+        last_batch: Option<&str>,
+        drop_last: Option<bool>,
         verify: bool,
         on_error: &str,
         shuffle_buffer: Option<u32>,
         block_bytes: Option<u64>,
         open_blocks: Option<u32>,
         queue_depth: Option<u32>,
+        dataset: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let last = match (last_batch, drop_last) {
+            (Some(_), Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "give last_batch or drop_last (its alias), not both",
+                ))
+            }
+            (Some(l), None) => {
+                LastBatch::parse(l).map_err(|e| PyValueError::new_err(e.to_string()))?
+            }
+            (None, Some(true)) => LastBatch::Drop,
+            (None, _) => LastBatch::Short,
+        };
+        let opts = dataset_options(dataset)?;
         let mut ord = Order::parse(order).map_err(|e| PyValueError::new_err(e.to_string()))?;
         match &mut ord {
             Order::ShardBuffer { buffer } => *buffer = shuffle_buffer.unwrap_or(*buffer),
@@ -160,16 +227,13 @@ impl PyLoader {
         }
         let loader = py
             .detach(|| -> gpufeed::Result<Loader> {
-                let ds = match &paths[..] {
-                    [one] => Dataset::open(one)?,
-                    many => Dataset::open_many(many, &OpenOptions::default())?,
-                };
+                let ds = Dataset::open_paths(&paths, &opts)?;
                 let mut b = Loader::builder(ds)
                     .batch_size(batch_size)
                     .order(ord)
                     .seed(seed)
                     .rank(rank, world_size)
-                    .drop_last(drop_last)
+                    .last_batch(last)
                     .prefetch_groups(prefetch)
                     .verify_checksums(verify)
                     .device(dev);
@@ -181,7 +245,6 @@ impl PyLoader {
             .map_err(err)?;
         let samples = loader.dataset().len();
         Ok(PyLoader {
-            loader,
             state: Arc::default(),
             raise_on_error,
             settings: Settings {
@@ -190,10 +253,35 @@ impl PyLoader {
                 seed,
                 rank,
                 world_size,
-                drop_last,
+                last_batch: last.name().to_string(),
+                dataset_options: loader.dataset().options().to_json().to_string(),
                 samples,
             },
+            loader,
         })
+    }
+
+    /// The dataset options in effect (format detected, defaults filled in): the same names
+    /// and values `gpufeed inspect --json` prints under "options".
+    #[getter]
+    fn dataset_options<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in self.loader.dataset().options().values() {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// What happens to a rank's last, incomplete batch: "short", "drop" or "pad".
+    #[getter]
+    fn last_batch(&self) -> &str {
+        &self.settings.last_batch
+    }
+
+    /// Samples this rank reads per epoch (padding included).
+    #[getter]
+    fn samples_per_epoch(&self) -> usize {
+        self.loader.samples_per_epoch()
     }
 
     /// Chooses the epoch the next iteration reads (as with `DistributedSampler.set_epoch`).
@@ -263,7 +351,8 @@ impl PyLoader {
         d.set_item("seed", self.settings.seed)?;
         d.set_item("rank", self.settings.rank)?;
         d.set_item("world_size", self.settings.world_size)?;
-        d.set_item("drop_last", self.settings.drop_last)?;
+        d.set_item("last_batch", &self.settings.last_batch)?;
+        d.set_item("dataset_options", &self.settings.dataset_options)?;
         d.set_item("num_samples", self.settings.samples)?;
         Ok(d)
     }
@@ -282,7 +371,8 @@ impl PyLoader {
             seed: get("seed")?.extract()?,
             rank: get("rank")?.extract()?,
             world_size: get("world_size")?.extract()?,
-            drop_last: get("drop_last")?.extract()?,
+            last_batch: get("last_batch")?.extract()?,
+            dataset_options: get("dataset_options")?.extract()?,
             samples: get("num_samples")?.extract()?,
         };
         if saved != self.settings {
@@ -351,6 +441,7 @@ impl PyEpoch {
         let d = PyDict::new(py);
         d.set_item("batches", st.batches)?;
         d.set_item("samples", st.samples)?;
+        d.set_item("padding", st.padding)?;
         d.set_item("sample_errors", st.sample_errors)?;
         d.set_item("bytes_delivered", st.bytes_delivered)?;
         d.set_item("bytes_read", st.bytes_read)?;
@@ -373,6 +464,7 @@ struct PyBatch {
     lengths: Arc<Vec<i64>>,
     labels: Arc<Vec<i64>>,
     ids: Arc<Vec<i64>>,
+    padding: Arc<Vec<u8>>,
 }
 
 impl PyBatch {
@@ -392,6 +484,7 @@ impl PyBatch {
         PyBatch {
             labels: Arc::new(b.labels().to_vec()),
             ids: Arc::new(b.sample_ids().iter().map(|&i| i as i64).collect()),
+            padding: Arc::new(b.padding_mask().into_iter().map(u8::from).collect()),
             batch: Arc::new(b),
             dataset,
             lo,
@@ -442,6 +535,15 @@ impl PyBatch {
     fn labels(&self) -> PyBuffer {
         PyBuffer {
             mem: Mem::I64(self.labels.clone()),
+        }
+    }
+
+    /// One flag per sample (uint8, 1 = padding): a repeat that only evens out the ranks with
+    /// ``last_batch="pad"``; drop these when evaluating.
+    #[getter]
+    fn padding(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::U8(self.padding.clone()),
         }
     }
 
@@ -513,6 +615,7 @@ enum Mem {
         len: usize,
     },
     I64(Arc<Vec<i64>>),
+    U8(Arc<Vec<u8>>),
 }
 
 /// A 1-D buffer implementing the DLPack protocol (`__dlpack__`, `__dlpack_device__`).
@@ -527,14 +630,7 @@ impl PyBuffer {
         match &self.mem {
             Mem::Region { batch, offset, len } => {
                 match (batch.region_bytes(), batch.device_ptr()) {
-                    (Some(b), _) => (
-                        b.as_ptr() as u64 + *offset as u64,
-                        *len,
-                        DLDevice {
-                            device_type: dlpack::KDL_CPU,
-                            device_id: 0,
-                        },
-                    ),
+                    (Some(b), _) => (b.as_ptr() as u64 + *offset as u64, *len, HOST),
                     (None, Some(p)) => (
                         p + *offset as u64,
                         *len,
@@ -543,27 +639,20 @@ impl PyBuffer {
                             device_id: batch.device().unwrap_or(0) as i32,
                         },
                     ),
-                    (None, None) => (
-                        0,
-                        *len,
-                        DLDevice {
-                            device_type: dlpack::KDL_CPU,
-                            device_id: 0,
-                        },
-                    ),
+                    (None, None) => (0, *len, HOST),
                 }
             }
-            Mem::I64(v) => (
-                v.as_ptr() as u64,
-                v.len(),
-                DLDevice {
-                    device_type: dlpack::KDL_CPU,
-                    device_id: 0,
-                },
-            ),
+            Mem::I64(v) => (v.as_ptr() as u64, v.len(), HOST),
+            Mem::U8(v) => (v.as_ptr() as u64, v.len(), HOST),
         }
     }
 }
+
+/// Host memory, as DLPack names it.
+const HOST: DLDevice = DLDevice {
+    device_type: dlpack::KDL_CPU,
+    device_id: 0,
+};
 
 const CAPSULE: &CStr = c"dltensor";
 
@@ -620,6 +709,7 @@ impl PyBuffer {
                 (Box::new(batch.clone()), dlpack::UINT8)
             }
             Mem::I64(v) => (Box::new(v.clone()), dlpack::INT64),
+            Mem::U8(v) => (Box::new(v.clone()), dlpack::UINT8),
         };
         // SAFETY: `owner` keeps the `len` elements at `ptr` alive (the batch's region, or the
         // vector) until the tensor's deleter runs.
@@ -660,7 +750,7 @@ impl PyBuffer {
     #[getter]
     fn dtype(&self) -> &'static str {
         match self.mem {
-            Mem::Region { .. } => "uint8",
+            Mem::Region { .. } | Mem::U8(_) => "uint8",
             Mem::I64(_) => "int64",
         }
     }
@@ -671,6 +761,7 @@ impl PyBuffer {
         match &self.mem {
             Mem::Region { len, .. } => *len,
             Mem::I64(v) => v.len() * 8,
+            Mem::U8(v) => v.len(),
         }
     }
 
@@ -678,6 +769,10 @@ impl PyBuffer {
     fn tolist(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         match &self.mem {
             Mem::I64(v) => Ok(v.as_ref().clone().into_pyobject(py)?.into_any().unbind()),
+            Mem::U8(v) => {
+                let ints = v.iter().map(|&x| u32::from(x));
+                Ok(pyo3::types::PyList::new(py, ints)?.into_any().unbind())
+            }
             Mem::Region { .. } => {
                 let ints = self.host_bytes()?.into_iter().map(u32::from);
                 Ok(pyo3::types::PyList::new(py, ints)?.into_any().unbind())
@@ -693,6 +788,7 @@ impl PyBuffer {
                 &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
             )),
             Mem::Region { .. } => Ok(PyBytes::new(py, &self.host_bytes()?)),
+            Mem::U8(v) => Ok(PyBytes::new(py, v)),
         }
     }
 
@@ -717,7 +813,7 @@ impl PyBuffer {
                     "a device buffer: use from_dlpack with a device framework",
                 )),
             },
-            Mem::I64(_) => Err(PyValueError::new_err("not a byte buffer")),
+            Mem::I64(_) | Mem::U8(_) => Err(PyValueError::new_err("not a batch's byte buffer")),
         }
     }
 }
@@ -741,5 +837,12 @@ fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GpufeedError", m.py().get_type::<GpufeedError>())?;
     m.add("SampleError", m.py().get_type::<SampleError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // The dataset options Loader takes as keyword arguments: name → (default, help), the same
+    // table as the CLI's flags and the C options struct.
+    let table = PyDict::new(m.py());
+    for o in DATASET_OPTIONS {
+        table.set_item(o.name, (o.default, o.help))?;
+    }
+    m.add("DATASET_OPTIONS", table)?;
     Ok(())
 }

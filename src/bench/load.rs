@@ -183,6 +183,8 @@ pub struct PackedSpec {
     pub engine: EngineKind,
     /// Check every sample's crc32c on the consumer thread (the loader's default).
     pub verify: bool,
+    /// What happens to the last, incomplete batch.
+    pub last_batch: crate::plan::LastBatch,
 }
 
 /// One epoch of the packed dataset through the loader in `order`.
@@ -202,6 +204,7 @@ pub fn run_packed(
         .queue_depth(spec.queue_depth)
         .engine_kind(spec.engine)
         .verify_checksums(spec.verify)
+        .last_batch(spec.last_batch)
         .build()?;
     // Shuffle quality is computed from the plan, outside the timed epoch.
     let q = quality(loader.dataset().samples(), &loader.plan_epoch(0)?);

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::bench::io::{table_header, table_row};
 use crate::bench::{ensure_file, run_io_bench, IoBenchResult, IoBenchSpec, Pattern, SubmitPolicy};
 use crate::config::EngineKind;
+use crate::dataset::{OpenOptions, DATASET_OPTIONS};
 use crate::error::Result;
 use crate::util::{parse_size, SizeMix, IMAGENET_MIX};
 
@@ -36,12 +37,15 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct PackArgs {
-    /// The dataset to pack (ImageFolder directory, WebDataset tars, TFRecords, shards…).
-    src: PathBuf,
+    /// The dataset to pack: an ImageFolder directory, WebDataset tars, TFRecords, shards, a
+    /// Megatron prefix, token files (one path, or several files of one dataset).
+    #[arg(required = true, num_args = 1..)]
+    src: Vec<PathBuf>,
+    /// Output directory for shard-NNNNN.gpf files.
+    #[arg(required = true)]
+    out: PathBuf,
     #[command(flatten)]
     dataset: DatasetArgs,
-    /// Output directory for shard-NNNNN.gpf files.
-    out: PathBuf,
     /// Target size of each shard.
     #[arg(long, default_value = "1G", value_parser = size_arg)]
     shard_size: u64,
@@ -59,8 +63,9 @@ struct PackArgs {
 #[derive(Debug, Args)]
 struct InspectArgs {
     /// A dataset: shards, WebDataset tars, TFRecords, a Megatron prefix, token files, or an
-    /// ImageFolder directory (a file or a directory of files).
-    path: PathBuf,
+    /// ImageFolder directory (a file, a directory of files, or several files of one dataset).
+    #[arg(required = true, num_args = 1..)]
+    paths: Vec<PathBuf>,
     #[command(flatten)]
     dataset: DatasetArgs,
     /// Print JSON.
@@ -68,51 +73,72 @@ struct InspectArgs {
     json: bool,
 }
 
-/// How to read a dataset (detected from the files when not given).
-#[derive(Debug, Args)]
+/// How to read a dataset: the flags are made from [`DATASET_OPTIONS`], the one table that the
+/// Rust `OpenOptions`, Python's keyword arguments and the C options struct follow too.
+#[derive(Debug, Clone, Default)]
 struct DatasetArgs {
-    /// The dataset's format (default: detected from extensions and magic bytes).
-    #[arg(long, value_enum)]
-    format: Option<crate::dataset::Format>,
-    /// WebDataset: extensions of the payload member, by preference.
-    #[arg(long, value_delimiter = ',', default_value = "jpg,jpeg,png,webp")]
-    payload: Vec<String>,
-    /// WebDataset: extension of the member holding the label ("none": no labels).
-    #[arg(long, default_value = "cls")]
-    label_ext: String,
-    /// TFRecord: index file, or directory of NAME.idx files (default: NAME.idx beside NAME).
-    #[arg(long)]
-    tfrecord_index: Option<PathBuf>,
-    /// Token files: width of each token (flat files; Megatron files name theirs).
-    #[arg(long, value_enum)]
-    token_dtype: Option<crate::dataset::tokens::TokenType>,
-    /// Token files: tokens per window (a sample is seq_len + 1 tokens). Flat default 1024;
-    /// Megatron: one sample per sequence unless given.
-    #[arg(long)]
-    seq_len: Option<u32>,
-    /// Token files: tokens between window starts (default: seq_len).
-    #[arg(long)]
-    stride: Option<u32>,
+    /// (option name, value) for every flag given.
+    given: Vec<(&'static str, String)>,
+}
+
+impl clap::FromArgMatches for DatasetArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+        let mut a = DatasetArgs::default();
+        a.update_from_arg_matches(m)?;
+        Ok(a)
+    }
+
+    fn update_from_arg_matches(
+        &mut self,
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<(), clap::Error> {
+        for o in DATASET_OPTIONS {
+            if let Some(v) = m.get_one::<String>(o.name) {
+                self.given.retain(|(k, _)| *k != o.name);
+                self.given.push((o.name, v.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for DatasetArgs {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        for o in DATASET_OPTIONS {
+            cmd = cmd.arg(
+                clap::Arg::new(o.name)
+                    .long(o.flag)
+                    .value_name("VALUE")
+                    .help(format!("{} [default: {}]", o.help, o.default))
+                    .help_heading("Dataset options"),
+            );
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 impl DatasetArgs {
-    fn open(&self, path: &std::path::Path) -> Result<crate::dataset::Dataset> {
-        use crate::dataset::{tar::TarOptions, tokens::TokenOptions, OpenOptions};
-        let opts = OpenOptions {
-            format: self.format,
-            webdataset: TarOptions {
-                payload: self.payload.iter().map(|p| p.to_lowercase()).collect(),
-                label: (self.label_ext != "none").then(|| self.label_ext.to_lowercase()),
-            },
-            tfrecord_index: self.tfrecord_index.clone(),
-            tokens: TokenOptions {
-                dtype: self.token_dtype,
-                seq_len: self.seq_len,
-                stride: self.stride,
-            },
-        };
-        crate::dataset::Dataset::open_with(path, &opts)
+    fn options(&self) -> Result<OpenOptions> {
+        let mut opts = OpenOptions::default();
+        for (k, v) in &self.given {
+            opts.set(k, v)?;
+        }
+        Ok(opts)
     }
+
+    fn open(&self, paths: &[PathBuf]) -> Result<crate::dataset::Dataset> {
+        crate::dataset::Dataset::open_paths(paths, &self.options()?)
+    }
+}
+
+/// Paths as one line of text.
+fn show_paths(paths: &[PathBuf]) -> String {
+    let v: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    v.join(" ")
 }
 
 /// Prints what indexing found wrong (on stderr, or as JSON lines on stdout).
@@ -244,9 +270,16 @@ struct LoadArgs {
     #[arg(long)]
     no_verify: bool,
     /// Run the loader modes (global, block, shard-buffer) over this dataset instead of
-    /// DIR/packed: any format gpufeed reads (tars, TFRecords, shards…).
+    /// DIR/packed: any format gpufeed reads (tars, TFRecords, shards, a Megatron prefix, token
+    /// files…); repeat it for several files of one dataset. Nothing is generated unless the
+    /// small-files or io modes need it.
     #[arg(long)]
-    dataset: Option<PathBuf>,
+    dataset: Vec<PathBuf>,
+    /// What happens to a rank's last, incomplete batch: short, drop or pad.
+    #[arg(long, default_value = "short")]
+    last_batch: String,
+    #[command(flatten)]
+    open: DatasetArgs,
     /// Print one JSON object per mode.
     #[arg(long)]
     json: bool,
@@ -522,21 +555,34 @@ fn bench_load(a: LoadArgs) -> Result<()> {
     use crate::bench::load::{
         drop_caches, ensure_dataset, run_packed, run_small_files, table_header, PackedSpec,
     };
-    use crate::plan::Order;
-    let (small, packed) = ensure_dataset(&a.dir, a.samples, a.shard_size)?;
+    use crate::plan::{LastBatch, Order};
+    // The generated set is made only when a mode reads it: with --dataset, the loader modes
+    // read that instead.
+    let generated = a.dataset.is_empty() || a.modes.iter().any(|m| m == "small-files" || m == "io");
+    let (small, packed) = if generated {
+        ensure_dataset(&a.dir, a.samples, a.shard_size)?
+    } else {
+        (a.dir.join("small"), a.dir.join("packed"))
+    };
     let spec = PackedSpec {
         batch_size: a.batch,
         queue_depth: a.qd,
         seed: a.seed,
         engine: EngineKind::Uring,
         verify: !a.no_verify,
+        last_batch: LastBatch::parse(&a.last_batch)?,
     };
+    let opts = a.open.options()?;
     if !a.json {
-        println!(
-            "gpufeed bench load: {} samples in {}",
-            a.samples,
-            a.dir.display()
-        );
+        if a.dataset.is_empty() {
+            println!(
+                "gpufeed bench load: {} samples in {}",
+                a.samples,
+                a.dir.display()
+            );
+        } else {
+            println!("gpufeed bench load: {}", show_paths(&a.dataset));
+        }
     }
     if !a.json {
         println!("{}", table_header());
@@ -582,7 +628,11 @@ fn bench_load(a: LoadArgs) -> Result<()> {
             }
             m => {
                 let order = Order::parse(m)?;
-                let ds = crate::dataset::Dataset::open(a.dataset.as_ref().unwrap_or(&packed))?;
+                let ds = if a.dataset.is_empty() {
+                    crate::dataset::Dataset::open(&packed)?
+                } else {
+                    crate::dataset::Dataset::open_paths(&a.dataset, &opts)?
+                };
                 let r = run_packed(ds, order, &spec, cold)?;
                 emit_load(&r, a.json);
             }
@@ -628,7 +678,7 @@ fn pack_cmd(a: PackArgs) -> Result<()> {
 }
 
 fn inspect_cmd(a: InspectArgs) -> Result<()> {
-    let ds = a.dataset.open(&a.path)?;
+    let ds = a.dataset.open(&a.paths)?;
     if !a.json {
         report_problems(&ds, false);
     }
@@ -648,7 +698,8 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
         println!(
             "{}",
             serde_json::json!({
-                "path": a.path.display().to_string(), "format": ds.format(), "samples": ds.len(),
+                "path": show_paths(&a.paths), "format": ds.format(), "samples": ds.len(),
+                "options": ds.options().to_json(),
                 "files": ds.files().len(), "bytes": ds.total_bytes(), "labels": labels.len(),
                 "checksums": ds.has_checksums(), "size_histogram": h,
                 "problems": ds.problems_total(),
@@ -659,7 +710,7 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
     }
     println!(
         "{}: {}, {} samples in {} files, {:.3} GiB, {} labels, checksums: {}, problems: {}",
-        a.path.display(),
+        show_paths(&a.paths),
         ds.format().name(),
         ds.len(),
         ds.files().len(),
@@ -681,30 +732,40 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
 }
 
 fn verify_cmd(a: InspectArgs) -> Result<()> {
-    let meta = std::fs::metadata(&a.path)
-        .map_err(|e| crate::Error::io("cannot open", e).with_path(a.path.clone()))?;
-    let shards = if meta.is_file() {
-        if a.path
-            .extension()
-            .is_some_and(|x| x == crate::dataset::shard::EXTENSION)
+    // Any path `inspect` takes: packed shards are verified shard by shard (so that a shard
+    // whose index is damaged is one error and the others are still checked), everything else
+    // through its dataset.
+    let opts = a.dataset.options()?;
+    let shards = match &a.paths[..] {
+        [one]
+            if opts
+                .format
+                .is_none_or(|f| f == crate::dataset::Format::Packed) =>
         {
-            vec![a.path.clone()]
-        } else {
-            Vec::new()
+            match std::fs::metadata(one) {
+                Ok(m) if m.is_dir() => crate::dataset::shard::find_shards(one).unwrap_or_default(),
+                Ok(_)
+                    if one
+                        .extension()
+                        .is_some_and(|x| x == crate::dataset::shard::EXTENSION) =>
+                {
+                    vec![one.clone()]
+                }
+                _ => Vec::new(),
+            }
         }
-    } else {
-        crate::dataset::shard::find_shards(&a.path)?
+        _ => Vec::new(),
     };
+    let what_path = show_paths(&a.paths);
     let mut bad: Vec<crate::Error> = Vec::new();
-    let (checked, files, what) = if !shards.is_empty() && a.dataset.format.is_none() {
+    let (checked, files, what) = if !shards.is_empty() {
         // Shards are verified shard by shard, so that a shard whose index is damaged is one
         // error and the others are still checked.
         let total: u64 = shards
             .iter()
             .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
             .sum();
-        let mut prog =
-            crate::util::Progress::bytes(format!("verifying {}", a.path.display()), total);
+        let mut prog = crate::util::Progress::bytes(format!("verifying {what_path}"), total);
         let mut done = 0u64;
         let mut checked = 0u64;
         for p in &shards {
@@ -724,12 +785,10 @@ fn verify_cmd(a: InspectArgs) -> Result<()> {
     } else {
         // Other formats: every sample is read and checked (checksums and frames where the
         // format has them), and what indexing found wrong counts too.
-        let ds = a.dataset.open(&a.path)?;
+        let ds = crate::dataset::Dataset::open_paths(&a.paths, &opts)?;
         bad.extend(ds.problems().iter().cloned());
-        let mut prog = crate::util::Progress::bytes(
-            format!("verifying {}", a.path.display()),
-            ds.total_bytes(),
-        );
+        let mut prog =
+            crate::util::Progress::bytes(format!("verifying {what_path}"), ds.total_bytes());
         let mut buf = Vec::new();
         let mut done = 0u64;
         for i in 0..ds.len() {

@@ -12,7 +12,9 @@
 #![forbid(unsafe_code)]
 
 mod detect;
+pub mod example;
 pub mod image_folder;
+mod options;
 pub mod pack;
 pub mod shard;
 pub mod tar;
@@ -24,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{invalid, shared_path, Error, Result};
+pub use options::{OptionDoc, DATASET_OPTIONS};
 
 /// One sample: where its bytes are, its label, and the crc32c of its bytes if the format has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +95,12 @@ pub enum Frame {
 }
 
 /// How to open a dataset: the format (detected when `None`) and per-format options.
-#[derive(Debug, Clone, Default)]
+///
+/// The same options, with the same names and defaults, are the CLI's `--NAME` flags, Python's
+/// keyword arguments and the C options struct's fields: [`DATASET_OPTIONS`] lists them (with
+/// their documentation), [`OpenOptions::set`] sets one by name from text, and
+/// [`OpenOptions::values`] gives back every effective value.
+#[derive(Debug, Clone)]
 pub struct OpenOptions {
     pub format: Option<Format>,
     pub webdataset: tar::TarOptions,
@@ -100,7 +108,52 @@ pub struct OpenOptions {
     /// file is opened, or a directory holding `NAME.idx` for each record file `NAME`. Without
     /// it, `NAME.idx` next to the record file is used if present, else the file is scanned.
     pub tfrecord_index: Option<PathBuf>,
+    /// TFRecord: each record is a `tf.train.Example` and the sample is the first value of this
+    /// `bytes_list` feature (default `image/encoded`, TensorFlow's ImageNet converter's name);
+    /// `None`: the sample is the whole record, read raw.
+    pub tfrecord_payload: Option<String>,
+    /// TFRecord: the `int64_list` feature holding the label (default `image/class/label`);
+    /// `None`: no labels.
+    pub tfrecord_label: Option<String>,
+    /// Subtracted from every label read from the data (WebDataset label members, TFRecord label
+    /// features): TensorFlow's ImageNet converter writes 1..=1000, so 1 gives 0..=999.
+    pub label_offset: i64,
     pub tokens: tokens::TokenOptions,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            format: None,
+            webdataset: tar::TarOptions::default(),
+            tfrecord_index: None,
+            tfrecord_payload: Some("image/encoded".into()),
+            tfrecord_label: Some("image/class/label".into()),
+            label_offset: 0,
+            tokens: tokens::TokenOptions::default(),
+        }
+    }
+}
+
+impl OpenOptions {
+    /// What TFRecord samples are: `None` for raw records.
+    pub(crate) fn example_spec(&self) -> Option<example::ExampleSpec> {
+        self.tfrecord_payload
+            .as_ref()
+            .map(|payload| example::ExampleSpec {
+                payload: payload.clone(),
+                label: self.tfrecord_label.clone(),
+                label_offset: self.label_offset,
+            })
+    }
+}
+
+/// A sample's raw bytes once checked: where its payload lies in them, and the label its data
+/// carries (a TFRecord Example's label feature), which takes the index's place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub payload: Range<usize>,
+    pub label: Option<i64>,
 }
 
 /// Variable-length byte strings stored back to back (keys, metadata).
@@ -148,6 +201,10 @@ pub struct Dataset {
     pub(crate) classes: Vec<String>,
     pub(crate) problems: Vec<Error>,
     pub(crate) problems_total: u64,
+    /// TFRecord records are `tf.train.Example`s: what to take from them.
+    pub(crate) example: Option<example::ExampleSpec>,
+    /// The options it was opened with.
+    pub(crate) options: OpenOptions,
 }
 
 impl Dataset {
@@ -166,6 +223,15 @@ impl Dataset {
         Dataset::open_files(format, &files, opts)
     }
 
+    /// Opens one path ([`open_with`](Dataset::open_with)) or several files as one dataset
+    /// ([`open_many`](Dataset::open_many)): what every front door (CLI, Python, C) calls.
+    pub fn open_paths(paths: &[PathBuf], opts: &OpenOptions) -> Result<Dataset> {
+        match paths {
+            [one] => Dataset::open_with(one, opts),
+            many => Dataset::open_many(many, opts),
+        }
+    }
+
     /// Opens several files (or Megatron prefixes) as one dataset, in the order given; the
     /// format is the options' or the first file's.
     pub fn open_many(paths: &[PathBuf], opts: &OpenOptions) -> Result<Dataset> {
@@ -182,17 +248,33 @@ impl Dataset {
     /// Opens the given files as one dataset of `format`, in the order given (for Megatron,
     /// each path is a `PREFIX` or `PREFIX.idx`).
     pub fn open_files(format: Format, paths: &[PathBuf], opts: &OpenOptions) -> Result<Dataset> {
-        match format {
+        let mut ds = match format {
             Format::Packed => shard::open_shards(paths),
             Format::ImageFolder => match paths {
                 [root] => image_folder::open(root),
                 _ => Err(invalid("an ImageFolder dataset is one directory")),
             },
-            Format::WebDataset => tar::open(paths, &opts.webdataset),
-            Format::TfRecord => tfrecord::open(paths, opts.tfrecord_index.as_deref()),
+            Format::WebDataset => tar::open(
+                paths,
+                &tar::TarOptions {
+                    label_offset: opts.label_offset,
+                    ..opts.webdataset.clone()
+                },
+            ),
+            Format::TfRecord => tfrecord::open(paths, opts),
             Format::Tokens => tokens::open_flat(paths, &opts.tokens),
             Format::Megatron => tokens::open_megatron(paths, &opts.tokens),
-        }
+        }?;
+        ds.options = OpenOptions {
+            format: Some(format),
+            ..opts.clone()
+        };
+        Ok(ds)
+    }
+
+    /// The options the dataset was opened with (its format filled in).
+    pub fn options(&self) -> &OpenOptions {
+        &self.options
     }
 
     /// Opens the given shards as one dataset, in the order given.
@@ -271,9 +353,10 @@ impl Dataset {
     }
 
     /// Checks the raw bytes of sample `i` (as read from `offset .. offset + len`) — its frame,
-    /// and its checksums when `verify` and the format has them — and returns where its payload
-    /// lies inside `raw`. The error names the file, the sample and what was wrong.
-    pub fn check_sample(&self, i: usize, raw: &[u8], verify: bool) -> Result<Range<usize>> {
+    /// its checksums when `verify` and the format has them, and for TFRecord Examples the
+    /// payload feature — and returns where its payload lies inside `raw` and the label its data
+    /// carries. The error names the file, the sample and what was wrong.
+    pub fn check_sample(&self, i: usize, raw: &[u8], verify: bool) -> Result<Checked> {
         let s = &self.samples[i];
         let r = match self.frame {
             Frame::None => {
@@ -283,17 +366,38 @@ impl Dataset {
                         format!("checksum mismatch (key {:?})", self.key(i)),
                     ))
                 } else {
-                    Ok(0..raw.len())
+                    Ok(Checked {
+                        payload: 0..raw.len(),
+                        label: None,
+                    })
                 }
             }
-            Frame::TfRecord => tfrecord::unframe(raw, verify),
+            Frame::TfRecord => tfrecord::unframe(raw, verify).and_then(|data| {
+                let Some(spec) = &self.example else {
+                    return Ok(Checked {
+                        payload: data,
+                        label: None,
+                    });
+                };
+                let found = example::find(&raw[data.clone()], spec).map_err(|m| {
+                    invalid(format!(
+                        "record {} is not a usable tf.train.Example: {m} (tfrecord_payload=none \
+                         reads records raw)",
+                        self.key(i)
+                    ))
+                })?;
+                Ok(Checked {
+                    payload: data.start + found.payload.start..data.start + found.payload.end,
+                    label: found.label,
+                })
+            }),
         };
         r.map_err(|e| self.sample_error(i, e))
     }
 
     /// Reads sample `i` with ordinary buffered I/O into `buf` and checks it as
-    /// [`check_sample`](Dataset::check_sample) does; returns the payload's range in `buf`.
-    pub fn read_sample(&self, i: usize, buf: &mut Vec<u8>, verify: bool) -> Result<Range<usize>> {
+    /// [`check_sample`](Dataset::check_sample) does; the payload's range is in `buf`.
+    pub fn read_sample(&self, i: usize, buf: &mut Vec<u8>, verify: bool) -> Result<Checked> {
         use std::os::unix::fs::FileExt;
         let s = &self.samples[i];
         let path = &self.files[s.file as usize].path;
@@ -304,6 +408,12 @@ impl Dataset {
         f.read_exact_at(buf, s.offset)
             .map_err(|e| self.sample_error(i, Error::io("cannot read sample", e)))?;
         self.check_sample(i, buf, verify)
+    }
+
+    /// The label of sample `i` once its bytes were checked: the data's own (TFRecord
+    /// Examples) or the index's.
+    pub fn label_of(&self, i: usize, checked: &Checked) -> i64 {
+        checked.label.unwrap_or(self.samples[i].label)
     }
 
     /// Class names by label, where the format names them.
@@ -378,6 +488,11 @@ impl Dataset {
             classes: Vec::new(),
             problems: Vec::new(),
             problems_total: 0,
+            example: None,
+            options: OpenOptions {
+                format: Some(format),
+                ..OpenOptions::default()
+            },
         }
     }
 }

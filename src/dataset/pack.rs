@@ -81,8 +81,11 @@ pub fn pack(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSum
                         let mut w = ShardWriter::create(&paths[k], opts.align)?;
                         for i in range.clone() {
                             let s = src.sample(i);
-                            let payload = src.read_sample(i, &mut buf, true)?;
-                            w.add(&src.key(i), s.label, src.meta(i), &buf[payload])?;
+                            // The payload (a TFRecord Example's image, say) and the label its
+                            // data carries, or the index's.
+                            let c = src.read_sample(i, &mut buf, true)?;
+                            let label = src.label_of(i, &c);
+                            w.add(&src.key(i), label, src.meta(i), &buf[c.payload])?;
                             done.fetch_add(s.len as u64, Ordering::Relaxed);
                         }
                         w.finish()?;

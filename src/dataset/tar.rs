@@ -26,6 +26,8 @@ pub struct TarOptions {
     pub payload: Vec<String>,
     /// Extension of the member holding the label as decimal text; `None`: no labels.
     pub label: Option<String>,
+    /// Subtracted from every label read (`OpenOptions::label_offset` sets it).
+    pub label_offset: i64,
 }
 
 impl Default for TarOptions {
@@ -33,6 +35,7 @@ impl Default for TarOptions {
         TarOptions {
             payload: ["jpg", "jpeg", "png", "webp"].map(String::from).to_vec(),
             label: Some("cls".into()),
+            label_offset: 0,
         }
     }
 }
@@ -81,6 +84,8 @@ struct Pending {
     exts: Vec<String>,
     payload: Option<(usize, u64, u64)>, // rank in TarOptions::payload, offset, len
     label: Option<i64>,
+    /// Offset of the header of the sample's first member (where a problem with it is).
+    header: u64,
 }
 
 fn index_tar(
@@ -272,6 +277,7 @@ fn member(
             exts: Vec::new(),
             payload: None,
             label: None,
+            header,
         });
     }
     let c = cur.as_mut().expect("a sample is open");
@@ -340,14 +346,14 @@ fn flush(
                 file: fi,
                 len,
                 offset,
-                label: c.label.unwrap_or(-1),
+                label: c.label.map_or(-1, |l| l.wrapping_sub(opts.label_offset)),
                 crc32c: 0,
             });
             b.keys.push(&c.key)?;
         }
         None => problem(
             b,
-            0,
+            c.header,
             format!(
                 "sample {key:?} has no member with extension {} (it has .{}); skipped",
                 opts.payload.join("|"),

@@ -27,10 +27,14 @@ pub fn masked_crc(data: &[u8]) -> u32 {
         .wrapping_add(0xa282_ead8)
 }
 
-/// Indexes TFRecord files as one dataset, in the order given. `index`: an index file (one
-/// record file) or a directory of `NAME.idx` files; without it `NAME.idx` beside each file is
-/// used when present.
-pub fn open(paths: &[PathBuf], index: Option<&Path>) -> Result<Dataset> {
+/// Indexes TFRecord files as one dataset, in the order given. `opts.tfrecord_index`: an index
+/// file (one record file) or a directory of `NAME.idx` files; without it `NAME.idx` beside each
+/// file is used when present. With `opts.tfrecord_payload` (the default), records are
+/// `tf.train.Example`s and a sample is its payload feature with its label; the first record
+/// that checks is parsed at open, so a dataset of other records is refused at once with the
+/// features it has (rather than every sample failing).
+pub fn open(paths: &[PathBuf], opts: &super::OpenOptions) -> Result<Dataset> {
+    let index = opts.tfrecord_index.as_deref();
     if let Some(i) = index.filter(|i| !i.is_dir() && paths.len() > 1) {
         return Err(invalid(
             "several record files need an index directory (NAME.idx for each file NAME)",
@@ -55,7 +59,49 @@ pub fn open(paths: &[PathBuf], index: Option<&Path>) -> Result<Dataset> {
     let mut ds = b.finish(Format::TfRecord, "these TFRecord files")?;
     ds.frame = Frame::TfRecord;
     ds.has_checksums = true;
+    ds.example = opts.example_spec();
+    if ds.example.is_some() {
+        check_first_example(&ds)?;
+    }
     Ok(ds)
+}
+
+/// Records bigger than this are not parsed at open (the loader still checks each).
+const FIRST_CHECK_MAX: u32 = 64 << 20;
+
+/// Parses the first record whose frame and checksums hold: if it is not an Example with the
+/// payload feature, the options do not fit the dataset, and saying so now beats an error per
+/// sample. A damaged first record proves nothing and is left to the loader.
+fn check_first_example(ds: &Dataset) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let Some(spec) = &ds.example else {
+        return Ok(());
+    };
+    let Some(first) = (0..ds.len().min(8)).find(|&i| ds.sample(i).len <= FIRST_CHECK_MAX) else {
+        return Ok(());
+    };
+    let s = ds.sample(first);
+    let path = &ds.files()[s.file as usize].path;
+    let mut buf = vec![0u8; s.len as usize]; // at most FIRST_CHECK_MAX, and inside the file
+    let read = std::fs::File::open(path).and_then(|f| f.read_exact_at(&mut buf, s.offset));
+    let Ok(()) = read else {
+        return Ok(()); // the loader will report it, per sample
+    };
+    // Only a record whose checksums hold counts as evidence.
+    let Ok(data) = unframe(&buf, true) else {
+        return Ok(());
+    };
+    match super::example::find(&buf[data], spec) {
+        Ok(_) => Ok(()),
+        Err(m) => Err(invalid(format!(
+            "the first record is not a usable tf.train.Example: {m}; set tfrecord_payload \
+             (--tfrecord-payload) to the bytes feature that holds the sample, or to none to read \
+             records raw"
+        ))
+        .with_path(path.clone())
+        .with_sample(first as u64)
+        .with_range(s.offset, s.len as u64)),
+    }
 }
 
 fn add(b: &mut Builder, fi: u32, offset: u64, len: u32) {

@@ -29,6 +29,14 @@ pub enum TokenType {
 }
 
 impl TokenType {
+    /// `u16` or `u32`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenType::U16 => "u16",
+            TokenType::U32 => "u32",
+        }
+    }
+
     pub fn bytes(self) -> u64 {
         match self {
             TokenType::U16 => 2,

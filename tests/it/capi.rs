@@ -153,7 +153,8 @@ fn header_matches_the_rust_definitions() {
     );
     // Status codes: the same names and values.
     for line in src.lines().filter(|l| l.starts_with("pub const GPUFEED_")) {
-        let (name, value) = line["pub const ".len()..].split_once(": i32 = ").unwrap();
+        let (name, rest) = line["pub const ".len()..].split_once(": ").unwrap();
+        let value = rest.split_once(" = ").unwrap().1;
         let value = value.trim_end_matches(';');
         assert!(
             h.contains(&format!("#define {name} {value}\n")),
@@ -201,12 +202,16 @@ fn build_capi() -> PathBuf {
 }
 
 fn compile(dir: &Path, lib: &Path) -> PathBuf {
-    let exe = dir.join("epoch");
+    compile_named(dir, lib, "epoch")
+}
+
+fn compile_named(dir: &Path, lib: &Path, name: &str) -> PathBuf {
+    let exe = dir.join(name);
     let out = Command::new("cc")
         .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1"])
         .arg("-I")
         .arg(root().join("include"))
-        .arg(root().join("tests/c/epoch.c"))
+        .arg(root().join(format!("tests/c/{name}.c")))
         .arg("-o")
         .arg(&exe)
         .arg("-L")
@@ -275,4 +280,115 @@ fn a_c_program_reads_an_epoch() {
     let bad_line = stdout.lines().find(|l| l.starts_with("bad ")).unwrap();
     assert!(bad_line.contains("shard-00000.gpf"), "{bad_line}");
     assert!(bad_line.contains(&format!("sample {bad}")), "{bad_line}");
+}
+
+/// The CLI's `inspect --json` over `paths` with `--FLAG VALUE` for each option.
+fn cli_inspect(paths: &[&Path], opts: &[(&str, &str)]) -> serde_json::Value {
+    let mut c = Command::new(gpufeed_bin());
+    c.env("GPUFEED_QUIET", "1").args(["inspect", "--json"]);
+    for (k, v) in opts {
+        c.arg(format!("--{}", k.replace('_', "-"))).arg(v);
+    }
+    c.args(paths);
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// Every dataset option the CLI takes reaches the C door under the same name: set all of them
+/// (to values other than their defaults) through the options struct and through the CLI, and
+/// the dataset options in effect are the same; so is the number of samples (token windows that
+/// depend on token_dtype, seq_len and stride). And last_batch pad flags exactly the repeats.
+#[test]
+fn every_dataset_option_reaches_the_c_options_struct() {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("skipped: no C compiler (cc) on this machine");
+        return;
+    }
+    let lib = build_capi();
+    let dir = disk_dir();
+    let exe = compile_named(dir.path(), &lib, "options");
+    let tokens = dir.path().join("train.bin");
+    let words: Vec<u8> = (0..5000u32)
+        .flat_map(|t| (t * 7919).to_le_bytes())
+        .collect();
+    std::fs::write(&tokens, &words).unwrap();
+    let all: Vec<(&str, &str)> = vec![
+        ("format", "tokens"),
+        ("payload", "png,jpg"),
+        ("label_ext", "txt"),
+        ("label_offset", "1"),
+        ("tfrecord_index", "/no/such/index"),
+        ("tfrecord_payload", "img"),
+        ("tfrecord_label", "y"),
+        ("token_dtype", "u32"),
+        ("seq_len", "64"),
+        ("stride", "32"),
+    ];
+    let names: Vec<&str> = gpufeed::dataset::DATASET_OPTIONS
+        .iter()
+        .map(|o| o.name)
+        .collect();
+    assert_eq!(
+        all.iter().map(|x| x.0).collect::<Vec<_>>(),
+        names,
+        "the test sets every option"
+    );
+    let cli = cli_inspect(&[&tokens], &all);
+    let run = |extra: &[(&str, &str)], paths: &[&Path]| -> (serde_json::Value, Vec<u64>) {
+        let mut c = Command::new(&exe);
+        for (k, v) in extra {
+            c.arg(format!("{k}={v}"));
+        }
+        c.arg("--").args(paths);
+        let o = c.output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let json = out
+            .lines()
+            .find_map(|l| l.strip_prefix("options "))
+            .unwrap();
+        let nums = out
+            .lines()
+            .last()
+            .unwrap()
+            .split(' ')
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        (serde_json::from_str(json).unwrap(), nums)
+    };
+    let (c_opts, nums) = run(&all, &[&tokens]);
+    assert_eq!(c_opts, cli["options"], "C and CLI options differ");
+    // Rust: the same names through OpenOptions::set.
+    let mut rust = gpufeed::dataset::OpenOptions::default();
+    for (k, v) in &all {
+        rust.set(k, v).unwrap();
+    }
+    assert_eq!(rust.to_json(), cli["options"]);
+    let windows = (5000 - 65) / 32 + 1;
+    assert_eq!(cli["samples"], windows);
+    assert_eq!(nums[0], windows, "samples read through C");
+    assert_eq!(nums[1], 0, "no padding by default");
+
+    // last_batch pad over 3 ranks: rank 2 of ⌈N/3⌉ samples holds the repeats, flagged.
+    let mut pad = all.clone();
+    pad.extend([
+        ("last_batch", "2"),
+        ("world_size", "3"),
+        ("rank", "2"),
+        ("batch_size", "5"),
+    ]);
+    let (_, nums) = run(&pad, &[&tokens]);
+    let per = windows.div_ceil(3);
+    assert_eq!(nums[0], per);
+    assert_eq!(nums[1], per * 3 - windows, "{nums:?}");
+    // Two files as one dataset (gpufeed_loader_open_paths).
+    let second = dir.path().join("val.bin");
+    std::fs::write(&second, &words[..4 * 1000]).unwrap();
+    let (_, nums) = run(&all, &[&tokens, &second]);
+    assert_eq!(nums[0], windows + (1000 - 65) / 32 + 1);
 }

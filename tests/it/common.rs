@@ -135,3 +135,66 @@ pub fn keyed_shards(
         })
         .collect()
 }
+
+fn varint(mut v: u64, out: &mut Vec<u8>) {
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+fn len_field(field: u64, body: &[u8], out: &mut Vec<u8>) {
+    varint(field << 3 | 2, out);
+    varint(body.len() as u64, out);
+    out.extend_from_slice(body);
+}
+
+/// A serialized `tf.train.Example` with `image/encoded` (bytes) and `image/class/label`
+/// (packed int64), encoded by hand from the proto definitions (the tests against the `tfrecord`
+/// package and TensorFlow's own layout check the parser independently).
+pub fn tf_example(payload: &[u8], label: i64) -> Vec<u8> {
+    let mut bl = Vec::new();
+    len_field(1, payload, &mut bl);
+    let mut fb = Vec::new();
+    len_field(1, &bl, &mut fb);
+    let mut packed = Vec::new();
+    varint(label as u64, &mut packed);
+    let mut il = Vec::new();
+    len_field(1, &packed, &mut il);
+    let mut fi = Vec::new();
+    len_field(3, &il, &mut fi);
+    let mut features = Vec::new();
+    for (k, v) in [("image/encoded", &fb), ("image/class/label", &fi)] {
+        let mut entry = Vec::new();
+        len_field(1, k.as_bytes(), &mut entry);
+        len_field(2, v, &mut entry);
+        len_field(1, &entry, &mut features);
+    }
+    let mut ex = Vec::new();
+    len_field(1, &features, &mut ex);
+    ex
+}
+
+/// One TFRecord record framing `data`.
+pub fn tf_record(data: &[u8]) -> Vec<u8> {
+    use gpufeed::dataset::tfrecord::masked_crc;
+    let len = (data.len() as u64).to_le_bytes();
+    let mut r = len.to_vec();
+    r.extend_from_slice(&masked_crc(&len).to_le_bytes());
+    r.extend_from_slice(data);
+    r.extend_from_slice(&masked_crc(data).to_le_bytes());
+    r
+}
+
+/// Options that read TFRecord records raw (not as `tf.train.Example`s).
+pub fn raw_records() -> gpufeed::dataset::OpenOptions {
+    gpufeed::dataset::OpenOptions {
+        tfrecord_payload: None,
+        ..Default::default()
+    }
+}

@@ -242,28 +242,23 @@ fn no_gpu_is_an_error_not_a_panic() {
     assert!(err.contains("GPU") || err.contains("CUDA"), "{err}");
 }
 
-/// Framed samples (TFRecord) on the device path: the frame is checked before the copy and the
-/// ranges point at the data inside the copied region.
+/// Framed samples (TFRecord Examples) on the device path: frame and Example are checked before
+/// the copy, the ranges point at the payload inside the copied region, and the labels are the
+/// Examples' own.
 #[test]
-fn tfrecord_frames_are_unwrapped_on_the_device_path() {
-    use gpufeed::dataset::tfrecord::masked_crc;
+fn tfrecord_examples_are_unwrapped_on_the_device_path() {
     let dir = disk_dir();
     let p = dir.path().join("r.tfrecord");
     let mut f = Vec::new();
     let data = |i: usize| content(i, 1 + i * 53 % 4000);
     for i in 0..64 {
-        let d = data(i);
-        let len = (d.len() as u64).to_le_bytes();
-        f.extend_from_slice(&len);
-        f.extend_from_slice(&masked_crc(&len).to_le_bytes());
-        f.extend_from_slice(&d);
-        f.extend_from_slice(&masked_crc(&d).to_le_bytes());
+        f.extend(tf_record(&tf_example(&data(i), 1000 + i as i64)));
     }
     std::fs::write(&p, &f).unwrap();
     let ds = Dataset::open(&p).unwrap();
     // Record 9's data is damaged afterwards: an error for it alone.
     let nine = *ds.sample(9);
-    f[nine.offset as usize + 14] ^= 1;
+    f[nine.offset as usize + 40] ^= 1;
     std::fs::write(&p, &f).unwrap();
     let sim = SimDevice::new(5);
     let loader = Loader::builder(ds.clone())
@@ -281,6 +276,7 @@ fn tfrecord_frames_are_unwrapped_on_the_device_path() {
                 assert!(s.unwrap_err().to_string().contains("data checksum"));
             } else {
                 assert_eq!(s.unwrap(), data(id), "record {id}");
+                assert_eq!(b.labels()[j], 1000 + id as i64);
             }
             seen += 1;
         }

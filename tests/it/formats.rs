@@ -265,11 +265,19 @@ fn corrupt_and_truncated_tars_lose_only_their_samples() {
             .any(|m| m.contains("s/0001") && m.contains("not a decimal")),
         "{msgs:?}"
     );
-    assert!(
-        msgs.iter()
-            .any(|m| m.contains("s/0003") && m.contains("no member")),
-        "{msgs:?}"
+    // The sample without a payload is reported where its member's header is, not at offset 0.
+    let no_payload = ds
+        .problems()
+        .iter()
+        .find(|e| e.to_string().contains("s/0003") && e.to_string().contains("no member"))
+        .unwrap_or_else(|| panic!("{msgs:?}"));
+    let tar_bytes = std::fs::read(&p).unwrap();
+    assert_eq!(
+        no_payload.offset(),
+        Some(header_offset(&tar_bytes, "s/0003.txt") as u64),
+        "{no_payload}"
     );
+    assert_eq!(no_payload.path(), Some(p.as_path()));
     let got = epoch_by_key(&ds);
     assert_eq!(got["s/0001"].as_ref().unwrap(), &(b"one".to_vec(), -1));
     assert_eq!(got["s/0002"].as_ref().unwrap(), &(b"two".to_vec(), -1));
@@ -344,7 +352,7 @@ fn tfrecords_from_an_independent_writer_with_and_without_index() {
     py.arg("-c").arg(TFRECORD_WRITER).arg(&p).arg(n.to_string());
     run_ok(py);
     // With the index beside it.
-    let ds = Dataset::open(&p).unwrap();
+    let ds = Dataset::open_with(&p, &raw_records()).unwrap();
     assert_eq!(ds.format(), Format::TfRecord);
     assert_eq!(ds.len(), n);
     let with_index = tf_epoch(&ds);
@@ -355,12 +363,12 @@ fn tfrecords_from_an_independent_writer_with_and_without_index() {
     let idx = dir.path().join("train.tfrecord.idx");
     let moved = dir.path().join("elsewhere.idx");
     std::fs::rename(&idx, &moved).unwrap();
-    let ds = Dataset::open(&p).unwrap();
+    let ds = Dataset::open_with(&p, &raw_records()).unwrap();
     assert_eq!(tf_epoch(&ds), with_index);
     // An index named explicitly.
     let opts = OpenOptions {
         tfrecord_index: Some(moved.clone()),
-        ..OpenOptions::default()
+        ..raw_records()
     };
     assert_eq!(
         tf_epoch(&Dataset::open_with(&p, &opts).unwrap()),
@@ -381,7 +389,7 @@ fn tfrecords_from_an_independent_writer_with_and_without_index() {
     let mut bad = good.clone();
     bad[offsets[10].0 as usize + 12 + 5] ^= 1;
     std::fs::write(&p, &bad).unwrap();
-    let ds = Dataset::open(&p).unwrap();
+    let ds = Dataset::open_with(&p, &raw_records()).unwrap();
     let got = tf_epoch(&ds);
     for (i, r) in got.iter().enumerate() {
         if i == 10 {
@@ -398,7 +406,7 @@ fn tfrecords_from_an_independent_writer_with_and_without_index() {
     let mut bad = good.clone();
     bad[offsets[20].0 as usize + 9] ^= 1;
     std::fs::write(&p, &bad).unwrap();
-    let ds = Dataset::open(&p).unwrap();
+    let ds = Dataset::open_with(&p, &raw_records()).unwrap();
     assert_eq!(ds.len(), n - 1);
     assert_eq!(ds.problems().len(), 1, "{:?}", ds.problems());
     assert_eq!(ds.problems()[0].offset(), Some(offsets[20].0));
@@ -436,11 +444,11 @@ fn tfrecords_from_an_independent_writer_with_and_without_index() {
 
     // Truncated after record 40 plus 7 bytes, and an empty file.
     std::fs::write(&p, &good[..offsets[41].0 as usize + 7]).unwrap();
-    let ds = Dataset::open(&p).unwrap();
+    let ds = Dataset::open_with(&p, &raw_records()).unwrap();
     assert_eq!(ds.len(), 41);
     assert!(ds.problems()[0].to_string().contains("truncated"));
     std::fs::write(&p, b"").unwrap();
-    let e = Dataset::open(&p).unwrap_err();
+    let e = Dataset::open_with(&p, &raw_records()).unwrap_err();
     assert!(e.to_string().contains("empty"), "{e}");
     assert_eq!(e.path(), Some(p.as_path()));
 }
@@ -703,7 +711,7 @@ fn verify_reports_a_bad_tfrecord_by_file_and_sample() {
     std::fs::write(&p, b).unwrap();
     let o = Command::new(gpufeed_bin())
         .env("GPUFEED_QUIET", "1")
-        .args(["verify", "--json"])
+        .args(["verify", "--json", "--tfrecord-payload", "none"])
         .arg(&p)
         .output()
         .unwrap();
@@ -763,9 +771,18 @@ fn mutated_files_never_panic() {
     for d in 0..11u64 {
         mi.extend_from_slice(&d.to_le_bytes());
     }
+    // The same records as tf.train.Examples.
+    let mut ex = Vec::new();
+    for i in 0..20usize {
+        ex.extend(tf_record(&tf_example(
+            &bytes_for(&i.to_string(), i * 37 % 300),
+            i as i64,
+        )));
+    }
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("m.tar", std::fs::read(&tar).unwrap()),
         ("m.tfrecord", rec.clone()),
+        ("e.tfrecord", ex),
         ("m.idx", mi),
     ];
     std::fs::write(dir.path().join("m.bin"), vec![7u8; at as usize]).unwrap();
@@ -799,7 +816,14 @@ fn mutated_files_never_panic() {
             } else {
                 let _ = std::fs::remove_file(dir.path().join("m.tfrecord.idx"));
             }
-            let Ok(ds) = Dataset::open(&p) else { continue };
+            let opts = if *name == "m.tfrecord" {
+                raw_records()
+            } else {
+                OpenOptions::default()
+            };
+            let Ok(ds) = Dataset::open_with(&p, &opts) else {
+                continue;
+            };
             opened += 1;
             for s in ds.samples() {
                 let f = &ds.files()[s.file as usize];

@@ -1,0 +1,219 @@
+"""The epoch contract and the dataset options from Python (CPU; numpy).
+
+Run by ``tests/it/python.rs`` with ``GPUFEED_TEST_DATA`` (``d2000/``: 2,000 packed samples;
+``imagenet-tfrecord/``: an ImageNet-style TFRecord set written by the ``tfrecord`` package, with
+``expected/K.jpg`` and ``labels.txt``) and ``GPUFEED_BIN`` (the CLI, to compare with).
+"""
+
+import json
+import os
+import struct
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+
+import gpufeed
+
+DATA = os.environ.get("GPUFEED_TEST_DATA", "")
+BIN = os.environ.get("GPUFEED_BIN", "")
+
+
+def cli_inspect(paths, **opts):
+    """``gpufeed inspect --json`` with ``--NAME VALUE`` per option."""
+    args = [BIN, "inspect", "--json"]
+    for k, v in opts.items():
+        args += ["--" + k.replace("_", "-"), str(v)]
+    out = subprocess.run(
+        args + [str(p) for p in paths],
+        check=True,
+        capture_output=True,
+        env=dict(os.environ, GPUFEED_QUIET="1"),
+    )
+    return json.loads(out.stdout)
+
+
+def epoch(ld):
+    """(sample id, bytes, label, padding) of every sample of one epoch, and the batch sizes."""
+    out, sizes = [], []
+    for b in ld:
+        data = np.from_dlpack(b.data)
+        offsets, lengths = np.from_dlpack(b.offsets), np.from_dlpack(b.lengths)
+        ids, labels = np.from_dlpack(b.sample_ids), np.from_dlpack(b.labels)
+        pad = np.from_dlpack(b.padding)
+        sizes.append(len(b))
+        for i in range(len(b)):
+            got = data[offsets[i] : offsets[i] + lengths[i]].tobytes()
+            out.append((int(ids[i]), got, int(labels[i]), bool(pad[i])))
+    return out, sizes
+
+
+@unittest.skipUnless(DATA and BIN, "GPUFEED_TEST_DATA / GPUFEED_BIN not set (tests/it/python.rs sets them)")
+class EpochContract(unittest.TestCase):
+    def test_2000_samples_in_batches_of_64_are_2000_distinct(self):
+        ld = gpufeed.Loader(os.path.join(DATA, "d2000"), batch_size=64)
+        self.assertEqual(ld.last_batch, "short")
+        self.assertEqual(len(ld), 32)
+        got, sizes = epoch(ld)
+        self.assertEqual(len(got), 2000)
+        self.assertEqual(len({g[0] for g in got}), 2000)
+        self.assertEqual(sizes, [64] * 31 + [16])
+        self.assertFalse(any(g[3] for g in got))
+
+    def test_drop_and_its_alias(self):
+        for kw in (dict(last_batch="drop"), dict(drop_last=True)):
+            ld = gpufeed.Loader(os.path.join(DATA, "d2000"), batch_size=64, **kw)
+            got, sizes = epoch(ld)
+            self.assertEqual(sizes, [64] * 31)
+            self.assertEqual(len({g[0] for g in got}), 1984)
+        with self.assertRaises(ValueError):
+            gpufeed.Loader(os.path.join(DATA, "d2000"), batch_size=64, last_batch="drop", drop_last=True)
+        with self.assertRaises(ValueError):
+            gpufeed.Loader(os.path.join(DATA, "d2000"), batch_size=64, last_batch="fill")
+
+    def test_pad_evens_out_ranks_and_flags_exactly_the_repeats(self):
+        real, padded, per_rank = {}, [], []
+        for rank in range(3):
+            ld = gpufeed.Loader(
+                os.path.join(DATA, "d2000"), batch_size=64, last_batch="pad", rank=rank, world_size=3
+            )
+            got, _ = epoch(ld)
+            per_rank.append(len(got))
+            self.assertEqual(len(got), ld.samples_per_epoch)
+            for sid, _, _, pad in got:
+                if pad:
+                    padded.append(sid)
+                else:
+                    real[sid] = real.get(sid, 0) + 1
+        self.assertEqual(per_rank, [667] * 3)
+        self.assertEqual(real, {i: 1 for i in range(2000)})
+        self.assertEqual(len(padded), 1)
+
+
+@unittest.skipUnless(DATA and BIN, "GPUFEED_TEST_DATA / GPUFEED_BIN not set (tests/it/python.rs sets them)")
+class DatasetOptions(unittest.TestCase):
+    def test_the_table_is_the_clis_and_the_stubs(self):
+        names = list(gpufeed.DATASET_OPTIONS)
+        self.assertEqual(
+            names,
+            ["format", "payload", "label_ext", "label_offset", "tfrecord_index", "tfrecord_payload",
+             "tfrecord_label", "token_dtype", "seq_len", "stride"],
+        )
+        helptext = subprocess.run([BIN, "inspect", "--help"], check=True, capture_output=True).stdout.decode()
+        for n in names:
+            self.assertIn("--" + n.replace("_", "-"), helptext)
+        with open(os.path.join(os.path.dirname(gpufeed.__file__), "_gpufeed.pyi")) as f:
+            stub = f.read()
+        for n in names:
+            self.assertIn(f"        {n}: Optional[", stub, n)
+        with self.assertRaises(TypeError) as e:
+            gpufeed.Loader(os.path.join(DATA, "d2000"), batch_size=8, payload_ext="jpg")
+        self.assertIn("token_dtype", str(e.exception))
+
+    def test_every_cli_option_reaches_python(self):
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            path = os.path.join(d, "train.bin")
+            np.arange(5000, dtype=np.uint32).tofile(path)
+            opts = dict(
+                format="tokens", payload="png,jpg", label_ext="txt", label_offset=1,
+                tfrecord_index="/no/such/index", tfrecord_payload="img", tfrecord_label="y",
+                token_dtype="u32", seq_len=64, stride=32,
+            )
+            self.assertEqual(sorted(opts), sorted(gpufeed.DATASET_OPTIONS))
+            cli = cli_inspect([path], **opts)
+            ld = gpufeed.Loader(path, batch_size=16, **opts)
+            self.assertEqual(ld.dataset_options, cli["options"])
+            self.assertEqual(ld.num_samples, cli["samples"])
+            # A list of extensions is the CLI's comma-separated value.
+            ld = gpufeed.Loader(path, batch_size=16, **dict(opts, payload=["png", "jpg"]))
+            self.assertEqual(ld.dataset_options["payload"], "png,jpg")
+
+    def test_nanogpt_tokens_as_the_cli_reads_them(self):
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            # As nanoGPT's prepare.py writes train.bin: a uint16 memmap.
+            path = os.path.join(d, "train.bin")
+            toks = (np.arange(20_000) * 7919 % 50257).astype(np.uint16)
+            arr = np.memmap(path, dtype=np.uint16, mode="w+", shape=(len(toks),))
+            arr[:] = toks
+            arr.flush()
+            del arr
+            ld = gpufeed.Loader(path, batch_size=8, format="tokens", seq_len=256, stride=128, order="block")
+            cli = cli_inspect([path], format="tokens", seq_len=256, stride=128)
+            self.assertEqual(ld.num_samples, cli["samples"])
+            got, _ = epoch(ld)
+            self.assertEqual(len(got), ld.num_samples)
+            for sid, b, _, _ in got:
+                window = np.frombuffer(b, dtype=np.uint16)
+                np.testing.assert_array_equal(window, toks[sid * 128 : sid * 128 + 257])
+            # Without format="tokens" a flat file is refused with the way out.
+            with self.assertRaises(gpufeed.GpufeedError) as e:
+                gpufeed.Loader(path, batch_size=8)
+            self.assertIn("tokens", str(e.exception))
+
+    def test_a_megatron_prefix_as_the_cli_reads_it(self):
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            prefix = os.path.join(d, "corpus_text_document")
+            lens = [5, 0, 17, 3, 40, 9]
+            seqs = [(np.arange(n) + 100 * i).astype(np.uint16) for i, n in enumerate(lens)]
+            with open(prefix + ".bin", "wb") as f:
+                for s in seqs:
+                    f.write(s.tobytes())
+            ptrs = np.concatenate([[0], np.cumsum([2 * n for n in lens])[:-1]]).astype(np.int64)
+            with open(prefix + ".idx", "wb") as f:  # Megatron's _IndexWriter layout
+                f.write(b"MMIDIDX\x00\x00")
+                f.write(struct.pack("<Q", 1))
+                f.write(struct.pack("<B", 8))  # uint16
+                f.write(struct.pack("<Q", len(lens)))
+                f.write(struct.pack("<Q", len(lens) + 1))
+                f.write(np.array(lens, dtype=np.int32).tobytes())
+                f.write(ptrs.tobytes())
+                f.write(np.arange(len(lens) + 1, dtype=np.int64).tobytes())
+            ld = gpufeed.Loader(prefix, batch_size=2)
+            cli = cli_inspect([prefix])
+            self.assertEqual(ld.num_samples, cli["samples"])
+            self.assertEqual(ld.dataset_options["format"], "megatron")
+            got, _ = epoch(ld)
+            by_id = {sid: b for sid, b, _, _ in got}
+            # One sample per sequence (the empty one too), in index order.
+            self.assertEqual(ld.num_samples, len(lens))
+            self.assertEqual(len(by_id), len(lens))
+            for i, seq in enumerate(seqs):
+                np.testing.assert_array_equal(np.frombuffer(by_id[i], dtype=np.uint16), seq)
+            # Windows over the .bin with seq_len, as the CLI's --seq-len.
+            ld = gpufeed.Loader(prefix, batch_size=2, seq_len=8)
+            self.assertEqual(ld.num_samples, cli_inspect([prefix], seq_len=8)["samples"])
+
+
+@unittest.skipUnless(DATA and BIN, "GPUFEED_TEST_DATA / GPUFEED_BIN not set (tests/it/python.rs sets them)")
+class TfRecordExamples(unittest.TestCase):
+    ROOT = os.path.join(DATA, "imagenet-tfrecord")
+
+    def expected(self):
+        with open(os.path.join(self.ROOT, "labels.txt")) as f:
+            labels = [int(line.split()[1]) for line in f if line.strip()]
+        jpegs = []
+        for k in range(len(labels)):
+            with open(os.path.join(self.ROOT, "expected", f"{k:06d}.jpg"), "rb") as f:
+                jpegs.append(f.read())
+        return jpegs, labels
+
+    def test_imagenet_style_examples_read_as_jpegs_with_their_labels(self):
+        jpegs, labels = self.expected()
+        records = os.path.join(self.ROOT, "records")
+        for kw in (dict(), dict(tfrecord_index=os.path.join(self.ROOT, "index"))):
+            ld = gpufeed.Loader(records, batch_size=8, format="tfrecord", label_offset=1, **kw)
+            got, _ = epoch(ld)
+            self.assertEqual(len(got), len(jpegs))
+            for sid, b, label, _ in got:
+                self.assertEqual(b, jpegs[sid], sid)
+                self.assertEqual(b[:2], b"\xff\xd8")
+                self.assertEqual(label, labels[sid] - 1)
+        # A payload feature the records lack: refused at once, naming the features they have.
+        with self.assertRaises(gpufeed.GpufeedError) as e:
+            gpufeed.Loader(records, batch_size=8, format="tfrecord", tfrecord_payload="image/raw")
+        self.assertIn("image/encoded", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

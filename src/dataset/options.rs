@@ -1,0 +1,301 @@
+//! The dataset options, once: their names, defaults and meaning, and how each is set from text.
+//!
+//! Every front door goes through this table with the same names: the CLI's `--NAME` flags
+//! (`_` written `-`), Python's keyword arguments, the C options struct's fields, and
+//! [`OpenOptions::set`] in Rust. [`OpenOptions::values`] reads every effective value back, which
+//! is how the tests check that an option given at any door reaches the dataset.
+
+use std::path::PathBuf;
+
+use super::tokens::TokenType;
+use super::{Format, OpenOptions};
+use crate::error::{invalid, Result};
+
+/// One dataset option as the documentation and every front door name it.
+#[derive(Debug, Clone, Copy)]
+pub struct OptionDoc {
+    /// The name: `OpenOptions::set`, Python keyword, C field; the CLI flag is `--` + it with
+    /// `-` for `_`.
+    pub name: &'static str,
+    /// The CLI flag without its dashes: `name` with `-` for `_`.
+    pub flag: &'static str,
+    /// The default, as text.
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+/// Every dataset option (the order of the CLI's help).
+pub const DATASET_OPTIONS: &[OptionDoc] = &[
+    OptionDoc {
+        name: "format",
+        flag: "format",
+        default: "detected",
+        help: "the dataset's format: packed, image-folder, webdataset, tfrecord, tokens, \
+               megatron (default: detected from extensions and magic bytes; flat token files \
+               always need tokens)",
+    },
+    OptionDoc {
+        name: "payload",
+        flag: "payload",
+        default: "jpg,jpeg,png,webp",
+        help: "WebDataset: extensions of the payload member, by preference",
+    },
+    OptionDoc {
+        name: "label_ext",
+        flag: "label-ext",
+        default: "cls",
+        help: "WebDataset: extension of the member holding the label as decimal text (none: \
+               no labels)",
+    },
+    OptionDoc {
+        name: "label_offset",
+        flag: "label-offset",
+        default: "0",
+        help: "subtracted from every label read from the data (WebDataset label members, \
+               TFRecord label features); TensorFlow's ImageNet converter writes 1..1000, so 1 \
+               gives 0..999",
+    },
+    OptionDoc {
+        name: "tfrecord_index",
+        flag: "tfrecord-index",
+        default: "NAME.idx beside each file, else a scan",
+        help: "TFRecord: index file (offset size per line, as tfrecord2idx writes), or a \
+               directory of NAME.idx files",
+    },
+    OptionDoc {
+        name: "tfrecord_payload",
+        flag: "tfrecord-payload",
+        default: "image/encoded",
+        help: "TFRecord: records are tf.train.Examples and a sample is this bytes feature \
+               (none: the whole record, read raw)",
+    },
+    OptionDoc {
+        name: "tfrecord_label",
+        flag: "tfrecord-label",
+        default: "image/class/label",
+        help: "TFRecord: the int64 feature holding the label (none: no labels)",
+    },
+    OptionDoc {
+        name: "token_dtype",
+        flag: "token-dtype",
+        default: "u16 (flat files); Megatron files name their own",
+        help: "token files: width of each token, u16 or u32",
+    },
+    OptionDoc {
+        name: "seq_len",
+        flag: "seq-len",
+        default: "1024 (flat files); Megatron: one sample per sequence",
+        help: "token files: tokens per window (a sample is seq_len + 1 tokens)",
+    },
+    OptionDoc {
+        name: "stride",
+        flag: "stride",
+        default: "seq_len",
+        help: "token files: tokens between window starts",
+    },
+];
+
+/// `none` (any case) or an empty value turns an optional name off.
+fn optional(value: &str) -> Option<String> {
+    let v = value.trim();
+    (!v.is_empty() && !v.eq_ignore_ascii_case("none")).then(|| v.to_string())
+}
+
+fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
+    value.trim().parse().map_err(|_| {
+        invalid(format!(
+            "dataset option {name}={value:?} is not a valid number"
+        ))
+    })
+}
+
+/// A token width by name.
+pub(crate) fn token_type(value: &str) -> Result<TokenType> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "u16" | "uint16" => Ok(TokenType::U16),
+        "u32" | "uint32" => Ok(TokenType::U32),
+        _ => Err(invalid(format!(
+            "token_dtype {value:?}: expected u16 or u32"
+        ))),
+    }
+}
+
+/// A format by name.
+pub(crate) fn format(value: &str) -> Result<Format> {
+    const ALL: [Format; 6] = [
+        Format::Packed,
+        Format::ImageFolder,
+        Format::WebDataset,
+        Format::TfRecord,
+        Format::Tokens,
+        Format::Megatron,
+    ];
+    let v = value.trim().to_ascii_lowercase();
+    ALL.into_iter().find(|f| f.name() == v).ok_or_else(|| {
+        invalid(format!(
+            "unknown format {value:?}: expected one of {}",
+            ALL.map(|f| f.name()).join(", ")
+        ))
+    })
+}
+
+impl OpenOptions {
+    /// Sets the option `name` ([`DATASET_OPTIONS`]) from text, as the CLI, Python and C do.
+    /// An empty value (or `none` for the optional names) restores the default where the default
+    /// is "absent"; the error names the option and what it expects.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        let d = OpenOptions::default();
+        let v = value.trim();
+        match name {
+            "format" => self.format = optional(v).map(|f| format(&f)).transpose()?,
+            "payload" => {
+                let exts: Vec<String> = v
+                    .split(',')
+                    .map(|e| e.trim().trim_start_matches('.').to_lowercase())
+                    .filter(|e| !e.is_empty())
+                    .collect();
+                self.webdataset.payload = if exts.is_empty() {
+                    d.webdataset.payload
+                } else {
+                    exts
+                };
+            }
+            "label_ext" => {
+                self.webdataset.label = if v.is_empty() {
+                    d.webdataset.label
+                } else {
+                    optional(v).map(|e| e.trim_start_matches('.').to_lowercase())
+                }
+            }
+            "label_offset" => self.label_offset = if v.is_empty() { 0 } else { number(name, v)? },
+            "tfrecord_index" => self.tfrecord_index = optional(v).map(PathBuf::from),
+            "tfrecord_payload" => {
+                self.tfrecord_payload = if v.is_empty() {
+                    d.tfrecord_payload
+                } else {
+                    optional(v)
+                }
+            }
+            "tfrecord_label" => {
+                self.tfrecord_label = if v.is_empty() {
+                    d.tfrecord_label
+                } else {
+                    optional(v)
+                }
+            }
+            "token_dtype" => self.tokens.dtype = optional(v).map(|t| token_type(&t)).transpose()?,
+            "seq_len" => self.tokens.seq_len = optional(v).map(|n| number(name, &n)).transpose()?,
+            "stride" => self.tokens.stride = optional(v).map(|n| number(name, &n)).transpose()?,
+            _ => {
+                let names: Vec<&str> = DATASET_OPTIONS.iter().map(|o| o.name).collect();
+                return Err(invalid(format!(
+                    "unknown dataset option {name:?}; the options are {}",
+                    names.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every option's effective value as text, in [`DATASET_OPTIONS`] order (`None`: absent,
+    /// i.e. detected or the format's own default).
+    pub fn values(&self) -> Vec<(&'static str, Option<String>)> {
+        DATASET_OPTIONS
+            .iter()
+            .map(|o| {
+                let v = match o.name {
+                    "format" => self.format.map(|f| f.name().to_string()),
+                    "payload" => Some(self.webdataset.payload.join(",")),
+                    "label_ext" => self.webdataset.label.clone(),
+                    "label_offset" => Some(self.label_offset.to_string()),
+                    "tfrecord_index" => self
+                        .tfrecord_index
+                        .as_ref()
+                        .map(|p| p.display().to_string()),
+                    "tfrecord_payload" => self.tfrecord_payload.clone(),
+                    "tfrecord_label" => self.tfrecord_label.clone(),
+                    "token_dtype" => self.tokens.dtype.map(|t| t.name().to_string()),
+                    "seq_len" => self.tokens.seq_len.map(|n| n.to_string()),
+                    "stride" => self.tokens.stride.map(|n| n.to_string()),
+                    other => unreachable!("option {other} has no value reader"),
+                };
+                (o.name, v)
+            })
+            .collect()
+    }
+
+    /// [`values`](OpenOptions::values) as a JSON object (`null` for absent).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(
+            self.values()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.map_or(serde_json::Value::Null, Into::into)))
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_option_sets_and_reads_back() {
+        let mut o = OpenOptions::default();
+        let given = [
+            ("format", "tokens"),
+            ("payload", "png,.JPG"),
+            ("label_ext", "txt"),
+            ("label_offset", "1"),
+            ("tfrecord_index", "/idx"),
+            ("tfrecord_payload", "jpeg"),
+            ("tfrecord_label", "y"),
+            ("token_dtype", "u32"),
+            ("seq_len", "64"),
+            ("stride", "16"),
+        ];
+        assert_eq!(given.len(), DATASET_OPTIONS.len());
+        for o in DATASET_OPTIONS {
+            assert_eq!(o.flag, o.name.replace('_', "-"));
+        }
+        for (k, v) in given {
+            o.set(k, v).unwrap();
+        }
+        let back: Vec<(&str, Option<String>)> = o.values();
+        let want: Vec<(&str, Option<String>)> = vec![
+            ("format", Some("tokens".into())),
+            ("payload", Some("png,jpg".into())),
+            ("label_ext", Some("txt".into())),
+            ("label_offset", Some("1".into())),
+            ("tfrecord_index", Some("/idx".into())),
+            ("tfrecord_payload", Some("jpeg".into())),
+            ("tfrecord_label", Some("y".into())),
+            ("token_dtype", Some("u32".into())),
+            ("seq_len", Some("64".into())),
+            ("stride", Some("16".into())),
+        ];
+        assert_eq!(back, want);
+        // `none` turns the optional ones off; empty restores defaults.
+        o.set("tfrecord_payload", "none").unwrap();
+        o.set("label_ext", "None").unwrap();
+        assert_eq!(o.tfrecord_payload, None);
+        assert_eq!(o.webdataset.label, None);
+        o.set("tfrecord_payload", "").unwrap();
+        assert_eq!(o.tfrecord_payload.as_deref(), Some("image/encoded"));
+        assert!(o
+            .set("seq_len", "many")
+            .unwrap_err()
+            .to_string()
+            .contains("seq_len"));
+        assert!(o
+            .set("colour", "red")
+            .unwrap_err()
+            .to_string()
+            .contains("token_dtype"));
+        assert!(o
+            .set("format", "zip")
+            .unwrap_err()
+            .to_string()
+            .contains("webdataset"));
+    }
+}

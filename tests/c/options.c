@@ -1,0 +1,79 @@
+/* Opens a dataset through gpufeed's C ABI with options given as KEY=VALUE arguments (the
+ * options struct's field names), reads one epoch and prints what it saw, for tests/it/capi.rs:
+ *   options KEY=VALUE... -- PATH...
+ * prints "options {json}" (the dataset options in effect) and
+ * "samples N padding P batches B bytes S". */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpufeed.h"
+
+static int fail(const char* what, int32_t st) {
+    fprintf(stderr, "%s: status %d: %s\n", what, (int)st, gpufeed_last_error());
+    return 1;
+}
+
+int main(int argc, char** argv) {
+    gpufeed_options o;
+    gpufeed_options_default(&o);
+    int i = 1;
+    for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        char* eq = strchr(argv[i], '=');
+        if (eq == NULL) return fprintf(stderr, "expected KEY=VALUE: %s\n", argv[i]), 2;
+        *eq = '\0';
+        const char* k = argv[i];
+        const char* v = eq + 1;
+        if (!strcmp(k, "format")) o.format = v;
+        else if (!strcmp(k, "payload")) o.payload = v;
+        else if (!strcmp(k, "label_ext")) o.label_ext = v;
+        else if (!strcmp(k, "label_offset")) o.label_offset = strtoll(v, NULL, 10);
+        else if (!strcmp(k, "tfrecord_index")) o.tfrecord_index = v;
+        else if (!strcmp(k, "tfrecord_payload")) o.tfrecord_payload = v;
+        else if (!strcmp(k, "tfrecord_label")) o.tfrecord_label = v;
+        else if (!strcmp(k, "token_dtype")) o.token_dtype = v;
+        else if (!strcmp(k, "seq_len")) o.seq_len = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "stride")) o.stride = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "batch_size")) o.batch_size = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "rank")) o.rank = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "world_size")) o.world_size = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "last_batch")) o.last_batch = (uint8_t)strtoul(v, NULL, 10);
+        else return fprintf(stderr, "unknown option %s\n", k), 2;
+    }
+    if (i >= argc - 1) return fprintf(stderr, "usage: %s KEY=VALUE... -- PATH...\n", argv[0]), 2;
+    const char* paths[64];
+    uint32_t n = 0;
+    for (i++; i < argc && n < 64; i++) paths[n++] = argv[i];
+    gpufeed_loader* l = NULL;
+    int32_t st = gpufeed_loader_open_paths(paths, n, &o, &l);
+    if (st != GPUFEED_OK) return fail("open", st);
+    printf("options %s\n", gpufeed_loader_dataset_options(l));
+    if ((st = gpufeed_loader_start_epoch(l, 0, 0)) != GPUFEED_OK) return fail("epoch", st);
+    uint64_t samples = 0, padding = 0, byte_sum = 0;
+    uint32_t batches = 0;
+    for (;;) {
+        gpufeed_batch* b = NULL;
+        if ((st = gpufeed_loader_next(l, &b)) != GPUFEED_OK) return fail("next", st);
+        if (b == NULL) break;
+        batches++;
+        for (uint32_t j = 0; j < gpufeed_batch_len(b); j++) {
+            const uint8_t* data;
+            uint64_t len;
+            if ((st = gpufeed_batch_sample(b, j, &data, &len)) != GPUFEED_OK) return fail("sample", st);
+            samples++;
+            padding += gpufeed_batch_is_padding(b, j);
+            for (uint64_t k = 0; k < len; k++) byte_sum += data[k];
+        }
+        gpufeed_batch_free(b);
+    }
+    if (samples != gpufeed_loader_samples_per_epoch(l)) {
+        fprintf(stderr, "%" PRIu64 " samples, expected %" PRIu64 "\n", samples,
+                gpufeed_loader_samples_per_epoch(l));
+        return 1;
+    }
+    gpufeed_loader_close(l);
+    printf("samples %" PRIu64 " padding %" PRIu64 " batches %u bytes %" PRIu64 "\n", samples, padding,
+           batches, byte_sum);
+    return 0;
+}
