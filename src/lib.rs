@@ -22,13 +22,15 @@
 //! ```
 //!
 //! ## An epoch
+//! Every sample exactly once: the last batch may be short ([`LastBatch`]).
 //! ```no_run
-//! use gpufeed::{Dataset, Loader, Order};
+//! use gpufeed::{Dataset, LastBatch, Loader, Order};
 //!
 //! let loader = Loader::builder(Dataset::open("/nvme/imagenet-gpf")?)
 //!     .batch_size(256)
 //!     .order(Order::Global)
 //!     .seed(0)
+//!     .last_batch(LastBatch::Short) // the default; Drop, or Pad to even out ranks
 //!     .build()?;
 //! for batch in loader.epoch(3)? {
 //!     let batch = batch?;
@@ -39,6 +41,21 @@
 //!         }
 //!     }
 //! }
+//! # Ok::<(), gpufeed::Error>(())
+//! ```
+//!
+//! ## Any dataset, with options
+//! The options have the same names as the CLI's flags, Python's keyword arguments and the C
+//! struct's fields ([`dataset::DATASET_OPTIONS`]).
+//! ```no_run
+//! use gpufeed::dataset::OpenOptions;
+//! use gpufeed::Dataset;
+//!
+//! let mut opts = OpenOptions::default();
+//! opts.set("format", "tfrecord")?; // TensorFlow's ImageNet shards have no extension
+//! opts.set("label_offset", "1")?; // its labels are 1..=1000
+//! let ds = Dataset::open_with("/data/imagenet/train", &opts)?;
+//! println!("{} samples; options {}", ds.len(), ds.options().to_json());
 //! # Ok::<(), gpufeed::Error>(())
 //! ```
 //!
