@@ -50,9 +50,11 @@ typedef struct gpufeed_options {
     const char* tfrecord_index;
     const char* tfrecord_payload;
     const char* tfrecord_label;
+    uint8_t tfrecord_recover;
     const char* token_dtype;
     uint32_t seq_len;
     uint32_t stride;
+    uint8_t strict; /* nonzero: refuse a dataset in which indexing found any problem */
 } gpufeed_options;
 
 /* last_batch: SHORT delivers every sample exactly once (the last batch may be short); DROP drops
@@ -98,6 +100,8 @@ int32_t gpufeed_loader_open(const char* path, const gpufeed_options* opts, gpufe
 int32_t gpufeed_loader_open_paths(const char** paths, uint32_t n, const gpufeed_options* opts, gpufeed_loader** out);
 const char* gpufeed_loader_dataset_options(const gpufeed_loader* l);
 uint64_t gpufeed_loader_samples_per_epoch(const gpufeed_loader* l);
+uint64_t gpufeed_loader_problems(const gpufeed_loader* l);
+const char* gpufeed_loader_problem(const gpufeed_loader* l, uint64_t i);
 uint32_t gpufeed_loader_batches(const gpufeed_loader* l);
 uint64_t gpufeed_loader_samples(const gpufeed_loader* l);
 int32_t gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint32_t start);

@@ -51,9 +51,11 @@ pub struct GpufeedOptions {
     pub tfrecord_index: *const c_char,
     pub tfrecord_payload: *const c_char,
     pub tfrecord_label: *const c_char,
+    pub tfrecord_recover: u8,
     pub token_dtype: *const c_char,
     pub seq_len: u32,
     pub stride: u32,
+    pub strict: u8,
 }
 
 /// `last_batch` values (`GPUFEED_LAST_BATCH_*` in the header).
@@ -69,6 +71,8 @@ pub struct GpufeedLoader {
     epoch: Option<Epoch>,
     /// The dataset options in effect, as JSON (returned by `gpufeed_loader_dataset_options`).
     options_json: CString,
+    /// The problems indexing kept, as text (returned by `gpufeed_loader_problem`).
+    problems: Vec<CString>,
 }
 
 /// One batch (`gpufeed_batch`).
@@ -145,9 +149,11 @@ pub unsafe extern "C" fn gpufeed_options_default(out: *mut GpufeedOptions) -> i3
             tfrecord_index: std::ptr::null(),
             tfrecord_payload: std::ptr::null(),
             tfrecord_label: std::ptr::null(),
+            tfrecord_recover: 0,
             token_dtype: std::ptr::null(),
             seq_len: 0,
             stride: 0,
+            strict: 0,
         })
     };
     GPUFEED_OK
@@ -184,6 +190,15 @@ unsafe fn dataset_options(o: &GpufeedOptions) -> gpufeed::Result<OpenOptions> {
     if o.stride != 0 {
         opts.set("stride", &o.stride.to_string())?;
     }
+    opts.set(
+        "tfrecord_recover",
+        if o.tfrecord_recover != 0 {
+            "true"
+        } else {
+            "false"
+        },
+    )?;
+    opts.set("strict", if o.strict != 0 { "true" } else { "false" })?;
     Ok(opts)
 }
 
@@ -279,10 +294,17 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
         match built {
             Ok(loader) => {
                 let json = loader.dataset().options().to_json().to_string();
+                let problems = loader
+                    .dataset()
+                    .problems()
+                    .iter()
+                    .map(|e| CString::new(e.to_string().replace('\0', " ")).unwrap_or_default())
+                    .collect();
                 let h = Box::new(GpufeedLoader {
                     loader,
                     epoch: None,
                     options_json: CString::new(json).unwrap_or_default(),
+                    problems,
                 });
                 // SAFETY: writable per the contract.
                 unsafe { out.write(Box::into_raw(h)) };
@@ -302,6 +324,30 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
 pub unsafe extern "C" fn gpufeed_loader_dataset_options(l: *const GpufeedLoader) -> *const c_char {
     // SAFETY: valid or null per the contract.
     unsafe { l.as_ref() }.map_or(std::ptr::null(), |l| l.options_json.as_ptr())
+}
+
+/// How many problems indexing found (a damaged header, an index line past its file…): the
+/// samples they cover are not in the dataset. 0 for a null loader.
+///
+/// # Safety
+/// As `gpufeed_loader_dataset_options`.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_problems(l: *const GpufeedLoader) -> u64 {
+    // SAFETY: valid or null per the contract.
+    unsafe { l.as_ref() }.map_or(0, |l| l.loader.dataset().problems_total())
+}
+
+/// Problem `i` (file, offset or sample, what was wrong) of the first 1000 kept; null past them.
+/// Valid until the loader is closed.
+///
+/// # Safety
+/// As `gpufeed_loader_dataset_options`.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_problem(l: *const GpufeedLoader, i: u64) -> *const c_char {
+    // SAFETY: valid or null per the contract.
+    unsafe { l.as_ref() }
+        .and_then(|l| l.problems.get(i as usize))
+        .map_or(std::ptr::null(), |c| c.as_ptr())
 }
 
 /// Samples this rank reads per epoch (padding included).

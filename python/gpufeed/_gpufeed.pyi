@@ -5,6 +5,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 
+class DatasetWarning(UserWarning):
+    """Indexing found damage: the samples it covers are not in the dataset."""
+
 class GpufeedError(Exception):
     """An error from gpufeed; the message names the file, the sample and what was wrong."""
 
@@ -83,9 +86,11 @@ class Loader:
     "mark" (its length is -1, ``Batch.errors`` says why).
 
     The dataset options (``format``, ``payload``, ``label_ext``, ``label_offset``,
-    ``tfrecord_index``, ``tfrecord_payload``, ``tfrecord_label``, ``token_dtype``,
-    ``seq_len``, ``stride``) are the CLI's ``--format``, ``--payload``… with the same
-    defaults: ``gpufeed.DATASET_OPTIONS`` documents each; ``None`` means the default.
+    ``tfrecord_index``, ``tfrecord_payload``, ``tfrecord_label``, ``tfrecord_recover``,
+    ``token_dtype``, ``seq_len``, ``stride``, ``strict``) are the CLI's ``--format``,
+    ``--payload``… with the same defaults: ``gpufeed.DATASET_OPTIONS`` documents each; ``None``
+    means the default. Damage found while indexing is warned about once
+    (``gpufeed.DatasetWarning``) and listed in ``problems``; ``strict=True`` refuses it.
     """
 
     def __init__(
@@ -114,10 +119,21 @@ class Loader:
         tfrecord_index: Optional[Union[str, os.PathLike]] = None,
         tfrecord_payload: Optional[str] = None,
         tfrecord_label: Optional[str] = None,
+        tfrecord_recover: Optional[bool] = None,
         token_dtype: Optional[str] = None,
         seq_len: Optional[int] = None,
         stride: Optional[int] = None,
+        strict: Optional[bool] = None,
     ) -> None: ...
+    @property
+    def problems(self) -> List[Dict[str, Any]]:
+        """What indexing found wrong: message, path, offset, sample (the first 1000)."""
+    @property
+    def problems_total(self) -> int: ...
+    @property
+    def notes(self) -> List[str]: ...
+    @property
+    def recovered(self) -> int: ...
     @property
     def dataset_options(self) -> Dict[str, Optional[str]]:
         """The dataset options in effect (as ``gpufeed inspect --json`` prints them)."""

@@ -26,6 +26,12 @@ create_exception!(
 );
 create_exception!(
     _gpufeed,
+    DatasetWarning,
+    pyo3::exceptions::PyUserWarning,
+    "Indexing a dataset found damage: the samples it covers are not in the dataset."
+);
+create_exception!(
+    _gpufeed,
     SampleError,
     GpufeedError,
     "A batch held a sample that could not be read or failed its checksum."
@@ -92,16 +98,50 @@ fn parse_device(device: &str) -> PyResult<Device> {
     }
 }
 
+/// Tells a Python user, without being asked, that indexing lost samples: one
+/// `gpufeed.DatasetWarning` per dataset opened, with the count and the first few problems.
+fn warn_problems(py: Python<'_>, ds: &Dataset, paths: &[PathBuf]) -> PyResult<()> {
+    let total = ds.problems_total();
+    if total == 0 {
+        return Ok(());
+    }
+    let first: Vec<String> = ds
+        .problems()
+        .iter()
+        .take(3)
+        .map(|e| e.to_string())
+        .collect();
+    let what = match paths {
+        [one] => one.display().to_string(),
+        many => format!("{} files", many.len()),
+    };
+    let msg = format!(
+        "gpufeed: indexing {what} found {total} problem(s); the samples they cover are not in \
+         the dataset ({} samples are). First: {}{}. All of them: Loader.problems; refuse such \
+         a dataset with strict=True.",
+        ds.len(),
+        first.join("; "),
+        if total > 3 { "; …" } else { "" }
+    );
+    let category = py.get_type::<DatasetWarning>();
+    let msg = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    PyErr::warn(py, &category, &msg, 1)
+}
+
 /// A dataset option's Python value as the text `OpenOptions::set` takes: str, int, path, or a
 /// list of str (joined by commas).
 fn option_text(name: &str, v: &Bound<'_, PyAny>) -> PyResult<String> {
     if let Ok(s) = v.extract::<String>() {
         return Ok(s);
     }
-    if v.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(PyValueError::new_err(format!(
-            "{name}: expected a string or a number, not a bool"
-        )));
+    if let Ok(yes) = v.cast::<pyo3::types::PyBool>() {
+        let boolean = DATASET_OPTIONS.iter().any(|o| o.name == name && o.boolean);
+        if !boolean {
+            return Err(PyValueError::new_err(format!(
+                "{name}: expected a string or a number, not a bool"
+            )));
+        }
+        return Ok(yes.is_true().to_string());
     }
     if let Ok(i) = v.extract::<i64>() {
         return Ok(i.to_string());
@@ -244,6 +284,7 @@ impl PyLoader {
             })
             .map_err(err)?;
         let samples = loader.dataset().len();
+        warn_problems(py, loader.dataset(), &paths)?;
         Ok(PyLoader {
             state: Arc::default(),
             raise_on_error,
@@ -270,6 +311,44 @@ impl PyLoader {
             d.set_item(k, v)?;
         }
         Ok(d)
+    }
+
+    /// What indexing found wrong (a damaged header, an index line past its file…): one dict
+    /// per problem (``message``, ``path``, ``offset``, ``sample``), the first 1000; the samples
+    /// they cover are not in the dataset. ``problems_total`` counts them all.
+    #[getter]
+    fn problems<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.loader
+            .dataset()
+            .problems()
+            .iter()
+            .map(|e| {
+                let d = PyDict::new(py);
+                d.set_item("message", e.to_string())?;
+                d.set_item("path", e.path().map(|p| p.display().to_string()))?;
+                d.set_item("offset", e.offset())?;
+                d.set_item("sample", e.sample())?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    #[getter]
+    fn problems_total(&self) -> u64 {
+        self.loader.dataset().problems_total()
+    }
+
+    /// What indexing noticed that is not damage (an empty file, files skipped…).
+    #[getter]
+    fn notes(&self) -> Vec<String> {
+        self.loader.dataset().notes().to_vec()
+    }
+
+    /// Samples recovered by resynchronisation (``tfrecord_recover=True``): their bytes check,
+    /// but nothing proves they are records.
+    #[getter]
+    fn recovered(&self) -> usize {
+        self.loader.dataset().recovered_count()
     }
 
     /// What happens to a rank's last, incomplete batch: "short", "drop" or "pad".
@@ -836,6 +915,7 @@ fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
     m.add("GpufeedError", m.py().get_type::<GpufeedError>())?;
     m.add("SampleError", m.py().get_type::<SampleError>())?;
+    m.add("DatasetWarning", m.py().get_type::<DatasetWarning>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The dataset options Loader takes as keyword arguments: name → (default, help), the same
     // table as the CLI's flags and the C options struct.

@@ -5,12 +5,15 @@ Run by ``tests/it/python.rs`` with ``GPUFEED_TEST_DATA`` (``d2000/``: 2,000 pack
 ``expected/K.jpg`` and ``labels.txt``) and ``GPUFEED_BIN`` (the CLI, to compare with).
 """
 
+import io
 import json
 import os
 import struct
 import subprocess
+import tarfile
 import tempfile
 import unittest
+import warnings
 
 import numpy as np
 
@@ -24,7 +27,8 @@ def cli_inspect(paths, **opts):
     """``gpufeed inspect --json`` with ``--NAME VALUE`` per option."""
     args = [BIN, "inspect", "--json"]
     for k, v in opts.items():
-        args += ["--" + k.replace("_", "-"), str(v)]
+        flag = "--" + k.replace("_", "-")
+        args += [flag] if v is True else [flag, str(v)]
     out = subprocess.run(
         args + [str(p) for p in paths],
         check=True,
@@ -98,7 +102,7 @@ class DatasetOptions(unittest.TestCase):
         self.assertEqual(
             names,
             ["format", "payload", "label_ext", "label_offset", "tfrecord_index", "tfrecord_payload",
-             "tfrecord_label", "token_dtype", "seq_len", "stride"],
+             "tfrecord_label", "tfrecord_recover", "token_dtype", "seq_len", "stride", "strict"],
         )
         helptext = subprocess.run([BIN, "inspect", "--help"], check=True, capture_output=True).stdout.decode()
         for n in names:
@@ -118,7 +122,7 @@ class DatasetOptions(unittest.TestCase):
             opts = dict(
                 format="tokens", payload="png,jpg", label_ext="txt", label_offset=1,
                 tfrecord_index="/no/such/index", tfrecord_payload="img", tfrecord_label="y",
-                token_dtype="u32", seq_len=64, stride=32,
+                tfrecord_recover=True, token_dtype="u32", seq_len=64, stride=32, strict=True,
             )
             self.assertEqual(sorted(opts), sorted(gpufeed.DATASET_OPTIONS))
             cli = cli_inspect([path], **opts)
@@ -183,6 +187,56 @@ class DatasetOptions(unittest.TestCase):
             # Windows over the .bin with seq_len, as the CLI's --seq-len.
             ld = gpufeed.Loader(prefix, batch_size=2, seq_len=8)
             self.assertEqual(ld.num_samples, cli_inspect([prefix], seq_len=8)["samples"])
+
+
+@unittest.skipUnless(DATA and BIN, "GPUFEED_TEST_DATA / GPUFEED_BIN not set (tests/it/python.rs sets them)")
+class Problems(unittest.TestCase):
+    def make_tars(self, d):
+        """Two WebDataset tars written by Python's tarfile; the second truncated mid-member."""
+        paths = []
+        for t in range(2):
+            p = os.path.join(d, f"part-{t}.tar")
+            with tarfile.open(p, "w", format=tarfile.PAX_FORMAT) as tar:
+                for i in range(10):
+                    for ext, data in (("jpg", bytes([i]) * 2000), ("cls", str(i).encode())):
+                        info = tarfile.TarInfo(f"{t}{i:03d}.{ext}")
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+            paths.append(p)
+        with tarfile.open(paths[1]) as tar:  # cut inside member 1005.jpg's data
+            cut = tar.getmember("1005.jpg").offset_data + 1000
+        with open(paths[1], "r+b") as f:
+            f.truncate(cut)
+        return paths
+
+    def test_a_damaged_dataset_is_told_without_asking(self):
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            paths = self.make_tars(d)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                ld = gpufeed.Loader(paths, batch_size=4)
+            told = [x for x in w if issubclass(x.category, gpufeed.DatasetWarning)]
+            self.assertEqual(len(told), 1, [str(x.message) for x in w])
+            msg = str(told[0].message)
+            self.assertIn(f"{ld.problems_total} problem", msg)
+            self.assertIn("part-1.tar", msg)
+            self.assertIn("truncated", msg)
+            self.assertGreater(ld.problems_total, 0)
+            self.assertLess(ld.num_samples, 20)
+            first = ld.problems[0]
+            self.assertTrue(first["path"].endswith("part-1.tar"), first)
+            self.assertIsNotNone(first["offset"])
+            # The samples that could be located all arrive.
+            got, _ = epoch(ld)
+            self.assertEqual(len(got), ld.num_samples)
+            with self.assertRaises(gpufeed.GpufeedError) as e:
+                gpufeed.Loader(paths, batch_size=4, strict=True)
+            self.assertIn("strict", str(e.exception))
+            # A clean dataset warns nothing.
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                gpufeed.Loader(paths[:1], batch_size=4)
+            self.assertEqual([x for x in w if issubclass(x.category, gpufeed.DatasetWarning)], [])
 
 
 @unittest.skipUnless(DATA and BIN, "GPUFEED_TEST_DATA / GPUFEED_BIN not set (tests/it/python.rs sets them)")

@@ -13,6 +13,26 @@ use crate::dataset::{OpenOptions, DATASET_OPTIONS};
 use crate::error::Result;
 use crate::util::{parse_size, SizeMix, IMAGENET_MIX};
 
+/// `println!` for the command's output, except that a closed pipe (`gpufeed inspect … | head`)
+/// ends the command quietly with status 0, as Unix tools do, instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        write_out(format_args!($($arg)*))
+    };
+}
+
+fn write_out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("gpufeed: error: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// gpufeed keeps GPUs fed: io_uring O_DIRECT reads into pinned, registered buffers.
 #[derive(Debug, Parser)]
 #[command(name = "gpufeed", version, about, long_about = None)]
@@ -93,9 +113,14 @@ impl clap::FromArgMatches for DatasetArgs {
         m: &clap::ArgMatches,
     ) -> std::result::Result<(), clap::Error> {
         for o in DATASET_OPTIONS {
-            if let Some(v) = m.get_one::<String>(o.name) {
+            let v = if o.boolean {
+                m.get_flag(o.name).then(|| "true".to_string())
+            } else {
+                m.get_one::<String>(o.name).cloned()
+            };
+            if let Some(v) = v {
                 self.given.retain(|(k, _)| *k != o.name);
-                self.given.push((o.name, v.clone()));
+                self.given.push((o.name, v));
             }
         }
         Ok(())
@@ -105,13 +130,15 @@ impl clap::FromArgMatches for DatasetArgs {
 impl clap::Args for DatasetArgs {
     fn augment_args(mut cmd: clap::Command) -> clap::Command {
         for o in DATASET_OPTIONS {
-            cmd = cmd.arg(
-                clap::Arg::new(o.name)
-                    .long(o.flag)
-                    .value_name("VALUE")
+            let arg = clap::Arg::new(o.name)
+                .long(o.flag)
+                .help_heading("Dataset options");
+            cmd = cmd.arg(if o.boolean {
+                arg.action(clap::ArgAction::SetTrue).help(o.help)
+            } else {
+                arg.value_name("VALUE")
                     .help(format!("{} [default: {}]", o.help, o.default))
-                    .help_heading("Dataset options"),
-            );
+            });
         }
         cmd
     }
@@ -150,7 +177,7 @@ fn report_problems(ds: &crate::dataset::Dataset, json: bool) {
         .take(if json { usize::MAX } else { SHOWN })
     {
         if json {
-            println!("{}", error_json(e));
+            outln!("{}", error_json(e));
         } else {
             eprintln!("gpufeed: warning: {e}");
         }
@@ -389,9 +416,9 @@ fn run(cli: Cli) -> Result<()> {
 
 fn emit(r: &IoBenchResult, json: bool) {
     if json {
-        println!("{}", serde_json::to_string(r).expect("results serialise"));
+        outln!("{}", serde_json::to_string(r).expect("results serialise"));
     } else {
-        println!("{}", table_row(r));
+        outln!("{}", table_row(r));
     }
 }
 
@@ -399,7 +426,7 @@ fn bench_io(a: IoArgs) -> Result<()> {
     let sizes = SizeMix::parse(&a.bs)?;
     ensure_file(&a.file, a.size)?;
     if !a.json {
-        println!("{}", table_header());
+        outln!("{}", table_header());
     }
     for &pattern in &a.pattern {
         for &engine in &a.engine {
@@ -428,12 +455,12 @@ fn bench_quick(a: QuickArgs) -> Result<()> {
     ensure_file(&a.file, a.size)?;
     let cases = [("4K", 32u32), ("128K", 32), (IMAGENET_MIX, 128)];
     if !a.json {
-        println!(
+        outln!(
             "gpufeed bench: random reads from {} ({} s per run; `gpufeed bench io --help` for more)",
             a.file.display(),
             a.seconds
         );
-        println!("{}", table_header());
+        outln!("{}", table_header());
     }
     for (bs, qd) in cases {
         let sizes = SizeMix::parse(bs)?;
@@ -454,7 +481,7 @@ fn bench_quick(a: QuickArgs) -> Result<()> {
                 .iter()
                 .map(|r| format!("{:.2}× {}", ours.gib_per_s / r.gib_per_s, r.engine))
                 .collect();
-            println!("  -> {} is {}", ours.engine, others.join(", "));
+            outln!("  -> {} is {}", ours.engine, others.join(", "));
         }
     }
     // Storage → GPU rows when a GPU is present (1 MiB reads of the same file).
@@ -468,16 +495,16 @@ fn bench_quick(a: QuickArgs) -> Result<()> {
                 ..gpu_spec_defaults()
             };
             if !a.json {
-                println!("{}", crate::bench::gpu::table_header());
+                outln!("{}", crate::bench::gpu::table_header());
             }
             let rows = crate::bench::gpu::run_gpu_bench(&spec, |r| emit_gpu(r, a.json))?;
             if !a.json {
                 for l in crate::bench::gpu::ratios(&rows) {
-                    println!("  -> {l}");
+                    outln!("  -> {l}");
                 }
             }
         }
-        Err(e) if !a.json => println!("(no GPU rows: {})", e.message()),
+        Err(e) if !a.json => outln!("(no GPU rows: {})", e.message()),
         Err(_) => {}
     }
     Ok(())
@@ -504,9 +531,9 @@ fn gpu_spec_defaults() -> crate::bench::gpu::GpuBenchSpec {
 
 fn emit_gpu(r: &crate::bench::gpu::GpuBenchResult, json: bool) {
     if json {
-        println!("{}", serde_json::to_string(r).expect("serialises"));
+        outln!("{}", serde_json::to_string(r).expect("serialises"));
     } else {
-        println!("{}", crate::bench::gpu::table_row(r));
+        outln!("{}", crate::bench::gpu::table_row(r));
     }
 }
 
@@ -533,19 +560,19 @@ fn bench_gpu(a: GpuArgs) -> Result<()> {
     // No GPU: one line, non-zero exit (before any file is made).
     let info = crate::gpu::gpu_available()?;
     if !a.json {
-        println!(
+        outln!(
             "gpufeed bench gpu: {} ({} MiB, driver {}), cuFile: {}",
             info.name,
             info.total_mem >> 20,
             info.driver_version,
             info.cufile
         );
-        println!("{}", crate::bench::gpu::table_header());
+        outln!("{}", crate::bench::gpu::table_header());
     }
     let rows = crate::bench::gpu::run_gpu_bench(&spec, |r| emit_gpu(r, a.json))?;
     if !a.json {
         for l in crate::bench::gpu::ratios(&rows) {
-            println!("  -> {l}");
+            outln!("  -> {l}");
         }
     }
     Ok(())
@@ -575,17 +602,17 @@ fn bench_load(a: LoadArgs) -> Result<()> {
     let opts = a.open.options()?;
     if !a.json {
         if a.dataset.is_empty() {
-            println!(
+            outln!(
                 "gpufeed bench load: {} samples in {}",
                 a.samples,
                 a.dir.display()
             );
         } else {
-            println!("gpufeed bench load: {}", show_paths(&a.dataset));
+            outln!("gpufeed bench load: {}", show_paths(&a.dataset));
         }
     }
     if !a.json {
-        println!("{}", table_header());
+        outln!("{}", table_header());
     }
     for mode in &a.modes {
         let cold = drop_caches();
@@ -618,12 +645,12 @@ fn bench_load(a: LoadArgs) -> Result<()> {
                 };
                 let r = run_io_bench(&spec)?;
                 if a.json {
-                    println!(
+                    outln!(
                         "{}",
                         serde_json::json!({"mode": "io", "gib_per_s": r.gib_per_s, "iops": r.iops, "cpu_s_per_gib": r.cpu_s_per_gib, "qd": r.qd, "cold_cache": cold})
                     );
                 } else {
-                    println!("{:<13} {:>8} {:>10.0} {:>7.3} {:>10.3}   (bench io: random reads of the ImageNet mix, QD {})", "io", r.reads, r.iops, r.gib_per_s, r.cpu_s_per_gib, r.qd);
+                    outln!("{:<13} {:>8} {:>10.0} {:>7.3} {:>10.3}   (bench io: random reads of the ImageNet mix, QD {})", "io", r.reads, r.iops, r.gib_per_s, r.cpu_s_per_gib, r.qd);
                 }
             }
             m => {
@@ -643,9 +670,9 @@ fn bench_load(a: LoadArgs) -> Result<()> {
 
 fn emit_load(r: &crate::bench::load::LoadBenchResult, json: bool) {
     if json {
-        println!("{}", serde_json::to_string(r).expect("serialises"));
+        outln!("{}", serde_json::to_string(r).expect("serialises"));
     } else {
-        println!("{}", crate::bench::load::table_row(r));
+        outln!("{}", crate::bench::load::table_row(r));
     }
 }
 
@@ -664,9 +691,9 @@ fn pack_cmd(a: PackArgs) -> Result<()> {
     }
     let s = pack(&ds, &a.out, &opts)?;
     if a.json {
-        println!("{}", serde_json::to_string(&s).expect("serialises"));
+        outln!("{}", serde_json::to_string(&s).expect("serialises"));
     } else {
-        println!(
+        outln!(
             "packed {} samples ({:.2} GiB) into {} shards in {}",
             s.samples,
             s.bytes as f64 / (1u64 << 30) as f64,
@@ -681,7 +708,12 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
     let ds = a.dataset.open(&a.paths)?;
     if !a.json {
         report_problems(&ds, false);
+        for n in ds.notes() {
+            eprintln!("gpufeed: note: {n}");
+        }
     }
+    // Labels of TFRecord Examples are in the records, read with them, not in the index.
+    let labels_in_records = ds.example.as_ref().is_some_and(|e| e.label.is_some());
     let mut hist = std::collections::BTreeMap::new();
     for s in ds.samples() {
         let b = (s.len.max(1) as u64).next_power_of_two();
@@ -695,40 +727,66 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
             .iter()
             .map(|(k, v)| serde_json::json!({"le_bytes": k, "samples": v}))
             .collect();
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "path": show_paths(&a.paths), "format": ds.format(), "samples": ds.len(),
                 "options": ds.options().to_json(),
-                "files": ds.files().len(), "bytes": ds.total_bytes(), "labels": labels.len(),
+                "files": ds.files().len(), "bytes": ds.total_bytes(),
+                "labels": (!labels_in_records).then_some(labels.len()),
                 "checksums": ds.has_checksums(), "size_histogram": h,
                 "problems": ds.problems_total(),
                 "first_problems": ds.problems().iter().take(20).map(error_json).collect::<Vec<_>>(),
+                "notes": ds.notes(), "recovered": ds.recovered_count(),
             })
         );
-        return Ok(());
+        return problems_fail(&ds);
     }
-    println!(
-        "{}: {}, {} samples in {} files, {:.3} GiB, {} labels, checksums: {}, problems: {}",
+    outln!(
+        "{}: {}, {} samples in {} files, {:.3} GiB, {} labels, checksums: {}, problems: {}{}",
         show_paths(&a.paths),
         ds.format().name(),
         ds.len(),
         ds.files().len(),
         ds.total_bytes() as f64 / (1u64 << 30) as f64,
-        labels.len(),
+        if labels_in_records {
+            "per-record".to_string()
+        } else {
+            labels.len().to_string()
+        },
         ds.has_checksums(),
-        ds.problems_total()
+        ds.problems_total(),
+        if ds.recovered_count() > 0 {
+            format!(", recovered: {}", ds.recovered_count())
+        } else {
+            String::new()
+        }
     );
     let max = hist.values().copied().max().unwrap_or(1);
     for (k, v) in &hist {
-        println!(
+        outln!(
             "  ≤ {:>6}  {:>9}  {}",
             crate::util::size_label(*k),
             v,
             "#".repeat((v * 40 / max) as usize)
         );
     }
-    Ok(())
+    problems_fail(&ds)
+}
+
+/// `inspect` fails, as `verify` does, when indexing found problems: its summary has been
+/// printed, and the exit status tells a script the dataset is damaged.
+fn problems_fail(ds: &crate::dataset::Dataset) -> Result<()> {
+    match ds.problems_total() {
+        0 => Ok(()),
+        n => Err(crate::Error::new(
+            crate::ErrorKind::InvalidInput,
+            format!(
+                "indexing found {n} problem(s); the samples they cover are not in the dataset \
+                 (listed above; --strict refuses such a dataset)"
+            ),
+        )),
+    }
 }
 
 fn verify_cmd(a: InspectArgs) -> Result<()> {
@@ -808,13 +866,23 @@ fn verify_cmd(a: InspectArgs) -> Result<()> {
     };
     for e in &bad {
         if a.json {
-            println!("{}", error_json(e));
+            outln!("{}", error_json(e));
         } else {
-            println!("bad: {e}");
+            outln!("bad: {e}");
         }
     }
-    if !a.json {
-        println!(
+    if a.json {
+        // Always a summary, last, so a script gets one object whatever happened.
+        outln!(
+            "{}",
+            serde_json::json!({
+                "summary": true, "path": what_path, "samples": checked, "files": files,
+                "bad": bad.len(), "ok": bad.is_empty(),
+                "checksums": what == "checked",
+            })
+        );
+    } else {
+        outln!(
             "{checked} samples in {files} files {what}, {} bad",
             bad.len()
         );

@@ -48,11 +48,11 @@ pub(crate) fn detect(path: &Path, opts: &OpenOptions) -> Result<(Format, Vec<Pat
         };
         return Ok((f, vec![path.to_path_buf()]));
     }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| Error::io("cannot list directory", e).with_path(path.to_path_buf()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .collect();
+    // A named format searches the whole tree; detection looks at the top level only (class
+    // folders are ImageFolder's, which refuses trees holding other formats).
+    let mut files = Vec::new();
+    let recursive = opts.format.is_some_and(|f| f != Format::ImageFolder);
+    list_files(path, recursive, &mut files)?;
     files.sort();
     let pick = |f: Format| -> Vec<PathBuf> {
         files
@@ -70,7 +70,7 @@ pub(crate) fn detect(path: &Path, opts: &OpenOptions) -> Result<(Format, Vec<Pat
                 // TensorFlow often names record files without an extension.
                 v = files
                     .iter()
-                    .filter(|p| p.extension().is_none_or(|x| x != "idx"))
+                    .filter(|p| p.extension().is_none_or(|x| x != "idx" && x != "tfindex"))
                     .cloned()
                     .collect();
             }
@@ -99,6 +99,21 @@ pub(crate) fn detect(path: &Path, opts: &OpenOptions) -> Result<(Format, Vec<Pat
             Ok((Format::ImageFolder, vec![path.to_path_buf()]))
         }
     }
+}
+
+/// The regular files in `dir` (and below it with `recursive`; hidden folders are skipped).
+fn list_files(dir: &Path, recursive: bool, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| Error::io("cannot list directory", e).with_path(dir.to_path_buf()))?;
+    for e in entries.filter_map(|e| e.ok()) {
+        let p = e.path();
+        if p.is_file() {
+            out.push(p);
+        } else if recursive && p.is_dir() && !e.file_name().to_string_lossy().starts_with('.') {
+            list_files(&p, true, out)?;
+        }
+    }
+    Ok(())
 }
 
 /// A file's format from its extension, else from its first bytes.

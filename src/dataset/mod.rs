@@ -118,7 +118,13 @@ pub struct OpenOptions {
     /// Subtracted from every label read from the data (WebDataset label members, TFRecord label
     /// features): TensorFlow's ImageNet converter writes 1..=1000, so 1 gives 0..=999.
     pub label_offset: i64,
+    /// TFRecord without an index: after a length whose checksum fails, resynchronise and
+    /// deliver what follows, flagged as recovered ([`Dataset::is_recovered`]). Off by default:
+    /// the rest of that file is then not indexed.
+    pub tfrecord_recover: bool,
     pub tokens: tokens::TokenOptions,
+    /// Refuse a dataset in which indexing found any problem.
+    pub strict: bool,
 }
 
 impl Default for OpenOptions {
@@ -130,7 +136,9 @@ impl Default for OpenOptions {
             tfrecord_payload: Some("image/encoded".into()),
             tfrecord_label: Some("image/class/label".into()),
             label_offset: 0,
+            tfrecord_recover: false,
             tokens: tokens::TokenOptions::default(),
+            strict: false,
         }
     }
 }
@@ -203,6 +211,10 @@ pub struct Dataset {
     pub(crate) problems_total: u64,
     /// TFRecord records are `tf.train.Example`s: what to take from them.
     pub(crate) example: Option<example::ExampleSpec>,
+    /// Samples found by resynchronisation after damage (sorted ids): recovered, not proven.
+    pub(crate) recovered: Vec<u32>,
+    /// What indexing noticed that is not damage (an empty file, …).
+    pub(crate) notes: Vec<String>,
     /// The options it was opened with.
     pub(crate) options: OpenOptions,
 }
@@ -251,7 +263,7 @@ impl Dataset {
         let mut ds = match format {
             Format::Packed => shard::open_shards(paths),
             Format::ImageFolder => match paths {
-                [root] => image_folder::open(root),
+                [root] => image_folder::open(root, opts.format == Some(Format::ImageFolder)),
                 _ => Err(invalid("an ImageFolder dataset is one directory")),
             },
             Format::WebDataset => tar::open(
@@ -265,11 +277,37 @@ impl Dataset {
             Format::Tokens => tokens::open_flat(paths, &opts.tokens),
             Format::Megatron => tokens::open_megatron(paths, &opts.tokens),
         }?;
+        if opts.strict && ds.problems_total > 0 {
+            let first: Vec<String> = ds.problems.iter().take(3).map(|e| e.to_string()).collect();
+            return Err(invalid(format!(
+                "strict: indexing found {} problem(s): {}{}",
+                ds.problems_total,
+                first.join("; "),
+                if ds.problems_total > 3 { "; …" } else { "" }
+            )));
+        }
         ds.options = OpenOptions {
             format: Some(format),
             ..opts.clone()
         };
         Ok(ds)
+    }
+
+    /// Whether sample `i` was found by resynchronising after damage
+    /// ([`OpenOptions::tfrecord_recover`]): its bytes check, but nothing proves it is a
+    /// record rather than bytes inside another record's data.
+    pub fn is_recovered(&self, i: usize) -> bool {
+        self.recovered.binary_search(&(i as u32)).is_ok()
+    }
+
+    /// How many samples were recovered by resynchronisation.
+    pub fn recovered_count(&self) -> usize {
+        self.recovered.len()
+    }
+
+    /// What indexing noticed that is not damage: an empty file, recovered samples, …
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// The options the dataset was opened with (its format filled in).
@@ -307,14 +345,27 @@ impl Dataset {
         &self.samples[i]
     }
 
-    /// The sample's key (e.g. its path inside the dataset), lossily as UTF-8; `FILE#SAMPLE@OFFSET`
-    /// for formats without keys (TFRecord, tokens).
+    /// The sample's key (e.g. its path inside the dataset), lossily as UTF-8; for formats
+    /// without keys (TFRecord, tokens) `FILE#K@OFFSET`, where K is the sample's number in its
+    /// file (the record or window number as indexed) and OFFSET its byte offset there.
     pub fn key(&self, i: usize) -> std::borrow::Cow<'_, str> {
         if self.keys.is_empty() {
             let s = &self.samples[i];
             let f = &self.files[s.file as usize].path;
             let name = f.file_name().unwrap_or_else(|| f.as_os_str());
-            return format!("{}#{i}@{}", name.to_string_lossy(), s.offset).into();
+            // A file's samples are contiguous in the index: the first is found by bisection.
+            let first = self.samples[..i].partition_point(|x| x.file < s.file);
+            let k = if self.samples.get(first).is_some_and(|x| x.file == s.file) {
+                i - first
+            } else {
+                i
+            };
+            let mark = if self.is_recovered(i) {
+                " recovered"
+            } else {
+                ""
+            };
+            return format!("{}#{k}@{}{mark}", name.to_string_lossy(), s.offset).into();
         }
         String::from_utf8_lossy(self.keys.get(i))
     }
@@ -489,6 +540,8 @@ impl Dataset {
             problems: Vec::new(),
             problems_total: 0,
             example: None,
+            recovered: Vec::new(),
+            notes: Vec::new(),
             options: OpenOptions {
                 format: Some(format),
                 ..OpenOptions::default()
@@ -508,6 +561,9 @@ pub(crate) struct Builder {
     pub keys: Strings,
     pub problems: Vec<Error>,
     pub problems_total: u64,
+    /// Samples (ids in this builder) found by resynchronisation.
+    pub recovered: Vec<u32>,
+    pub notes: Vec<String>,
 }
 
 impl Builder {
@@ -531,6 +587,7 @@ impl Builder {
     pub fn append(&mut self, other: Builder) -> Result<()> {
         let shift = u32::try_from(self.files.len()).map_err(|_| invalid("more than 2^32 files"))?;
         self.files.extend(other.files);
+        let base = self.samples.len() as u32;
         self.samples.reserve(other.samples.len());
         for s in other.samples {
             self.samples.push(Sample {
@@ -538,6 +595,9 @@ impl Builder {
                 ..s
             });
         }
+        self.recovered
+            .extend(other.recovered.iter().map(|&r| r + base));
+        self.notes.extend(other.notes);
         for i in 0..other.keys.len() {
             self.keys.push(other.keys.get(i))?;
         }
@@ -557,9 +617,11 @@ impl Builder {
         Ok(i)
     }
 
-    /// The dataset, or an error if no sample was found (naming the first problem, if any).
+    /// The dataset, or an error if no sample was found (naming the first problem, if any) —
+    /// unless nothing was wrong and the notes say why it is empty (a valid empty file).
     pub fn finish(self, format: Format, what: &str) -> Result<Dataset> {
-        if self.samples.is_empty() {
+        let validly_empty = self.problems_total == 0 && !self.notes.is_empty();
+        if self.samples.is_empty() && !validly_empty {
             let mut msg = format!("no samples found in {what}");
             if let Some(p) = self.problems.first() {
                 msg.push_str(&format!(" (first problem: {p})"));
@@ -574,6 +636,8 @@ impl Builder {
         ds.keys = self.keys;
         ds.problems = self.problems;
         ds.problems_total = self.problems_total;
+        ds.recovered = self.recovered;
+        ds.notes = self.notes;
         Ok(ds)
     }
 }

@@ -22,6 +22,8 @@ pub struct OptionDoc {
     /// The default, as text.
     pub default: &'static str,
     pub help: &'static str,
+    /// A yes/no option: a CLI flag without a value (`--strict`), `true`/`false` elsewhere.
+    pub boolean: bool,
 }
 
 /// Every dataset option (the order of the CLI's help).
@@ -33,12 +35,14 @@ pub const DATASET_OPTIONS: &[OptionDoc] = &[
         help: "the dataset's format: packed, image-folder, webdataset, tfrecord, tokens, \
                megatron (default: detected from extensions and magic bytes; flat token files \
                always need tokens)",
+        boolean: false,
     },
     OptionDoc {
         name: "payload",
         flag: "payload",
         default: "jpg,jpeg,png,webp",
         help: "WebDataset: extensions of the payload member, by preference",
+        boolean: false,
     },
     OptionDoc {
         name: "label_ext",
@@ -46,6 +50,7 @@ pub const DATASET_OPTIONS: &[OptionDoc] = &[
         default: "cls",
         help: "WebDataset: extension of the member holding the label as decimal text (none: \
                no labels)",
+        boolean: false,
     },
     OptionDoc {
         name: "label_offset",
@@ -54,6 +59,7 @@ pub const DATASET_OPTIONS: &[OptionDoc] = &[
         help: "subtracted from every label read from the data (WebDataset label members, \
                TFRecord label features); TensorFlow's ImageNet converter writes 1..1000, so 1 \
                gives 0..999",
+        boolean: false,
     },
     OptionDoc {
         name: "tfrecord_index",
@@ -61,6 +67,7 @@ pub const DATASET_OPTIONS: &[OptionDoc] = &[
         default: "NAME.idx beside each file, else a scan",
         help: "TFRecord: index file (offset size per line, as tfrecord2idx writes), or a \
                directory of NAME.idx files",
+        boolean: false,
     },
     OptionDoc {
         name: "tfrecord_payload",
@@ -68,30 +75,53 @@ pub const DATASET_OPTIONS: &[OptionDoc] = &[
         default: "image/encoded",
         help: "TFRecord: records are tf.train.Examples and a sample is this bytes feature \
                (none: the whole record, read raw)",
+        boolean: false,
     },
     OptionDoc {
         name: "tfrecord_label",
         flag: "tfrecord-label",
         default: "image/class/label",
         help: "TFRecord: the int64 feature holding the label (none: no labels)",
+        boolean: false,
+    },
+    OptionDoc {
+        name: "tfrecord_recover",
+        flag: "tfrecord-recover",
+        default: "false",
+        help: "TFRecord without an index: after a length whose checksum fails, resynchronise \
+               and deliver the records found after it, flagged as recovered (they are not \
+               proven: a record stored inside another's data looks the same)",
+        boolean: true,
     },
     OptionDoc {
         name: "token_dtype",
         flag: "token-dtype",
         default: "u16 (flat files); Megatron files name their own",
         help: "token files: width of each token, u16 or u32",
+        boolean: false,
     },
     OptionDoc {
         name: "seq_len",
         flag: "seq-len",
         default: "1024 (flat files); Megatron: one sample per sequence",
         help: "token files: tokens per window (a sample is seq_len + 1 tokens)",
+        boolean: false,
     },
     OptionDoc {
         name: "stride",
         flag: "stride",
         default: "seq_len",
         help: "token files: tokens between window starts",
+        boolean: false,
+    },
+    OptionDoc {
+        name: "strict",
+        flag: "strict",
+        default: "false",
+        help: "refuse to open a dataset in which indexing found any problem (a damaged header, \
+               an index line past its file…) instead of opening what is sound and reporting \
+               the rest",
+        boolean: true,
     },
 ];
 
@@ -99,6 +129,16 @@ pub const DATASET_OPTIONS: &[OptionDoc] = &[
 fn optional(value: &str) -> Option<String> {
     let v = value.trim();
     (!v.is_empty() && !v.eq_ignore_ascii_case("none")).then(|| v.to_string())
+}
+
+fn yes_no(name: &str, value: &str) -> Result<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "false" | "0" | "no" | "off" => Ok(false),
+        "true" | "1" | "yes" | "on" => Ok(true),
+        _ => Err(invalid(format!(
+            "dataset option {name}={value:?}: expected true or false"
+        ))),
+    }
 }
 
 fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
@@ -183,6 +223,8 @@ impl OpenOptions {
                     optional(v)
                 }
             }
+            "tfrecord_recover" => self.tfrecord_recover = yes_no(name, v)?,
+            "strict" => self.strict = yes_no(name, v)?,
             "token_dtype" => self.tokens.dtype = optional(v).map(|t| token_type(&t)).transpose()?,
             "seq_len" => self.tokens.seq_len = optional(v).map(|n| number(name, &n)).transpose()?,
             "stride" => self.tokens.stride = optional(v).map(|n| number(name, &n)).transpose()?,
@@ -214,6 +256,8 @@ impl OpenOptions {
                         .map(|p| p.display().to_string()),
                     "tfrecord_payload" => self.tfrecord_payload.clone(),
                     "tfrecord_label" => self.tfrecord_label.clone(),
+                    "tfrecord_recover" => Some(self.tfrecord_recover.to_string()),
+                    "strict" => Some(self.strict.to_string()),
                     "token_dtype" => self.tokens.dtype.map(|t| t.name().to_string()),
                     "seq_len" => self.tokens.seq_len.map(|n| n.to_string()),
                     "stride" => self.tokens.stride.map(|n| n.to_string()),
@@ -250,9 +294,11 @@ mod tests {
             ("tfrecord_index", "/idx"),
             ("tfrecord_payload", "jpeg"),
             ("tfrecord_label", "y"),
+            ("tfrecord_recover", "true"),
             ("token_dtype", "u32"),
             ("seq_len", "64"),
             ("stride", "16"),
+            ("strict", "yes"),
         ];
         assert_eq!(given.len(), DATASET_OPTIONS.len());
         for o in DATASET_OPTIONS {
@@ -270,9 +316,11 @@ mod tests {
             ("tfrecord_index", Some("/idx".into())),
             ("tfrecord_payload", Some("jpeg".into())),
             ("tfrecord_label", Some("y".into())),
+            ("tfrecord_recover", Some("true".into())),
             ("token_dtype", Some("u32".into())),
             ("seq_len", Some("64".into())),
             ("stride", Some("16".into())),
+            ("strict", Some("true".into())),
         ];
         assert_eq!(back, want);
         // `none` turns the optional ones off; empty restores defaults.

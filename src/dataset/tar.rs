@@ -127,6 +127,14 @@ fn index_tar(
                         size - pos
                     ),
                 );
+            } else if headers > 0 {
+                // Every member found is whole, but the end-of-archive blocks that tar writers
+                // put last are missing: the file may have been cut at a member boundary.
+                b.notes.push(format!(
+                    "{}: ends after {headers} headers without tar's end-of-archive blocks; it \
+                     may have been cut short (every sample found is whole)",
+                    path.display()
+                ));
             }
             break;
         }

@@ -42,18 +42,16 @@ pub fn open(paths: &[PathBuf], opts: &super::OpenOptions) -> Result<Dataset> {
         .with_path(i.to_path_buf()));
     }
     // One unreadable file among many is a problem, not the end of the dataset.
+    let recover = opts.tfrecord_recover;
     let b = index_files(paths, |p, b| {
         let idx = match index {
-            Some(i) if i.is_dir() => Some(i.join(with_suffix(
-                Path::new(p.file_name().unwrap_or_default()),
-                ".idx",
-            ))),
+            Some(i) if i.is_dir() => index_for(p, i),
             Some(i) => Some(i.to_path_buf()),
-            None => Some(with_suffix(p, ".idx")).filter(|i| i.is_file()),
+            None => p.parent().and_then(|dir| index_for(p, dir)),
         };
         match idx {
             Some(i) => from_index(p, &i, b),
-            None => scan(p, b),
+            None => scan(p, b, recover),
         }
     })?;
     let mut ds = b.finish(Format::TfRecord, "these TFRecord files")?;
@@ -104,6 +102,24 @@ fn check_first_example(ds: &Dataset) -> Result<()> {
     }
 }
 
+/// The index of record file `p` in `dir`, by the names tools give it: `NAME.idx` (DALI's
+/// `tfrecord2idx`), `NAME.tfindex` and `STEM.tfindex` (the `tfrecord` package's
+/// `create_indices`), `STEM.idx`, where NAME is the file's name and STEM that name without its
+/// extension. The first that exists.
+pub(crate) fn index_for(p: &Path, dir: &Path) -> Option<PathBuf> {
+    let name = p.file_name()?;
+    let stem = Path::new(name).file_stem().unwrap_or(name);
+    let mut candidates = vec![
+        dir.join(with_suffix(Path::new(name), ".idx")),
+        dir.join(with_suffix(Path::new(name), ".tfindex")),
+    ];
+    if stem != name {
+        candidates.push(dir.join(with_suffix(Path::new(stem), ".tfindex")));
+        candidates.push(dir.join(with_suffix(Path::new(stem), ".idx")));
+    }
+    candidates.into_iter().find(|c| c.is_file() && c != p)
+}
+
 fn add(b: &mut Builder, fi: u32, offset: u64, len: u32) {
     b.samples.push(Sample {
         file: fi,
@@ -114,14 +130,19 @@ fn add(b: &mut Builder, fi: u32, offset: u64, len: u32) {
     });
 }
 
-/// Walks the records' length fields.
-fn scan(path: &Path, b: &mut Builder) -> Result<()> {
+/// Walks the records' length fields. After a length whose checksum fails, the rest of the file
+/// is indexed only with `recover` (resynchronised, every sample found flagged as recovered).
+fn scan(path: &Path, b: &mut Builder, recover: bool) -> Result<()> {
     let mut w = Window::open(path)?;
     let size = w.size;
-    if size == 0 {
-        return Err(invalid("empty file: no TFRecord records").with_path(path.to_path_buf()));
-    }
     let fi = b.file(path, size)?;
+    if size == 0 {
+        // A valid file with no records (TensorFlow reads it without error).
+        b.notes
+            .push(format!("{}: no records (an empty file)", path.display()));
+        return Ok(());
+    }
+    let mut recovering = false;
     let file_path = w.path.clone();
     let problem = |b: &mut Builder, offset: u64, msg: String| b.problem_at(&file_path, offset, msg);
     let mut pos = 0u64;
@@ -143,14 +164,29 @@ fn scan(path: &Path, b: &mut Builder) -> Result<()> {
         let len = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
         let crc = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
         if masked_crc(&h[..8]) != crc {
+            if !recover {
+                problem(
+                    b,
+                    pos,
+                    format!(
+                        "record {record}: the length field's checksum does not match; the rest \
+                         of the file ({} bytes) is not indexed (tfrecord_recover resynchronises \
+                         and delivers what it finds, flagged as recovered)",
+                        size - pos
+                    ),
+                );
+                break;
+            }
             problem(
                 b,
                 pos,
                 format!(
-                    "record {record}: the length field's checksum does not match; skipped to \
-                     the next valid record"
+                    "record {record}: the length field's checksum does not match; \
+                     resynchronised at the next offset whose length checks: the samples after \
+                     it are recovered, not proven"
                 ),
             );
+            recovering = true;
             match resync(&mut w, pos + 1)? {
                 Some(p) => {
                     pos = p;
@@ -175,7 +211,12 @@ fn scan(path: &Path, b: &mut Builder) -> Result<()> {
             break;
         };
         match u32::try_from(end - pos) {
-            Ok(l) => add(b, fi, pos, l),
+            Ok(l) => {
+                if recovering {
+                    b.recovered.push(b.samples.len() as u32);
+                }
+                add(b, fi, pos, l)
+            }
             Err(_) => problem(b, pos, format!("record {record} is over 4 GiB; skipped")),
         }
         record += 1;
@@ -214,13 +255,18 @@ fn from_index(path: &Path, index: &Path, b: &mut Builder) -> Result<()> {
     let size = std::fs::metadata(path)
         .map_err(|e| Error::io("cannot open", e).with_path(path.to_path_buf()))?
         .len();
-    if size == 0 {
-        return Err(invalid("empty file: no TFRecord records").with_path(path.to_path_buf()));
-    }
     // The index's own size bounds this read: it is a real file, not a length from one.
     let text = std::fs::read(index)
         .map_err(|e| Error::io("cannot read TFRecord index", e).with_path(index.to_path_buf()))?;
     let fi = b.file(path, size)?;
+    if size == 0 {
+        b.notes
+            .push(format!("{}: no records (an empty file)", path.display()));
+    }
+    // Records follow each other: each line should start where the one before ended, and the
+    // last end at the file's end. Checked here, reading nothing of the record file, so an
+    // index that does not fit its file is a problem at open (`inspect` fails on it too).
+    let mut expect_at = 0u64;
     let bad = |line: usize, msg: String| {
         invalid(format!("index line {line}: {msg}")).with_path(index.to_path_buf())
     };
@@ -262,10 +308,31 @@ fn from_index(path: &Path, index: &Path, b: &mut Builder) -> Result<()> {
             ));
             continue;
         }
+        if offset != expect_at {
+            b.problem(bad(
+                line_no,
+                format!(
+                    "record at {offset} does not start where the one before ends ({expect_at}): \
+                     the index does not fit {}",
+                    path.display()
+                ),
+            ));
+        }
+        expect_at = offset + len;
         match u32::try_from(len) {
             Ok(l) => add(b, fi, offset, l),
             Err(_) => b.problem(bad(line_no, "record over 4 GiB".into())),
         }
+    }
+    if expect_at != size && size > 0 {
+        b.problem(
+            invalid(format!(
+                "the index ends at byte {expect_at} of {} ({size} bytes): it does not fit the \
+                 file",
+                path.display()
+            ))
+            .with_path(index.to_path_buf()),
+        );
     }
     Ok(())
 }

@@ -259,16 +259,25 @@ fn megatron_one(prefix: &Path, opts: &TokenOptions, b: &mut Builder) -> Result<(
     let sizes = read_array(seqs, 4)?;
     let pointers = read_array(seqs, 8)?;
     let doc_idx = read_array(docs, 8)?;
+    // The document index must be what Megatron asserts it is: starting at 0, non-decreasing,
+    // ending at the sequence count. An index that disagrees with itself is refused (Megatron
+    // refuses it too) rather than opened with a warning.
     let mut prev = 0u64;
     for (d, x) in doc_idx.chunks_exact(8).enumerate() {
         let v = read_u64(x);
-        if v > seqs || v < prev {
-            b.problem(bad(format!(
-                "document {d} starts at sequence {v}: out of order or past {seqs} sequences"
+        if v > seqs || v < prev || (d == 0 && v != 0) {
+            return Err(bad(format!(
+                "document {d} starts at sequence {v}: the document index must rise from 0 to \
+                 the {seqs} sequences (Megatron refuses this index too)"
             )));
-            break;
         }
         prev = v;
+    }
+    if docs > 0 && prev != seqs {
+        return Err(bad(format!(
+            "the document index ends at sequence {prev}, not at the {seqs} sequences the index \
+             holds (Megatron refuses this index too)"
+        )));
     }
     let fi = b.file(&bin, bin_size)?;
     let seq = |i: usize| -> (i64, i64) {

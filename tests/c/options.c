@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
         else if (!strcmp(k, "tfrecord_index")) o.tfrecord_index = v;
         else if (!strcmp(k, "tfrecord_payload")) o.tfrecord_payload = v;
         else if (!strcmp(k, "tfrecord_label")) o.tfrecord_label = v;
+        else if (!strcmp(k, "tfrecord_recover")) o.tfrecord_recover = !strcmp(v, "true");
+        else if (!strcmp(k, "strict")) o.strict = !strcmp(v, "true");
         else if (!strcmp(k, "token_dtype")) o.token_dtype = v;
         else if (!strcmp(k, "seq_len")) o.seq_len = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(k, "stride")) o.stride = (uint32_t)strtoul(v, NULL, 10);
@@ -47,8 +49,15 @@ int main(int argc, char** argv) {
     for (i++; i < argc && n < 64; i++) paths[n++] = argv[i];
     gpufeed_loader* l = NULL;
     int32_t st = gpufeed_loader_open_paths(paths, n, &o, &l);
-    if (st != GPUFEED_OK) return fail("open", st);
+    if (st != GPUFEED_OK) {
+        /* A refused dataset (strict) says why on stdout too, for the test to read. */
+        printf("refused %s\n", gpufeed_last_error());
+        return fail("open", st);
+    }
     printf("options %s\n", gpufeed_loader_dataset_options(l));
+    for (uint64_t p = 0; gpufeed_loader_problem(l, p) != NULL; p++)
+        printf("problem %s\n", gpufeed_loader_problem(l, p));
+    printf("problems %" PRIu64 "\n", gpufeed_loader_problems(l));
     if ((st = gpufeed_loader_start_epoch(l, 0, 0)) != GPUFEED_OK) return fail("epoch", st);
     uint64_t samples = 0, padding = 0, byte_sum = 0;
     uint32_t batches = 0;

@@ -287,7 +287,11 @@ fn cli_inspect(paths: &[&Path], opts: &[(&str, &str)]) -> serde_json::Value {
     let mut c = Command::new(gpufeed_bin());
     c.env("GPUFEED_QUIET", "1").args(["inspect", "--json"]);
     for (k, v) in opts {
-        c.arg(format!("--{}", k.replace('_', "-"))).arg(v);
+        let flag = format!("--{}", k.replace('_', "-"));
+        match *v {
+            "true" => c.arg(flag), // a yes/no option is a flag on the command line
+            v => c.arg(flag).arg(v),
+        };
     }
     c.args(paths);
     let o = c.output().unwrap();
@@ -321,9 +325,11 @@ fn every_dataset_option_reaches_the_c_options_struct() {
         ("tfrecord_index", "/no/such/index"),
         ("tfrecord_payload", "img"),
         ("tfrecord_label", "y"),
+        ("tfrecord_recover", "true"),
         ("token_dtype", "u32"),
         ("seq_len", "64"),
         ("stride", "32"),
+        ("strict", "true"),
     ];
     let names: Vec<&str> = gpufeed::dataset::DATASET_OPTIONS
         .iter()
@@ -391,4 +397,61 @@ fn every_dataset_option_reaches_the_c_options_struct() {
     std::fs::write(&second, &words[..4 * 1000]).unwrap();
     let (_, nums) = run(&all, &[&tokens, &second]);
     assert_eq!(nums[0], windows + (1000 - 65) / 32 + 1);
+
+    // Problems reach C: a tar set with one truncated tar opens with its problem counted and
+    // readable; with strict it is refused, saying why.
+    let src = d_src(dir.path());
+    let good = dir.path().join("good.tar");
+    let cut = dir.path().join("cut.tar");
+    let mut c = Command::new("tar");
+    c.args(["--sort=name", "-cf"])
+        .arg(&good)
+        .arg("-C")
+        .arg(&src)
+        .arg(".");
+    assert!(c.status().unwrap().success());
+    let bytes = std::fs::read(&good).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2 + 100]).unwrap();
+    let o = Command::new(&exe)
+        .args(["--", good.to_str().unwrap(), cut.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    let problem = out.lines().find(|l| l.starts_with("problem ")).unwrap();
+    assert!(
+        problem.contains("cut.tar") && problem.contains("truncated"),
+        "{problem}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("problems ") && l != "problems 0"),
+        "{out}"
+    );
+    let o = Command::new(&exe)
+        .args([
+            "strict=true",
+            "--",
+            good.to_str().unwrap(),
+            cut.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("refused") && out.contains("strict") && out.contains("cut.tar"),
+        "{out}"
+    );
+}
+
+/// Ten samples as files for tar: `NNN.jpg` and `NNN.cls`.
+fn d_src(dir: &Path) -> PathBuf {
+    let src = dir.join("members");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..10 {
+        std::fs::write(src.join(format!("{i:03}.jpg")), vec![i as u8; 3000]).unwrap();
+        std::fs::write(src.join(format!("{i:03}.cls")), format!("{i}")).unwrap();
+    }
+    src
 }

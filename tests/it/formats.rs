@@ -331,12 +331,21 @@ fn tf_data(i: usize) -> Vec<u8> {
     (0..len).map(|j| ((i * 31 + j * 7) % 256) as u8).collect()
 }
 
-/// Records by their number (the key is `FILE@OFFSET`; offsets increase with the number).
+/// Records by their number (the key is `FILE#K@OFFSET`, ` recovered` after it for recovered
+/// records; offsets increase with the number).
 fn tf_epoch(ds: &Dataset) -> Vec<Result<Vec<u8>, String>> {
     let mut by_offset: Vec<(u64, Result<Vec<u8>, String>)> = Vec::new();
     let map = epoch_by_key(ds);
     for (k, v) in map {
-        let off: u64 = k.rsplit('@').next().unwrap().parse().unwrap();
+        let off: u64 = k
+            .rsplit('@')
+            .next()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
         by_offset.push((off, v.map(|(b, _)| b)));
     }
     by_offset.sort_by_key(|x| x.0);
@@ -401,16 +410,29 @@ fn tfrecords_from_an_independent_writer_with_and_without_index() {
         }
     }
 
-    // A flipped byte in record 20's length checksum (no index): a problem naming the offset,
-    // the walk resumes at record 21.
+    // A flipped byte in record 20's length checksum (no index): a problem naming the offset;
+    // by default the walk stops there (what follows is not proven to be records)…
     let mut bad = good.clone();
     bad[offsets[20].0 as usize + 9] ^= 1;
     std::fs::write(&p, &bad).unwrap();
     let ds = Dataset::open_with(&p, &raw_records()).unwrap();
-    assert_eq!(ds.len(), n - 1);
+    assert_eq!(ds.len(), 20);
     assert_eq!(ds.problems().len(), 1, "{:?}", ds.problems());
     assert_eq!(ds.problems()[0].offset(), Some(offsets[20].0));
     assert!(ds.problems()[0].to_string().contains("record 20"));
+    assert!(ds.problems()[0].to_string().contains("tfrecord_recover"));
+    assert_eq!(ds.recovered_count(), 0);
+    // …and with tfrecord_recover it resynchronises at record 21, the rest flagged recovered.
+    let recover = OpenOptions {
+        tfrecord_recover: true,
+        ..raw_records()
+    };
+    let ds = Dataset::open_with(&p, &recover).unwrap();
+    assert_eq!(ds.len(), n - 1);
+    assert_eq!(ds.recovered_count(), n - 21);
+    assert!((0..20).all(|i| !ds.is_recovered(i)));
+    assert!((20..n - 1).all(|i| ds.is_recovered(i)));
+    assert!(ds.key(25).ends_with(" recovered"), "{}", ds.key(25));
     let got = tf_epoch(&ds);
     let mut want: Vec<Vec<u8>> = (0..n).map(tf_data).collect();
     want.remove(20);
@@ -447,10 +469,19 @@ fn tfrecords_from_an_independent_writer_with_and_without_index() {
     let ds = Dataset::open_with(&p, &raw_records()).unwrap();
     assert_eq!(ds.len(), 41);
     assert!(ds.problems()[0].to_string().contains("truncated"));
+    // A valid TFRecord file with no records (TensorFlow reads it without error): zero samples
+    // and a note, not a problem; the loader then says there is nothing to read. Among other
+    // files it is just a file with no records.
     std::fs::write(&p, b"").unwrap();
-    let e = Dataset::open_with(&p, &raw_records()).unwrap_err();
-    assert!(e.to_string().contains("empty"), "{e}");
-    assert_eq!(e.path(), Some(p.as_path()));
+    let ds = Dataset::open_with(&p, &raw_records()).unwrap();
+    assert_eq!((ds.len(), ds.problems_total()), (0, 0));
+    assert!(ds.notes()[0].contains("no records"), "{:?}", ds.notes());
+    let e = Loader::builder(ds).build().unwrap_err();
+    assert!(e.to_string().contains("no samples"), "{e}");
+    let other = dir.path().join("other.tfrecord");
+    std::fs::write(&other, &good).unwrap();
+    let ds = Dataset::open_many(&[p.clone(), other], &raw_records()).unwrap();
+    assert_eq!((ds.len(), ds.problems_total()), (n, 0));
 }
 
 /// Token files written by a script: nanoGPT-style flat uint16 / uint32, and a Megatron
@@ -515,7 +546,15 @@ fn token_files_from_a_script_as_windows_and_sequences() {
     let ds = Dataset::open_with(dir.path().join("u16.bin"), &opts).unwrap();
     assert_eq!(ds.len(), (5000 - 65) / 64 + 1);
     for (k, v) in epoch_by_key(&ds) {
-        let off: u64 = k.rsplit('@').next().unwrap().parse().unwrap();
+        let off: u64 = k
+            .rsplit('@')
+            .next()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
         let bytes = v.unwrap().0;
         assert_eq!(bytes.len(), 65 * 2);
         for (j, t) in bytes.chunks_exact(2).enumerate() {
@@ -536,7 +575,15 @@ fn token_files_from_a_script_as_windows_and_sequences() {
     let ds = Dataset::open_with(dir.path().join("u32.bin"), &opts).unwrap();
     assert_eq!(ds.len(), (3000 - 101) / 37 + 1);
     for (k, v) in epoch_by_key(&ds) {
-        let off: u64 = k.rsplit('@').next().unwrap().parse().unwrap();
+        let off: u64 = k
+            .rsplit('@')
+            .next()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
         for (j, t) in v.unwrap().0.chunks_exact(4).enumerate() {
             let t = u32::from_le_bytes(t.try_into().unwrap()) as u64;
             assert_eq!(t, tok(off / 4 + j as u64) * 40503);
@@ -567,7 +614,15 @@ fn token_files_from_a_script_as_windows_and_sequences() {
         pos += 2 * mega_len(i);
     }
     for (k, v) in epoch_by_key(&ds) {
-        let off: u64 = k.rsplit('@').next().unwrap().parse().unwrap();
+        let off: u64 = k
+            .rsplit('@')
+            .next()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
         let bytes = v.unwrap().0;
         // Zero-length sequence 4 shares its offset with sequence 5: find it by length too.
         let i = (0..25)
@@ -716,10 +771,17 @@ fn verify_reports_a_bad_tfrecord_by_file_and_sample() {
         .output()
         .unwrap();
     assert!(!o.status.success());
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+    let mut lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    // The last line is always the summary.
+    let summary = lines.pop().unwrap();
+    assert_eq!(summary["summary"], true);
+    assert_eq!(
+        (summary["bad"].clone(), summary["ok"].clone()),
+        (1.into(), false.into())
+    );
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["sample"], 7);
     assert!(lines[0]["path"].as_str().unwrap().ends_with("x.tfrecord"));

@@ -9,5 +9,6 @@ mod fallback;
 mod formats;
 mod gpu;
 mod loader;
+mod problems;
 mod python;
 mod sim;
