@@ -239,6 +239,38 @@ class Problems(unittest.TestCase):
             self.assertEqual([x for x in w if issubclass(x.category, gpufeed.DatasetWarning)], [])
 
 
+    def test_verify_finds_images_that_are_not_what_they_claim(self):
+        from PIL import Image
+
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            os.makedirs(os.path.join(d, "cat"))
+            os.makedirs(os.path.join(d, "dog"))
+            for i, fmt in enumerate(("JPEG", "PNG", "WEBP")):
+                img = Image.new("RGB", (40 + i, 30), (i * 50, 90, 200))
+                img.save(os.path.join(d, "cat", f"good{i}.{fmt.lower().replace('jpeg', 'jpg')}"), fmt)
+            progressive = os.path.join(d, "cat", "prog.jpg")
+            Image.new("L", (64, 48), 128).save(progressive, "JPEG", progressive=True)
+            buf = io.BytesIO()
+            Image.new("RGB", (64, 64), (1, 2, 3)).save(buf, "JPEG", quality=90)
+            whole = buf.getvalue()
+            with open(os.path.join(d, "dog", "truncated.jpg"), "wb") as f:
+                f.write(whole[: len(whole) * 2 // 3])
+            with open(os.path.join(d, "dog", "page.jpg"), "wb") as f:
+                f.write(b"<!DOCTYPE html><html><body>Not Found</body></html>")
+            open(os.path.join(d, "dog", "empty.JPEG"), "wb").close()
+            out = subprocess.run(
+                [BIN, "verify", "--json", d], capture_output=True, env=dict(os.environ, GPUFEED_QUIET="1")
+            )
+            self.assertNotEqual(out.returncode, 0)
+            lines = [json.loads(x) for x in out.stdout.decode().splitlines()]
+            summary = lines.pop()
+            self.assertEqual((summary["samples"], summary["bad"]), (7, 3), lines)
+            bad = {os.path.basename(x["path"]): x["error"] for x in lines}
+            self.assertIn("truncated", bad["truncated.jpg"])
+            self.assertIn("<!DOCTYPE", bad["page.jpg"])
+            self.assertIn("empty", bad["empty.JPEG"])
+
+
 @unittest.skipUnless(DATA and BIN, "GPUFEED_TEST_DATA / GPUFEED_BIN not set (tests/it/python.rs sets them)")
 class TfRecordExamples(unittest.TestCase):
     ROOT = os.path.join(DATA, "imagenet-tfrecord")

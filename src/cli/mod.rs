@@ -850,8 +850,15 @@ fn verify_cmd(a: InspectArgs) -> Result<()> {
         let mut buf = Vec::new();
         let mut done = 0u64;
         for i in 0..ds.len() {
-            if let Err(e) = ds.read_sample(i, &mut buf, true) {
-                bad.push(e);
+            // Checksums and frames, then: is an image what its name claims (magic, header,
+            // end marker; no decode)?
+            match ds.read_sample(i, &mut buf, true) {
+                Ok(c) => {
+                    if let Err(e) = ds.check_image(i, &buf[c.payload]) {
+                        bad.push(e);
+                    }
+                }
+                Err(e) => bad.push(e),
             }
             done += ds.sample(i).len as u64;
             prog.set(done);

@@ -13,6 +13,7 @@
 
 mod detect;
 pub mod example;
+pub mod image;
 pub mod image_folder;
 mod options;
 pub mod pack;
@@ -459,6 +460,28 @@ impl Dataset {
         f.read_exact_at(buf, s.offset)
             .map_err(|e| self.sample_error(i, Error::io("cannot read sample", e)))?;
         self.check_sample(i, buf, verify)
+    }
+
+    /// Checks that sample `i`'s payload is the image it claims to be ([`image::check`]): for
+    /// an ImageFolder the file's extension makes the claim; elsewhere the payload's first bytes
+    /// (a payload that does not look like an image is not checked). `Ok` when there is nothing
+    /// to check.
+    pub fn check_image(&self, i: usize, payload: &[u8]) -> Result<()> {
+        let claim = match self.format {
+            Format::ImageFolder => {
+                let s = &self.samples[i];
+                self.files[s.file as usize]
+                    .path
+                    .extension()
+                    .and_then(|x| image::kind_of_extension(&x.to_string_lossy().to_lowercase()))
+            }
+            _ => image::sniff(payload),
+        };
+        match claim {
+            Some(kind) => image::check(payload, kind)
+                .map_err(|m| self.sample_error(i, invalid(format!("{m} (key {:?})", self.key(i))))),
+            None => Ok(()),
+        }
     }
 
     /// The label of sample `i` once its bytes were checked: the data's own (TFRecord
