@@ -55,6 +55,7 @@ typedef struct gpufeed_options {
     uint32_t seq_len;
     uint32_t stride;
     uint8_t strict; /* nonzero: refuse a dataset in which indexing found any problem */
+    uint64_t memory_budget; /* bytes the arena may take; 0: the default (4 GiB) */
 } gpufeed_options;
 
 /* last_batch: SHORT delivers every sample exactly once (the last batch may be short); DROP drops

@@ -88,6 +88,10 @@ pub struct EngineConfig {
     pub files_max: u32,
     /// Reads one job may hold at most. 1..=65536.
     pub reads_per_job_max: u32,
+    /// Reads of all jobs in flight at most (the engine's table of reads); 0: four times the
+    /// queue depth or `reads_per_job_max`, whichever is more. A loader sets it to
+    /// `reads_per_job_max` × its groups in flight, so every group it plans can be submitted.
+    pub reads_in_flight_max: u32,
     /// Pool threads for `PreadPool`; 0 means `queue_depth` (capped at 256).
     pub threads: u32,
     /// io_uring SQPOLL (a kernel thread polls the queue; burns a core, off by default).
@@ -116,6 +120,7 @@ impl Default for EngineConfig {
             slots: 64,
             files_max: 256,
             reads_per_job_max: 4096,
+            reads_in_flight_max: 0,
             threads: 0,
             sqpoll: false,
             defer_taskrun: false,
@@ -152,6 +157,12 @@ impl EngineConfig {
         range("slots", self.slots as u64, 1, 1 << 20)?;
         range("files_max", self.files_max as u64, 1, 65536)?;
         range("reads_per_job_max", self.reads_per_job_max as u64, 1, 65536)?;
+        range(
+            "reads_in_flight_max",
+            self.reads_in_flight_max as u64,
+            0,
+            1 << 22,
+        )?;
         range("threads", self.threads as u64, 0, 1024)?;
         range("slot_bytes", self.slot_bytes as u64, 4096, 1 << 30)?;
         if !self.slot_bytes.is_multiple_of(4096) {

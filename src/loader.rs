@@ -35,7 +35,13 @@ pub struct LoaderBuilder {
     verify_checksums: bool,
     device: Device,
     gpu_path: GpuPath,
+    /// `window` was set: its slot size is taken as given.
+    slot_explicit: bool,
+    memory_budget_bytes: u64,
 }
+
+/// The arena's default memory budget: slots are sized from the dataset within it.
+pub const DEFAULT_MEMORY_BUDGET_BYTES: u64 = 4 << 30;
 
 impl LoaderBuilder {
     pub fn batch_size(mut self, n: u32) -> Self {
@@ -80,10 +86,19 @@ impl LoaderBuilder {
         self.in_flight_groups = n;
         self
     }
-    /// Batches per read group, and the slot size a group must fit.
+    /// Batches per read group, and the slot size a group must fit (taken as given; without
+    /// it, slots are sized from the dataset within the memory budget).
     pub fn window(mut self, batches: u32, group_bytes_max: u64) -> Self {
         self.plan.window_batches = batches;
         self.plan.group_bytes_max = group_bytes_max;
+        self.slot_explicit = true;
+        self
+    }
+    /// Memory the loader's arena may take (default 4 GiB; Python `memory_budget=`, CLI
+    /// `--memory-budget`). Slots are sized from the dataset: the batch-size largest samples
+    /// together when that fits, else as large as the budget allows.
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget_bytes = bytes;
         self
     }
     /// Coalescing limits: largest gap read through, largest merged read.
@@ -140,16 +155,37 @@ impl LoaderBuilder {
                  into shards (`gpufeed pack`)"
             )));
         }
-        let slot_bytes = (self.plan.group_bytes_max as usize).next_multiple_of(4096);
-        let mut engine = EngineConfig {
+        let slots = self.prefetch_groups + self.in_flight_groups;
+        let mut plan = self.plan.clone();
+        if !self.slot_explicit {
+            plan.group_bytes_max = crate::plan::slot_bytes_for(
+                self.dataset.samples(),
+                plan.batch_size,
+                plan.align,
+                slots,
+                self.memory_budget_bytes,
+            )?;
+        }
+        // The engine takes every group the planner may make: reads per group are capped at
+        // what one job may hold, and its table holds every group in flight.
+        let reads_per_job =
+            (plan.batch_size as u64 * plan.window_batches as u64).clamp(4096, 65536) as u32;
+        if plan.batch_size > reads_per_job {
+            return Err(invalid(format!(
+                "batch_size {} is above 65536 samples, the most one read group may hold",
+                plan.batch_size
+            )));
+        }
+        plan.reads_per_group_max = reads_per_job;
+        let slot_bytes = (plan.group_bytes_max as usize).next_multiple_of(4096);
+        let engine = EngineConfig {
             slot_bytes,
-            slots: self.prefetch_groups + self.in_flight_groups,
+            slots,
             files_max: files as u32,
+            reads_per_job_max: reads_per_job,
+            reads_in_flight_max: reads_per_job.saturating_mul(self.in_flight_groups),
             ..self.engine.clone()
         };
-        engine.reads_per_job_max = engine
-            .reads_per_job_max
-            .max((self.plan.batch_size as u64 * self.plan.window_batches as u64).min(65536) as u32);
         engine.validate()?;
         // Memory is allocated once: every epoch's engine reads into this arena.
         let arena = Arena::new(&crate::buf::ArenaConfig {
@@ -189,7 +225,7 @@ impl LoaderBuilder {
             arena,
             gpu,
             dataset: self.dataset,
-            plan: self.plan,
+            plan,
             engine,
             prefetch_groups: self.prefetch_groups,
             in_flight_groups: self.in_flight_groups,
@@ -259,6 +295,8 @@ impl Loader {
             verify_checksums: true,
             device: Device::Host,
             gpu_path: GpuPath::Auto,
+            slot_explicit: false,
+            memory_budget_bytes: DEFAULT_MEMORY_BUDGET_BYTES,
         }
     }
 
@@ -300,6 +338,12 @@ impl Loader {
     /// Slots in the arena.
     pub fn slots(&self) -> usize {
         self.arena.slots() as usize
+    }
+
+    /// Bytes of each slot: a read group's room (sized from the dataset and the batch size
+    /// within the memory budget, or `window`'s as given).
+    pub fn slot_bytes(&self) -> u64 {
+        self.plan.group_bytes_max
     }
 
     pub fn plan_config(&self) -> &PlanConfig {

@@ -56,6 +56,8 @@ pub struct GpufeedOptions {
     pub seq_len: u32,
     pub stride: u32,
     pub strict: u8,
+    /// Bytes the loader's arena may take (0: the default, 4 GiB).
+    pub memory_budget: u64,
 }
 
 /// `last_batch` values (`GPUFEED_LAST_BATCH_*` in the header).
@@ -154,6 +156,7 @@ pub unsafe extern "C" fn gpufeed_options_default(out: *mut GpufeedOptions) -> i3
             seq_len: 0,
             stride: 0,
             strict: 0,
+            memory_budget: 0,
         })
     };
     GPUFEED_OK
@@ -280,7 +283,12 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
         let built = unsafe { dataset_options(&o) }
             .and_then(|opts| Dataset::open_paths(&list, &opts))
             .and_then(|ds| {
+                let budget = match o.memory_budget {
+                    0 => gpufeed::loader::DEFAULT_MEMORY_BUDGET_BYTES,
+                    b => b,
+                };
                 Loader::builder(ds)
+                    .memory_budget(budget)
                     .batch_size(o.batch_size)
                     .order(order)
                     .seed(o.seed)

@@ -83,7 +83,8 @@ class Loader:
     every sample exactly once, the last batch may be short), "drop", or "pad" (every rank the
     same number of samples, repeats flagged in ``Batch.padding``); ``drop_last=True`` is the
     alias of "drop". ``on_error``: "raise" (a batch with a bad sample raises SampleError) or
-    "mark" (its length is -1, ``Batch.errors`` says why).
+    "mark" (its length is -1, ``Batch.errors`` says why). ``memory_budget``: bytes the arena
+    may take (default 4 GiB); slots are sized from the dataset and the batch size within it.
 
     The dataset options (``format``, ``payload``, ``label_ext``, ``label_offset``,
     ``tfrecord_index``, ``tfrecord_payload``, ``tfrecord_label``, ``tfrecord_recover``,
@@ -111,6 +112,7 @@ class Loader:
         block_bytes: Optional[int] = None,
         open_blocks: Optional[int] = None,
         queue_depth: Optional[int] = None,
+        memory_budget: Optional[int] = None,
         *,
         format: Optional[str] = None,
         payload: Optional[Union[str, Sequence[str]]] = None,
@@ -141,6 +143,9 @@ class Loader:
     def last_batch(self) -> str: ...
     @property
     def samples_per_epoch(self) -> int: ...
+    @property
+    def slot_bytes(self) -> Tuple[int, int]:
+        """(bytes of each arena slot, slots): sized from the dataset within memory_budget."""
     def set_epoch(self, epoch: int) -> None: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> _Epoch: ...

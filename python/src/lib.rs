@@ -188,7 +188,7 @@ impl PyLoader {
         paths, batch_size, order="global", seed=0, rank=None, world_size=None, device="cpu",
         prefetch=2, last_batch=None, drop_last=None, verify=true, on_error="raise",
         shuffle_buffer=None, block_bytes=None, open_blocks=None, queue_depth=None,
-        **dataset
+        memory_budget=None, **dataset
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -209,6 +209,7 @@ impl PyLoader {
         block_bytes: Option<u64>,
         open_blocks: Option<u32>,
         queue_depth: Option<u32>,
+        memory_budget: Option<u64>,
         dataset: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let last = match (last_batch, drop_last) {
@@ -279,6 +280,9 @@ impl PyLoader {
                     .device(dev);
                 if let Some(q) = queue_depth {
                     b = b.queue_depth(q);
+                }
+                if let Some(m) = memory_budget {
+                    b = b.memory_budget(m);
                 }
                 b.build()
             })
@@ -361,6 +365,13 @@ impl PyLoader {
     #[getter]
     fn samples_per_epoch(&self) -> usize {
         self.loader.samples_per_epoch()
+    }
+
+    /// Bytes of each of the arena's slots (sized from the dataset and the batch size within
+    /// ``memory_budget``), and how many there are.
+    #[getter]
+    fn slot_bytes(&self) -> (u64, usize) {
+        (self.loader.slot_bytes(), self.loader.slots())
     }
 
     /// Chooses the epoch the next iteration reads (as with `DistributedSampler.set_epoch`).

@@ -239,6 +239,15 @@ class Problems(unittest.TestCase):
             self.assertEqual([x for x in w if issubclass(x.category, gpufeed.DatasetWarning)], [])
 
 
+    def test_a_budget_too_small_names_the_setting(self):
+        ld = gpufeed.Loader(os.path.join(DATA, "d2000"), batch_size=1024)
+        slot, slots = ld.slot_bytes
+        self.assertGreaterEqual(slot, 1024 * 4096)
+        with self.assertRaises(gpufeed.GpufeedError) as e:
+            gpufeed.Loader(os.path.join(DATA, "d2000"), batch_size=1024, memory_budget=1 << 20)
+        self.assertIn("memory_budget=", str(e.exception))
+        self.assertIn("batch_size", str(e.exception))
+
     def test_verify_finds_images_that_are_not_what_they_claim(self):
         from PIL import Image
 

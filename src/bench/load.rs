@@ -185,6 +185,8 @@ pub struct PackedSpec {
     pub verify: bool,
     /// What happens to the last, incomplete batch.
     pub last_batch: crate::plan::LastBatch,
+    /// The loader's memory budget.
+    pub memory_budget: u64,
 }
 
 /// One epoch of the packed dataset through the loader in `order`.
@@ -205,6 +207,7 @@ pub fn run_packed(
         .engine_kind(spec.engine)
         .verify_checksums(spec.verify)
         .last_batch(spec.last_batch)
+        .memory_budget(spec.memory_budget)
         .build()?;
     // Shuffle quality is computed from the plan, outside the timed epoch.
     let q = quality(loader.dataset().samples(), &loader.plan_epoch(0)?);

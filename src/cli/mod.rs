@@ -305,6 +305,9 @@ struct LoadArgs {
     /// What happens to a rank's last, incomplete batch: short, drop or pad.
     #[arg(long, default_value = "short")]
     last_batch: String,
+    /// Memory the loader's arena may take; slots are sized from the dataset within it.
+    #[arg(long, default_value = "4G", value_parser = size_arg)]
+    memory_budget: u64,
     #[command(flatten)]
     open: DatasetArgs,
     /// Print one JSON object per mode.
@@ -598,6 +601,7 @@ fn bench_load(a: LoadArgs) -> Result<()> {
         engine: EngineKind::Uring,
         verify: !a.no_verify,
         last_batch: LastBatch::parse(&a.last_batch)?,
+        memory_budget: a.memory_budget,
     };
     let opts = a.open.options()?;
     if !a.json {

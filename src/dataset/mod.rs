@@ -197,7 +197,7 @@ impl Strings {
 }
 
 /// The sample index of a dataset.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Dataset {
     pub(crate) format: Format,
     pub(crate) files: Vec<DataFile>,
@@ -218,6 +218,21 @@ pub struct Dataset {
     pub(crate) notes: Vec<String>,
     /// The options it was opened with.
     pub(crate) options: OpenOptions,
+}
+
+/// A summary: a dataset's index can hold millions of samples.
+impl std::fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataset")
+            .field("format", &self.format)
+            .field("files", &self.files.len())
+            .field("first_file", &self.files.first().map(|d| &d.path))
+            .field("samples", &self.samples.len())
+            .field("problems", &self.problems_total)
+            .field("recovered", &self.recovered.len())
+            .field("notes", &self.notes.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Dataset {

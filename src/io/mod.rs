@@ -365,8 +365,12 @@ impl Engine {
         cfg: &EngineConfig,
         notices: Vec<String>,
     ) -> Engine {
-        // Ops beyond the backend's capacity wait in `pending`; allow a few jobs' worth.
-        let ops_max = (backend.capacity() * 4).max(cfg.reads_per_job_max as usize);
+        // Ops beyond the backend's capacity wait in `pending`; allow a few jobs' worth, or what
+        // the configuration asks for (a loader: every group it may have in flight, whole).
+        let ops_max = match cfg.reads_in_flight_max {
+            0 => (backend.capacity() * 4).max(cfg.reads_per_job_max as usize),
+            n => (n as usize).max(cfg.reads_per_job_max as usize),
+        };
         let jobs_max = cfg.slots as usize;
         Engine {
             backend,

@@ -132,6 +132,9 @@ pub struct PlanConfig {
     /// Offset alignment assumed when laying reads out in a slot (≥ every file's O_DIRECT
     /// offset alignment).
     pub align: u32,
+    /// Reads a group may issue at most (the engine's `reads_per_job_max`): a group is never
+    /// planned that the engine cannot take.
+    pub reads_per_group_max: u32,
 }
 
 impl Default for PlanConfig {
@@ -148,6 +151,7 @@ impl Default for PlanConfig {
             max_gap_bytes: 64 << 10,
             max_read_bytes: 16 << 20,
             align: 4096,
+            reads_per_group_max: 65536,
         }
     }
 }
@@ -222,6 +226,12 @@ impl PlanConfig {
         if self.batch_size == 0 || self.window_batches == 0 {
             return Err(invalid("batch_size and window_batches must be at least 1"));
         }
+        if self.batch_size > self.reads_per_group_max {
+            return Err(invalid(format!(
+                "batch_size {} is above the {} reads one group may issue",
+                self.batch_size, self.reads_per_group_max
+            )));
+        }
         if !self.align.is_power_of_two() {
             return Err(invalid(format!(
                 "align {} is not a power of two",
@@ -244,6 +254,178 @@ impl PlanConfig {
             _ => Ok(()),
         }
     }
+}
+
+/// Slot bytes sample `s` takes when read alone: its span widened to `align` at both ends. A
+/// batch read without reading through gaps never needs more than the sum of its samples' spans.
+pub fn span(s: &Sample, align: u64) -> u64 {
+    (s.offset + s.len as u64).div_ceil(align) * align - s.offset / align * align
+}
+
+/// What the index says about the slot bytes batches of `batch` samples need: the worst case
+/// (the `batch` largest spans together), a typical batch (`batch` × the mean span), and the
+/// largest single span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchBytes {
+    pub worst: u64,
+    pub typical: u64,
+    pub largest: u64,
+}
+
+impl BatchBytes {
+    /// The smallest slot the planner can always fit batches into by moving samples between
+    /// neighbouring batches: room for a typical batch and a half, plus the largest sample.
+    pub fn floor(&self) -> u64 {
+        self.typical + self.typical / 2 + self.largest
+    }
+}
+
+/// [`BatchBytes`] of `samples` for batches of `batch` (one pass and one selection; no sort).
+pub fn batch_bytes(samples: &[Sample], batch: u32, align: u32) -> BatchBytes {
+    let a = align.max(1) as u64;
+    let mut spans: Vec<u64> = samples.iter().map(|s| span(s, a)).collect();
+    let n = spans.len();
+    if n == 0 {
+        return BatchBytes {
+            worst: 0,
+            typical: 0,
+            largest: 0,
+        };
+    }
+    let b = (batch as usize).clamp(1, n);
+    let total: u64 = spans.iter().sum();
+    let largest = spans.iter().copied().max().unwrap_or(0);
+    // The b largest: everything from position n − b of a partial order.
+    spans.select_nth_unstable(n - b);
+    let worst = spans[n - b..].iter().sum();
+    BatchBytes {
+        worst,
+        typical: (total as u128 * b as u128 / n as u128) as u64,
+        largest,
+    }
+}
+
+/// The smallest slot the loader sizes (room for several batches of small samples).
+pub const SLOT_BYTES_MIN: u64 = 128 << 20;
+/// The largest slot (an io_uring fixed buffer is at most 1 GiB).
+pub const SLOT_BYTES_MAX: u64 = 1 << 30;
+
+/// The slot size for batches of `batch` samples, `slots` slots within `budget` bytes: the worst case (the batch-size largest samples together) when it fits, else the
+/// largest slot the budget allows, as long as it is above [`BatchBytes::floor`] (the planner
+/// then evens out the rare batch that would not fit). The error says which setting to change.
+///
+pub fn slot_bytes_for(
+    samples: &[Sample],
+    batch: u32,
+    align: u32,
+    slots: u32,
+    budget: u64,
+) -> Result<u64> {
+    const MIB: u64 = 1 << 20;
+    let bb = batch_bytes(samples, batch, align);
+    let cap = (budget / slots.max(1) as u64).min(SLOT_BYTES_MAX) / (2 * MIB) * (2 * MIB);
+    let want = bb.worst.max(SLOT_BYTES_MIN).next_multiple_of(2 * MIB);
+    if want <= cap {
+        return Ok(want);
+    }
+    if bb.floor() <= cap {
+        return Ok(cap);
+    }
+    let need = bb.floor().next_multiple_of(2 * MIB);
+    let why = if need > SLOT_BYTES_MAX {
+        format!("more than the {} MiB a slot may hold", SLOT_BYTES_MAX / MIB)
+    } else {
+        format!(
+            "{} slots (prefetch_groups + in_flight_groups) of it need {} MiB, over the memory \
+             budget of {} MiB: raise the memory budget (Rust LoaderBuilder::memory_budget, \
+             Python memory_budget=, CLI --memory-budget)",
+            slots,
+            need * slots as u64 / MIB,
+            budget / MIB
+        )
+    };
+    Err(invalid(format!(
+        "batches of {} samples need slots of at least {} MiB (a typical batch is {} MiB, the \
+         largest sample {} MiB); {why}, or lower batch_size or prefetch",
+        batch,
+        need / MIB,
+        bb.typical / MIB,
+        bb.largest / MIB
+    )))
+}
+
+/// Makes every batch of `order` (cut every `b`) fit `limit` slot bytes counted as the sum of
+/// its samples' spans, by swapping a batch's largest sample with the smallest of a nearby batch
+/// that has room. Only positions before `real` move (padding stays last). Deterministic, and
+/// every sample keeps exactly its count, so the epoch contract holds; the shuffle changes only
+/// where a batch would not fit, which [`BatchBytes::floor`]-sized slots make rare.
+fn fit_batches(
+    samples: &[Sample],
+    order: &mut [u32],
+    real: usize,
+    b: usize,
+    limit: u64,
+    align: u64,
+) -> Result<()> {
+    let sp = |id: u32| span(&samples[id as usize], align);
+    let n = order.len();
+    let batches = n.div_ceil(b);
+    let range = |k: usize| k * b..((k + 1) * b).min(n);
+    let mut sums: Vec<u64> = (0..batches)
+        .map(|k| order[range(k)].iter().map(|&i| sp(i)).sum())
+        .collect();
+    for k in 0..batches {
+        let mut guard = 0;
+        while sums[k] > limit {
+            guard += 1;
+            // The largest movable sample of batch k…
+            let r = range(k);
+            let Some(x) = r
+                .clone()
+                .filter(|&p| p < real)
+                .max_by_key(|&p| (sp(order[p]), p))
+            else {
+                break;
+            };
+            // …goes to the nearest batch whose smallest movable sample makes room for it.
+            let mut done = false;
+            for d in 1..batches.min(129) {
+                for j in [k + d, k.wrapping_sub(d)] {
+                    if j >= batches {
+                        continue;
+                    }
+                    let Some(y) = range(j)
+                        .filter(|&p| p < real)
+                        .min_by_key(|&p| (sp(order[p]), p))
+                    else {
+                        continue;
+                    };
+                    let (sx, sy) = (sp(order[x]), sp(order[y]));
+                    if sy < sx && sums[j] - sy + sx <= limit {
+                        order.swap(x, y);
+                        sums[k] = sums[k] - sx + sy;
+                        sums[j] = sums[j] - sy + sx;
+                        done = true;
+                        break;
+                    }
+                }
+                if done {
+                    break;
+                }
+            }
+            if !done || guard > b {
+                break;
+            }
+        }
+        if sums[k] > limit {
+            return Err(invalid(format!(
+                "batch {k} needs {} bytes of slot and no nearby batch has room to even it out \
+                 (slots of {limit} bytes): raise the memory budget or lower batch_size",
+                sums[k]
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A seed for one purpose of one epoch.
@@ -333,6 +515,16 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
             }
         }
     }
+    // Every batch fits a slot, counted without reading through gaps (the planner falls back
+    // to that when a batch does not fit with them).
+    fit_batches(
+        samples,
+        &mut mine,
+        real,
+        cfg.batch_size as usize,
+        cfg.group_bytes_max,
+        cfg.align as u64,
+    )?;
     Ok(mine)
 }
 
@@ -507,6 +699,8 @@ pub struct EpochPlan {
     padding_from: usize,
     /// First batch of every group, and the number of batches.
     group_starts: Vec<u32>,
+    /// First batches of the groups coalesced without reading through gaps (sorted).
+    tight: Vec<u32>,
     batches: u32,
     cfg: PlanConfig,
 }
@@ -525,8 +719,21 @@ impl EpochPlan {
         // blocks are split between two slots (single batches otherwise).
         let unit = (block_window_samples(samples, cfg) / b) as u32;
         let max_batches = cfg.window_batches.max(unit);
-        let bytes = |from: u32, to: u32| coalesce(samples, ids(from, to), cfg).2;
+        // A run of batches fits a slot when its coalesced reads fit both the slot's bytes and
+        // the engine's reads per job.
+        let tight_cfg = PlanConfig {
+            max_gap_bytes: 0,
+            ..cfg.clone()
+        };
+        let fits = |from: u32, to: u32, c: &PlanConfig| {
+            let (reads, _, slot) = coalesce(samples, ids(from, to), c);
+            (
+                slot,
+                slot <= cfg.group_bytes_max && reads.len() <= cfg.reads_per_group_max as usize,
+            )
+        };
         let mut group_starts = Vec::new();
+        let mut tight = Vec::new();
         let mut g = 0u32;
         while g < batches {
             group_starts.push(g);
@@ -534,7 +741,7 @@ impl EpochPlan {
             // of such steps, up to `max_batches`, that fits — tried longest first, so a group
             // that fits whole (the usual case) is coalesced once.
             let unit_end = (g + unit).min(batches);
-            let step = if unit_end - g > 1 && bytes(g, unit_end) <= cfg.group_bytes_max {
+            let step = if unit_end - g > 1 && fits(g, unit_end, cfg).1 {
                 unit
             } else {
                 1
@@ -546,17 +753,23 @@ impl EpochPlan {
                 if k > 1 && e == (g + (k - 1) * step).min(batches) {
                     continue; // capped at the last batch: same group as k − 1
                 }
-                let need = bytes(g, e);
-                if need <= cfg.group_bytes_max {
+                if fits(g, e, cfg).1 {
                     end = Some(e);
                     break;
                 }
                 if k == 1 {
-                    return Err(invalid(format!(
-                        "batch {g} needs {need} bytes of slot, more than group_bytes_max {}: \
-                         raise it or lower batch_size",
-                        cfg.group_bytes_max
-                    )));
+                    // Reading through gaps made this batch too big: read it without them (its
+                    // bytes are then at most its samples' spans, which fit_batches bounded).
+                    let (need, ok) = fits(g, e, &tight_cfg);
+                    if !ok {
+                        return Err(invalid(format!(
+                            "batch {g} needs {need} bytes of slot, more than group_bytes_max \
+                             {}: raise the memory budget or lower batch_size",
+                            cfg.group_bytes_max
+                        )));
+                    }
+                    tight.push(g);
+                    end = Some(e);
                 }
             }
             g = end.expect("k = 1 fits or returned");
@@ -567,6 +780,7 @@ impl EpochPlan {
             batch_size: cfg.batch_size,
             padding_from,
             group_starts,
+            tight,
             batches,
             cfg: cfg.clone(),
         })
@@ -618,7 +832,15 @@ impl EpochPlan {
             .copied()
             .unwrap_or(self.batches);
         let ids = &self.order[self.batch_range(start).start..self.batch_range(end - 1).end];
-        let (reads, scatter, slot_bytes) = coalesce(samples, ids, &self.cfg);
+        let (reads, scatter, slot_bytes) = if self.tight.binary_search(&start).is_ok() {
+            let tight = PlanConfig {
+                max_gap_bytes: 0,
+                ..self.cfg.clone()
+            };
+            coalesce(samples, ids, &tight)
+        } else {
+            coalesce(samples, ids, &self.cfg)
+        };
         let a = self.cfg.align as u64;
         let bytes_read = reads
             .iter()

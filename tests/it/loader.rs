@@ -223,6 +223,127 @@ fn epoch_contract_with_random_sizes_and_resume_points() {
     }
 }
 
+/// Issue 11: global order over many small samples with large batches used to fail at the
+/// first batch ("job needs 2420 read entries, 1659 are free"): the planner made groups the
+/// engine could not take two of. Every batch size now reads its epoch exactly once.
+#[test]
+fn large_batches_of_small_samples_read_whole_epochs() {
+    let dir = disk_dir();
+    let n = 40_000;
+    let paths = write_shards(dir.path(), n, 4, 3_000, 11);
+    let ds = Dataset::open_shards(&paths).unwrap();
+    for batch in [768u32, 1024, 4096] {
+        // No reading through gaps: each group issues about one read per sample, as a global
+        // shuffle of a set much larger than a group does (250K samples in the report).
+        let loader = Loader::builder(ds.clone())
+            .batch_size(batch)
+            .seed(batch as u64)
+            .coalescing(0, 16 << 20)
+            .build()
+            .unwrap();
+        let mut seen = vec![false; n];
+        for b in loader.epoch(0).unwrap() {
+            let b = b.unwrap_or_else(|e| panic!("batch {batch}: {e}"));
+            for (j, &id) in b.sample_ids().iter().enumerate() {
+                if j % 97 == 0 {
+                    check_sample(&ds, id, b.sample(j).unwrap());
+                }
+                assert!(!std::mem::replace(&mut seen[id as usize], true));
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "batch {batch}: a sample missing");
+    }
+}
+
+/// Slots follow the batch and the dataset's largest batches; a budget too small for them is
+/// an error that names the setting in every API's terms, before anything is allocated.
+#[test]
+fn slots_are_sized_from_the_dataset_within_the_memory_budget() {
+    use gpufeed::dataset::{DataFile, Sample};
+    // An index only (nothing is read): 5,000 samples of the ImageNet size mix's range.
+    let mut rng = Rng::new(3);
+    let mut samples = Vec::new();
+    let mut off = 0u64;
+    for _ in 0..5_000 {
+        let len = 2_048 + rng.below(260_000) as u32;
+        samples.push(Sample {
+            file: 0,
+            len,
+            offset: off,
+            label: 0,
+            crc32c: 0,
+        });
+        off += len as u64;
+    }
+    let files = vec![DataFile {
+        path: dir_path("imagenet-like.gpf"),
+        size: off,
+    }];
+    let keys = (0..samples.len()).map(|i| i.to_string()).collect();
+    let ds = Dataset::from_parts(files, samples, keys).unwrap();
+    // Batch 1024 needs more than the old fixed 128 MiB slot: sized to its worst case.
+    let loader = Loader::builder(ds.clone())
+        .batch_size(1024)
+        .build()
+        .unwrap();
+    assert!(loader.slot_bytes() > 128 << 20, "{}", loader.slot_bytes());
+    let worst = gpufeed::plan::batch_bytes(ds.samples(), 1024, 4096).worst;
+    assert!(loader.slot_bytes() >= worst);
+    assert_eq!(
+        Loader::builder(ds.clone())
+            .batch_size(64)
+            .build()
+            .unwrap()
+            .slot_bytes(),
+        128 << 20
+    );
+    // A budget that cannot hold 4 slots of the smallest workable size.
+    let e = Loader::builder(ds.clone())
+        .batch_size(1024)
+        .memory_budget(256 << 20)
+        .build()
+        .unwrap_err()
+        .to_string();
+    for says in [
+        "memory budget",
+        "memory_budget",
+        "--memory-budget",
+        "batch_size",
+        "MiB",
+    ] {
+        assert!(e.contains(says), "{says}: {e}");
+    }
+    // A batch no slot can hold: 1024 samples of 2 MB.
+    let big: Vec<Sample> = (0..2_000u64)
+        .map(|i| Sample {
+            file: 0,
+            len: 2 << 20,
+            offset: i * (2 << 20),
+            label: 0,
+            crc32c: 0,
+        })
+        .collect();
+    let files = vec![DataFile {
+        path: dir_path("big.gpf"),
+        size: 2_000 * (2 << 20),
+    }];
+    let keys = (0..big.len()).map(|i| i.to_string()).collect();
+    let big = Dataset::from_parts(files, big, keys).unwrap();
+    let e = Loader::builder(big)
+        .batch_size(1024)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("slot may hold") && e.contains("batch_size"),
+        "{e}"
+    );
+}
+
+fn dir_path(name: &str) -> std::sync::Arc<std::path::Path> {
+    std::path::Path::new("/nonexistent").join(name).into()
+}
+
 /// The acceptance's case: 2,000 samples in batches of 64 on one rank are 32 batches, the last of
 /// 16, and 2,000 distinct samples (the default policy).
 #[test]
