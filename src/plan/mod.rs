@@ -516,7 +516,14 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
         }
     }
     // Every batch fits a slot, counted without reading through gaps (the planner falls back
-    // to that when a batch does not fit with them).
+    // to that when a batch does not fit with them). Summing every batch reads the index at
+    // random (~55 ms for 1.28 M samples), so it is skipped when no batch can exceed the slot:
+    // batch_size × the largest span, from one sequential pass.
+    let a = cfg.align as u64;
+    let largest = samples.iter().map(|s| span(s, a)).max().unwrap_or(0);
+    if largest.saturating_mul(cfg.batch_size as u64) <= cfg.group_bytes_max {
+        return Ok(mine);
+    }
     fit_batches(
         samples,
         &mut mine,
