@@ -140,6 +140,8 @@ impl Arena {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(slot);
+        // Wake whoever waits in `take_timeout` (without this it slept its whole timeout).
+        self.returned.notify_all();
     }
 
     /// Number of slots in the free list now.
@@ -254,6 +256,36 @@ impl std::fmt::Debug for Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A waiter in `take_timeout` gets a slot when one is put back, not when its timeout
+    /// ends: with a 30 s timeout and a put after 50 ms, it returns long before the timeout
+    /// (a liveness check with a 10× margin, not a timing figure).
+    #[test]
+    fn a_returned_slot_wakes_the_waiter() {
+        let a = Arena::new(&ArenaConfig {
+            slot_bytes: 64 << 10,
+            slots: 1,
+            huge_pages: false,
+        })
+        .unwrap();
+        let held = a.take().unwrap();
+        let waiter = {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                let t0 = std::time::Instant::now();
+                let got = a.take_timeout(Duration::from_secs(30));
+                (got.is_some(), t0.elapsed(), got.map(|s| a.put(s)))
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        a.put(held);
+        let (got, waited, _) = waiter.join().unwrap();
+        assert!(got, "the waiter got no slot");
+        assert!(
+            waited < Duration::from_secs(3),
+            "woke after {waited:?}, not on the put"
+        );
+    }
 
     #[test]
     fn slots_are_aligned_disjoint_and_return() {
