@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use gpufeed::dataset::{DataFile, Dataset, Sample};
-use gpufeed::io::sim::Rng;
 use gpufeed::plan::{epoch_order, EpochPlan, Order, PlanConfig};
+use gpufeed::rng::Rng;
 use gpufeed::util::{SizeMix, IMAGENET_MIX};
 
 /// The system allocator, counting live and peak bytes.

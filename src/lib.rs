@@ -125,6 +125,7 @@ pub mod gpu;
 pub mod io;
 pub mod loader;
 pub mod plan;
+pub mod rng;
 pub mod sys;
 pub mod util;
 

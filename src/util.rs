@@ -331,7 +331,7 @@ mod tests {
         assert_eq!(m.min(), 2048);
         assert_eq!(m.max(), 256 << 10);
         // Draw many sizes and compare frequencies with the weights.
-        let mut rng = crate::io::sim::Rng::new(1);
+        let mut rng = crate::rng::Rng::new(1);
         let mut c = std::collections::HashMap::new();
         let n = 200_000;
         for _ in 0..n {
@@ -380,7 +380,7 @@ mod crc_tests {
     /// at every alignment the SIMD paths split on.
     #[test]
     fn crc32c_matches_the_reference_crate() {
-        let mut r = crate::io::sim::Rng::new(9);
+        let mut r = crate::rng::Rng::new(9);
         let data: Vec<u8> = (0..(1 << 20) + 77).map(|_| r.next_u64() as u8).collect();
         for len in 0..4096 {
             assert_eq!(

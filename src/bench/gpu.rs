@@ -31,10 +31,10 @@ use crate::gpu::copy::CopyStage;
 use crate::gpu::cuda::{self, Context, DeviceBuffer, Event, HostRegistration, Stream};
 use crate::gpu::cufile::{self, CufileFile};
 use crate::gpu::{Device, DevicePool};
-use crate::io::sim::Rng;
 use crate::io::{Engine, ReadSpec};
 use crate::loader::Loader;
 use crate::plan::Order;
+use crate::rng::Rng;
 use crate::sys;
 
 /// What to run.

@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use crate::config::{EngineConfig, EngineKind};
 use crate::error::{invalid, Error, Result};
-use crate::io::sim::Rng;
 use crate::io::{Engine, ReadSpec};
+use crate::rng::Rng;
 use crate::sys;
 use crate::util::{Histogram, Progress, SizeMix};
 

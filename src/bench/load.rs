@@ -10,9 +10,9 @@ use crate::config::EngineKind;
 use crate::dataset::pack::{pack, PackOptions};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
-use crate::io::sim::Rng;
 use crate::loader::Loader;
 use crate::plan::{epoch_order, quality, Order, PlanConfig};
+use crate::rng::Rng;
 use crate::sys;
 use crate::util::{Progress, SizeMix, IMAGENET_MIX};
 

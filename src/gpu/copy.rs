@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use super::cuda::{self, Context, DeviceBuffer, Event, Stream};
 use crate::error::{Error, ErrorKind, Result};
-use crate::io::sim::Rng;
+use crate::rng::Rng;
 
 /// Locks `m`, recovering from poisoning: these locks guard plain bookkeeping that a panic
 /// elsewhere cannot leave half-written, and they are taken in `Drop`, which must not panic.

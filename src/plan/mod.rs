@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use crate::dataset::Sample;
 use crate::error::{invalid, Result};
-use crate::io::sim::Rng;
+use crate::rng::Rng;
 
 /// How an epoch's samples are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

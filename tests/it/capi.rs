@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpufeed::dataset::shard::ShardWriter;
-use gpufeed::io::sim::Rng;
+use gpufeed::rng::Rng;
 
 use crate::common::*;
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use gpufeed::gpu::SimDevice;
-use gpufeed::io::sim::Rng;
+use gpufeed::rng::Rng;
 use gpufeed::{Dataset, Device, ErrorKind, Loader, Order};
 
 use crate::common::*;

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use gpufeed::dataset::tokens::{TokenOptions, TokenType};
 use gpufeed::dataset::{Format, OpenOptions};
-use gpufeed::io::sim::Rng;
+use gpufeed::rng::Rng;
 use gpufeed::{Dataset, Loader};
 
 use crate::common::*;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use gpufeed::buf::{Arena, ArenaConfig};
 use gpufeed::gpu::cuda::{self, DeviceBuffer, HostRegistration, Stream};
 use gpufeed::gpu::cufile::{self, CufileFile};
-use gpufeed::io::sim::Rng;
+use gpufeed::rng::Rng;
 use gpufeed::{Dataset, Device, Engine, EngineKind, Loader, Order, ReadSpec};
 
 use crate::common::*;

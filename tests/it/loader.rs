@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use gpufeed::dataset::shard::ShardWriter;
-use gpufeed::io::sim::Rng;
+use gpufeed::rng::Rng;
 use gpufeed::{Dataset, ErrorKind, LastBatch, Loader, Order};
 
 use crate::common::*;
