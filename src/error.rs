@@ -1,10 +1,12 @@
 //! The one public error type.
 //!
 //! Every failure gpufeed reports is an [`Error`]: a [`ErrorKind`] plus whatever context is known
-//! — the file, the byte offset and length of the request, the sample — and the underlying
-//! `std::io::Error` as its [`source`](std::error::Error::source). `Display` is short and
-//! lower-case, in the style of std, and names the context so that a log line alone says which
-//! file and which bytes were at fault.
+//! — the file, the byte offset and length of the request, the sample — and the error that caused
+//! it (an OS error, a CUDA error, another gpufeed error) as its
+//! [`source`](std::error::Error::source), kept whole so a caller can walk or downcast the chain.
+//! `Display` is short and lower-case, in the style of std, names the context so that a log line
+//! alone says which file and which bytes were at fault, and does not repeat the source (as std
+//! asks of errors with a source); [`Error::report`] writes the whole chain for a log or a user.
 
 use std::fmt;
 use std::io;
@@ -59,7 +61,8 @@ struct Inner {
     offset: Option<u64>,
     len: Option<u64>,
     sample: Option<u64>,
-    source: Option<io::Error>,
+    /// Shared, so that cloning an error keeps its cause exactly.
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 /// `Result<T, gpufeed::Error>`.
@@ -93,9 +96,21 @@ impl Error {
                 _ => ErrorKind::Io,
             },
         };
-        let mut e = Error::new(kind, message);
-        e.0.source = Some(source);
-        e
+        Error::new(kind, message).with_source(source)
+    }
+
+    /// Attaches the error that caused this one (kept whole: [`source`] returns it).
+    ///
+    /// [`source`]: std::error::Error::source
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Error {
+        self.0.source = Some(Arc::new(source));
+        self
+    }
+
+    /// Attaches a cause already shared (one failed read that several samples report).
+    pub fn with_shared_source(mut self, source: Arc<Error>) -> Error {
+        self.0.source = Some(source);
+        self
     }
 
     /// An error for a negative errno as io_uring and the backends report it.
@@ -153,9 +168,26 @@ impl Error {
         self.0.sample
     }
 
-    /// The OS error number, if this error came from the OS.
+    /// The OS error number, if this error (or one in its chain) came from the OS.
     pub fn raw_os_error(&self) -> Option<i32> {
-        self.0.source.as_ref().and_then(|e| e.raw_os_error())
+        let s = self.0.source.as_deref()?;
+        if let Some(io) = s.downcast_ref::<io::Error>() {
+            return io.raw_os_error();
+        }
+        s.downcast_ref::<Error>().and_then(Error::raw_os_error)
+    }
+
+    /// The whole chain as one line: this error (with its context), then each cause after a
+    /// colon — what a log or a user should see.
+    pub fn report(&self) -> String {
+        let mut out = self.to_string();
+        let mut next = std::error::Error::source(self);
+        while let Some(e) = next {
+            out.push_str(": ");
+            out.push_str(&e.to_string());
+            next = e.source();
+        }
+        out
     }
 
     /// The message without context.
@@ -165,8 +197,7 @@ impl Error {
 }
 
 impl Clone for Error {
-    /// A copy with the same kind, message and context; an OS error keeps its code, any other
-    /// source becomes an equivalent `io::Error` with the same kind and text.
+    /// The same kind, message, context and cause (shared).
     fn clone(&self) -> Error {
         let i = &self.0;
         Error(Box::new(Inner {
@@ -176,10 +207,7 @@ impl Clone for Error {
             offset: i.offset,
             len: i.len,
             sample: i.sample,
-            source: i.source.as_ref().map(|s| match s.raw_os_error() {
-                Some(code) => io::Error::from_raw_os_error(code),
-                None => io::Error::new(s.kind(), s.to_string()),
-            }),
+            source: i.source.clone(),
         }))
     }
 }
@@ -202,9 +230,6 @@ impl fmt::Display for Error {
             (Some(o), Some(l)) => write!(f, ", offset {o}, length {l}")?,
             (Some(o), None) => write!(f, ", offset {o}")?,
             _ => {}
-        }
-        if let Some(s) = &i.source {
-            write!(f, ": {s}")?;
         }
         Ok(())
     }
@@ -238,7 +263,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.0
             .source
-            .as_ref()
+            .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
@@ -278,13 +303,40 @@ mod tests {
             .with_range(4096, 512)
             .with_sample(7);
         let s = e.to_string();
+        assert_eq!(
+            s,
+            "read failed: /data/shard-0001.gpf, sample 7, offset 4096, length 512"
+        );
+        let r = e.report();
         assert!(
-            s.starts_with("read failed: /data/shard-0001.gpf, sample 7, offset 4096, length 512: "),
-            "{s}"
+            r.starts_with(&format!("{s}: ")) && r.contains("os error 5"),
+            "{r}"
         );
         assert_eq!(e.kind(), ErrorKind::Io);
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
         assert!(std::error::Error::source(&e).is_some());
+    }
+
+    /// A chain of gpufeed errors keeps every cause: clones share it, `source` walks it, the OS
+    /// code is found through it, and the report names each once.
+    #[test]
+    fn causes_are_kept_whole_through_clones_and_chains() {
+        let read = Arc::new(Error::errno("read failed", libc::EIO).with_offset(8192));
+        let sample = Error::new(ErrorKind::Io, "sample unavailable")
+            .with_sample(3)
+            .with_shared_source(read.clone());
+        let copy = sample.clone();
+        for e in [&sample, &copy] {
+            assert_eq!(e.raw_os_error(), Some(libc::EIO));
+            let cause = std::error::Error::source(e).unwrap();
+            assert_eq!(cause.downcast_ref::<Error>().unwrap().offset(), Some(8192));
+            let r = e.report();
+            assert_eq!(r.matches("read failed").count(), 1, "{r}");
+            assert!(
+                r.starts_with("sample unavailable, sample 3: read failed, offset 8192: "),
+                "{r}"
+            );
+        }
     }
 
     #[test]

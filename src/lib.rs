@@ -37,7 +37,7 @@
 //!     for i in 0..batch.len() {
 //!         match batch.sample(i) {
 //!             Ok(bytes) => { let _ = (bytes, batch.labels()[i]); }
-//!             Err(e) => eprintln!("{e}"), // names the file and the sample; the others arrive
+//!             Err(e) => eprintln!("{}", e.report()), // file, sample, cause; the others arrive
 //!         }
 //!     }
 //! }
@@ -74,7 +74,7 @@
 //! let done = engine.pop().expect("a completion");
 //! match done.outcome() {
 //!     Ok(range) => println!("{} bytes", engine.arena().bytes(&done.slot)[range.clone()].len()),
-//!     Err(e) => eprintln!("{e}"), // names the file, offset and length
+//!     Err(e) => eprintln!("{}", e.report()), // the file, offset and length, and the OS error
 //! }
 //! engine.arena().put(done.slot);
 //! # Ok::<(), gpufeed::Error>(())
@@ -106,7 +106,8 @@
 //!
 //! ## Errors
 //! One [`Error`] type: a [`ErrorKind`], a short lower-case message, and the file, offset,
-//! length and sample when known, with the OS error as `source()`. Bad input (a missing or
+//! length and sample when known, with its cause (an OS error, a CUDA error, the failed read a
+//! sample was in) kept whole as `source()`; [`Error::report`] writes the chain. Bad input (a missing or
 //! unreadable file, a file that shrinks mid-read, an I/O error) is an error for that read alone;
 //! the other reads go on.
 

@@ -698,13 +698,17 @@ impl Worker {
                     }
                 }
                 Err(e) => {
+                    // One failed read, shared as the cause of each sample it held.
                     let shared = read_errors
                         .entry(p.read)
-                        .or_insert_with(|| Arc::new(Error::new(e.kind(), e.to_string())));
-                    Err(Arc::new(ds.sample_error(
-                        id as usize,
-                        Error::new(shared.kind(), format!("read failed ({shared})")),
-                    )))
+                        .or_insert_with(|| Arc::new(e.clone()));
+                    Err(Arc::new(
+                        ds.sample_error(
+                            id as usize,
+                            Error::new(shared.kind(), "the read holding this sample failed")
+                                .with_shared_source(shared.clone()),
+                        ),
+                    ))
                 }
             };
             spans.push(span);

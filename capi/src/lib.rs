@@ -92,7 +92,7 @@ fn set_error(msg: &str) {
 }
 
 fn status_of(e: &gpufeed::Error) -> i32 {
-    set_error(&e.to_string());
+    set_error(&e.report());
     match e.kind() {
         ErrorKind::NotFound | ErrorKind::PermissionDenied => GPUFEED_ERR_NOT_FOUND,
         ErrorKind::InvalidInput => GPUFEED_ERR_INVALID,
@@ -306,7 +306,7 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
                     .dataset()
                     .problems()
                     .iter()
-                    .map(|e| CString::new(e.to_string().replace('\0', " ")).unwrap_or_default())
+                    .map(|e| CString::new(e.report().replace('\0', " ")).unwrap_or_default())
                     .collect();
                 let h = Box::new(GpufeedLoader {
                     loader,
@@ -503,7 +503,7 @@ pub unsafe extern "C" fn gpufeed_batch_sample(
                 GPUFEED_OK
             }
             Err(e) => {
-                set_error(&e.to_string());
+                set_error(&e.report());
                 if b.batch.is_device() {
                     GPUFEED_ERR_INVALID
                 } else {
@@ -581,7 +581,7 @@ pub unsafe extern "C" fn gpufeed_batch_sample_range(
                 GPUFEED_OK
             }
             Err(e) => {
-                set_error(&e.to_string());
+                set_error(&e.report());
                 GPUFEED_ERR_SAMPLE
             }
         }

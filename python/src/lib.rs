@@ -38,7 +38,7 @@ create_exception!(
 );
 
 fn err(e: gpufeed::Error) -> PyErr {
-    GpufeedError::new_err(e.to_string())
+    GpufeedError::new_err(e.report())
 }
 
 /// Where an epoch stands: the epoch `set_epoch` chose, a resume point, batches yielded.
@@ -328,7 +328,7 @@ impl PyLoader {
             .iter()
             .map(|e| {
                 let d = PyDict::new(py);
-                d.set_item("message", e.to_string())?;
+                d.set_item("message", e.report())?;
                 d.set_item("path", e.path().map(|p| p.display().to_string()))?;
                 d.set_item("offset", e.offset())?;
                 d.set_item("sample", e.sample())?;
@@ -512,7 +512,7 @@ impl PyEpoch {
         };
         self.state.lock().expect("state lock").yielded = b.index() + 1;
         if self.raise_on_error {
-            let errors: Vec<String> = b.errors().map(|(_, e)| e.to_string()).collect();
+            let errors: Vec<String> = b.errors().map(|(_, e)| e.report()).collect();
             if let Some(first) = errors.first() {
                 let more = if errors.len() > 1 {
                     format!(" (and {} more in this batch)", errors.len() - 1)
@@ -658,10 +658,7 @@ impl PyBatch {
     /// `(index, message)` of every sample that failed.
     #[getter]
     fn errors(&self) -> Vec<(usize, String)> {
-        self.batch
-            .errors()
-            .map(|(i, e)| (i, e.to_string()))
-            .collect()
+        self.batch.errors().map(|(i, e)| (i, e.report())).collect()
     }
 
     #[getter]
@@ -693,7 +690,7 @@ impl PyBatch {
         }
         match self.batch.sample(i) {
             Ok(s) => Ok(PyBytes::new(py, s)),
-            Err(e) => Err(SampleError::new_err(e.to_string())),
+            Err(e) => Err(SampleError::new_err(e.report())),
         }
     }
 }
@@ -913,7 +910,7 @@ impl PyBuffer {
 fn gpu_available() -> (bool, String) {
     match gpufeed::gpu_available() {
         Ok(i) => (true, format!("{} (driver {})", i.name, i.driver_version)),
-        Err(e) => (false, e.to_string()),
+        Err(e) => (false, e.report()),
     }
 }
 

@@ -170,7 +170,7 @@ fn unavailable(w: &str, path: &str, e: &Error, device: &str) -> GpuBenchResult {
         seconds: 0.0,
         gib_per_s: 0.0,
         cpu_s_per_gib: 0.0,
-        detail: format!("unavailable: {}", e.message()),
+        detail: format!("unavailable: {}", e.report()),
         device: device.into(),
         cold_cache: false,
     }

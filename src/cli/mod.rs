@@ -179,7 +179,7 @@ fn report_problems(ds: &crate::dataset::Dataset, json: bool) {
         if json {
             outln!("{}", error_json(e));
         } else {
-            eprintln!("gpufeed: warning: {e}");
+            eprintln!("gpufeed: warning: {}", e.report());
         }
     }
     let total = ds.problems_total();
@@ -193,7 +193,7 @@ fn report_problems(ds: &crate::dataset::Dataset, json: bool) {
 
 fn error_json(e: &crate::Error) -> serde_json::Value {
     serde_json::json!({
-        "error": e.to_string(),
+        "error": e.report(),
         "path": e.path().map(|p| p.display().to_string()),
         "sample": e.sample(),
         "offset": e.offset(),
@@ -397,7 +397,7 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpufeed: error: {e}");
+            eprintln!("gpufeed: error: {}", e.report());
             ExitCode::FAILURE
         }
     }
@@ -507,7 +507,7 @@ fn bench_quick(a: QuickArgs) -> Result<()> {
                 }
             }
         }
-        Err(e) if !a.json => outln!("(no GPU rows: {})", e.message()),
+        Err(e) if !a.json => outln!("(no GPU rows: {})", e.report()),
         Err(_) => {}
     }
     Ok(())
@@ -879,7 +879,7 @@ fn verify_cmd(a: InspectArgs) -> Result<()> {
         if a.json {
             outln!("{}", error_json(e));
         } else {
-            outln!("bad: {e}");
+            outln!("bad: {}", e.report());
         }
     }
     if a.json {

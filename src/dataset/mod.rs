@@ -294,7 +294,7 @@ impl Dataset {
             Format::Megatron => tokens::open_megatron(paths, &opts.tokens),
         }?;
         if opts.strict && ds.problems_total > 0 {
-            let first: Vec<String> = ds.problems.iter().take(3).map(|e| e.to_string()).collect();
+            let first: Vec<String> = ds.problems.iter().take(3).map(|e| e.report()).collect();
             return Err(invalid(format!(
                 "strict: indexing found {} problem(s): {}{}",
                 ds.problems_total,
@@ -662,7 +662,7 @@ impl Builder {
         if self.samples.is_empty() && !validly_empty {
             let mut msg = format!("no samples found in {what}");
             if let Some(p) = self.problems.first() {
-                msg.push_str(&format!(" (first problem: {p})"));
+                msg.push_str(&format!(" (first problem: {})", p.report()));
             }
             let mut e = invalid(msg);
             if let [f] = &self.files[..] {

@@ -19,22 +19,29 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-/// Turns a `CUresult` into a `Result`, naming the call.
+/// A failed `CUresult`, kept as the cause of the [`Error`] that names the call: its name and
+/// description come from the driver when displayed.
+#[derive(Debug, Clone, Copy)]
+pub struct CudaError(pub sys::CUresult);
+
+impl std::fmt::Display for CudaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A CudaError exists only after a driver call returned it, so the library is loaded.
+        let e = cudarc::driver::DriverError(self.0);
+        match (e.error_name(), e.error_string()) {
+            (Ok(n), Ok(t)) => write!(f, "{} ({})", n.to_string_lossy(), t.to_string_lossy()),
+            _ => write!(f, "{:?}", self.0),
+        }
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+/// Turns a `CUresult` into a `Result`, naming the call; the result is the error's source.
 pub(crate) fn check(r: sys::CUresult, call: &str) -> Result<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
-    let mut name: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: cuGetErrorName writes a pointer to a static string (or leaves it null).
-    let ok = unsafe { sys::cuGetErrorName(r, &mut name) } == sys::CUresult::CUDA_SUCCESS;
-    let text = if ok && !name.is_null() {
-        // SAFETY: non-null, NUL-terminated static string owned by the driver.
-        unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
-    } else {
-        format!("{r:?}")
-    };
     let kind = match r {
         sys::CUresult::CUDA_ERROR_NO_DEVICE | sys::CUresult::CUDA_ERROR_NOT_SUPPORTED => {
             ErrorKind::Unsupported
@@ -42,7 +49,7 @@ pub(crate) fn check(r: sys::CUresult, call: &str) -> Result<()> {
         sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => ErrorKind::Busy,
         _ => ErrorKind::Io,
     };
-    Err(Error::new(kind, format!("{call} failed: {text}")))
+    Err(Error::new(kind, format!("{call} failed")).with_source(CudaError(r)))
 }
 
 /// `cuInit` once per process (later calls return the first result).
@@ -56,7 +63,7 @@ pub(crate) fn init() -> Result<()> {
     }
     INIT.get_or_init(|| {
         // SAFETY: cuInit takes flags 0; the library is present (checked above).
-        check(unsafe { sys::cuInit(0) }, "cuInit").map_err(|e| e.message().to_string())
+        check(unsafe { sys::cuInit(0) }, "cuInit").map_err(|e| e.report())
     })
     .clone()
     .map_err(|m| Error::new(ErrorKind::Unsupported, m))

@@ -59,19 +59,17 @@ pub fn status() -> Result<CufileMode> {
     }
     STATUS
         .get_or_init(|| {
-            super::cuda::init().map_err(|e| e.message().to_string())?;
+            super::cuda::init().map_err(|e| e.report())?;
             // SAFETY: no arguments; the library is present (checked above).
             let r = unsafe { sys::cuFileDriverOpen() };
             if r.err != sys::CUfileOpError::CU_FILE_SUCCESS {
-                return Err(op_error("cuFileDriverOpen", r).message().to_string());
+                return Err(op_error("cuFileDriverOpen", r).report());
             }
             let mut props = std::mem::MaybeUninit::<sys::CUfileDrvProps>::uninit();
             // SAFETY: writes one properties struct.
             let r = unsafe { sys::cuFileDriverGetProperties(props.as_mut_ptr()) };
             if r.err != sys::CUfileOpError::CU_FILE_SUCCESS {
-                return Err(op_error("cuFileDriverGetProperties", r)
-                    .message()
-                    .to_string());
+                return Err(op_error("cuFileDriverGetProperties", r).report());
             }
             // SAFETY: initialised by the successful call above.
             let props = unsafe { props.assume_init() };

@@ -78,7 +78,7 @@ pub fn gpu_available() -> Result<GpuInfo> {
         driver_version: cuda::driver_version()?,
         cufile: match cufile::status() {
             Ok(m) => m.name().to_string(),
-            Err(e) => format!("unavailable: {}", e.message()),
+            Err(e) => format!("unavailable: {}", e.report()),
         },
     })
 }

@@ -322,8 +322,9 @@ impl Engine {
                     }
                     Err(e) if uring::unavailable(&e) => {
                         notices.push(format!(
-                            "io_uring is unavailable ({e}); reads use a pool of {} pread threads \
+                            "io_uring is unavailable ({}); reads use a pool of {} pread threads \
                              instead (a seccomp profile or kernel.io_uring_disabled can cause this)",
+                            e,
                             cfg.pool_threads()
                         ));
                         (
@@ -953,8 +954,9 @@ impl Drop for Engine {
             // The backend may still write into the arena: never free it. Leaking is the only
             // sound choice left.
             notice(&format!(
-                "engine could not drain its reads on drop ({e}); leaking its arena so no read \
-                 lands in freed memory"
+                "engine could not drain its reads on drop ({}); leaking its arena so no read \
+                 lands in freed memory",
+                e.report()
             ));
             std::mem::forget(self.arena.clone());
             let backend = std::mem::replace(&mut self.backend, Box::new(sync::SyncBackend::new()));
