@@ -24,6 +24,25 @@ use crate::gpu::{cuda, Device, DevicePool, GpuPath};
 use crate::io::{Completion, Engine, FileId, ReadSpec};
 use crate::plan::{EpochPlan, Group, LastBatch, Order, PlanConfig};
 
+/// Makes the backend each epoch's engine reads through (the simulated disk, in tests): called
+/// with the epoch number.
+pub type BackendFactory = Arc<dyn Fn(u64) -> Box<dyn crate::io::Backend> + Send + Sync>;
+
+/// A backend factory and the engine kind it stands for (the kind decides O_DIRECT).
+#[derive(Clone)]
+struct CustomBackend {
+    kind: EngineKind,
+    make: BackendFactory,
+}
+
+impl std::fmt::Debug for CustomBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CustomBackend")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Builds a [`Loader`]; every setting has a default.
 #[derive(Debug, Clone)]
 pub struct LoaderBuilder {
@@ -38,6 +57,7 @@ pub struct LoaderBuilder {
     /// `window` was set: its slot size is taken as given.
     slot_explicit: bool,
     memory_budget_bytes: u64,
+    backend: Option<CustomBackend>,
 }
 
 /// The arena's default memory budget: slots are sized from the dataset within it.
@@ -92,6 +112,13 @@ impl LoaderBuilder {
         self.plan.window_batches = batches;
         self.plan.group_bytes_max = group_bytes_max;
         self.slot_explicit = true;
+        self
+    }
+    /// Reads through backends `make` builds (one per epoch, given the epoch), standing for
+    /// engine `kind` — the seeded simulated disk (`io::sim`) drives a whole loader this way,
+    /// latency, reordering, short reads and errors included.
+    pub fn backend(mut self, kind: EngineKind, make: BackendFactory) -> Self {
+        self.backend = Some(CustomBackend { kind, make });
         self
     }
     /// Memory the loader's arena may take (default 4 GiB; Python `memory_budget=`, CLI
@@ -230,6 +257,7 @@ impl LoaderBuilder {
             prefetch_groups: self.prefetch_groups,
             in_flight_groups: self.in_flight_groups,
             verify_checksums: self.verify_checksums,
+            backend: self.backend,
         })
     }
 }
@@ -257,6 +285,7 @@ pub struct Loader {
     prefetch_groups: u32,
     in_flight_groups: u32,
     verify_checksums: bool,
+    backend: Option<CustomBackend>,
 }
 
 /// What an epoch delivered so far.
@@ -297,6 +326,7 @@ impl Loader {
             gpu_path: GpuPath::Auto,
             slot_explicit: false,
             memory_budget_bytes: DEFAULT_MEMORY_BUDGET_BYTES,
+            backend: None,
         }
     }
 
@@ -377,6 +407,8 @@ impl Loader {
             sync_channel(self.prefetch_groups as usize + self.in_flight_groups as usize + 1);
         let stop = Arc::new(AtomicBool::new(false));
         let worker = Worker {
+            backend: self.backend.clone(),
+            epoch,
             arena: self.arena.clone(),
             dataset: self.dataset.clone(),
             plan,
@@ -444,6 +476,8 @@ enum Msg {
 }
 
 struct Worker {
+    backend: Option<CustomBackend>,
+    epoch: u64,
     arena: Arc<Arena>,
     dataset: Arc<Dataset>,
     plan: EpochPlan,
@@ -503,7 +537,15 @@ impl Worker {
             }),
             None => None,
         };
-        let mut engine = Engine::with_arena(self.engine.clone(), self.arena.clone())?;
+        let mut engine = match &self.backend {
+            Some(b) => Engine::with_backend_and_arena(
+                (b.make)(self.epoch),
+                b.kind,
+                &self.engine,
+                self.arena.clone(),
+            )?,
+            None => Engine::with_arena(self.engine.clone(), self.arena.clone())?,
+        };
         let path = match &copies {
             Some(_) => format!("{} → pinned → H2D", engine.kind().name()),
             None => engine.kind().name().to_string(),

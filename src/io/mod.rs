@@ -359,6 +359,23 @@ impl Engine {
         Ok(Engine::assemble(backend, arena, kind, cfg, Vec::new()))
     }
 
+    /// Makes an engine over any backend and an existing arena (a loader's, so that the
+    /// simulated disk can drive a whole loader).
+    pub fn with_backend_and_arena(
+        backend: Box<dyn Backend>,
+        kind: EngineKind,
+        cfg: &EngineConfig,
+        arena: Arc<Arena>,
+    ) -> Result<Engine> {
+        let cfg = EngineConfig {
+            slot_bytes: arena.slot_bytes(),
+            slots: arena.slots(),
+            ..cfg.clone()
+        };
+        cfg.validate()?;
+        Ok(Engine::assemble(backend, arena, kind, &cfg, Vec::new()))
+    }
+
     fn assemble(
         backend: Box<dyn Backend>,
         arena: Arc<Arena>,
