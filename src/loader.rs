@@ -450,7 +450,8 @@ struct GroupDone {
     batches: std::ops::Range<u32>,
     ids: Vec<u32>,
     spans: Vec<SampleSpan>,
-    /// One per sample: the index's label, or the one its data carries once checked.
+    /// One per sample once a check found labels in the data (TFRecord Examples); empty
+    /// otherwise, and the consumer looks them up in the index (not the I/O thread).
     labels: Vec<i64>,
     mem: Memory,
     reads: u64,
@@ -761,13 +762,11 @@ impl Worker {
             .filter_map(|s| s.as_ref().ok().map(|r| r.end))
             .max()
             .unwrap_or(0);
-        // Labels are the index's until a check finds the data's own (TFRecord Examples).
-        let labels = ids.iter().map(|&i| ds.sample(i as usize).label).collect();
         Filled {
             batches: g.batches,
             ids,
             spans,
-            labels,
+            labels: Vec::new(),
             slot: c.slot,
             used,
             reads: g.reads.len() as u64,
@@ -792,30 +791,42 @@ impl Worker {
 }
 
 /// Checks each delivered sample's frame and (with `verify`) checksum against the group's bytes,
-/// narrowing its span to the payload (and taking the label its data carries) or replacing it
-/// with the error. Nothing to do for formats without frames when not verifying.
+/// narrowing its span to the payload or replacing it with the error. Where the data carries
+/// labels (TFRecord Examples), `labels` becomes one per sample (the index's, overridden by the
+/// data's); it stays empty otherwise. Nothing to do for formats without frames when not
+/// verifying.
 fn check_spans(
     ds: &Dataset,
     bytes: &[u8],
     ids: &[u32],
     spans: &mut [SampleSpan],
-    labels: &mut [i64],
+    labels: &mut Vec<i64>,
     verify: bool,
 ) {
     if !(verify && ds.has_checksums()) && ds.frame() == Frame::None {
         return;
     }
-    for ((span, label), &id) in spans.iter_mut().zip(labels.iter_mut()).zip(ids) {
+    for (k, (span, &id)) in spans.iter_mut().zip(ids).enumerate() {
         if let Ok(r) = span {
             *span = match ds.check_sample(id as usize, &bytes[r.clone()], verify) {
                 Ok(c) => {
-                    *label = ds.label_of(id as usize, &c);
+                    if let Some(label) = c.label {
+                        if labels.is_empty() {
+                            labels.extend(index_labels(ds, ids));
+                        }
+                        labels[k] = label;
+                    }
                     Ok(r.start + c.payload.start..r.start + c.payload.end)
                 }
                 Err(e) => Err(Arc::new(e)),
             };
         }
     }
+}
+
+/// The index's label of each sample.
+fn index_labels<'a>(ds: &'a Dataset, ids: &'a [u32]) -> impl Iterator<Item = i64> + 'a {
+    ids.iter().map(|&i| ds.sample(i as usize).label)
 }
 
 /// The batches of one epoch, in order. Dropping it stops the I/O thread (batches already
@@ -863,6 +874,11 @@ impl Epoch {
                 &mut g.labels,
                 self.verify,
             );
+        }
+        // Labels are looked up here, on the consumer's thread, unless a check already found the
+        // data's own.
+        if g.labels.is_empty() {
+            g.labels.extend(index_labels(&self.dataset, &g.ids));
         }
         // Batches are full but for the epoch's last, which ends its group.
         let b = self.batch_size;

@@ -8,7 +8,6 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -121,6 +120,35 @@ pub extern "C" fn gpufeed_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
+/// The options `gpufeed_options_default` writes.
+fn defaults() -> GpufeedOptions {
+    GpufeedOptions {
+        batch_size: 256,
+        order: 0,
+        seed: 0,
+        rank: 0,
+        world_size: 1,
+        device: -1,
+        prefetch: 2,
+        drop_last: 0,
+        verify: 1,
+        last_batch: GPUFEED_LAST_BATCH_SHORT,
+        format: std::ptr::null(),
+        payload: std::ptr::null(),
+        label_ext: std::ptr::null(),
+        label_offset: 0,
+        tfrecord_index: std::ptr::null(),
+        tfrecord_payload: std::ptr::null(),
+        tfrecord_label: std::ptr::null(),
+        tfrecord_recover: 0,
+        token_dtype: std::ptr::null(),
+        seq_len: 0,
+        stride: 0,
+        strict: 0,
+        memory_budget: 0,
+    }
+}
+
 /// Default options: batches of 256, global order, seed 0, rank 0 of 1, host memory, prefetch 2,
 /// a short last batch, checksums verified, every dataset option at its default.
 ///
@@ -131,41 +159,16 @@ pub unsafe extern "C" fn gpufeed_options_default(out: *mut GpufeedOptions) -> i3
     if out.is_null() {
         return invalid("options pointer is null");
     }
-    // SAFETY: non-null and writable per the contract.
-    unsafe {
-        out.write(GpufeedOptions {
-            batch_size: 256,
-            order: 0,
-            seed: 0,
-            rank: 0,
-            world_size: 1,
-            device: -1,
-            prefetch: 2,
-            drop_last: 0,
-            verify: 1,
-            last_batch: GPUFEED_LAST_BATCH_SHORT,
-            format: std::ptr::null(),
-            payload: std::ptr::null(),
-            label_ext: std::ptr::null(),
-            label_offset: 0,
-            tfrecord_index: std::ptr::null(),
-            tfrecord_payload: std::ptr::null(),
-            tfrecord_label: std::ptr::null(),
-            tfrecord_recover: 0,
-            token_dtype: std::ptr::null(),
-            seq_len: 0,
-            stride: 0,
-            strict: 0,
-            memory_budget: 0,
-        })
-    };
+    // SAFETY: non-null and writable for one options struct per the contract.
+    unsafe { out.write(defaults()) };
     GPUFEED_OK
 }
 
 /// The dataset options of `o` through the table every front door shares.
 ///
 /// # Safety
-/// Every non-null string field of `o` is NUL-terminated.
+/// Every non-null string field of `o` points to a NUL-terminated string that stays valid for
+/// the call.
 unsafe fn dataset_options(o: &GpufeedOptions) -> gpufeed::Result<OpenOptions> {
     let mut opts = OpenOptions::default();
     let strings = [
@@ -217,7 +220,10 @@ pub unsafe extern "C" fn gpufeed_loader_open(
     opts: *const GpufeedOptions,
     out: *mut *mut GpufeedLoader,
 ) -> i32 {
-    // SAFETY: the contract is this function's, passed on (one path).
+    // SAFETY: `&path` points to one pointer, a local that outlives the call, so `paths` holds
+    // `n = 1` entries; that entry is the caller's `path`, NUL-terminated (or null, which the
+    // callee reports) per this function's contract; `opts` and `out` are passed on unchanged
+    // under the same contract as the callee's.
     unsafe { gpufeed_loader_open_paths(&path, 1, opts, out) }
 }
 
@@ -248,16 +254,12 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
             let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
             list.push(std::path::PathBuf::from(s));
         }
-        let mut o = MaybeUninit::<GpufeedOptions>::uninit();
-        if opts.is_null() {
-            // SAFETY: `o` is writable for one options struct.
-            unsafe { gpufeed_options_default(o.as_mut_ptr()) };
+        let o = if opts.is_null() {
+            defaults()
         } else {
-            // SAFETY: valid per the contract.
-            o.write(unsafe { *opts });
-        }
-        // SAFETY: written just above, on either branch.
-        let o = unsafe { o.assume_init() };
+            // SAFETY: non-null, and a valid options struct per the contract (a plain copy).
+            unsafe { *opts }
+        };
         let order = match o.order {
             0 => Order::Global,
             1 => Order::parse("shard-buffer").expect("known"),

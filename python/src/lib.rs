@@ -574,7 +574,7 @@ impl PyBatch {
         PyBatch {
             labels: Arc::new(b.labels().to_vec()),
             ids: Arc::new(b.sample_ids().iter().map(|&i| i as i64).collect()),
-            padding: Arc::new(b.padding_mask().into_iter().map(u8::from).collect()),
+            padding: Arc::new((0..b.len()).map(|i| u8::from(b.is_padding(i))).collect()),
             batch: Arc::new(b),
             dataset,
             lo,

@@ -196,12 +196,12 @@ fn feature(mut w: Wire<'_>) -> Result<Value, String> {
     Ok(v)
 }
 
-/// Finds `spec`'s features in the serialized Example `data`. The error says what was wrong
-/// (malformed, the payload feature missing — naming the features present — or of another kind).
-pub fn find(data: &[u8], spec: &ExampleSpec) -> Result<Found, String> {
-    let mut payload: Option<Value> = None;
-    let mut label: Option<Value> = None;
-    let mut names: Vec<Range<usize>> = Vec::new();
+/// Calls `f(key, value)` for every feature entry of the serialized Example `data`, in wire
+/// order (`key` a range of `data`; `value` the `Feature` message, if the entry has one).
+fn each_feature<'a>(
+    data: &'a [u8],
+    mut f: impl FnMut(Range<usize>, Option<Wire<'a>>) -> Result<(), String>,
+) -> Result<(), String> {
     let mut w = Wire::new(data, 0);
     while !w.done() {
         let (field, wire) = w.tag()?;
@@ -212,14 +212,14 @@ pub fn find(data: &[u8], spec: &ExampleSpec) -> Result<Found, String> {
         // Features (may appear more than once: protobuf merges them).
         let (mut features, _) = w.len_delimited()?;
         while !features.done() {
-            let (f, t) = features.tag()?;
-            if (f, t) != (1, LEN) {
+            let (f_no, t) = features.tag()?;
+            if (f_no, t) != (1, LEN) {
                 features.skip(t)?;
                 continue;
             }
             let (mut entry, _) = features.len_delimited()?;
             let mut key: Option<Range<usize>> = None;
-            let mut value: Option<Wire<'_>> = None;
+            let mut value: Option<Wire<'a>> = None;
             while !entry.done() {
                 match entry.tag()? {
                     (1, LEN) => key = Some(entry.len_delimited()?.1),
@@ -227,25 +227,35 @@ pub fn find(data: &[u8], spec: &ExampleSpec) -> Result<Found, String> {
                     (_, t) => entry.skip(t)?,
                 }
             }
-            let key = key.unwrap_or(0..0);
-            let name = &data[key.clone()];
-            let is_payload = name == spec.payload.as_bytes();
-            let is_label = spec.label.as_deref().is_some_and(|l| name == l.as_bytes());
-            if is_payload || is_label {
-                let v = match value {
-                    Some(v) => feature(v)?,
-                    None => Value::Unset,
-                };
-                if is_payload {
-                    payload = Some(v);
-                } else {
-                    label = Some(v);
-                }
-            } else if names.len() < 16 {
-                names.push(key);
-            }
+            f(key.unwrap_or(0..0), value)?;
         }
     }
+    Ok(())
+}
+
+/// Finds `spec`'s features in the serialized Example `data`. The error says what was wrong
+/// (malformed, the payload feature missing — naming the features present — or of another kind).
+/// Nothing is allocated unless the payload feature is missing.
+pub fn find(data: &[u8], spec: &ExampleSpec) -> Result<Found, String> {
+    let mut payload: Option<Value> = None;
+    let mut label: Option<Value> = None;
+    each_feature(data, |key, value| {
+        let name = &data[key];
+        let is_payload = name == spec.payload.as_bytes();
+        let is_label = spec.label.as_deref().is_some_and(|l| name == l.as_bytes());
+        if is_payload || is_label {
+            let v = match value {
+                Some(v) => feature(v)?,
+                None => Value::Unset,
+            };
+            if is_payload {
+                payload = Some(v);
+            } else {
+                label = Some(v);
+            }
+        }
+        Ok(())
+    })?;
     let payload = match payload {
         Some(Value::Bytes(Some(r))) => r,
         Some(Value::Bytes(None)) => {
@@ -259,10 +269,14 @@ pub fn find(data: &[u8], spec: &ExampleSpec) -> Result<Found, String> {
             ));
         }
         None => {
-            let others: Vec<String> = names
-                .iter()
-                .map(|r| format!("{:?}", String::from_utf8_lossy(&data[r.clone()])))
-                .collect();
+            // The error path only: name (up to 16 of) the features the record has.
+            let mut others: Vec<String> = Vec::new();
+            each_feature(data, |key, _| {
+                if others.len() < 16 {
+                    others.push(format!("{:?}", String::from_utf8_lossy(&data[key])));
+                }
+                Ok(())
+            })?;
             return Err(format!(
                 "no feature {:?} in this tf.train.Example (it has {})",
                 spec.payload,

@@ -465,6 +465,13 @@ impl Dataset {
     /// Reads sample `i` with ordinary buffered I/O into `buf` and checks it as
     /// [`check_sample`](Dataset::check_sample) does; the payload's range is in `buf`.
     pub fn read_sample(&self, i: usize, buf: &mut Vec<u8>, verify: bool) -> Result<Checked> {
+        self.read_raw(i, buf)?;
+        self.check_sample(i, buf, verify)
+    }
+
+    /// Reads sample `i`'s raw bytes (`offset .. offset + len`, frame included) into `buf`, with
+    /// ordinary buffered I/O, checking nothing.
+    pub(crate) fn read_raw(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let s = &self.samples[i];
         let path = &self.files[s.file as usize].path;
@@ -473,8 +480,7 @@ impl Dataset {
         buf.clear();
         buf.resize(s.len as usize, 0); // len was checked against the file's size when indexed
         f.read_exact_at(buf, s.offset)
-            .map_err(|e| self.sample_error(i, Error::io("cannot read sample", e)))?;
-        self.check_sample(i, buf, verify)
+            .map_err(|e| self.sample_error(i, Error::io("cannot read sample", e)))
     }
 
     /// Checks that sample `i`'s payload is the image it claims to be ([`image::check`]): for

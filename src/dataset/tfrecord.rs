@@ -67,38 +67,38 @@ pub fn open(paths: &[PathBuf], opts: &super::OpenOptions) -> Result<Dataset> {
 /// Records bigger than this are not parsed at open (the loader still checks each).
 const FIRST_CHECK_MAX: u32 = 64 << 20;
 
-/// Parses the first record whose frame and checksums hold: if it is not an Example with the
-/// payload feature, the options do not fit the dataset, and saying so now beats an error per
-/// sample. A damaged first record proves nothing and is left to the loader.
+/// Parses the first record (the first of the first 8 no larger than [`FIRST_CHECK_MAX`]): if
+/// its checksums hold and it is not an Example with the payload feature, the options do not
+/// fit the dataset, and saying so now beats an error per sample. A record that cannot be read
+/// or fails its checksums proves nothing and is left to the loader.
 fn check_first_example(ds: &Dataset) -> Result<()> {
-    use std::os::unix::fs::FileExt;
     let Some(spec) = &ds.example else {
         return Ok(());
     };
     let Some(first) = (0..ds.len().min(8)).find(|&i| ds.sample(i).len <= FIRST_CHECK_MAX) else {
         return Ok(());
     };
-    let s = ds.sample(first);
-    let path = &ds.files()[s.file as usize].path;
-    let mut buf = vec![0u8; s.len as usize]; // at most FIRST_CHECK_MAX, and inside the file
-    let read = std::fs::File::open(path).and_then(|f| f.read_exact_at(&mut buf, s.offset));
-    let Ok(()) = read else {
+    let mut buf = Vec::new(); // at most FIRST_CHECK_MAX, and inside the file
+    if ds.read_raw(first, &mut buf).is_err() {
         return Ok(()); // the loader will report it, per sample
-    };
+    }
     // Only a record whose checksums hold counts as evidence.
     let Ok(data) = unframe(&buf, true) else {
         return Ok(());
     };
     match super::example::find(&buf[data], spec) {
         Ok(_) => Ok(()),
-        Err(m) => Err(invalid(format!(
-            "the first record is not a usable tf.train.Example: {m}; set tfrecord_payload \
-             (--tfrecord-payload) to the bytes feature that holds the sample, or to none to read \
-             records raw"
-        ))
-        .with_path(path.clone())
-        .with_sample(first as u64)
-        .with_range(s.offset, s.len as u64)),
+        Err(m) => {
+            let s = ds.sample(first);
+            Err(invalid(format!(
+                "the first record is not a usable tf.train.Example: {m}; set tfrecord_payload \
+                 (--tfrecord-payload) to the bytes feature that holds the sample, or to none to \
+                 read records raw"
+            ))
+            .with_path(ds.files()[s.file as usize].path.clone())
+            .with_sample(first as u64)
+            .with_range(s.offset, s.len as u64))
+        }
     }
 }
 

@@ -209,6 +209,15 @@ impl PlanConfig {
         }
     }
 
+    /// The same plan reading no gaps between samples: a batch's slot bytes are then at most
+    /// the sum of its samples' spans.
+    fn without_gaps(&self) -> PlanConfig {
+        PlanConfig {
+            max_gap_bytes: 0,
+            ..self.clone()
+        }
+    }
+
     /// Batches this rank reads per epoch of `n` samples (the last may be short).
     pub fn rank_batches(&self, n: usize) -> usize {
         self.rank_samples(n)
@@ -310,10 +319,10 @@ pub const SLOT_BYTES_MIN: u64 = 128 << 20;
 /// The largest slot (an io_uring fixed buffer is at most 1 GiB).
 pub const SLOT_BYTES_MAX: u64 = 1 << 30;
 
-/// The slot size for batches of `batch` samples, `slots` slots within `budget` bytes: the worst case (the batch-size largest samples together) when it fits, else the
-/// largest slot the budget allows, as long as it is above [`BatchBytes::floor`] (the planner
-/// then evens out the rare batch that would not fit). The error says which setting to change.
-///
+/// The slot size for batches of `batch` samples, `slots` slots within `budget` bytes: the
+/// worst case (the batch-size largest samples together) when it fits, else the largest slot
+/// the budget allows, as long as it is above [`BatchBytes::floor`] (the planner then evens out
+/// the rare batch that would not fit). The error says which setting to change.
 pub fn slot_bytes_for(
     samples: &[Sample],
     batch: u32,
@@ -728,10 +737,7 @@ impl EpochPlan {
         let max_batches = cfg.window_batches.max(unit);
         // A run of batches fits a slot when its coalesced reads fit both the slot's bytes and
         // the engine's reads per job.
-        let tight_cfg = PlanConfig {
-            max_gap_bytes: 0,
-            ..cfg.clone()
-        };
+        let tight_cfg = cfg.without_gaps();
         let fits = |from: u32, to: u32, c: &PlanConfig| {
             let (reads, _, slot) = coalesce(samples, ids(from, to), c);
             (
@@ -840,11 +846,7 @@ impl EpochPlan {
             .unwrap_or(self.batches);
         let ids = &self.order[self.batch_range(start).start..self.batch_range(end - 1).end];
         let (reads, scatter, slot_bytes) = if self.tight.binary_search(&start).is_ok() {
-            let tight = PlanConfig {
-                max_gap_bytes: 0,
-                ..self.cfg.clone()
-            };
-            coalesce(samples, ids, &tight)
+            coalesce(samples, ids, &self.cfg.without_gaps())
         } else {
             coalesce(samples, ids, &self.cfg)
         };

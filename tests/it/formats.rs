@@ -331,21 +331,19 @@ fn tf_data(i: usize) -> Vec<u8> {
     (0..len).map(|j| ((i * 31 + j * 7) % 256) as u8).collect()
 }
 
+/// The byte offset in a `FILE#K@OFFSET` key (a ` recovered` suffix may follow it).
+fn key_offset(k: &str) -> u64 {
+    let after = k.rsplit('@').next().unwrap();
+    after.split(' ').next().unwrap().parse().unwrap()
+}
+
 /// Records by their number (the key is `FILE#K@OFFSET`, ` recovered` after it for recovered
 /// records; offsets increase with the number).
 fn tf_epoch(ds: &Dataset) -> Vec<Result<Vec<u8>, String>> {
     let mut by_offset: Vec<(u64, Result<Vec<u8>, String>)> = Vec::new();
     let map = epoch_by_key(ds);
     for (k, v) in map {
-        let off: u64 = k
-            .rsplit('@')
-            .next()
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let off = key_offset(&k);
         by_offset.push((off, v.map(|(b, _)| b)));
     }
     by_offset.sort_by_key(|x| x.0);
@@ -546,15 +544,7 @@ fn token_files_from_a_script_as_windows_and_sequences() {
     let ds = Dataset::open_with(dir.path().join("u16.bin"), &opts).unwrap();
     assert_eq!(ds.len(), (5000 - 65) / 64 + 1);
     for (k, v) in epoch_by_key(&ds) {
-        let off: u64 = k
-            .rsplit('@')
-            .next()
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let off = key_offset(&k);
         let bytes = v.unwrap().0;
         assert_eq!(bytes.len(), 65 * 2);
         for (j, t) in bytes.chunks_exact(2).enumerate() {
@@ -575,15 +565,7 @@ fn token_files_from_a_script_as_windows_and_sequences() {
     let ds = Dataset::open_with(dir.path().join("u32.bin"), &opts).unwrap();
     assert_eq!(ds.len(), (3000 - 101) / 37 + 1);
     for (k, v) in epoch_by_key(&ds) {
-        let off: u64 = k
-            .rsplit('@')
-            .next()
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let off = key_offset(&k);
         for (j, t) in v.unwrap().0.chunks_exact(4).enumerate() {
             let t = u32::from_le_bytes(t.try_into().unwrap()) as u64;
             assert_eq!(t, tok(off / 4 + j as u64) * 40503);
@@ -614,15 +596,7 @@ fn token_files_from_a_script_as_windows_and_sequences() {
         pos += 2 * mega_len(i);
     }
     for (k, v) in epoch_by_key(&ds) {
-        let off: u64 = k
-            .rsplit('@')
-            .next()
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let off = key_offset(&k);
         let bytes = v.unwrap().0;
         // Zero-length sequence 4 shares its offset with sequence 5: find it by length too.
         let i = (0..25)
