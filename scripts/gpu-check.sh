@@ -9,10 +9,12 @@
 #                                # CUDA_VISIBLE_DEVICES=, the CPU tests, then `gpufeed bench gpu`;
 #                                # prints a table. Results land in $OUT (or .gpufeed-work/out).
 #
-# Options for run: --quick (small dataset, 2 s rows), --skip-bench, --skip-tests.
-# With the device tool (10 minutes per command: tests and benchmarks as two commands):
-#   run(command="scripts/gpu-check.sh run --skip-bench", carry=[".device"])
-#   run(command="scripts/gpu-check.sh run --skip-tests", carry=[".device"])
+# Options for run: --quick (small dataset, 2 s rows), --skip-bench, --skip-tests, --rounds=N
+# (N more rounds of the storage rows of both workloads, their order reversed every other round,
+# to tell the disk's drift from a real gap).
+# With the device tool (10 minutes per command; on an H100 machine everything with --rounds=3
+# took ~250 s):
+#   run(command="scripts/gpu-check.sh run --rounds=3", carry=[".device"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-}"
@@ -59,12 +61,13 @@ if [[ "$mode" != run ]]; then
     exit 2
 fi
 
-quick=0; bench=1; tests=1
+quick=0; bench=1; tests=1; rounds=0
 for a in "$@"; do
     case "$a" in
         --quick) quick=1 ;;
         --skip-bench) bench=0 ;;
         --skip-tests) tests=0 ;;
+        --rounds=*) rounds=${a#--rounds=} ;;
         *) echo "unknown option $a" >&2; exit 2 ;;
     esac
 done
@@ -78,6 +81,23 @@ mkdir -p "$work"
 out="${OUT:-$work/out}"
 mkdir -p "$out"
 export GPUFEED_BIN="$PWD/$SHIP/gpufeed" GPUFEED_TEST_TMPDIR="$work/tmp" GPUFEED_QUIET=1
+# cuFile from PyPI (nvidia-cufile) ships libcufile.so.0 only; the loader asks for libcufile.so.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcufile\.so '; then
+    cf=$(python3 - <<'EOF' 2>/dev/null || true
+import glob, os, site, sys
+for d in site.getsitepackages() + [site.getusersitepackages()]:
+    for f in sorted(glob.glob(os.path.join(d, "nvidia", "**", "libcufile.so*"), recursive=True)):
+        if "rdma" not in os.path.basename(f):
+            print(f); sys.exit(0)
+EOF
+)
+    if [[ -n "$cf" ]]; then
+        mkdir -p "$work/lib"
+        ln -sf "$cf" "$work/lib/libcufile.so"
+        export LD_LIBRARY_PATH="$work/lib:$(dirname "$cf")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "cuFile: $cf (PyPI nvidia-cufile, linked as $work/lib/libcufile.so)"
+    fi
+fi
 summary="$out/summary.txt"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -85,15 +105,47 @@ note() { echo "$*" | tee -a "$summary"; }
 note "== machine"
 (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true) | tee -a "$summary"
 note "commit: $(cat "$SHIP/commit" 2>/dev/null || echo unknown)"
-lsmod 2>/dev/null | grep -q nvidia_fs && note "nvidia-fs: loaded" || note "nvidia-fs: not loaded"
+if lsmod 2>/dev/null | grep -q nvidia_fs; then
+    note "nvidia-fs: loaded"
+else
+    note "nvidia-fs: not loaded"
+    # Without nvidia-fs cuFile runs only in compatibility mode, which cufile.json must allow
+    # (CUDA 13's shipped default refuses it: cuFileHandleRegister fails with
+    # CU_FILE_HANDLE_NOT_REGISTERED). A copy of the installed config with it allowed.
+    if [[ -z "${CUFILE_ENV_PATH_JSON:-}" ]]; then
+        src=$(ls /etc/cufile.json /usr/local/cuda/gds/cufile.json 2>/dev/null | head -1 || true)
+        if [[ -n "$src" ]] && grep -q '"allow_compat_mode"' "$src"; then
+            sed 's/"allow_compat_mode"[[:space:]]*:[[:space:]]*false/"allow_compat_mode": true/' \
+                "$src" > "$work/cufile.json"
+        else
+            echo '{ "properties": { "allow_compat_mode": true } }' > "$work/cufile.json"
+        fi
+        export CUFILE_ENV_PATH_JSON="$work/cufile.json"
+        note "cuFile config: $work/cufile.json (from ${src:-nothing}), allow_compat_mode: true"
+    fi
+fi
+# cuFile looks the data disk up in udev's database and refuses a file whose volume has no
+# record (cufile.log: "udev property not found: ID_FS_USAGE"), as on a VM without udevd. Write
+# the record udev would have written for the work folder's file system, if none exists.
+mm=$(findmnt -no MAJ:MIN -T "$work" 2>/dev/null | head -1 | tr -d ' ')
+fst=$(findmnt -no FSTYPE -T "$work" 2>/dev/null | head -1)
+if [[ -n "$mm" && ! -e "/run/udev/data/b$mm" ]] && mkdir -p /run/udev/data 2>/dev/null; then
+    printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=%s\n' "$fst" > "/run/udev/data/b$mm" &&
+        note "udev: wrote /run/udev/data/b$mm (ID_FS_USAGE=filesystem, ID_FS_TYPE=$fst) for cuFile"
+fi
 ls /usr/local/cuda*/lib64/libcufile.so* /usr/lib/x86_64-linux-gnu/libcufile.so* 2>/dev/null | head -3 | tee -a "$summary" || true
 
+install_wheel() {
+    rm -rf "$work/pysite"
+    python3 -m pip install --quiet --no-deps --no-index --target "$work/pysite" "$SHIP"/gpufeed-*.whl &&
+        export PYTHONPATH="$work/pysite${PYTHONPATH:+:$PYTHONPATH}"
+}
 status=0
 run_tests() { # name, env..., -- args
     local name=$1; shift
     local log="$out/test-$name.log"
     if env "$@" > "$log" 2>&1; then
-        note "PASS  $name  ($(grep -Eo 'test result: ok\. [0-9]+ passed' "$log" | tail -1))"
+        note "PASS  $name  ($(grep -Eo 'test result: ok\. [0-9]+ passed|^Ran [0-9]+ tests?' "$log" | tail -1))"
     else
         note "FAIL  $name  (see $log)"; tail -30 "$log"; status=1
     fi
@@ -109,13 +161,13 @@ if [[ $tests == 1 ]]; then
     run_tests cpu "$SHIP/it" --skip gpu:: --skip device::no_gpu --skip capi:: --skip python::
     [[ -x "$SHIP/unit" ]] && run_tests unit "$SHIP/unit"
     grep -h "skipped" "$out"/test-gpu.log | sed 's/^/  /' | tee -a "$summary" || true
-    # Python: the wheel into a venv that sees the machine's torch, then the GPU tests.
-    if python3 -m venv --system-site-packages "$work/venv" >/dev/null 2>&1 &&
-        "$work/venv/bin/pip" install --quiet --no-deps --force-reinstall "$SHIP"/gpufeed-*.whl; then
+    # Python: the wheel into a folder on PYTHONPATH of the machine's python3 (which is itself a
+    # virtual environment holding torch; a venv made from it would not see torch or numpy).
+    if install_wheel; then
         "$SHIP/gpufeed" bench load --dir "$work/pyload" --samples 3000 --modes io --json \
             > /dev/null 2>&1 || true
         run_tests python-gpu GPUFEED_REQUIRE_GPU=1 GPUFEED_GPU_DATA="$work/pyload/packed" \
-            "$work/venv/bin/python" "$SHIP/test_gpu.py" -v
+            python3 "$SHIP/test_gpu.py" -v
     else
         note "FAIL  python wheel install"; status=1
     fi
@@ -139,6 +191,14 @@ if [[ $bench == 1 ]]; then
         --workloads imagenet --paths host,ours --no-verify 2>> "$out/bench-gpu.err" \
         | sed 's/"workload":"imagenet mix, packed, global"/"workload":"imagenet, no crc"/' \
         >> "$out/bench-gpu.jsonl" || { note "FAIL  bench gpu --no-verify"; status=1; }
+    for ((k = 1; k <= rounds; k++)); do
+        order=host,ours,cufile,naive
+        (( k % 2 == 0 )) && order=naive,cufile,ours,host
+        "$SHIP/gpufeed" bench gpu --file "$work/bench.dat" --dir "$work/load" "${args[@]}" --json \
+            --workloads fixed,imagenet --paths "$order" 2>> "$out/bench-gpu.err" \
+            | sed "s/\"workload\":\"\([^\"]*\)\"/\"workload\":\"\1, round $k\"/" \
+            >> "$out/bench-gpu.jsonl" || { note "FAIL  bench gpu round $k"; status=1; }
+    done
     python3 - "$out/bench-gpu.jsonl" <<'EOF' | tee -a "$summary"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -156,20 +216,21 @@ for w in dict.fromkeys(r['workload'] for r in rows):
     parts = []
     if 'host' in get and 'h2d' in get:
         parts.append(f"{o['gib_per_s'] / min(get['host']['gib_per_s'], get['h2d']['gib_per_s']):.2f}x min(host, h2d) [target >= 0.95]")
+    elif 'host' in get:
+        parts.append(f"{o['gib_per_s'] / get['host']['gib_per_s']:.2f}x host")
     for p, t in (('naive', '>= 2'), ('cufile', '>= 1.0')):
         if p in get:
             parts.append(f"{o['gib_per_s'] / get[p]['gib_per_s']:.2f}x {p} [target {t}] at {o['cpu_s_per_gib'] / max(get[p]['cpu_s_per_gib'], 1e-12):.2f}x its CPU/GiB")
     print(f"{w}: ours = " + "; ".join(parts))
 EOF
 fi
-if [[ $bench == 1 && ! -x "$work/venv/bin/python" ]]; then
-    python3 -m venv --system-site-packages "$work/venv" >/dev/null 2>&1 &&
-        "$work/venv/bin/pip" install --quiet --no-deps --force-reinstall "$SHIP"/gpufeed-*.whl || true
+if [[ $bench == 1 && ! -d "$work/pysite/gpufeed" ]]; then
+    install_wheel || true
 fi
-if [[ $bench == 1 && -x "$work/venv/bin/python" ]]; then
+if [[ $bench == 1 && -d "$work/pysite/gpufeed" ]]; then
     note "== scripts/bench-python.py --device cuda (gpufeed Python vs torch DataLoader)"
-    "$work/venv/bin/python" "$SHIP/bench-python.py" --gpufeed "$SHIP/gpufeed" --dir "$work/load" \
-        --samples "${args[3]}" --device cuda:0 --rounds 2 2>&1 | tee -a "$summary" || {
+    python3 "$SHIP/bench-python.py" --gpufeed "$SHIP/gpufeed" --dir "$work/load" \
+        --samples "${args[3]}" --device cuda:0 --rounds 3 2>&1 | tee -a "$summary" || {
         note "FAIL  bench-python"; status=1; }
 fi
 note "== done: $([[ $status == 0 ]] && echo all passed || echo FAILURES)"

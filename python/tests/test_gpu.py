@@ -53,7 +53,7 @@ class GpuTests(unittest.TestCase):
                         back[doff[i] : doff[i] + dlen[i]], host[hoff[i] : hoff[i] + hlen[i]]
                     )
                 n += len(h)
-            self.assertEqual(n, len(loader("cpu", order)) * 64, order)
+            self.assertEqual(n, loader("cpu", order).samples_per_epoch, order)
 
     def test_a_consumer_stream_waits_on_the_copy(self):
         def sample_sums(data, offsets, lengths):

@@ -105,6 +105,27 @@ fn result(
 }
 
 /// Runs the benchmark; an `Unsupported` error (one line) when there is no GPU.
+/// The rows `bench gpu` knows, in their default order.
+pub const ROWS: [&str; 5] = ["host", "h2d", "ours", "cufile", "naive"];
+
+/// The rows asked for, each once, in the order asked (so that runs can alternate it); an
+/// unknown name is an error that lists the known ones.
+pub fn rows_in_order(asked: &[String]) -> Result<Vec<&'static str>> {
+    let mut rows = Vec::new();
+    for r in asked {
+        let Some(known) = ROWS.iter().find(|k| **k == r.as_str()) else {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("unknown bench gpu row '{r}' (rows: {})", ROWS.join(", ")),
+            ));
+        };
+        if !rows.contains(known) {
+            rows.push(*known);
+        }
+    }
+    Ok(rows)
+}
+
 pub fn run_gpu_bench(
     spec: &GpuBenchSpec,
     mut emit: impl FnMut(&GpuBenchResult),
@@ -117,14 +138,11 @@ pub fn run_gpu_bench(
         emit(&r);
         out.push(r);
     };
-    let want = |row: &str| spec.rows.iter().any(|r| r == row);
+    let rows = rows_in_order(&spec.rows)?;
     if spec.workloads.iter().any(|w| w == "fixed") {
         crate::bench::io::ensure_file(&spec.file, spec.file_bytes)?;
         let w = format!("{} random", crate::util::size_label(spec.read_bytes as u64));
-        for row in ["host", "h2d", "ours", "cufile", "naive"] {
-            if !want(row) {
-                continue;
-            }
+        for &row in &rows {
             let r = match row {
                 "host" => fixed_pipeline(spec, &ctx, false, &w, &device)?,
                 "ours" => fixed_pipeline(spec, &ctx, true, &w, &device)?,
@@ -142,10 +160,7 @@ pub fn run_gpu_bench(
         let (_, packed) = crate::bench::load::ensure_dataset(&spec.dir, spec.samples, 256 << 20)?;
         let ds = Dataset::open(&packed)?;
         let w = "imagenet mix, packed, global";
-        for row in ["host", "h2d", "ours", "cufile", "naive"] {
-            if !want(row) {
-                continue;
-            }
+        for &row in &rows {
             let r = match row {
                 "host" => epoch_row(spec, &ds, Device::Host, w, &device)?,
                 "ours" => epoch_row(spec, &ds, Device::Cuda(spec.device), w, &device)?,

@@ -250,7 +250,7 @@ struct GpuArgs {
     /// cuFile reader threads.
     #[arg(long, default_value_t = 16)]
     cufile_threads: usize,
-    /// Rows (comma-separated): host, h2d, ours, cufile, naive.
+    /// Rows (comma-separated), run in the order given: host, h2d, ours, cufile, naive.
     #[arg(long, value_delimiter = ',')]
     paths: Vec<String>,
     /// Workloads (comma-separated): fixed, imagenet.
@@ -524,9 +524,7 @@ fn gpu_spec_defaults() -> crate::bench::gpu::GpuBenchSpec {
         read_bytes: 1 << 20,
         queue_depth: 128,
         cufile_threads: 16,
-        rows: ["host", "h2d", "ours", "cufile", "naive"]
-            .map(String::from)
-            .to_vec(),
+        rows: crate::bench::gpu::ROWS.map(String::from).to_vec(),
         workloads: vec!["fixed".into(), "imagenet".into()],
         verify: true,
     }
@@ -560,6 +558,7 @@ fn bench_gpu(a: GpuArgs) -> Result<()> {
         },
         verify: !a.no_verify,
     };
+    crate::bench::gpu::rows_in_order(&spec.rows)?;
     // No GPU: one line, non-zero exit (before any file is made).
     let info = crate::gpu::gpu_available()?;
     if !a.json {

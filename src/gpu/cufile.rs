@@ -112,15 +112,34 @@ impl CufileFile {
             .custom_flags(libc::O_DIRECT)
             .open(path)
             .map_err(|e| Error::io("cannot open for cuFile", e).with_path(path.to_path_buf()))?;
-        // SAFETY: a zeroed descriptor is valid before its fields are set.
-        let mut descr: sys::CUfileDescr_t = unsafe { std::mem::zeroed() };
-        descr.type_ = sys::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD;
-        descr.handle.fd = file.as_raw_fd();
+        // Built field by field: the handle-type enum has no zero variant, so a zeroed
+        // descriptor is not a valid value (Rust aborts on `mem::zeroed` of it).
+        let mut descr = sys::CUfileDescr_t {
+            type_: sys::CUfileFileHandleType::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
+            handle: sys::CUfileDescr_t__bindgen_ty_1 {
+                fd: file.as_raw_fd(),
+            },
+            fs_ops: std::ptr::null(),
+        };
         let mut handle = std::ptr::null_mut();
         // SAFETY: `descr` describes an open fd that outlives the handle (both owned here).
         let r = unsafe { sys::cuFileHandleRegister(&mut handle, &mut descr) };
         if r.err != sys::CUfileOpError::CU_FILE_SUCCESS {
-            return Err(op_error("cuFileHandleRegister", r).with_path(path.to_path_buf()));
+            let mut e = op_error("cuFileHandleRegister", r);
+            if r.err == sys::CUfileOpError::CU_FILE_HANDLE_NOT_REGISTERED {
+                // Seen on a Firecracker VM: cuFile asks udev for the volume's attributes and
+                // refuses a virtio disk that has no udev record.
+                e = Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "{}: cuFile would not take the file; its log (cufile.log) says why \
+                         (for example no udev record for the disk, or a file system it does \
+                         not support)",
+                        e.message()
+                    ),
+                );
+            }
+            return Err(e.with_path(path.to_path_buf()));
         }
         Ok(CufileFile {
             handle,

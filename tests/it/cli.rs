@@ -137,6 +137,17 @@ fn bad_arguments_are_clear_errors() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-dir/x.dat"));
+    // A misspelt bench gpu row is named before any GPU is looked for (so also without one).
+    let out = gpufeed()
+        .args(["bench", "gpu", "--paths", "host,cufiel"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown bench gpu row 'cufiel'") && err.contains("cufile"),
+        "{err}"
+    );
 }
 
 #[test]
