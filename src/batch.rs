@@ -186,15 +186,28 @@ impl Batch {
         }
     }
 
-    /// Makes `stream` (a raw `CUstream` of the device's primary context, 0 for the legacy
-    /// default stream) wait until the batch's bytes are on the device, without blocking the
+    /// Makes `stream` wait until the batch's bytes are on the device, without blocking the
     /// host; the memory is then reused only after work enqueued on `stream` before the batch
     /// is dropped. Does nothing for a host batch.
-    pub fn wait_on(&self, stream: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// `stream` must be a live `CUstream` of the device's primary context (or 0, 1 or 2: the
+    /// legacy and per-thread default streams) and stay live until every clone of this batch
+    /// is dropped (a release event is recorded on it then). Passing a stream of another
+    /// library is what DLPack's `__dlpack__(stream=...)` does; its consumer makes this promise.
+    pub unsafe fn wait_on(&self, stream: u64) -> Result<()> {
         match &self.mem {
-            Memory::Device(d) => d.wait_on(stream),
+            // SAFETY: forwarded under the caller's promise.
+            Memory::Device(d) => unsafe { d.wait_on(stream) },
             Memory::Host(_) => Ok(()),
         }
+    }
+
+    /// [`wait_on`](Self::wait_on) the legacy default stream (`CU_STREAM_LEGACY`), where work
+    /// that names no stream runs. Does nothing for a host batch.
+    pub fn wait_on_default_stream(&self) -> Result<()> {
+        // SAFETY: `CU_STREAM_LEGACY` is a handle every context accepts and that never dies.
+        unsafe { self.wait_on(1) }
     }
 
     /// Every sample's bytes copied to the host (synchronously; for checks and tests). Works for

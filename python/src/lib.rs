@@ -790,7 +790,11 @@ impl PyBuffer {
                 if dev.device_type == dlpack::KDL_CUDA {
                     match stream {
                         Some(-1) => {}
-                        s => batch.wait_on(s.unwrap_or(1) as u64).map_err(err)?,
+                        // SAFETY: DLPack's contract: the consumer passes a stream of its own on
+                        // this device (or 1/2, the legacy and per-thread defaults; none means
+                        // the legacy one) that outlives its use of the tensor, which holds
+                        // this batch alive until the consumer releases it.
+                        s => unsafe { batch.wait_on(s.unwrap_or(1) as u64) }.map_err(err)?,
                     }
                 }
                 (Box::new(batch.clone()), dlpack::UINT8)

@@ -29,7 +29,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gpu::copy::CopyStage;
 use crate::gpu::cuda::{self, Context, DeviceBuffer, Event, HostRegistration, Stream};
-use crate::gpu::cufile::{self, CufileFile};
+use crate::gpu::cufile::{self, CufileBuffer, CufileFile};
 use crate::gpu::{Device, DevicePool};
 use crate::io::{Engine, ReadSpec};
 use crate::loader::Loader;
@@ -377,7 +377,7 @@ fn h2d_ceiling(
                 &streams[i],
             )?
         };
-        events[i].record_raw(streams[i].raw())?;
+        events[i].record(&streams[i])?;
         bytes += chunk as u64;
         k += 1;
     }
@@ -399,32 +399,28 @@ fn h2d_ceiling(
     ))
 }
 
-/// Device buffers registered with cuFile, one per reader thread; deregistered on drop.
-struct CufileBuffers(Vec<DeviceBuffer>);
+/// Device buffers registered with cuFile, one per reader thread.
+struct CufileBuffers(Vec<CufileBuffer>);
 
 impl CufileBuffers {
     fn new(ctx: &Arc<Context>, threads: usize, len: usize) -> Result<CufileBuffers> {
-        let mut v = Vec::with_capacity(threads);
-        for _ in 0..threads.max(1) {
-            let b = DeviceBuffer::new(ctx, len)?;
-            // SAFETY: our allocation; deregistered in `drop`, before it is freed.
-            unsafe { cufile::register_buffer(b.ptr(), len)? };
-            v.push(b);
-        }
+        let v = (0..threads.max(1))
+            .map(|_| CufileBuffer::new(ctx, len))
+            .collect::<Result<_>>()?;
         Ok(CufileBuffers(v))
     }
 
     /// Runs `f(thread, buffer)` on one thread per buffer (the context bound), until each
     /// returns; the first error wins.
     fn each(
-        &self,
+        &mut self,
         ctx: &Arc<Context>,
-        f: impl Fn(usize, &DeviceBuffer) -> Result<()> + Sync,
+        f: impl Fn(usize, &mut CufileBuffer) -> Result<()> + Sync,
     ) -> Result<()> {
         std::thread::scope(|s| {
             let hs: Vec<_> = self
                 .0
-                .iter()
+                .iter_mut()
                 .enumerate()
                 .map(|(k, b)| {
                     let f = &f;
@@ -434,15 +430,6 @@ impl CufileBuffers {
             hs.into_iter()
                 .try_for_each(|h| h.join().unwrap_or_else(|_| Err(panicked())))
         })
-    }
-}
-
-impl Drop for CufileBuffers {
-    fn drop(&mut self) {
-        for b in &self.0 {
-            // SAFETY: registered in `new`; the reader threads have been joined.
-            unsafe { cufile::deregister_buffer(b.ptr()) };
-        }
     }
 }
 
@@ -460,7 +447,7 @@ fn fixed_cufile(
         .len();
     let bs = spec.read_bytes as usize;
     let threads = spec.cufile_threads.max(1);
-    let bufs = CufileBuffers::new(ctx, threads, bs)?;
+    let mut bufs = CufileBuffers::new(ctx, threads, bs)?;
     let cold = drop_caches();
     let bytes = AtomicU64::new(0);
     let cpu0 = cpu_now();
@@ -468,8 +455,7 @@ fn fixed_cufile(
     let r = bufs.each(ctx, |k, b| {
         let mut next = offsets(size, bs as u32, 100 + k as u64);
         while t0.elapsed().as_secs_f64() < spec.seconds {
-            // SAFETY: each thread reads into its own registered buffer of `bs` bytes.
-            let n = unsafe { f.read(b.ptr(), 0, bs, next())? };
+            let n = f.read(b, bs, next())?;
             bytes.fetch_add(n as u64, Ordering::Relaxed);
         }
         Ok(())
@@ -503,7 +489,7 @@ fn fixed_naive(
     let f = std::fs::File::open(&spec.file).map_err(|e| Error::io("cannot open", e))?;
     let size = f.metadata().map_err(|e| Error::io("cannot stat", e))?.len();
     let bs = spec.read_bytes as usize;
-    let dst = DeviceBuffer::new(ctx, bs)?;
+    let mut dst = DeviceBuffer::new(ctx, bs)?;
     let mut buf = vec![0u8; bs];
     let mut next = offsets(size, spec.read_bytes, 9);
     let cold = drop_caches();
@@ -513,8 +499,7 @@ fn fixed_naive(
     while t0.elapsed().as_secs_f64() < spec.seconds {
         f.read_exact_at(&mut buf, next())
             .map_err(|e| Error::io("read failed", e))?;
-        // SAFETY: `dst` holds `bs` bytes.
-        unsafe { cuda::memcpy_htod_sync(dst.ptr(), &buf)? };
+        dst.write(0, &buf)?;
         bytes += bs as u64;
     }
     Ok(result(
@@ -586,7 +571,7 @@ fn samples_cufile(
     let order = sample_order(ds)?;
     let max = ds.samples().iter().map(|s| s.len).max().unwrap_or(1) as usize;
     let threads = spec.cufile_threads.max(1);
-    let bufs = CufileBuffers::new(ctx, threads, max)?;
+    let mut bufs = CufileBuffers::new(ctx, threads, max)?;
     let cold = drop_caches();
     let next = AtomicUsize::new(0);
     let bytes = AtomicU64::new(0);
@@ -599,8 +584,7 @@ fn samples_cufile(
         };
         let smp = ds.sample(id as usize);
         let f = &files[smp.file as usize];
-        // SAFETY: each thread reads into its own registered buffer of `max` bytes.
-        let n = unsafe { f.read(b.ptr(), 0, smp.len as usize, smp.offset)? };
+        let n = f.read(b, smp.len as usize, smp.offset)?;
         bytes.fetch_add(n as u64, Ordering::Relaxed);
     });
     let res = result(
@@ -646,7 +630,7 @@ fn samples_naive(
         .collect::<Result<_>>()?;
     let order = sample_order(ds)?;
     let max = ds.samples().iter().map(|s| s.len).max().unwrap_or(1) as usize;
-    let dst = DeviceBuffer::new(ctx, max)?;
+    let mut dst = DeviceBuffer::new(ctx, max)?;
     let mut buf = vec![0u8; max];
     let cold = drop_caches();
     let mut bytes = 0u64;
@@ -661,8 +645,7 @@ fn samples_naive(
         files[s.file as usize]
             .read_exact_at(b, s.offset)
             .map_err(|e| ds.sample_error(id as usize, Error::io("read failed", e)))?;
-        // SAFETY: `dst` holds `max` ≥ `b.len()` bytes.
-        unsafe { cuda::memcpy_htod_sync(dst.ptr(), b)? };
+        dst.write(0, b)?;
         bytes += s.len as u64;
     }
     Ok(result(

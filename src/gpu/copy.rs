@@ -184,6 +184,36 @@ impl DevicePool {
     }
 }
 
+impl Drop for DevicePool {
+    fn drop(&mut self) {
+        // Device memory is freed stream-ordered on the legacy default stream, which does not
+        // wait for non-blocking streams: wait here for what the consumers' streams may still
+        // read (their release events) and for the last copies, before the buffers go.
+        for m in &self.mem {
+            if let Mem::Cuda {
+                ready,
+                released,
+                release_pending,
+                ..
+            } = m
+            {
+                if let Some(c) = &self.ctx {
+                    let _ = c.bind();
+                }
+                let mut ok = ready.synchronize().is_ok();
+                if release_pending.load(Ordering::Acquire) {
+                    ok &= released.synchronize().is_ok();
+                }
+                if !ok {
+                    if let Some(c) = &self.ctx {
+                        let _ = c.synchronize();
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A device region viewed by the batches of one read group; back to the pool when dropped.
 pub struct DeviceRegion {
     pool: Arc<DevicePool>,
@@ -220,15 +250,20 @@ impl DeviceRegion {
         }
     }
 
-    /// Makes `stream` (a raw `CUstream` of the same context; 0 for the legacy default stream)
-    /// wait for the copy, and orders the region's reuse after work enqueued on it before the
-    /// batch is dropped.
-    pub fn wait_on(&self, stream: u64) -> Result<()> {
+    /// Makes `stream` wait for the copy, and orders the region's reuse after work enqueued on
+    /// it before the batch is dropped.
+    ///
+    /// # Safety
+    /// `stream` must be a live `CUstream` of the device's primary context (or 0, 1 or 2, the
+    /// legacy and per-thread default streams) and stay live until this region is dropped (a
+    /// release event is recorded on it then).
+    pub unsafe fn wait_on(&self, stream: u64) -> Result<()> {
         if let Mem::Cuda { ready, .. } = &self.pool.mem[self.index] {
             if let Some(c) = &self.pool.ctx {
                 c.bind()?;
             }
-            Stream::wait_raw(stream, ready)?;
+            // SAFETY: the caller vouches for the stream; the context was just made current.
+            unsafe { Stream::wait_raw(stream, ready)? };
         }
         *lock(&self.consumer) = Some(stream);
         Ok(())
@@ -260,13 +295,16 @@ impl Drop for DeviceRegion {
                 // Work the consumer enqueued on its stream before dropping the batch must finish
                 // before the region is overwritten: the next copy waits for this event.
                 let bound = self.pool.ctx.as_ref().map_or(Ok(()), |c| c.bind());
-                if bound.and_then(|()| released.record_raw(stream)).is_ok() {
+                // SAFETY: `wait_on`'s caller promised the stream lives until this drop; the
+                // context was just made current.
+                if bound
+                    .and_then(|()| unsafe { released.record_raw(stream) })
+                    .is_ok()
+                {
                     release_pending.store(true, Ordering::Release);
-                } else {
+                } else if let Some(c) = &self.pool.ctx {
                     // Without the event, only a full wait is safe.
-                    let _ = self.pool.ctx.as_ref().map(|c| c.bind());
-                    // SAFETY: synchronising the whole context only waits.
-                    let _ = unsafe { cudarc::driver::sys::cuCtxSynchronize() };
+                    let _ = c.synchronize();
                 }
             }
         }
@@ -376,12 +414,12 @@ impl CopyStage {
                 Some(s),
             ) => {
                 if release_pending.swap(false, Ordering::AcqRel) {
-                    Stream::wait_raw(s.raw(), released)?;
+                    s.wait(released)?;
                 }
                 // SAFETY: the caller keeps the source unchanged until the ready event is seen
                 // complete; the region is ours (taken, not viewed) and `len` fits it.
                 unsafe { cuda::memcpy_htod_async(buf.ptr(), src, len, s)? };
-                if let Err(e) = ready.record_raw(s.raw()) {
+                if let Err(e) = ready.record(s) {
                     // The copy is enqueued but no event marks its end: wait for the stream so
                     // the caller may reuse the source; if even that fails, say the stage is
                     // broken so the caller leaks the source instead.

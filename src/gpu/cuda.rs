@@ -1,15 +1,19 @@
 //! The CUDA driver calls gpufeed makes, through cudarc's run-time-loaded bindings.
 //!
 //! cudarc panics when a library it is asked to load is missing, so nothing here is reached before
-//! [`driver_present`] said `libcuda` loads. Every call's `CUresult` becomes an [`Error`] naming the
-//! call. Handles (context, stream, event, device memory, host registration) are owned types whose
-//! `Drop` releases them; a context is made current on the calling thread by [`Context::bind`]
-//! before any call that needs one.
+//! [`driver_present`] said `libcuda` loads. Every failed call becomes an [`Error`] naming the
+//! call, with the driver's result as its source. Context, streams, events and device memory are
+//! cudarc's safe types (`CudaContext`, `CudaStream`, `CudaEvent`, `CudaSlice`) behind the small
+//! API the copy stage needs; raw driver calls remain only where that layer cannot say what is
+//! needed (docs/DECISIONS.md): registering memory that gpufeed mapped itself (the arena), an
+//! asynchronous copy from that registered memory, the driver version, and waiting on or
+//! recording into a stream that another library owns (a consumer's `CUstream`).
 
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::sys;
+use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaSlice, CudaStream};
+use cudarc::driver::{DevicePtr, DriverError};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -52,6 +56,14 @@ pub(crate) fn check(r: sys::CUresult, call: &str) -> Result<()> {
     Err(Error::new(kind, format!("{call} failed")).with_source(CudaError(r)))
 }
 
+/// Maps a cudarc error from `call` as [`check`] does.
+fn driver(call: &'static str) -> impl Fn(DriverError) -> Error {
+    move |e| match check(e.0, call) {
+        Err(e) => e,
+        Ok(()) => Error::new(ErrorKind::Io, format!("{call} failed")),
+    }
+}
+
 /// `cuInit` once per process (later calls return the first result).
 pub(crate) fn init() -> Result<()> {
     static INIT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
@@ -61,22 +73,19 @@ pub(crate) fn init() -> Result<()> {
             "no CUDA driver: libcuda.so could not be loaded",
         ));
     }
-    INIT.get_or_init(|| {
-        // SAFETY: cuInit takes flags 0; the library is present (checked above).
-        check(unsafe { sys::cuInit(0) }, "cuInit").map_err(|e| e.report())
-    })
-    .clone()
-    .map_err(|m| Error::new(ErrorKind::Unsupported, m))
+    INIT.get_or_init(|| cu::init().map_err(|e| driver("cuInit")(e).report()))
+        .clone()
+        .map_err(|m| Error::new(ErrorKind::Unsupported, m))
 }
 
 /// Number of visible devices (0 when `CUDA_VISIBLE_DEVICES=` hides them all).
 pub(crate) fn device_count() -> Result<u32> {
     init()?;
-    let mut n = 0;
-    // SAFETY: writes one int.
-    match unsafe { sys::cuDeviceGetCount(&mut n) } {
-        sys::CUresult::CUDA_ERROR_NO_DEVICE => Ok(0),
-        r => check(r, "cuDeviceGetCount").map(|()| n.max(0) as u32),
+    match cu::device::get_count() {
+        Err(DriverError(sys::CUresult::CUDA_ERROR_NO_DEVICE)) => Ok(0),
+        r => r
+            .map(|n| n.max(0) as u32)
+            .map_err(driver("cuDeviceGetCount")),
     }
 }
 
@@ -84,7 +93,7 @@ pub(crate) fn device_count() -> Result<u32> {
 pub(crate) fn driver_version() -> Result<i32> {
     init()?;
     let mut v = 0;
-    // SAFETY: writes one int.
+    // SAFETY: writes one int (cudarc's safe layer has no call for this).
     check(
         unsafe { sys::cuDriverGetVersion(&mut v) },
         "cuDriverGetVersion",
@@ -92,22 +101,16 @@ pub(crate) fn driver_version() -> Result<i32> {
     Ok(v)
 }
 
-/// A device's primary context, retained for as long as this lives.
+/// A device's primary context (the one the CUDA runtime and PyTorch use), retained for as long
+/// as this lives.
 #[derive(Debug)]
 pub struct Context {
-    dev: sys::CUdevice,
-    ctx: sys::CUcontext,
+    inner: Arc<CudaContext>,
     ordinal: u32,
 }
 
-// SAFETY: a CUDA context handle may be used from any thread once made current there (`bind`);
-// the driver synchronises its own state.
-unsafe impl Send for Context {}
-// SAFETY: as above; `&Context` only hands out the handle.
-unsafe impl Sync for Context {}
-
 impl Context {
-    /// Retains device `ordinal`'s primary context (the one the CUDA runtime and PyTorch use).
+    /// Retains device `ordinal`'s primary context and makes it current on this thread.
     pub fn new(ordinal: u32) -> Result<Arc<Context>> {
         let n = device_count()?;
         if ordinal >= n {
@@ -116,27 +119,24 @@ impl Context {
                 format!("CUDA device {ordinal} does not exist ({n} visible)"),
             ));
         }
-        let mut dev = 0;
-        // SAFETY: writes one device handle; ordinal < count.
-        check(
-            unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) },
-            "cuDeviceGet",
-        )?;
-        let mut ctx = std::ptr::null_mut();
-        // SAFETY: writes one context handle for a valid device.
-        check(
-            unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
-            "cuDevicePrimaryCtxRetain",
-        )?;
-        let c = Arc::new(Context { dev, ctx, ordinal });
-        c.bind()?;
-        Ok(c)
+        let inner =
+            CudaContext::new(ordinal as usize).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        // SAFETY: gpufeed orders its device memory itself, as cudarc then requires: a buffer is
+        // used by other streams only after its allocating stream was synchronised
+        // (`DeviceBuffer::new`); a region is written only by the one copy stream, after the
+        // release event of its last reader (`gpu::copy`); and no buffer is freed before its
+        // copies and release events completed (`CopyStage` waits at drop, `DevicePool` waits
+        // for pending release events at drop). cudarc's per-use events would add an event
+        // record per copy for nothing. The flag belongs to this `CudaContext` value only.
+        unsafe { inner.disable_event_tracking() };
+        Ok(Arc::new(Context { inner, ordinal }))
     }
 
     /// Makes this context current on the calling thread.
     pub fn bind(&self) -> Result<()> {
-        // SAFETY: `ctx` is a retained primary context (alive while `self` is).
-        check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+        self.inner
+            .bind_to_thread()
+            .map_err(driver("cuCtxSetCurrent"))
     }
 
     pub fn ordinal(&self) -> u32 {
@@ -145,194 +145,135 @@ impl Context {
 
     /// The device's name and total memory.
     pub fn describe(&self) -> Result<(String, usize)> {
-        let mut name = [0 as std::ffi::c_char; 256];
-        // SAFETY: writes at most 256 bytes, NUL-terminated.
-        check(
-            unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, self.dev) },
-            "cuDeviceGetName",
-        )?;
-        let mut mem = 0usize;
-        // SAFETY: writes one size.
-        check(
-            unsafe { sys::cuDeviceTotalMem_v2(&mut mem, self.dev) },
-            "cuDeviceTotalMem",
-        )?;
-        // SAFETY: the buffer is NUL-terminated by the driver.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let name = self.inner.name().map_err(driver("cuDeviceGetName"))?;
+        let mem = self.inner.total_mem().map_err(driver("cuDeviceTotalMem"))?;
         Ok((name, mem))
     }
-}
 
-impl Drop for Context {
-    fn drop(&mut self) {
-        // SAFETY: balances the retain in `new`.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    /// Waits for all work of this context (a last resort where an event could not be recorded).
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize().map_err(driver("cuCtxSynchronize"))
     }
 }
 
 /// A non-blocking stream.
 #[derive(Debug)]
 pub struct Stream {
-    pub(crate) raw: sys::CUstream,
-    ctx: Arc<Context>,
+    inner: Arc<CudaStream>,
 }
-
-// SAFETY: stream handles may be used from any thread with the context current.
-unsafe impl Send for Stream {}
-// SAFETY: as above.
-unsafe impl Sync for Stream {}
 
 impl Stream {
     pub fn new(ctx: &Arc<Context>) -> Result<Stream> {
-        ctx.bind()?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: writes one stream handle.
-        check(
-            unsafe {
-                sys::cuStreamCreate(
-                    &mut raw,
-                    sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32,
-                )
-            },
-            "cuStreamCreate",
-        )?;
-        Ok(Stream {
-            raw,
-            ctx: ctx.clone(),
-        })
+        let inner = ctx.inner.new_stream().map_err(driver("cuStreamCreate"))?;
+        Ok(Stream { inner })
     }
 
+    /// The raw `CUstream` (for DLPack consumers and tests; this stream stays its owner).
     pub fn raw(&self) -> u64 {
-        self.raw as u64
+        self.inner.cu_stream() as u64
     }
 
     pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: a live stream.
-        check(
-            unsafe { sys::cuStreamSynchronize(self.raw) },
-            "cuStreamSynchronize",
-        )
+        self.inner
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// Makes this stream's later work wait for `event` (no host synchronisation).
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        self.inner
+            .wait(&event.inner)
+            .map_err(driver("cuStreamWaitEvent"))
     }
 
     /// Makes `raw_stream`'s later work wait for `event` (no host synchronisation).
-    pub fn wait_raw(raw_stream: u64, event: &Event) -> Result<()> {
-        // SAFETY: the caller passes a live stream of this context (or 0, the legacy stream);
-        // the event is live while borrowed.
+    ///
+    /// # Safety
+    /// `raw_stream` must be a live stream of `event`'s context, or one of the special handles
+    /// 0 or 1 (`CU_STREAM_LEGACY`, the legacy default stream) and 2 (`CU_STREAM_PER_THREAD`),
+    /// and the context must be current on this thread.
+    pub unsafe fn wait_raw(raw_stream: u64, event: &Event) -> Result<()> {
+        // SAFETY: the caller vouches for the stream; the event is live while borrowed.
         check(
-            unsafe { sys::cuStreamWaitEvent(raw_stream as sys::CUstream, event.raw, 0) },
+            unsafe {
+                sys::cuStreamWaitEvent(raw_stream as sys::CUstream, event.inner.cu_event(), 0)
+            },
             "cuStreamWaitEvent",
         )
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind();
-        // SAFETY: destroys our own stream; pending work completes first (driver semantics).
-        let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
     }
 }
 
 /// An event without timing.
 #[derive(Debug)]
 pub struct Event {
-    pub(crate) raw: sys::CUevent,
-    ctx: Arc<Context>,
+    inner: CudaEvent,
 }
-
-// SAFETY: event handles may be used from any thread with the context current.
-unsafe impl Send for Event {}
-// SAFETY: as above.
-unsafe impl Sync for Event {}
 
 impl Event {
     pub fn new(ctx: &Arc<Context>) -> Result<Event> {
-        ctx.bind()?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: writes one event handle.
-        check(
-            unsafe {
-                sys::cuEventCreate(
-                    &mut raw,
-                    sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32,
-                )
-            },
-            "cuEventCreate",
-        )?;
-        Ok(Event {
-            raw,
-            ctx: ctx.clone(),
-        })
+        let inner = ctx.inner.new_event(None).map_err(driver("cuEventCreate"))?;
+        Ok(Event { inner })
+    }
+
+    /// Records the event at the current end of `stream`.
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        self.inner
+            .record(&stream.inner)
+            .map_err(driver("cuEventRecord"))
     }
 
     /// Records the event at the current end of `raw_stream`.
-    pub fn record_raw(&self, raw_stream: u64) -> Result<()> {
-        // SAFETY: live event; the caller passes a live stream of this context.
+    ///
+    /// # Safety
+    /// As for [`Stream::wait_raw`]: a live stream of this event's context (or 0 or 2), the
+    /// context current on this thread.
+    pub unsafe fn record_raw(&self, raw_stream: u64) -> Result<()> {
+        // SAFETY: the caller vouches for the stream; the event is ours and live.
         check(
-            unsafe { sys::cuEventRecord(self.raw, raw_stream as sys::CUstream) },
+            unsafe { sys::cuEventRecord(self.inner.cu_event(), raw_stream as sys::CUstream) },
             "cuEventRecord",
         )
     }
 
     /// Whether the work before the last record has completed.
     pub fn done(&self) -> Result<bool> {
-        // SAFETY: live event.
-        match unsafe { sys::cuEventQuery(self.raw) } {
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            r => check(r, "cuEventQuery").map(|()| true),
-        }
+        self.inner.try_is_complete().map_err(driver("cuEventQuery"))
     }
 
     pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: live event.
-        check(
-            unsafe { sys::cuEventSynchronize(self.raw) },
-            "cuEventSynchronize",
-        )
+        self.inner
+            .synchronize()
+            .map_err(driver("cuEventSynchronize"))
     }
 
+    /// The raw `CUevent` (for DLPack consumers; this event stays its owner).
     pub fn raw(&self) -> u64 {
-        self.raw as u64
+        self.inner.cu_event() as u64
     }
 }
 
-impl Drop for Event {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind();
-        // SAFETY: destroys our own event.
-        let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
-    }
-}
-
-/// Device memory from `cuMemAlloc`.
+/// Device memory (a cudarc `CudaSlice`, zeroed once at allocation).
 #[derive(Debug)]
 pub struct DeviceBuffer {
-    pub(crate) ptr: sys::CUdeviceptr,
+    mem: CudaSlice<u8>,
+    /// `mem`'s address, read once (cudarc hands it out with bookkeeping per use).
+    ptr: u64,
     len: usize,
-    ctx: Arc<Context>,
 }
-
-// SAFETY: a device pointer is a number; access goes through driver calls.
-unsafe impl Send for DeviceBuffer {}
-// SAFETY: as above.
-unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {
     pub fn new(ctx: &Arc<Context>, len: usize) -> Result<DeviceBuffer> {
-        ctx.bind()?;
-        let mut ptr = 0;
-        // SAFETY: writes one device pointer.
-        check(
-            unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) },
-            "cuMemAlloc",
-        )?;
-        Ok(DeviceBuffer {
-            ptr,
-            len,
-            ctx: ctx.clone(),
-        })
+        // Allocated (stream-ordered where the device supports it) and zeroed on the legacy
+        // default stream, which is then waited for, so any stream may use it from here on.
+        let stream = ctx.inner.default_stream();
+        let mem = stream
+            .alloc_zeros::<u8>(len.max(1))
+            .map_err(driver("cuMemAlloc"))?;
+        stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))?;
+        let ptr = mem.device_ptr(&stream).0;
+        Ok(DeviceBuffer { mem, ptr, len })
     }
 
     pub fn ptr(&self) -> u64 {
@@ -349,43 +290,43 @@ impl DeviceBuffer {
 
     /// Copies `dst.len()` bytes from `offset` to the host, synchronously (tests, checks).
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        if offset.checked_add(dst.len()).is_none_or(|e| e > self.len) {
-            return Err(crate::error::invalid("read past the end of device memory"));
+        let end = self.range_end(offset, dst.len())?;
+        let stream = self.mem.stream().clone();
+        stream
+            .memcpy_dtoh(&self.mem.slice(offset..end), dst)
+            .map_err(driver("cuMemcpyDtoH"))?;
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// Copies `src` to `offset`, synchronously, from any host memory (the naive path).
+    pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        let end = self.range_end(offset, src.len())?;
+        let stream = self.mem.stream().clone();
+        stream
+            .memcpy_htod(src, &mut self.mem.slice_mut(offset..end))
+            .map_err(driver("cuMemcpyHtoD"))?;
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    fn range_end(&self, offset: usize, len: usize) -> Result<usize> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(end),
+            _ => Err(crate::error::invalid(format!(
+                "{len} bytes at {offset} lie past the end of a {}-byte device buffer",
+                self.len
+            ))),
         }
-        self.ctx.bind()?;
-        // SAFETY: the range lies inside our allocation (checked); `dst` is valid for writes.
-        check(
-            unsafe {
-                sys::cuMemcpyDtoH_v2(
-                    dst.as_mut_ptr() as *mut c_void,
-                    self.ptr + offset as u64,
-                    dst.len(),
-                )
-            },
-            "cuMemcpyDtoH",
-        )
     }
 }
 
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind();
-        // SAFETY: frees our own allocation; owners keep it alive while copies may target it.
-        let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
-    }
-}
-
-/// Host memory registered (page-locked) with CUDA; unregistered on drop.
+/// Host memory registered (page-locked) with CUDA; unregistered on drop. cudarc's safe layer
+/// only registers memory it allocates itself; the arena is gpufeed's own mapping.
 #[derive(Debug)]
 pub struct HostRegistration {
-    ptr: *mut c_void,
+    /// The registered address (kept as a number: it is only handed back to the driver).
+    addr: usize,
     ctx: Arc<Context>,
 }
-
-// SAFETY: holds an address; the registration is process-wide.
-unsafe impl Send for HostRegistration {}
-// SAFETY: as above.
-unsafe impl Sync for HostRegistration {}
 
 impl HostRegistration {
     /// Registers `len` bytes at `ptr` (portable: usable from every context).
@@ -402,7 +343,7 @@ impl HostRegistration {
             "cuMemHostRegister",
         )?;
         Ok(HostRegistration {
-            ptr: ptr as *mut c_void,
+            addr: ptr as usize,
             ctx: ctx.clone(),
         })
     }
@@ -411,8 +352,8 @@ impl HostRegistration {
 impl Drop for HostRegistration {
     fn drop(&mut self) {
         let _ = self.ctx.bind();
-        // SAFETY: unregisters what `new` registered.
-        let _ = unsafe { sys::cuMemHostUnregister(self.ptr) };
+        // SAFETY: unregisters what `new` registered (the range is still mapped, per `new`).
+        let _ = unsafe { sys::cuMemHostUnregister(self.addr as *mut c_void) };
     }
 }
 
@@ -427,21 +368,11 @@ pub unsafe fn memcpy_htod_async(
     len: usize,
     stream: &Stream,
 ) -> Result<()> {
-    // SAFETY: forwarded under the caller's guarantees.
+    // SAFETY: forwarded under the caller's guarantees; the stream is ours and live.
     check(
-        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, stream.raw) },
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, stream.inner.cu_stream())
+        },
         "cuMemcpyHtoDAsync",
-    )
-}
-
-/// A synchronous host → device copy from any host memory (the naive path).
-///
-/// # Safety
-/// `dst .. dst + src.len()` must be allocated device memory of the current context.
-pub unsafe fn memcpy_htod_sync(dst: u64, src: &[u8]) -> Result<()> {
-    // SAFETY: forwarded under the caller's guarantee; `src` is a valid slice.
-    check(
-        unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()) },
-        "cuMemcpyHtoD",
     )
 }

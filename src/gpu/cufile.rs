@@ -10,10 +10,11 @@ use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::cufile::sys;
 
+use super::cuda::{Context, DeviceBuffer};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Whether `libcufile` loads.
@@ -147,21 +148,24 @@ impl CufileFile {
         })
     }
 
-    /// Reads `len` bytes at `offset` into device memory at `dev + dev_offset`; returns the bytes
-    /// read (fewer at end of file). The caller's CUDA context must be current.
-    ///
-    /// # Safety
-    /// `dev + dev_offset .. + len` must be allocated device memory that nothing else uses
-    /// until this returns.
-    pub unsafe fn read(&self, dev: u64, dev_offset: u64, len: usize, offset: u64) -> Result<usize> {
-        // SAFETY: forwarded under the caller's guarantee; the handle is live.
+    /// Reads `len` bytes at `offset` into the start of `buf`; returns the bytes read (fewer at
+    /// end of file). `buf`'s CUDA context must be current on this thread.
+    pub fn read(&self, buf: &mut CufileBuffer, len: usize, offset: u64) -> Result<usize> {
+        if len > buf.len {
+            return Err(crate::error::invalid(format!(
+                "cuFile read of {len} bytes into a {}-byte buffer",
+                buf.len
+            )));
+        }
+        // SAFETY: `buf` is registered device memory of at least `len` bytes (checked), borrowed
+        // exclusively for this synchronous call; the handle is live.
         let n = unsafe {
             sys::cuFileRead(
                 self.handle,
-                dev as *mut c_void,
+                buf.mem.ptr() as *mut c_void,
                 len,
                 offset as sys::off_t,
-                dev_offset as sys::off_t,
+                0,
             )
         };
         if n >= 0 {
@@ -187,24 +191,46 @@ impl Drop for CufileFile {
     }
 }
 
-/// Registers device memory with cuFile (pinned BAR mapping for GDS).
-///
-/// # Safety
-/// `dev .. dev + len` must be allocated device memory that outlives the registration.
-pub unsafe fn register_buffer(dev: u64, len: usize) -> Result<()> {
-    // SAFETY: forwarded under the caller's guarantee.
-    let r = unsafe { sys::cuFileBufRegister(dev as *const c_void, len, 0) };
-    if r.err != sys::CUfileOpError::CU_FILE_SUCCESS {
-        return Err(op_error("cuFileBufRegister", r));
-    }
-    Ok(())
+/// Device memory registered with cuFile (its pinned BAR mapping for GDS); deregistered on drop,
+/// before the memory is freed.
+#[derive(Debug)]
+pub struct CufileBuffer {
+    mem: DeviceBuffer,
+    len: usize,
 }
 
-/// Undoes [`register_buffer`].
-///
-/// # Safety
-/// `dev` must have been registered and no read into it may be in flight.
-pub unsafe fn deregister_buffer(dev: u64) {
-    // SAFETY: forwarded under the caller's guarantee.
-    let _ = unsafe { sys::cuFileBufDeregister(dev as *const c_void) };
+impl CufileBuffer {
+    /// Allocates `len` bytes on `ctx`'s device and registers them.
+    pub fn new(ctx: &Arc<Context>, len: usize) -> Result<CufileBuffer> {
+        status()?;
+        let mem = DeviceBuffer::new(ctx, len)?;
+        // SAFETY: `mem` is our own allocation of at least `len` bytes; it is deregistered in
+        // `drop` before `mem` (a field) is freed.
+        let r = unsafe { sys::cuFileBufRegister(mem.ptr() as *const c_void, len, 0) };
+        if r.err != sys::CUfileOpError::CU_FILE_SUCCESS {
+            return Err(op_error("cuFileBufRegister", r));
+        }
+        Ok(CufileBuffer { mem, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device memory (to read back, or to hand to kernels).
+    pub fn memory(&self) -> &DeviceBuffer {
+        &self.mem
+    }
+}
+
+impl Drop for CufileBuffer {
+    fn drop(&mut self) {
+        // SAFETY: registered in `new`; no read is in flight (reads borrow the buffer mutably and
+        // return when done).
+        let _ = unsafe { sys::cuFileBufDeregister(self.mem.ptr() as *const c_void) };
+    }
 }

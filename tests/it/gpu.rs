@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use gpufeed::buf::{Arena, ArenaConfig};
 use gpufeed::gpu::cuda::{self, DeviceBuffer, HostRegistration, Stream};
-use gpufeed::gpu::cufile::{self, CufileFile};
+use gpufeed::gpu::cufile::{self, CufileBuffer, CufileFile};
 use gpufeed::rng::Rng;
 use gpufeed::{Dataset, Device, Engine, EngineKind, Loader, Order, ReadSpec};
 
@@ -128,7 +128,8 @@ fn device_epochs_equal_the_files_in_every_mode() {
             let b = b.unwrap();
             assert_eq!(b.device(), Some(0));
             assert!(b.device_ptr().is_some() && b.ready_event().is_some());
-            b.wait_on(consumer.raw()).unwrap();
+            // SAFETY: `consumer` is a live stream of the primary context and outlives `b`.
+            unsafe { b.wait_on(consumer.raw()) }.unwrap();
             consumer.synchronize().unwrap();
             for (j, s) in b.to_host().unwrap().into_iter().enumerate() {
                 let id = b.sample_ids()[j] as usize;
@@ -206,13 +207,12 @@ fn cufile_and_io_uring_paths_give_identical_bytes() {
         for (j, s) in b.to_host().unwrap().into_iter().enumerate() {
             let id = b.sample_ids()[j] as usize;
             let smp = ds.sample(id);
-            let dev = DeviceBuffer::new(&ctx, smp.len as usize).unwrap();
+            let mut dev = CufileBuffer::new(&ctx, smp.len as usize).unwrap();
             ctx.bind().unwrap();
-            // SAFETY: `dev` holds the sample's length.
-            let got = unsafe { f.read(dev.ptr(), 0, smp.len as usize, smp.offset) }.unwrap();
+            let got = f.read(&mut dev, smp.len as usize, smp.offset).unwrap();
             assert_eq!(got, smp.len as usize);
             let mut back = vec![0u8; got];
-            dev.read(0, &mut back).unwrap();
+            dev.memory().read(0, &mut back).unwrap();
             assert!(
                 back == s.unwrap(),
                 "sample {id} differs between cuFile ({}) and io_uring",
