@@ -27,7 +27,7 @@ use crate::buf::{Arena, ArenaConfig};
 use crate::config::{EngineConfig, EngineKind};
 use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
-use crate::gpu::copy::CopyStage;
+use crate::gpu::copy::CopyPipeline;
 use crate::gpu::cuda::{self, Context, DeviceBuffer, Event, HostRegistration, Stream};
 use crate::gpu::cufile::{self, CufileBuffer, CufileFile};
 use crate::gpu::{Device, DevicePool};
@@ -231,22 +231,19 @@ fn fixed_pipeline(
     } else {
         None
     };
+    // Device regions and the copy pipeline only for the row that copies. Declared before the
+    // engine, so dropped after it (reads cancelled first), and after `pin` (before it unpins).
+    let mut pipe = if copy {
+        let pool = DevicePool::cuda(ctx, 4, slot_bytes)?;
+        Some(CopyPipeline::<()>::new(&pool, arena.clone())?)
+    } else {
+        None
+    };
     let mut engine = Engine::with_arena(cfg, arena.clone())?;
     let file = engine.open(&spec.file)?;
     let size = engine.file_info(file)?.size;
-    // Device regions and a copy stage only for the row that copies.
-    let (pool, mut stage) = if copy {
-        let pool = DevicePool::cuda(ctx, 4, slot_bytes)?;
-        let stage = CopyStage::new(&pool)?;
-        (Some(pool), Some(stage))
-    } else {
-        (None, None)
-    };
     let mut next = offsets(size, spec.read_bytes, 7);
     let cold = drop_caches();
-    let mut copying: std::collections::HashMap<u64, (crate::buf::Slot, usize)> = Default::default();
-    let mut waiting: std::collections::VecDeque<crate::buf::Slot> = Default::default();
-    let mut done = Vec::new();
     let mut bytes = 0u64;
     let mut tag = 0u64;
     let cpu0 = cpu_now();
@@ -268,7 +265,7 @@ fn fixed_pipeline(
             tag += 1;
             engine.submit(slot, &specs, tag).map_err(|r| r.error)?;
         }
-        if engine.in_flight() == 0 && copying.is_empty() && waiting.is_empty() && !running {
+        if engine.in_flight() == 0 && pipe.as_ref().is_none_or(|p| p.is_empty()) && !running {
             break;
         }
         if engine.in_flight() > 0 {
@@ -279,37 +276,24 @@ fn fixed_pipeline(
                 let r = o.as_ref().map_err(Error::clone)?;
                 bytes += r.len() as u64;
             }
-            if copy {
-                waiting.push_back(c.slot);
-            } else {
-                arena.put(c.slot);
+            match pipe.as_mut() {
+                Some(p) => p.push(c.slot, slot_bytes, ()),
+                None => arena.put(c.slot),
             }
         }
-        let (Some(pool), Some(stage)) = (&pool, &mut stage) else {
-            continue;
-        };
-        while !waiting.is_empty() {
-            let Some(r) = pool.take() else { break };
-            let slot = waiting.pop_front().expect("not empty");
-            tag += 1;
-            // SAFETY: the slot stays in `copying` until its copy is reported complete.
-            if let Err(e) = unsafe { stage.start(r, arena.bytes(&slot).as_ptr(), slot_bytes, tag) }
-            {
-                if stage.broken() {
-                    // A DMA may still read the arena: never unregister or unmap it.
+        if let Some(p) = pipe.as_mut() {
+            let pool = p.pool().clone();
+            // Regions go straight back: this row measures the copy, nothing consumes it.
+            if let Err(e) = p.pump(engine.in_flight() == 0, |r, _, ()| {
+                pool.put_back(r);
+                true
+            }) {
+                if p.broken() {
+                    // A DMA may still read the arena: never unregister it.
                     std::mem::forget(pin.take());
-                    std::mem::forget(arena.clone());
                 }
                 return Err(e);
             }
-            copying.insert(tag, (slot, r));
-        }
-        done.clear();
-        stage.poll(&mut done, engine.in_flight() == 0 && !copying.is_empty())?;
-        for t in done.drain(..) {
-            let (slot, r) = copying.remove(&t).expect("a copy per tag");
-            arena.put(slot);
-            pool.put_back(r);
         }
     }
     let detail = if copy {

@@ -122,12 +122,20 @@ impl Arena {
 
     /// Takes a free slot, waiting up to `timeout` for one to be returned.
     pub fn take_timeout(&self, timeout: Duration) -> Option<Slot> {
+        self.wait_for_free(timeout).pop()
+    }
+
+    /// Waits up to `timeout` for a free slot, without taking it; whether one is free.
+    pub fn wait_free(&self, timeout: Duration) -> bool {
+        !self.wait_for_free(timeout).is_empty()
+    }
+
+    fn wait_for_free(&self, timeout: Duration) -> std::sync::MutexGuard<'_, Vec<Slot>> {
         let g = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut g, _) = self
-            .returned
+        self.returned
             .wait_timeout_while(g, timeout, |free| free.is_empty())
-            .unwrap_or_else(|p| p.into_inner());
-        g.pop()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
     }
 
     /// Returns a slot to the free list.

@@ -13,11 +13,13 @@
 //! completing after random delays in any order) that lets CI check the state machine: the
 //! simulator re-checks, when a copy completes, that its source slot was not changed meanwhile.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::cuda::{self, Context, DeviceBuffer, Event, Stream};
+use crate::buf::{Arena, Slot};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rng::Rng;
 
@@ -551,6 +553,159 @@ impl Drop for CopyStage {
             if let Some(s) = &self.stream {
                 let _ = s.synchronize();
             }
+        }
+    }
+}
+
+/// Filled arena slots on their way into device regions — waiting for a free region, then being
+/// copied — with the DMA-safety rule in one place: a slot goes back to the arena only after its
+/// copy was seen complete. The loader (items: read groups) and `bench gpu` (no items) both
+/// copy through it.
+///
+/// Dropping it waits for every copy before the slots go back. If waiting fails, or a copy could
+/// not be tracked (the stage is broken), the slots concerned and the arena's mapping are
+/// leaked — never reused or unmapped under a DMA that may still read them.
+pub struct CopyPipeline<T> {
+    stage: CopyStage,
+    arena: Arc<Arena>,
+    waiting: VecDeque<(Slot, usize, T)>,
+    /// By tag: the slot being read, its region, the bytes copied, the item.
+    copying: HashMap<u64, (Slot, usize, usize, T)>,
+    next_tag: u64,
+    done: Vec<u64>,
+}
+
+impl<T> std::fmt::Debug for CopyPipeline<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyPipeline")
+            .field("waiting", &self.waiting.len())
+            .field("copying", &self.copying.len())
+            .finish()
+    }
+}
+
+impl<T> CopyPipeline<T> {
+    /// A pipeline copying slots of `arena` into regions of `pool` (a CUDA stream is created,
+    /// the context bound to this thread).
+    pub fn new(pool: &Arc<DevicePool>, arena: Arc<Arena>) -> Result<CopyPipeline<T>> {
+        Ok(CopyPipeline {
+            stage: CopyStage::new(pool)?,
+            arena,
+            waiting: VecDeque::new(),
+            copying: HashMap::new(),
+            next_tag: 0,
+            done: Vec::new(),
+        })
+    }
+
+    pub fn pool(&self) -> &Arc<DevicePool> {
+        self.stage.pool()
+    }
+
+    /// Queues the first `used` bytes of `slot` (filled, no read in flight) for copying.
+    pub fn push(&mut self, slot: Slot, used: usize, item: T) {
+        self.waiting.push_back((slot, used, item));
+    }
+
+    /// Slots waiting for a free region.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Copies in flight.
+    pub fn copying(&self) -> usize {
+        self.copying.len()
+    }
+
+    /// Nothing waiting and nothing being copied.
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty() && self.copying.is_empty()
+    }
+
+    /// Whether a copy could not be tracked: its slot, and the arena's mapping, are leaked, and
+    /// whatever else lets a DMA read the arena (its CUDA registration) must be kept too.
+    pub fn broken(&self) -> bool {
+        self.stage.broken()
+    }
+
+    /// Starts copies into free regions, then hands each completed copy to
+    /// `deliver(region, bytes, item)` after its slot went back to the arena (the region is then
+    /// the caller's: turn it into a [`DeviceRegion`] with [`DevicePool::region`] or put it
+    /// back). With `idle` (the caller has nothing else to wait for), waits up to 20 ms for a
+    /// free region when none is being copied, or for a copy to complete. Returns `false` once
+    /// `deliver` has (the rest of that round's regions go back to the pool).
+    pub fn pump(
+        &mut self,
+        idle: bool,
+        mut deliver: impl FnMut(usize, usize, T) -> bool,
+    ) -> Result<bool> {
+        let pool = self.stage.pool().clone();
+        while !self.waiting.is_empty() {
+            let r = if idle && self.copying.is_empty() {
+                pool.take_timeout(Duration::from_millis(20))
+            } else {
+                pool.take()
+            };
+            let Some(r) = r else { break };
+            let (slot, used, item) = self.waiting.pop_front().expect("not empty");
+            self.next_tag += 1;
+            let tag = self.next_tag;
+            let src = self.arena.bytes(&slot).as_ptr();
+            // SAFETY: the slot stays in `self.copying` (owned here, so unchanged and mapped)
+            // until `poll` reports this tag, or forever if the stage breaks; region `r` was just
+            // taken from the pool, so no batch views it.
+            if let Err(e) = unsafe { self.stage.start(r, src, used, tag) } {
+                if self.stage.broken() {
+                    // A DMA may still read the slot: it is not put back (so never handed out
+                    // again), nor is its region, and the mapping is kept.
+                    self.leak_arena();
+                    let _leaked = slot;
+                } else {
+                    pool.put_back(r);
+                    self.arena.put(slot);
+                }
+                return Err(e);
+            }
+            self.copying.insert(tag, (slot, r, used, item));
+        }
+        self.done.clear();
+        self.stage
+            .poll(&mut self.done, idle && !self.copying.is_empty())?;
+        let mut open = true;
+        for tag in self.done.drain(..) {
+            let (slot, r, used, item) = self.copying.remove(&tag).expect("a copy per tag");
+            self.arena.put(slot); // the copy has completed: the slot may be reused
+            if open {
+                open = deliver(r, used, item);
+            } else {
+                pool.put_back(r);
+            }
+        }
+        Ok(open)
+    }
+
+    /// Keeps the arena mapped for the rest of the process (a DMA may still read it).
+    fn leak_arena(&self) {
+        std::mem::forget(self.arena.clone());
+    }
+}
+
+impl<T> Drop for CopyPipeline<T> {
+    fn drop(&mut self) {
+        let mut done = Vec::new();
+        if self.stage.drain(&mut done).is_err() || self.stage.broken() {
+            // Slots not put back are never handed out again: leaked, not reused under a DMA
+            // that may still be reading them (their regions with them).
+            self.leak_arena();
+            self.copying.clear();
+        }
+        let pool = self.stage.pool().clone();
+        for (_, (slot, r, _, _)) in self.copying.drain() {
+            self.arena.put(slot);
+            pool.put_back(r);
+        }
+        for (slot, _, _) in self.waiting.drain(..) {
+            self.arena.put(slot);
         }
     }
 }

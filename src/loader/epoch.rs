@@ -1,0 +1,161 @@
+//! The consumer's side of an epoch: groups arrive out of order, batches leave in order.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::batch::{Batch, Memory, SampleSpan};
+use crate::dataset::Dataset;
+use crate::error::{Error, ErrorKind, Result};
+
+use super::worker::{check_spans, index_labels, GroupDone, Msg};
+use super::LoaderStats;
+
+/// The batches of one epoch, in order. Dropping it stops the I/O thread (batches already
+/// handed out stay valid).
+pub struct Epoch {
+    pub(super) epoch: u64,
+    pub(super) dataset: Arc<Dataset>,
+    pub(super) verify: bool,
+    pub(super) rx: Option<Receiver<Msg>>,
+    pub(super) thread: Option<JoinHandle<()>>,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) next: u32,
+    pub(super) batches: u32,
+    pub(super) batch_size: usize,
+    /// Positions of the rank's order from here on are padding.
+    pub(super) padding_from: usize,
+    /// Batches received, by index: groups complete out of order, batches leave in order.
+    pub(super) queue: std::collections::BTreeMap<u32, Batch>,
+    pub(super) stats: LoaderStats,
+    pub(super) failed: bool,
+}
+
+impl Epoch {
+    /// Batches in this epoch (from batch 0).
+    pub fn batches(&self) -> u32 {
+        self.batches
+    }
+
+    /// Figures so far.
+    pub fn stats(&self) -> &LoaderStats {
+        &self.stats
+    }
+
+    fn take_group(&mut self, g: GroupDone) {
+        let GroupDone { meta: mut g, mem } = g;
+        // Checksums and frames are checked here, on the consumer's thread: on the I/O thread
+        // they would keep it from reaping and resubmitting, and the device queue would run dry.
+        // (Device groups were checked before their copy.)
+        if let Memory::Host(region) = &mem {
+            let bytes = region.bytes();
+            check_spans(
+                &self.dataset,
+                bytes,
+                &g.ids,
+                &mut g.spans,
+                &mut g.labels,
+                self.verify,
+            );
+        }
+        // Labels are looked up here, on the consumer's thread, unless a check already found the
+        // data's own.
+        if g.labels.is_empty() {
+            g.labels.extend(index_labels(&self.dataset, &g.ids));
+        }
+        // Batches are full but for the epoch's last, which ends its group.
+        let b = self.batch_size;
+        self.stats.reads += g.reads;
+        self.stats.bytes_read += g.bytes_read;
+        let mut ids = g.ids.into_iter();
+        let mut spans = g.spans.into_iter();
+        let mut labels = g.labels.into_iter();
+        for index in g.batches {
+            let bids: Vec<u32> = ids.by_ref().take(b).collect();
+            let bspans: Vec<SampleSpan> = spans.by_ref().take(b).collect();
+            let blabels: Vec<i64> = labels.by_ref().take(b).collect();
+            if index < self.next {
+                continue; // resuming: batches before the start point are not handed out
+            }
+            let padding_from = self
+                .padding_from
+                .saturating_sub(index as usize * b)
+                .min(bids.len());
+            self.queue.insert(
+                index,
+                Batch {
+                    epoch: self.epoch,
+                    index,
+                    labels: blabels,
+                    padding_from,
+                    ids: bids,
+                    spans: bspans,
+                    mem: mem.clone(),
+                },
+            );
+        }
+    }
+}
+
+impl Iterator for Epoch {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.failed || self.next >= self.batches {
+            return None;
+        }
+        let t0 = Instant::now();
+        while !self.queue.contains_key(&self.next) {
+            let msg = self.rx.as_ref()?.recv();
+            match msg {
+                Ok(Msg::Group(g)) => self.take_group(g),
+                Ok(Msg::Engine(name)) => self.stats.engine = name,
+                Ok(Msg::Failed(e)) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+                Err(_) => {
+                    self.failed = true;
+                    return Some(Err(Error::new(
+                        ErrorKind::Io,
+                        "the I/O thread ended before the epoch was complete",
+                    )));
+                }
+            }
+        }
+        self.stats.consumer_wait_s += t0.elapsed().as_secs_f64();
+        let batch = self.queue.remove(&self.next).expect("batch is queued");
+        self.next = batch.index + 1;
+        self.stats.batches += 1;
+        self.stats.samples += batch.len() as u64;
+        self.stats.padding += batch.padding_count() as u64;
+        self.stats.sample_errors += batch.errors().count() as u64;
+        self.stats.bytes_delivered += batch.bytes();
+        Some(Ok(batch))
+    }
+}
+
+impl Drop for Epoch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Dropping the receiver makes the worker's next send fail; queued groups return their
+        // slots as they drop.
+        self.queue.clear();
+        self.rx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Epoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Epoch")
+            .field("epoch", &self.epoch)
+            .field("next", &self.next)
+            .field("batches", &self.batches)
+            .finish()
+    }
+}

@@ -1,0 +1,443 @@
+//! ⑥ `Loader`: dataset ① → plan ② → engine ③ → batches, with bounded queues.
+//!
+//! Each epoch runs an I/O thread that owns the engine (io_uring binds to the thread that drives
+//! it), plans the epoch, and keeps up to `in_flight_groups` groups being read and up to
+//! `prefetch_groups` finished groups waiting for the consumer; a group is read into one slot.
+//! Memory is the arena and nothing else, whatever the dataset's size; when the consumer is slow,
+//! slots run out and reading pauses (back-pressure). Dropping an [`Epoch`] stops the thread,
+//! which cancels and drains its reads before anything is freed.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+
+use crate::buf::Arena;
+use crate::config::{EngineConfig, EngineKind};
+use crate::dataset::Dataset;
+use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::gpu::{cuda, Device, DevicePool, GpuPath};
+use crate::plan::{EpochPlan, LastBatch, Order, PlanConfig};
+
+mod epoch;
+mod worker;
+
+pub use epoch::Epoch;
+use worker::Worker;
+
+/// Makes the backend each epoch's engine reads through (the simulated disk, in tests): called
+/// with the epoch number.
+pub type BackendFactory = Arc<dyn Fn(u64) -> Box<dyn crate::io::Backend> + Send + Sync>;
+
+/// A backend factory and the engine kind it stands for (the kind decides O_DIRECT).
+#[derive(Clone)]
+struct CustomBackend {
+    kind: EngineKind,
+    make: BackendFactory,
+}
+
+impl std::fmt::Debug for CustomBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CustomBackend")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Loader`]; every setting has a default.
+#[derive(Debug, Clone)]
+pub struct LoaderBuilder {
+    dataset: Arc<Dataset>,
+    plan: PlanConfig,
+    engine: EngineConfig,
+    prefetch_groups: u32,
+    in_flight_groups: u32,
+    verify_checksums: bool,
+    device: Device,
+    gpu_path: GpuPath,
+    /// `window` was set: its slot size is taken as given.
+    slot_explicit: bool,
+    memory_budget_bytes: u64,
+    backend: Option<CustomBackend>,
+}
+
+/// The arena's default memory budget: slots are sized from the dataset within it.
+pub const DEFAULT_MEMORY_BUDGET_BYTES: u64 = 4 << 30;
+
+impl LoaderBuilder {
+    pub fn batch_size(mut self, n: u32) -> Self {
+        self.plan.batch_size = n;
+        self
+    }
+    pub fn order(mut self, order: Order) -> Self {
+        self.plan.order = order;
+        self
+    }
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.plan.seed = seed;
+        self
+    }
+    /// This process's rank and the number of ranks.
+    pub fn rank(mut self, rank: u32, world_size: u32) -> Self {
+        self.plan.rank = rank;
+        self.plan.world_size = world_size;
+        self
+    }
+    /// What happens to the samples that do not fill a rank's last batch: a short last batch
+    /// (default; every sample exactly once), dropped, or padded to even out ranks.
+    pub fn last_batch(mut self, policy: LastBatch) -> Self {
+        self.plan.last_batch = policy;
+        self
+    }
+    /// The familiar alias: `true` is [`LastBatch::Drop`], `false` [`LastBatch::Short`].
+    pub fn drop_last(self, yes: bool) -> Self {
+        self.last_batch(if yes {
+            LastBatch::Drop
+        } else {
+            LastBatch::Short
+        })
+    }
+    /// Finished groups waiting for the consumer, at most.
+    pub fn prefetch_groups(mut self, n: u32) -> Self {
+        self.prefetch_groups = n;
+        self
+    }
+    /// Groups being read at once, at most.
+    pub fn in_flight_groups(mut self, n: u32) -> Self {
+        self.in_flight_groups = n;
+        self
+    }
+    /// Batches per read group, and the slot size a group must fit (taken as given; without
+    /// it, slots are sized from the dataset within the memory budget).
+    pub fn window(mut self, batches: u32, group_bytes_max: u64) -> Self {
+        self.plan.window_batches = batches;
+        self.plan.group_bytes_max = group_bytes_max;
+        self.slot_explicit = true;
+        self
+    }
+    /// Reads through backends `make` builds (one per epoch, given the epoch), standing for
+    /// engine `kind` — the seeded simulated disk (`io::sim`) drives a whole loader this way,
+    /// latency, reordering, short reads and errors included.
+    pub fn backend(mut self, kind: EngineKind, make: BackendFactory) -> Self {
+        self.backend = Some(CustomBackend { kind, make });
+        self
+    }
+    /// Memory the loader's arena may take (default 4 GiB; Python `memory_budget=`, CLI
+    /// `--memory-budget`). Slots are sized from the dataset: the batch-size largest samples
+    /// together when that fits, else as large as the budget allows.
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget_bytes = bytes;
+        self
+    }
+    /// Coalescing limits: largest gap read through, largest merged read.
+    pub fn coalescing(mut self, max_gap_bytes: u64, max_read_bytes: u64) -> Self {
+        self.plan.max_gap_bytes = max_gap_bytes;
+        self.plan.max_read_bytes = max_read_bytes;
+        self
+    }
+    pub fn engine_kind(mut self, kind: EngineKind) -> Self {
+        self.engine.kind = kind;
+        self
+    }
+    /// Reads in flight in the engine.
+    pub fn queue_depth(mut self, qd: u32) -> Self {
+        self.engine.queue_depth = qd;
+        self
+    }
+    /// Check every sample's crc32c where the format has one (default on).
+    pub fn verify_checksums(mut self, yes: bool) -> Self {
+        self.verify_checksums = yes;
+        self
+    }
+    /// Where batches are delivered: host memory (default), a CUDA device, or the simulated
+    /// device (tests).
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+    /// How reads reach a CUDA device (default: decided by the platform).
+    pub fn gpu_path(mut self, path: GpuPath) -> Self {
+        self.gpu_path = path;
+        self
+    }
+    /// The whole plan configuration at once.
+    pub fn plan(mut self, plan: PlanConfig) -> Self {
+        self.plan = plan;
+        self
+    }
+
+    pub fn build(self) -> Result<Loader> {
+        self.plan.validate()?;
+        if self.prefetch_groups == 0 || self.in_flight_groups == 0 {
+            return Err(invalid(
+                "prefetch_groups and in_flight_groups must be at least 1",
+            ));
+        }
+        if self.dataset.is_empty() {
+            return Err(invalid("the dataset has no samples"));
+        }
+        let files = self.dataset.files().len();
+        if files > 65536 {
+            return Err(invalid(format!(
+                "the dataset has {files} files; the engine opens at most 65536 at once: pack it \
+                 into shards (`gpufeed pack`)"
+            )));
+        }
+        let slots = self.prefetch_groups + self.in_flight_groups;
+        let mut plan = self.plan.clone();
+        if !self.slot_explicit {
+            plan.group_bytes_max = crate::plan::slot_bytes_for(
+                self.dataset.samples(),
+                plan.batch_size,
+                plan.align,
+                slots,
+                self.memory_budget_bytes,
+            )?;
+        }
+        // The engine takes every group the planner may make: reads per group are capped at
+        // what one job may hold, and its table holds every group in flight.
+        let reads_per_job =
+            (plan.batch_size as u64 * plan.window_batches as u64).clamp(4096, 65536) as u32;
+        if plan.batch_size > reads_per_job {
+            return Err(invalid(format!(
+                "batch_size {} is above 65536 samples, the most one read group may hold",
+                plan.batch_size
+            )));
+        }
+        plan.reads_per_group_max = reads_per_job;
+        let slot_bytes = (plan.group_bytes_max as usize).next_multiple_of(4096);
+        let engine = EngineConfig {
+            slot_bytes,
+            slots,
+            files_max: files as u32,
+            reads_per_job_max: reads_per_job,
+            reads_in_flight_max: reads_per_job.saturating_mul(self.in_flight_groups),
+            ..self.engine.clone()
+        };
+        engine.validate()?;
+        // Memory is allocated once: every epoch's engine reads into this arena.
+        let arena = Arena::new(&crate::buf::ArenaConfig {
+            slot_bytes: engine.slot_bytes,
+            slots: engine.slots,
+            huge_pages: engine.huge_pages,
+        })?;
+        let regions = (self.prefetch_groups + self.in_flight_groups) as usize;
+        let gpu = match &self.device {
+            Device::Host => None,
+            Device::Simulated(sim) => Some(Arc::new(GpuState {
+                _pin: None,
+                pool: DevicePool::sim(sim, regions, engine.slot_bytes),
+                _arena: arena.clone(),
+            })),
+            Device::Cuda(ordinal) => {
+                if self.gpu_path == GpuPath::Cufile {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        "the loader reads through io_uring → pinned → H2D; cuFile runs in \
+                         `gpufeed bench gpu` only so far",
+                    ));
+                }
+                let ctx = crate::gpu::context(*ordinal)?;
+                // SAFETY: the arena stays mapped while `GpuState` lives: it holds a reference
+                // to it, and its fields drop the registration before that reference.
+                let pin =
+                    unsafe { cuda::HostRegistration::new(&ctx, arena.as_ptr(), arena.len())? };
+                Some(Arc::new(GpuState {
+                    _pin: Some(pin),
+                    pool: DevicePool::cuda(&ctx, regions, engine.slot_bytes)?,
+                    _arena: arena.clone(),
+                }))
+            }
+        };
+        Ok(Loader {
+            arena,
+            gpu,
+            dataset: self.dataset,
+            plan,
+            engine,
+            prefetch_groups: self.prefetch_groups,
+            in_flight_groups: self.in_flight_groups,
+            verify_checksums: self.verify_checksums,
+            backend: self.backend,
+        })
+    }
+}
+
+/// What a device loader holds for its whole life: the arena's CUDA registration (page-locked
+/// for DMA) and the device regions. Fields drop in order: the registration before the arena.
+#[derive(Debug)]
+struct GpuState {
+    _pin: Option<cuda::HostRegistration>,
+    pool: Arc<DevicePool>,
+    _arena: Arc<Arena>,
+}
+
+/// Yields the batches of epochs over a dataset. Its arena (`(prefetch + in-flight groups) ×
+/// group_bytes_max`) is allocated once by `build`; each [`Loader::epoch`] runs its own I/O
+/// thread over it. Clones share the arena. With a device, batches are copied into device
+/// regions (as many as slots) allocated by `build` too.
+#[derive(Debug, Clone)]
+pub struct Loader {
+    arena: Arc<Arena>,
+    gpu: Option<Arc<GpuState>>,
+    dataset: Arc<Dataset>,
+    plan: PlanConfig,
+    engine: EngineConfig,
+    prefetch_groups: u32,
+    in_flight_groups: u32,
+    verify_checksums: bool,
+    backend: Option<CustomBackend>,
+}
+
+/// What an epoch delivered so far.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct LoaderStats {
+    pub batches: u64,
+    pub samples: u64,
+    /// Samples delivered as padding (repeats that even out ranks, `LastBatch::Pad`).
+    pub padding: u64,
+    pub sample_errors: u64,
+    /// Bytes of samples delivered.
+    pub bytes_delivered: u64,
+    /// Bytes read from files (aligned, with the gaps coalescing read through).
+    pub bytes_read: u64,
+    /// Reads issued (after coalescing).
+    pub reads: u64,
+    /// Time the consumer spent waiting for the next batch.
+    pub consumer_wait_s: f64,
+    /// Engine kind that served the reads (after fallbacks).
+    pub engine: String,
+}
+
+impl Loader {
+    /// A builder over `dataset` with defaults: global order, seed 0, one rank, batches of 256,
+    /// groups of up to 4 batches in 128 MiB slots, io_uring with QD 128, checksums verified.
+    pub fn builder(dataset: impl Into<Arc<Dataset>>) -> LoaderBuilder {
+        LoaderBuilder {
+            dataset: dataset.into(),
+            plan: PlanConfig::default(),
+            engine: EngineConfig {
+                queue_depth: 128,
+                ..EngineConfig::default()
+            },
+            prefetch_groups: 2,
+            in_flight_groups: 2,
+            verify_checksums: true,
+            device: Device::Host,
+            gpu_path: GpuPath::Auto,
+            slot_explicit: false,
+            memory_budget_bytes: DEFAULT_MEMORY_BUDGET_BYTES,
+            backend: None,
+        }
+    }
+
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.dataset
+    }
+
+    /// Slots of the loader's arena not held by batches or reads right now.
+    pub fn free_slots(&self) -> usize {
+        self.arena.free_slots()
+    }
+
+    /// Device regions not held by batches or copies right now (`None` for a host loader), and
+    /// how many there are.
+    pub fn free_device_regions(&self) -> Option<(usize, usize)> {
+        self.gpu
+            .as_ref()
+            .map(|g| (g.pool.free_regions(), g.pool.regions()))
+    }
+
+    /// Batches in each epoch for this rank (the same for every epoch; the same for every rank
+    /// unless the last batch is short, when ranks may differ by one).
+    pub fn batches_per_epoch(&self) -> u32 {
+        self.plan.rank_batches(self.dataset.len()) as u32
+    }
+
+    /// Samples in each epoch for this rank, padding included.
+    pub fn samples_per_epoch(&self) -> usize {
+        self.plan.rank_samples(self.dataset.len()).0
+    }
+
+    /// Bytes of the arena backed by transparent huge pages (`None` if unknown), and its size.
+    /// Reads into 4 KiB pages become many segments for the device (DESIGN: huge pages doubled
+    /// throughput at 128 KiB on a virtio disk).
+    pub fn huge_page_bytes(&self) -> (Option<u64>, usize) {
+        (self.arena.huge_page_bytes(), self.arena.len())
+    }
+
+    /// Slots in the arena.
+    pub fn slots(&self) -> usize {
+        self.arena.slots() as usize
+    }
+
+    /// Bytes of each slot: a read group's room (sized from the dataset and the batch size
+    /// within the memory budget, or `window`'s as given).
+    pub fn slot_bytes(&self) -> u64 {
+        self.plan.group_bytes_max
+    }
+
+    pub fn plan_config(&self) -> &PlanConfig {
+        &self.plan
+    }
+
+    /// Plans `epoch` without reading (for its figures, or to look at its order).
+    pub fn plan_epoch(&self, epoch: u64) -> Result<EpochPlan> {
+        EpochPlan::new(self.dataset.samples(), &self.plan, epoch)
+    }
+
+    /// The batches of `epoch`, from the first.
+    pub fn epoch(&self, epoch: u64) -> Result<Epoch> {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// The batches of `epoch` from batch `start`: exactly the batches an uninterrupted epoch
+    /// yields from there (resuming after a restart).
+    pub fn epoch_from(&self, epoch: u64, start: u32) -> Result<Epoch> {
+        let plan = self.plan_epoch(epoch)?;
+        if start > plan.batches() {
+            return Err(invalid(format!(
+                "cannot resume at batch {start}: the epoch has {} batches",
+                plan.batches()
+            )));
+        }
+        let batches = plan.batches();
+        let padding_from = plan.padding_from();
+        // One message per slot at most, plus the engine's name.
+        let (tx, rx) =
+            sync_channel(self.prefetch_groups as usize + self.in_flight_groups as usize + 1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = Worker {
+            backend: self.backend.clone(),
+            epoch,
+            arena: self.arena.clone(),
+            dataset: self.dataset.clone(),
+            plan,
+            engine: self.engine.clone(),
+            gpu: self.gpu.clone(),
+            verify: self.verify_checksums,
+            in_flight_groups: self.in_flight_groups as usize,
+            start,
+            stop: stop.clone(),
+            tx,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("gpufeed-io-e{epoch}"))
+            .spawn(move || worker.run())
+            .map_err(|e| Error::io("cannot start the I/O thread", e))?;
+        Ok(Epoch {
+            epoch,
+            dataset: self.dataset.clone(),
+            verify: self.verify_checksums,
+            rx: Some(rx),
+            thread: Some(thread),
+            stop,
+            next: start,
+            batches,
+            batch_size: self.plan.batch_size as usize,
+            padding_from,
+            queue: std::collections::BTreeMap::new(),
+            stats: LoaderStats::default(),
+            failed: false,
+        })
+    }
+}
