@@ -1,16 +1,14 @@
 //! The raw system calls gpufeed makes outside io_uring, each wrapped once.
 //!
-//! Everything here is a thin, checked wrapper: `statx` with `STATX_DIOALIGN` (glibc's `statx`
-//! struct in the libc crate lacks the DIO fields, so the kernel's layout is read by offset),
-//! anonymous `mmap` + `madvise`, `posix_fadvise`, `getrusage`. Callers get `io::Result`s.
+//! Everything here is a thin, checked wrapper: `statx` with `STATX_DIOALIGN`, opening a file as
+//! an `OwnedFd` (with `O_DIRECT` if asked), anonymous `mmap` + `madvise`, `posix_fadvise`,
+//! `getrusage`, `getrlimit`. Callers get `io::Result`s; file descriptors are borrowed
+//! (`BorrowedFd`) wherever the call does not take ownership.
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::RawFd;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-
-const STATX_DIOALIGN: u32 = 0x0000_2000;
 
 /// What `statx` says about an open file.
 #[derive(Debug, Clone, Copy)]
@@ -24,72 +22,56 @@ pub struct FileStat {
 }
 
 /// `statx(fd, "", AT_EMPTY_PATH, BASIC | DIOALIGN)`.
-pub fn statx_fd(fd: RawFd) -> io::Result<FileStat> {
-    // The kernel's `struct statx` is 256 bytes; we read the fields we need at their uapi offsets.
-    #[repr(C, align(8))]
-    struct Buf([u8; 256]);
-    let mut buf = Buf([0u8; 256]);
-    let empty = b"\0";
-    // SAFETY: `buf` is 256 writable bytes, the size of `struct statx`; the path is a valid
-    // NUL-terminated empty string and AT_EMPTY_PATH makes the call operate on `fd`.
+pub fn statx_fd(fd: BorrowedFd<'_>) -> io::Result<FileStat> {
+    let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `st` is a writable `struct statx`; the path is the empty NUL-terminated string
+    // and AT_EMPTY_PATH makes the call operate on `fd`, which is open for the borrow.
     let rc = unsafe {
-        libc::syscall(
-            libc::SYS_statx,
-            fd,
-            empty.as_ptr() as *const libc::c_char,
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
             libc::AT_EMPTY_PATH,
-            libc::STATX_BASIC_STATS | STATX_DIOALIGN,
-            buf.0.as_mut_ptr(),
+            libc::STATX_BASIC_STATS | libc::STATX_DIOALIGN,
+            st.as_mut_ptr(),
         )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    let b = &buf.0;
-    let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
-    let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
-    let mask = u32_at(0);
-    let mode = u16::from_ne_bytes(b[28..30].try_into().unwrap()) as u32;
-    let (mem, off) = if mask & STATX_DIOALIGN != 0 {
-        let (m, o) = (u32_at(152), u32_at(156));
+    // SAFETY: zero-initialised (every field is an integer, so all-zero is valid) and filled by
+    // the successful call.
+    let st = unsafe { st.assume_init() };
+    let (mem, off) = if st.stx_mask & libc::STATX_DIOALIGN != 0 {
         // Zero means "direct I/O not supported on this file".
-        (Some(m).filter(|&v| v != 0), Some(o).filter(|&v| v != 0))
+        (
+            Some(st.stx_dio_mem_align).filter(|&v| v != 0),
+            Some(st.stx_dio_offset_align).filter(|&v| v != 0),
+        )
     } else {
         (None, None)
     };
     Ok(FileStat {
-        size: u64_at(40),
-        is_regular: mode & libc::S_IFMT == libc::S_IFREG,
+        size: st.stx_size,
+        is_regular: st.stx_mode as u32 & libc::S_IFMT == libc::S_IFREG,
         dio_mem_align: mem,
         dio_offset_align: off,
     })
 }
 
-/// `open(path, flags | O_CLOEXEC)`.
-pub fn open(path: &Path, flags: i32) -> io::Result<RawFd> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
-    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
-    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
-    if fd < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(fd)
+/// Opens `path` read-only (close-on-exec), with `O_DIRECT` if asked; closed when dropped.
+pub fn open_read(path: &Path, direct: bool) -> io::Result<OwnedFd> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
     }
-}
-
-/// `close(fd)`, errors ignored (there is nothing useful to do with them for a read-only fd).
-pub fn close(fd: RawFd) {
-    // SAFETY: the caller owns `fd` and does not use it afterwards.
-    unsafe {
-        libc::close(fd);
-    }
+    Ok(o.open(path)?.into())
 }
 
 /// `posix_fadvise(fd, offset, len, advice)`.
-pub fn fadvise(fd: RawFd, offset: u64, len: u64, advice: i32) -> io::Result<()> {
+pub fn fadvise(fd: BorrowedFd<'_>, offset: u64, len: u64, advice: i32) -> io::Result<()> {
     // SAFETY: plain syscall on an fd; no memory is passed.
-    let rc = unsafe { libc::posix_fadvise(fd, offset as i64, len as i64, advice) };
+    let rc = unsafe { libc::posix_fadvise(fd.as_raw_fd(), offset as i64, len as i64, advice) };
     if rc != 0 {
         Err(io::Error::from_raw_os_error(rc))
     } else {

@@ -204,9 +204,13 @@ pub fn fill_pattern(buf: &mut [u8], offset: u64) {
 }
 
 fn drop_cached(path: &Path) {
-    if let Ok(fd) = sys::open(path, libc::O_RDONLY) {
-        let _ = sys::fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
-        sys::close(fd);
+    if let Ok(fd) = sys::open_read(path, false) {
+        let _ = sys::fadvise(
+            std::os::fd::AsFd::as_fd(&fd),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        );
     }
 }
 

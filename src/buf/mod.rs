@@ -227,8 +227,11 @@ impl Arena {
     pub(crate) fn slot_ptr(&self, slot: &Slot) -> *mut u8 {
         assert_eq!(slot.arena, self.id, "slot used with the wrong arena");
         debug_assert!(slot.index < self.slots);
-        // SAFETY: index < slots, so the offset stays inside the mapping of slots*slot_bytes.
-        unsafe { self.map.as_ptr().add(slot.index as usize * self.slot_bytes) }
+        // index < slots, so the offset stays inside the mapping of slots × slot_bytes (plain
+        // arithmetic; dereferencing is argued where it happens).
+        self.map
+            .as_ptr()
+            .wrapping_add(slot.index as usize * self.slot_bytes)
     }
 
     /// The arena cut into registration pieces of at most 1 GiB, each made of whole slots.
@@ -238,8 +241,8 @@ impl Arena {
         let mut off = 0;
         while off < total {
             let len = self.piece_bytes.min(total - off);
-            // SAFETY: off < total ≤ mapping length.
-            out.push((unsafe { self.map.as_ptr().add(off) }, len));
+            // off < total ≤ the mapping's length.
+            out.push((self.map.as_ptr().wrapping_add(off), len));
             off += len;
         }
         out

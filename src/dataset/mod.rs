@@ -759,8 +759,12 @@ impl Window {
             .len();
         // The walk hops over the members' data: without this the kernel's readahead (8 MiB on
         // the development VM's disk) reads most of the file to index it.
-        use std::os::unix::io::AsRawFd;
-        let _ = crate::sys::fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+        let _ = crate::sys::fadvise(
+            std::os::fd::AsFd::as_fd(&file),
+            0,
+            0,
+            libc::POSIX_FADV_RANDOM,
+        );
         Ok(Window {
             file,
             path: shared_path(path),

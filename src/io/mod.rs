@@ -25,7 +25,7 @@ pub mod uring;
 use std::collections::VecDeque;
 use std::io;
 use std::ops::Range;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -124,7 +124,7 @@ pub struct FileInfo {
 
 struct FileEntry {
     info: FileInfo,
-    fd: RawFd,
+    fd: OwnedFd,
     in_flight: u32,
     /// Bytes read through the page cache since the last `POSIX_FADV_DONTNEED`.
     cached_bytes: u64,
@@ -466,7 +466,7 @@ impl Engine {
         })?;
         let mut direct = self.kind.direct();
         let fd = if direct {
-            match sys::open(path, libc::O_RDONLY | libc::O_DIRECT) {
+            match sys::open_read(path, true) {
                 Ok(fd) => fd,
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     direct = false;
@@ -477,24 +477,20 @@ impl Engine {
                     );
                     notice(&msg);
                     self.notices.push(msg);
-                    sys::open(path, libc::O_RDONLY)
+                    sys::open_read(path, false)
                         .map_err(|e| Error::io("cannot open", e).with_path(shared.clone()))?
                 }
                 Err(e) => return Err(Error::io("cannot open", e).with_path(shared)),
             }
         } else {
-            sys::open(path, libc::O_RDONLY)
+            sys::open_read(path, false)
                 .map_err(|e| Error::io("cannot open", e).with_path(shared.clone()))?
         };
-        let st = match sys::statx_fd(fd) {
+        let st = match sys::statx_fd(fd.as_fd()) {
             Ok(st) => st,
-            Err(e) => {
-                sys::close(fd);
-                return Err(Error::io("cannot stat", e).with_path(shared));
-            }
+            Err(e) => return Err(Error::io("cannot stat", e).with_path(shared)),
         };
         if !st.is_regular {
-            sys::close(fd);
             return Err(invalid("not a regular file").with_path(shared));
         }
         let (mem_align, offset_align) = if direct {
@@ -507,10 +503,9 @@ impl Engine {
         };
         if !direct {
             // Random access: no readahead of bytes nobody asked for.
-            let _ = sys::fadvise(fd, 0, 0, libc::POSIX_FADV_RANDOM);
+            let _ = sys::fadvise(fd.as_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
         }
-        if let Err(e) = self.backend.register_file(index as u32, fd) {
-            sys::close(fd);
+        if let Err(e) = self.backend.register_file(index as u32, fd.as_raw_fd()) {
             return Err(Error::io("cannot register file with the backend", e).with_path(shared));
         }
         self.files[index] = Some(FileEntry {
@@ -538,10 +533,8 @@ impl Engine {
             )
             .with_path(entry.info.path.clone()));
         }
-        let fd = entry.fd;
         let _ = self.backend.register_file(file.0, -1);
-        sys::close(fd);
-        self.files[file.0 as usize] = None;
+        self.files[file.0 as usize] = None; // closes the fd
         Ok(())
     }
 
@@ -643,8 +636,9 @@ impl Engine {
                 base,
                 span,
                 done: 0,
-                // SAFETY (pointer arithmetic): check_job verified buf_offset + span ≤ slot_bytes.
-                buf: unsafe { slot_ptr.add(r.buf_offset) },
+                // Inside the slot: check_job verified buf_offset + span ≤ slot_bytes. (Plain
+                // arithmetic; what may write there is argued where the read is pushed.)
+                buf: slot_ptr.wrapping_add(r.buf_offset),
                 buf_offset: r.buf_offset,
                 retries: 0,
             });
@@ -707,11 +701,11 @@ impl Engine {
             let raw = RawRead {
                 id: op_id as u64,
                 file: op.file,
-                fd: entry.fd,
+                fd: entry.fd.as_raw_fd(),
                 offset: op.base + op.done as u64,
                 len: op.span - op.done,
-                // SAFETY (pointer arithmetic): done ≤ span, and the span fits the slot.
-                buf: unsafe { op.buf.add(op.done as usize) },
+                // Inside the slot: done ≤ span, and the span fits it.
+                buf: op.buf.wrapping_add(op.done as usize),
                 direct: entry.info.direct,
             };
             // SAFETY: `raw.buf..+len` lies in the slot of this op's job; the engine holds that
@@ -821,7 +815,7 @@ impl Engine {
             entry.cached_bytes += n as u64;
             if entry.cached_bytes >= DONTNEED_EVERY_BYTES {
                 // Keep buffered reads from filling the page cache: drop what this file left.
-                let _ = sys::fadvise(entry.fd, 0, 0, libc::POSIX_FADV_DONTNEED);
+                let _ = sys::fadvise(entry.fd.as_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
                 entry.cached_bytes = 0;
             }
         }
@@ -983,9 +977,8 @@ impl Drop for Engine {
         for c in self.ready.drain(..) {
             self.arena.put(c.slot);
         }
-        for f in self.files.iter_mut().filter_map(|f| f.take()) {
-            sys::close(f.fd);
-        }
+        // Files close as their entries drop, after every read was drained above.
+        self.files.clear();
     }
 }
 
