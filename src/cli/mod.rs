@@ -308,6 +308,14 @@ struct LoadArgs {
     /// Memory the loader's arena may take; slots are sized from the dataset within it.
     #[arg(long, default_value = "4G", value_parser = size_arg)]
     memory_budget: u64,
+    /// Consecutive epochs per loader mode, each next one asked for when the one before starts
+    /// (the JSON gives each epoch's samples/s and the gaps between epochs).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    epochs: u32,
+    /// A simulated trainer (loader modes): hold each batch this many milliseconds before
+    /// asking for the next.
+    #[arg(long, default_value_t = 0.0)]
+    step_ms: f64,
     #[command(flatten)]
     open: DatasetArgs,
     /// Print one JSON object per mode.
@@ -601,6 +609,13 @@ fn bench_load(a: LoadArgs) -> Result<()> {
         verify: !a.no_verify,
         last_batch: LastBatch::parse(&a.last_batch)?,
         memory_budget: a.memory_budget,
+        epochs: a.epochs,
+        step: std::time::Duration::try_from_secs_f64(a.step_ms / 1e3).map_err(|_| {
+            crate::error::invalid(format!(
+                "--step-ms {} is not a number of milliseconds ≥ 0",
+                a.step_ms
+            ))
+        })?,
     };
     let opts = a.open.options()?;
     if !a.json {
@@ -676,6 +691,20 @@ fn emit_load(r: &crate::bench::load::LoadBenchResult, json: bool) {
         outln!("{}", serde_json::to_string(r).expect("serialises"));
     } else {
         outln!("{}", crate::bench::load::table_row(r));
+        if r.epochs > 1 {
+            let list = |v: &[f64], digits: usize| {
+                v.iter()
+                    .map(|x| format!("{x:.digits$}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            outln!(
+                "  {} epochs: samples/s {}; gaps between epochs {} ms",
+                r.epochs,
+                list(&r.epoch_samples_per_s, 0),
+                list(&r.epoch_gaps_ms, 2)
+            );
+        }
     }
 }
 

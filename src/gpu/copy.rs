@@ -622,6 +622,22 @@ impl<T> CopyPipeline<T> {
         self.waiting.is_empty() && self.copying.is_empty()
     }
 
+    /// Removes the waiting (not yet copying) entries whose item `drop_it` picks, their slots
+    /// back to the arena; returns how many. (A consumer that stopped needs no copy, and its
+    /// groups must not wait for regions its own batches may hold.)
+    pub fn discard_waiting(&mut self, mut drop_it: impl FnMut(&T) -> bool) -> usize {
+        let mut dropped = 0;
+        for (slot, used, item) in std::mem::take(&mut self.waiting) {
+            if drop_it(&item) {
+                self.arena.put(slot);
+                dropped += 1;
+            } else {
+                self.waiting.push_back((slot, used, item));
+            }
+        }
+        dropped
+    }
+
     /// Whether a copy could not be tracked: its slot, and the arena's mapping, are leaked, and
     /// whatever else lets a DMA read the arena (its CUDA registration) must be kept too.
     pub fn broken(&self) -> bool {

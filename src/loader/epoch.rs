@@ -3,14 +3,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::batch::{Batch, Memory, SampleSpan};
 use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 
-use super::worker::{check_spans, index_labels, GroupDone, Msg};
+use super::worker::{check_spans, index_labels, GroupDone, Msg, Retired, Service};
 use super::LoaderStats;
 
 /// The batches of one epoch, in order. Dropping it stops the I/O thread (batches already
@@ -20,7 +19,9 @@ pub struct Epoch {
     pub(super) dataset: Arc<Dataset>,
     pub(super) verify: bool,
     pub(super) rx: Option<Receiver<Msg>>,
-    pub(super) thread: Option<JoinHandle<()>>,
+    /// Keeps the loader's I/O thread alive while this epoch is read.
+    pub(super) service: Option<Arc<Service>>,
+    pub(super) retired: Arc<Retired>,
     pub(super) stop: Arc<AtomicBool>,
     pub(super) next: u32,
     pub(super) batches: u32,
@@ -144,9 +145,10 @@ impl Drop for Epoch {
         // slots as they drop.
         self.queue.clear();
         self.rx = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        // Until none of this epoch's reads or copies is in flight (they finish and are
+        // discarded), so its slots and regions are back when this returns.
+        self.retired.wait();
+        self.service = None;
     }
 }
 

@@ -1,11 +1,14 @@
 //! ⑥ `Loader`: dataset ① → plan ② → engine ③ → batches, with bounded queues.
 //!
-//! Each epoch runs an I/O thread that owns the engine (io_uring binds to the thread that drives
-//! it), plans the epoch, and keeps up to `in_flight_groups` groups being read and up to
-//! `prefetch_groups` finished groups waiting for the consumer; a group is read into one slot.
-//! Memory is the arena and nothing else, whatever the dataset's size; when the consumer is slow,
-//! slots run out and reading pauses (back-pressure). Dropping an [`Epoch`] stops the thread,
-//! which cancels and drains its reads before anything is freed.
+//! One I/O thread serves the loader for its whole life: it owns the engine (io_uring binds to
+//! the thread that drives it; one ring, the dataset's files opened once) and the copy pipeline,
+//! and serves epochs in the order they are asked for, keeping up to `in_flight_groups` groups
+//! being read and up to `prefetch_groups` finished groups waiting for the consumer; a group is
+//! read into one slot. An epoch asked for before the current one ends is read as soon as the
+//! current one has submitted its last group, so there is no bubble at the boundary. Memory is
+//! the arena and nothing else, whatever the dataset's size; when the consumer is slow, slots
+//! run out and reading pauses (back-pressure). Dropping an [`Epoch`] stops its reading and waits
+//! until none of its reads or copies is in flight.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::sync_channel;
@@ -22,10 +25,10 @@ mod epoch;
 mod worker;
 
 pub use epoch::Epoch;
-use worker::Worker;
+use worker::{EpochJob, Retired, Service, WorkerCtx};
 
-/// Makes the backend each epoch's engine reads through (the simulated disk, in tests): called
-/// with the epoch number.
+/// Makes the backend the loader's engine reads through (the simulated disk, in tests): called
+/// once per I/O thread, with the number of the first epoch it serves.
 pub type BackendFactory = Arc<dyn Fn(u64) -> Box<dyn crate::io::Backend> + Send + Sync>;
 
 /// A backend factory and the engine kind it stands for (the kind decides O_DIRECT).
@@ -249,6 +252,7 @@ impl LoaderBuilder {
             }
         };
         Ok(Loader {
+            service: Arc::default(),
             arena,
             gpu,
             dataset: self.dataset,
@@ -272,11 +276,34 @@ struct GpuState {
 }
 
 /// Yields the batches of epochs over a dataset. Its arena (`(prefetch + in-flight groups) ×
-/// group_bytes_max`) is allocated once by `build`; each [`Loader::epoch`] runs its own I/O
-/// thread over it. Clones share the arena. With a device, batches are copied into device
+/// group_bytes_max`) is allocated once by `build`; one I/O thread, started by the first
+/// [`Loader::epoch`], serves every epoch in the order asked (clones share the arena and the
+/// thread). Ask for the next epoch before the current one ends, as a training loop does, and
+/// its first batches are read meanwhile; consume epochs in the order asked (a later epoch waits
+/// for slots that an earlier, unread one holds). With a device, batches are copied into device
 /// regions (as many as slots) allocated by `build` too.
+///
+/// ```no_run
+/// # fn main() -> gpufeed::Result<()> {
+/// let loader = gpufeed::Loader::builder(gpufeed::Dataset::open("shards/")?).build()?;
+/// let epochs = 3;
+/// let mut next = Some(loader.epoch(0)?);
+/// for e in 0..epochs {
+///     let current = next.take().expect("asked for");
+///     if e + 1 < epochs {
+///         next = Some(loader.epoch(e + 1)?); // read while this epoch's last batches are used
+///     }
+///     for batch in current {
+///         let _batch = batch?; // train on it
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Loader {
+    /// The I/O thread, started by the first epoch; shared by clones.
+    service: Arc<std::sync::Mutex<Option<Arc<Service>>>>,
     arena: Arc<Arena>,
     gpu: Option<Arc<GpuState>>,
     dataset: Arc<Dataset>,
@@ -406,30 +433,51 @@ impl Loader {
         let (tx, rx) =
             sync_channel(self.prefetch_groups as usize + self.in_flight_groups as usize + 1);
         let stop = Arc::new(AtomicBool::new(false));
-        let worker = Worker {
-            backend: self.backend.clone(),
+        let retired = Arc::new(Retired::default());
+        let mut job = Box::new(EpochJob {
             epoch,
-            arena: self.arena.clone(),
-            dataset: self.dataset.clone(),
             plan,
-            engine: self.engine.clone(),
-            gpu: self.gpu.clone(),
-            verify: self.verify_checksums,
-            in_flight_groups: self.in_flight_groups as usize,
             start,
             stop: stop.clone(),
             tx,
+            retired: retired.clone(),
+        });
+        // The loader's I/O thread, started now if it is not running (or ended on an error).
+        let mut service = self.service.lock().unwrap_or_else(|p| p.into_inner());
+        let svc = loop {
+            let svc = match service.as_ref() {
+                Some(s) => s.clone(),
+                None => {
+                    let s = Service::start(WorkerCtx {
+                        backend: self.backend.clone(),
+                        arena: self.arena.clone(),
+                        dataset: self.dataset.clone(),
+                        engine: self.engine.clone(),
+                        gpu: self.gpu.clone(),
+                        verify: self.verify_checksums,
+                        in_flight_groups: self.in_flight_groups as usize,
+                    })?;
+                    *service = Some(s.clone());
+                    s
+                }
+            };
+            match svc.submit(job) {
+                Ok(()) => break svc,
+                Err(back) => {
+                    // The thread ended (a fatal error): start another.
+                    job = back;
+                    *service = None;
+                }
+            }
         };
-        let thread = std::thread::Builder::new()
-            .name(format!("gpufeed-io-e{epoch}"))
-            .spawn(move || worker.run())
-            .map_err(|e| Error::io("cannot start the I/O thread", e))?;
+        drop(service);
         Ok(Epoch {
             epoch,
             dataset: self.dataset.clone(),
             verify: self.verify_checksums,
             rx: Some(rx),
-            thread: Some(thread),
+            service: Some(svc),
+            retired,
             stop,
             next: start,
             batches,

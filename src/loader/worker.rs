@@ -1,9 +1,11 @@
-//! The I/O thread of an epoch: submits read groups, checks and copies them, hands them over.
+//! The loader's I/O thread: serves epochs in order — submits read groups, checks and copies
+//! them, hands them to each epoch's consumer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::SyncSender;
-use std::sync::Arc;
+use std::sync::mpsc::{channel, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::batch::{Memory, Region, SampleSpan};
@@ -53,38 +55,188 @@ pub(super) enum Msg {
     Failed(Error),
 }
 
-pub(super) struct Worker {
-    pub(super) backend: Option<CustomBackend>,
+/// Signalled when the I/O thread is done with an epoch: nothing of it is being read or copied
+/// any more (its slots and regions are back, or with batches already sent).
+#[derive(Debug, Default)]
+pub(super) struct Retired {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Retired {
+    fn signal(&self) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits for the signal.
+    pub(super) fn wait(&self) {
+        let g = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self
+            .cv
+            .wait_while(g, |done| !*done)
+            .unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+/// One epoch asked of the I/O thread. Dropped — by the thread once nothing of it is in flight,
+/// or unread in the command channel if the thread ended — it signals [`Retired`].
+pub(super) struct EpochJob {
     pub(super) epoch: u64,
+    pub(super) plan: EpochPlan,
+    pub(super) start: u32,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) tx: SyncSender<Msg>,
+    pub(super) retired: Arc<Retired>,
+}
+
+impl Drop for EpochJob {
+    fn drop(&mut self) {
+        self.retired.signal();
+    }
+}
+
+/// What the I/O thread needs for its whole life.
+pub(super) struct WorkerCtx {
+    pub(super) backend: Option<CustomBackend>,
     pub(super) arena: Arc<Arena>,
     pub(super) dataset: Arc<Dataset>,
-    pub(super) plan: EpochPlan,
     pub(super) engine: EngineConfig,
     pub(super) gpu: Option<Arc<GpuState>>,
     pub(super) verify: bool,
     pub(super) in_flight_groups: usize,
-    pub(super) start: u32,
-    pub(super) stop: Arc<AtomicBool>,
-    pub(super) tx: SyncSender<Msg>,
 }
 
-impl Worker {
-    pub(super) fn run(self) {
-        if let Err(e) = self.read_epoch() {
-            let _ = self.tx.send(Msg::Failed(e));
+/// The loader's I/O thread: one engine (one ring), one copy pipeline and the dataset's files
+/// open for the loader's life, serving epochs in the order they are asked for. Epochs asked for
+/// in advance are read as soon as the epoch before has submitted its last group, so the next
+/// epoch's first batches are ready when the current one ends. Ends when every handle to it
+/// (the loader and its epochs) is gone; a fatal error ends it too (the next epoch starts a new
+/// one).
+pub(super) struct Service {
+    cmd: Mutex<Option<Sender<Box<EpochJob>>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    pub(super) fn start(ctx: WorkerCtx) -> Result<Arc<Service>> {
+        let (cmd, rx) = channel();
+        let thread = std::thread::Builder::new()
+            .name("gpufeed-io".into())
+            .spawn(move || ctx.run(rx))
+            .map_err(|e| Error::io("cannot start the I/O thread", e))?;
+        Ok(Arc::new(Service {
+            cmd: Mutex::new(Some(cmd)),
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    /// Hands `job` to the thread; gives it back if the thread has ended.
+    pub(super) fn submit(&self, job: Box<EpochJob>) -> std::result::Result<(), Box<EpochJob>> {
+        let cmd = self.cmd.lock().unwrap_or_else(|p| p.into_inner());
+        match cmd.as_ref() {
+            Some(c) => c.send(job).map_err(|e| e.0),
+            None => Err(job),
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // No more epochs: the thread finishes what it has and ends.
+        self.cmd.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// An epoch the thread is serving.
+struct Active {
+    id: u64,
+    job: Box<EpochJob>,
+    next_group: usize,
+    /// Groups submitted and not yet handed over or discarded.
+    outstanding: usize,
+    /// Failed or stopped: submits nothing more.
+    ended: bool,
+}
+
+impl Active {
+    fn stopped(&self) -> bool {
+        self.ended || self.job.stop.load(Ordering::Relaxed)
+    }
+
+    fn submitting(&self) -> bool {
+        !self.stopped() && self.next_group < self.job.plan.groups()
+    }
+
+    /// Hands a finished group over, or drops it (its slot or region returns) when the epoch was
+    /// stopped or its consumer went away.
+    fn deliver(&mut self, g: GroupDone) {
+        self.outstanding -= 1;
+        if self.stopped() || self.job.tx.send(Msg::Group(g)).is_err() {
+            self.ended = true;
         }
     }
 
-    fn read_epoch(&self) -> Result<()> {
-        // The copy queue is declared before the engine, so it is dropped after it: reads are
+    fn fail(&mut self, e: Error) {
+        let _ = self.job.tx.send(Msg::Failed(e));
+        self.ended = true;
+    }
+}
+
+impl WorkerCtx {
+    fn run(self, rx: Receiver<Box<EpochJob>>) {
+        // Declared first, dropped last: the engine and the copy pipeline (locals of `serve`)
+        // have cancelled and drained everything before an epoch is signalled retired.
+        let mut jobs: VecDeque<Active> = VecDeque::new();
+        if let Err(e) = self.serve(&rx, &mut jobs) {
+            for a in jobs.iter_mut() {
+                a.fail(e.clone());
+            }
+        }
+    }
+
+    fn activate(&self, job: Box<EpochJob>, id: u64, path: &str) -> Active {
+        let _ = job.tx.send(Msg::Engine(path.to_string()));
+        // Resuming at the end (or an empty epoch) reads nothing.
+        let next_group = if job.start < job.plan.batches() {
+            job.plan.group_of_batch(job.start)
+        } else {
+            job.plan.groups()
+        };
+        Active {
+            id,
+            job,
+            next_group,
+            outstanding: 0,
+            ended: false,
+        }
+    }
+
+    fn serve(&self, rx: &Receiver<Box<EpochJob>>, jobs: &mut VecDeque<Active>) -> Result<()> {
+        let Ok(first) = rx.recv() else {
+            return Ok(());
+        };
+        // The copy pipeline is declared before the engine, so it is dropped after it: reads are
         // cancelled and drained first, then copies, then the slots return.
         let mut copies = match &self.gpu {
-            Some(g) => Some(CopyPipeline::<GroupMeta>::new(&g.pool, self.arena.clone())?),
+            Some(g) => Some(CopyPipeline::<(u64, GroupMeta)>::new(
+                &g.pool,
+                self.arena.clone(),
+            )?),
             None => None,
         };
         let mut engine = match &self.backend {
             Some(b) => Engine::with_backend_and_arena(
-                (b.make)(self.epoch),
+                (b.make)(first.epoch),
                 b.kind,
                 &self.engine,
                 self.arena.clone(),
@@ -95,31 +247,56 @@ impl Worker {
             Some(_) => format!("{} → pinned → H2D", engine.kind().name()),
             None => engine.kind().name().to_string(),
         };
-        let _ = self.tx.send(Msg::Engine(path));
         let ds = &*self.dataset;
+        let mut next_id = 0u64;
+        jobs.push_back(self.activate(first, next_id, &path));
         let files: Vec<FileId> = ds
             .files()
             .iter()
             .map(|f| engine.open(&f.path))
             .collect::<Result<_>>()?;
         let arena = engine.arena().clone();
-        // Resuming at the end (or an empty epoch) reads nothing.
-        let mut next = if self.start < self.plan.batches() {
-            self.plan.group_of_batch(self.start)
-        } else {
-            self.plan.groups()
-        };
-        let mut in_flight: HashMap<u64, Group> = HashMap::new();
+        // By engine tag: the epoch (its id) and the group.
+        let mut in_flight: HashMap<u64, (u64, Group)> = HashMap::new();
+        let mut next_tag = 0u64;
         let mut specs = Vec::new();
         let mut stalled_since: Option<Instant> = None;
         loop {
-            if self.stop.load(Ordering::Relaxed) {
-                return Ok(()); // dropping the engine and the copy queue cancels and drains
+            // Epochs asked for; wait for one only when there is nothing else to do.
+            if jobs.is_empty()
+                && in_flight.is_empty()
+                && copies.as_ref().is_none_or(|q| q.is_empty())
+            {
+                match rx.recv() {
+                    Ok(job) => {
+                        next_id += 1;
+                        jobs.push_back(self.activate(job, next_id, &path));
+                    }
+                    Err(_) => return Ok(()), // every handle is gone
+                }
             }
-            // Start groups while there are slots and room.
-            while next < self.plan.groups() && in_flight.len() < self.in_flight_groups {
+            while let Ok(job) = rx.try_recv() {
+                next_id += 1;
+                jobs.push_back(self.activate(job, next_id, &path));
+            }
+            // A stopped epoch's groups still waiting for a device region are dropped: they
+            // need no copy, and the regions may be held by that epoch's own batches.
+            if let Some(q) = copies.as_mut() {
+                for a in jobs.iter_mut().filter(|a| a.stopped() && a.outstanding > 0) {
+                    a.outstanding -= q.discard_waiting(|(id, _)| *id == a.id);
+                }
+            }
+            // Epochs with nothing left to submit and nothing outstanding are done (dropping
+            // the job signals its consumer, which may be waiting in `Epoch::drop`).
+            jobs.retain(|a| a.submitting() || a.outstanding > 0);
+            // Start groups while there are slots and room: the earliest epoch first, the next
+            // one as soon as the earlier has submitted its last group.
+            while in_flight.len() < self.in_flight_groups {
+                let Some(a) = jobs.iter_mut().find(|a| a.submitting()) else {
+                    break;
+                };
                 let Some(slot) = arena.take() else { break };
-                let g = self.plan.group(ds.samples(), next);
+                let g = a.job.plan.group(ds.samples(), a.next_group);
                 specs.clear();
                 specs.extend(g.reads.iter().map(|r| ReadSpec {
                     file: files[r.file as usize],
@@ -127,101 +304,107 @@ impl Worker {
                     len: r.len,
                     buf_offset: r.buf_offset as usize,
                 }));
-                engine.submit(slot, &specs, next as u64).map_err(|r| {
+                next_tag += 1;
+                engine.submit(slot, &specs, next_tag).map_err(|r| {
                     arena.put(r.slot);
                     r.error
                 })?;
-                in_flight.insert(next as u64, g);
-                next += 1;
+                in_flight.insert(next_tag, (a.id, g));
+                a.next_group += 1;
+                a.outstanding += 1;
+                stalled_since = None;
             }
             // Device path: copy filled groups into free regions; hand over finished copies.
             if let Some(q) = copies.as_mut() {
-                if self.pump_copies(q, in_flight.is_empty())? {
-                    return Ok(()); // the consumer went away
-                }
+                let pool = q.pool().clone();
+                q.pump(in_flight.is_empty(), |r, used, (id, meta)| {
+                    let g = GroupDone {
+                        meta,
+                        mem: Memory::Device(Arc::new(pool.region(r, used))),
+                    };
+                    if let Some(a) = jobs.iter_mut().find(|a| a.id == id) {
+                        a.deliver(g);
+                    }
+                    true
+                })?;
             }
-            let copying = copies.as_ref().is_some_and(|q| !q.is_empty());
             if in_flight.is_empty() {
-                if next >= self.plan.groups() && !copying {
-                    return Ok(());
-                }
+                let copying = copies.as_ref().is_some_and(|q| !q.is_empty());
                 if copying {
-                    // Waiting on a copy or a device region: pump_copies waited a little.
+                    // Waiting on a copy or a device region: the pump waited a little.
                     if copies.as_ref().is_some_and(|q| q.copying() == 0) {
-                        self.stall_check(&mut stalled_since, "device regions")?;
+                        self.stall_check(&mut stalled_since, "device regions", jobs)?;
                     } else {
                         stalled_since = None;
                     }
                     continue;
                 }
-                // Every slot is with the consumer: wait for one to come back, but never forever
-                // (a consumer that keeps a batch of every group would wait on us meanwhile).
+                if !jobs.iter().any(|a| a.submitting()) {
+                    continue; // retire what is done, then wait for an epoch
+                }
+                // Every slot is with the consumers: wait for one to come back, but never
+                // forever (a consumer that keeps a batch of every group would wait on us).
                 if arena.wait_free(Duration::from_millis(20)) {
                     stalled_since = None;
                 } else {
-                    self.stall_check(&mut stalled_since, "slots")?;
+                    self.stall_check(&mut stalled_since, "slots", jobs)?;
                 }
                 continue;
             }
             engine.wait(1)?;
             while let Some(c) = engine.pop() {
-                let g = in_flight.remove(&c.user_data).expect("a group per job");
-                let f = self.filled(g, c);
+                let (id, g) = in_flight.remove(&c.user_data).expect("a group per job");
+                let Some(a) = jobs.iter_mut().find(|a| a.id == id) else {
+                    arena.put(c.slot);
+                    continue;
+                };
+                let f = self.filled(&a.job.plan, g, c);
                 match copies.as_mut() {
                     Some(q) => {
                         let f = self.checked(f);
-                        q.push(f.slot, f.used, f.meta);
+                        q.push(f.slot, f.used, (id, f.meta));
                     }
-                    None => {
-                        let done = GroupDone {
-                            meta: f.meta,
-                            mem: Memory::Host(Arc::new(Region::new(arena.clone(), f.slot))),
-                        };
-                        if self.tx.send(Msg::Group(done)).is_err() {
-                            return Ok(()); // the consumer went away
-                        }
-                    }
+                    None => a.deliver(GroupDone {
+                        meta: f.meta,
+                        mem: Memory::Host(Arc::new(Region::new(arena.clone(), f.slot))),
+                    }),
                 }
             }
         }
     }
 
-    /// Errors out after [`STALL_LIMIT`] without progress.
-    fn stall_check(&self, since: &mut Option<Instant>, what: &str) -> Result<()> {
+    /// After [`STALL_LIMIT`] without progress, fails the epoch that waits (the earliest one
+    /// with groups left to read).
+    fn stall_check(
+        &self,
+        since: &mut Option<Instant>,
+        what: &str,
+        jobs: &mut VecDeque<Active>,
+    ) -> Result<()> {
         if since.get_or_insert_with(Instant::now).elapsed() > STALL_LIMIT {
-            return Err(Error::new(
+            let e = Error::new(
                 ErrorKind::Busy,
                 format!(
                     "all {what} are held by batches that were not dropped for {} s; drop batches \
                      sooner or raise prefetch_groups",
                     STALL_LIMIT.as_secs()
                 ),
-            ));
+            );
+            match jobs.iter_mut().find(|a| !a.stopped()) {
+                Some(a) => a.fail(e),
+                None => return Err(e),
+            }
+            *since = None;
         }
         Ok(())
     }
 
-    /// Starts copies for filled groups while device regions are free, and hands finished copies
-    /// to the consumer. With `idle` (no reads in flight), waits a little for progress. Returns
-    /// whether the consumer went away.
-    fn pump_copies(&self, q: &mut CopyPipeline<GroupMeta>, idle: bool) -> Result<bool> {
-        let pool = q.pool().clone();
-        let open = q.pump(idle, |r, used, meta| {
-            let g = GroupDone {
-                meta,
-                mem: Memory::Device(Arc::new(pool.region(r, used))),
-            };
-            self.tx.send(Msg::Group(g)).is_ok()
-        })?;
-        Ok(!open)
-    }
-
     /// Turns a completed group into sample spans within its slot.
-    fn filled(&self, g: Group, c: Completion) -> Filled {
+    fn filled(&self, plan: &EpochPlan, g: Group, c: Completion) -> Filled {
         let ds = &*self.dataset;
-        let first = self.plan.batch_range(g.batches.start).start;
-        let end = self.plan.batch_range(g.batches.end - 1).end;
-        let ids: Vec<u32> = self.plan.order[first..end].to_vec();
+        let first = plan.batch_range(g.batches.start).start;
+        let end = plan.batch_range(g.batches.end - 1).end;
+        let ids: Vec<u32> = plan.order[first..end].to_vec();
         let outcomes = c.outcomes();
         let mut spans = Vec::with_capacity(ids.len());
         let mut read_errors: HashMap<u32, Arc<Error>> = HashMap::new();

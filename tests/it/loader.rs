@@ -647,3 +647,73 @@ fn the_faulty_simulated_disk_drives_the_whole_loader() {
         "the faulty disk injected no error the loader reported"
     );
 }
+
+/// One I/O thread (one engine, made once) serves every epoch of a loader; epochs asked for in
+/// advance deliver exactly what epochs asked for one at a time deliver; dropping a queued or
+/// half-read epoch gives every slot back and leaves the next epoch whole.
+#[test]
+fn one_io_thread_serves_epochs_asked_in_advance() {
+    use gpufeed::io::sim::{SimBackend, SimConfig};
+    use gpufeed::EngineKind;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let dir = disk_dir();
+    let n = 400;
+    let paths = write_shards(dir.path(), n, 3, 20_000, 23);
+    let ds = Dataset::open_shards(&paths).unwrap();
+    let engines = Arc::new(AtomicUsize::new(0));
+    let made = engines.clone();
+    let factory: gpufeed::loader::BackendFactory = Arc::new(move |epoch| {
+        made.fetch_add(1, Ordering::Relaxed);
+        Box::new(SimBackend::new(SimConfig::clean(epoch))) as Box<dyn gpufeed::io::Backend>
+    });
+    let build = |f: Option<gpufeed::loader::BackendFactory>| {
+        let b = Loader::builder(ds.clone())
+            .batch_size(7)
+            .seed(3)
+            .window(2, 1 << 20);
+        match f {
+            Some(f) => b.backend(EngineKind::Uring, f),
+            None => b,
+        }
+        .build()
+        .unwrap()
+    };
+    let ids = |e: gpufeed::Epoch| -> Vec<Vec<u32>> {
+        e.map(|b| {
+            let b = b.unwrap();
+            for (j, &id) in b.sample_ids().iter().enumerate() {
+                check_sample(&ds, id, b.sample(j).unwrap());
+            }
+            b.sample_ids().to_vec()
+        })
+        .collect()
+    };
+    // What each epoch is when asked for alone, from a loader of its own.
+    let alone: Vec<Vec<Vec<u32>>> = (0..4).map(|e| ids(build(None).epoch(e).unwrap())).collect();
+    let loader = build(Some(factory));
+    // Epochs 0 and 1 asked for up front, 2 while 1 is read.
+    let e0 = loader.epoch(0).unwrap();
+    let e1 = loader.epoch(1).unwrap();
+    assert_eq!(ids(e0), alone[0]);
+    let mut e1 = e1;
+    let first = e1.next().unwrap().unwrap().sample_ids().to_vec();
+    let e2 = loader.epoch(2).unwrap();
+    let mut rest = vec![first];
+    rest.extend(ids(e1));
+    assert_eq!(rest, alone[1]);
+    // Epoch 3 asked for while 2 is dropped half-read, and a queued epoch dropped unread.
+    let mut e2 = e2;
+    let _ = e2.next();
+    let queued = loader.epoch(9).unwrap();
+    let e3 = loader.epoch(3).unwrap();
+    drop(e2);
+    drop(queued);
+    assert_eq!(ids(e3), alone[3]);
+    assert_eq!(loader.free_slots(), loader.slots(), "a slot was lost");
+    assert_eq!(
+        engines.load(Ordering::Relaxed),
+        1,
+        "every epoch should be served by the loader's one engine"
+    );
+}
