@@ -29,7 +29,10 @@ pub struct Epoch {
     /// Positions of the rank's order from here on are padding.
     pub(super) padding_from: usize,
     /// Batches received, by index: groups complete out of order, batches leave in order.
-    pub(super) queue: std::collections::BTreeMap<u32, Batch>,
+    /// With each: whether its samples' frames and checksums are still to be checked (host
+    /// batches are checked one at a time as they are handed out, so a group's check is not
+    /// one long wait before its first batch).
+    pub(super) queue: std::collections::BTreeMap<u32, (Batch, bool)>,
     pub(super) stats: LoaderStats,
     pub(super) failed: bool,
 }
@@ -47,20 +50,10 @@ impl Epoch {
 
     fn take_group(&mut self, g: GroupDone) {
         let GroupDone { meta: mut g, mem } = g;
-        // Checksums and frames are checked here, on the consumer's thread: on the I/O thread
-        // they would keep it from reaping and resubmitting, and the device queue would run dry.
-        // (Device groups were checked before their copy.)
-        if let Memory::Host(region) = &mem {
-            let bytes = region.bytes();
-            check_spans(
-                &self.dataset,
-                bytes,
-                &g.ids,
-                &mut g.spans,
-                &mut g.labels,
-                self.verify,
-            );
-        }
+        // Checksums and frames are checked on the consumer's thread, batch by batch in
+        // `next`: on the I/O thread they would keep it from reaping and resubmitting, and the
+        // device queue would run dry. (Device groups were checked before their copy.)
+        let unchecked = matches!(mem, Memory::Host(_));
         // Labels are looked up here, on the consumer's thread, unless a check already found the
         // data's own.
         if g.labels.is_empty() {
@@ -86,15 +79,18 @@ impl Epoch {
                 .min(bids.len());
             self.queue.insert(
                 index,
-                Batch {
-                    epoch: self.epoch,
-                    index,
-                    labels: blabels,
-                    padding_from,
-                    ids: bids,
-                    spans: bspans,
-                    mem: mem.clone(),
-                },
+                (
+                    Batch {
+                        epoch: self.epoch,
+                        index,
+                        labels: blabels,
+                        padding_from,
+                        ids: bids,
+                        spans: bspans,
+                        mem: mem.clone(),
+                    },
+                    unchecked,
+                ),
             );
         }
     }
@@ -127,7 +123,17 @@ impl Iterator for Epoch {
             }
         }
         self.stats.consumer_wait_s += t0.elapsed().as_secs_f64();
-        let batch = self.queue.remove(&self.next).expect("batch is queued");
+        let (mut batch, unchecked) = self.queue.remove(&self.next).expect("batch is queued");
+        if let (true, Memory::Host(region)) = (unchecked, &batch.mem) {
+            check_spans(
+                &self.dataset,
+                region.bytes(),
+                &batch.ids,
+                &mut batch.spans,
+                &mut batch.labels,
+                self.verify,
+            );
+        }
         self.next = batch.index + 1;
         self.stats.batches += 1;
         self.stats.samples += batch.len() as u64;
