@@ -114,8 +114,13 @@
 #![warn(missing_debug_implementations)]
 
 pub mod batch;
+// The benchmarks behind `gpufeed bench` (the command line's, not part of the library's API).
+#[cfg(feature = "cli")]
+#[doc(hidden)]
 pub mod bench;
 pub mod buf;
+// The `gpufeed` command (feature `cli`; not part of the library's API).
+#[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
 pub mod config;
@@ -127,8 +132,11 @@ pub mod io;
 pub mod loader;
 pub mod plan;
 pub mod rng;
-pub mod sys;
-pub mod util;
+// Helpers; some serve only the command line and its benchmarks.
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+pub(crate) mod sys;
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+pub(crate) mod util;
 
 pub use batch::Batch;
 pub use config::{EngineConfig, EngineKind};

@@ -205,13 +205,9 @@ impl Mapping {
         self.ptr
     }
 
+    #[allow(clippy::len_without_is_empty)] // a mapping has at least one page
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// Never true: a mapping has at least one page.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Bytes of this mapping backed by transparent huge pages, from /proc/self/smaps.

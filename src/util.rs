@@ -198,10 +198,6 @@ impl Histogram {
         self.n += 1;
     }
 
-    pub fn count(&self) -> u64 {
-        self.n
-    }
-
     /// The value at quantile `q` (0..=1), in nanoseconds; 0 when empty.
     pub fn quantile(&self, q: f64) -> u64 {
         if self.n == 0 {

@@ -225,8 +225,8 @@ fn fixed_pipeline(
     // CUDA registration first, then io_uring's (as the loader does). Locals drop in reverse:
     // the copy stage (which waits for its copies) before the registration, and that before the
     // arena.
-    // SAFETY: `arena` outlives `pin` (declared after it, dropped before it).
     let mut pin = if copy {
+        // SAFETY: `arena` outlives `pin` (declared after it, dropped before it).
         Some(unsafe { HostRegistration::new(ctx, arena.as_ptr(), arena.len())? })
     } else {
         None

@@ -9,4 +9,5 @@ pub mod gpu;
 pub mod io;
 pub mod load;
 
+pub use crate::util::{SizeMix, IMAGENET_MIX};
 pub use io::{ensure_file, run_io_bench, IoBenchResult, IoBenchSpec, Pattern, SubmitPolicy};

@@ -50,7 +50,7 @@ pub struct DataFile {
 }
 
 /// The layout a dataset was read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Format {
     /// gpufeed packed shards (`.gpf`), see docs/FORMAT.md.
@@ -58,11 +58,9 @@ pub enum Format {
     /// A directory of class folders holding one file per sample.
     ImageFolder,
     /// WebDataset `.tar` shards: members grouped into samples by key.
-    #[value(name = "webdataset")]
     #[serde(rename = "webdataset")]
     WebDataset,
     /// TFRecord files (length, masked crc32c, data, masked crc32c per record).
-    #[value(name = "tfrecord")]
     #[serde(rename = "tfrecord")]
     TfRecord,
     /// A flat file of little-endian tokens (nanoGPT's `train.bin`) read as fixed windows.

@@ -22,7 +22,7 @@ use super::{Builder, Dataset, Format, Sample};
 use crate::error::{invalid, Error, Result};
 
 /// Width of the tokens in a flat token file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenType {
     U16,
     U32,

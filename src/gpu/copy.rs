@@ -297,12 +297,12 @@ impl Drop for DeviceRegion {
                 // Work the consumer enqueued on its stream before dropping the batch must finish
                 // before the region is overwritten: the next copy waits for this event.
                 let bound = self.pool.ctx.as_ref().map_or(Ok(()), |c| c.bind());
-                // SAFETY: `wait_on`'s caller promised the stream lives until this drop; the
-                // context was just made current.
-                if bound
-                    .and_then(|()| unsafe { released.record_raw(stream) })
-                    .is_ok()
-                {
+                let recorded = bound.and_then(|()| {
+                    // SAFETY: `wait_on`'s caller promised the stream lives until this drop;
+                    // the context was just made current.
+                    unsafe { released.record_raw(stream) }
+                });
+                if recorded.is_ok() {
                     release_pending.store(true, Ordering::Release);
                 } else if let Some(c) = &self.pool.ctx {
                     // Without the event, only a full wait is safe.
@@ -646,7 +646,7 @@ impl<T> CopyPipeline<T> {
 
     /// Starts copies into free regions, then hands each completed copy to
     /// `deliver(region, bytes, item)` after its slot went back to the arena (the region is then
-    /// the caller's: turn it into a [`DeviceRegion`] with [`DevicePool::region`] or put it
+    /// the caller's: turn it into a [`DeviceRegion`] with `DevicePool::region` or put it
     /// back). With `idle` (the caller has nothing else to wait for), waits up to 20 ms for a
     /// free region when none is being copied, or for a copy to complete. Returns `false` once
     /// `deliver` has (the rest of that round's regions go back to the pool).

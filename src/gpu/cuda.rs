@@ -94,10 +94,8 @@ pub(crate) fn driver_version() -> Result<i32> {
     init()?;
     let mut v = 0;
     // SAFETY: writes one int (cudarc's safe layer has no call for this).
-    check(
-        unsafe { sys::cuDriverGetVersion(&mut v) },
-        "cuDriverGetVersion",
-    )?;
+    let r = unsafe { sys::cuDriverGetVersion(&mut v) };
+    check(r, "cuDriverGetVersion")?;
     Ok(v)
 }
 
@@ -336,12 +334,10 @@ impl HostRegistration {
     pub unsafe fn new(ctx: &Arc<Context>, ptr: *mut u8, len: usize) -> Result<HostRegistration> {
         ctx.bind()?;
         // SAFETY: the caller keeps the range mapped for our lifetime.
-        check(
-            unsafe {
-                sys::cuMemHostRegister_v2(ptr as *mut c_void, len, sys::CU_MEMHOSTREGISTER_PORTABLE)
-            },
-            "cuMemHostRegister",
-        )?;
+        let r = unsafe {
+            sys::cuMemHostRegister_v2(ptr as *mut c_void, len, sys::CU_MEMHOSTREGISTER_PORTABLE)
+        };
+        check(r, "cuMemHostRegister")?;
         Ok(HostRegistration {
             addr: ptr as usize,
             ctx: ctx.clone(),

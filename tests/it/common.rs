@@ -198,3 +198,9 @@ pub fn raw_records() -> gpufeed::dataset::OpenOptions {
         ..Default::default()
     }
 }
+
+/// Whether the tests run as root (some checks need, or cannot work, as root).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}

@@ -110,7 +110,7 @@ fn uring_uses_direct_io_and_fixed_buffers_here() {
     // The test directory is on a disk file system; root may lock any amount of memory.
     assert!(info.direct, "O_DIRECT refused on {}", path.display());
     assert!(info.offset_align >= 512 && info.offset_align.is_power_of_two());
-    if unsafe { libc::geteuid() } == 0 {
+    if is_root() {
         assert!(engine.buffers_registered(), "{}", engine.describe());
     }
 }
@@ -258,7 +258,7 @@ fn permission_denied_is_a_clear_error() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let path = pattern_file(dir.path(), "secret.bin", 4096);
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o000)).unwrap();
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         let mut engine = Engine::new(config(EngineKind::Uring, 4, 4096)).unwrap();
         let e = engine.open(&path).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");

@@ -70,7 +70,7 @@ fn registration_refused_falls_back_and_says_why() {
     let dir = shared_pattern_dir();
     let path = pattern_file(dir.path(), "p.bin", 4 << 20);
     // Root may lock any amount; run the child as `nobody` with the common default of 8 MiB.
-    let as_nobody = unsafe { libc::geteuid() } == 0;
+    let as_nobody = is_root();
     run_child(
         "fallback::registration_refused_child",
         || {
@@ -201,7 +201,7 @@ fn arena_over_1gib_registers_in_pieces() {
     cfg.slot_bytes = 256 << 20;
     cfg.slots = 6; // 1.5 GiB: pieces of 1 GiB (4 slots) and 512 MiB (2 slots)
     let mut engine = Engine::new(cfg).unwrap();
-    if unsafe { libc::geteuid() } == 0 {
+    if is_root() {
         assert!(engine.buffers_registered(), "{}", engine.describe());
         assert!(
             engine.describe().contains("2 piece(s)"),

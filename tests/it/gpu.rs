@@ -50,9 +50,9 @@ fn arena_registered_with_io_uring_and_cuda_in_both_orders() {
         })
         .unwrap();
         let cfg = config(EngineKind::Uring, 8, 4 << 20);
-        // SAFETY: `arena` outlives the registration (dropped at the end of the iteration,
-        // after `_pin`, which is declared later).
         let (mut engine, _pin) = if cuda_first {
+            // SAFETY: `arena` outlives the registration (dropped at the end of the iteration,
+            // after `_pin`, which is declared later).
             let pin = unsafe { HostRegistration::new(&ctx, arena.as_ptr(), arena.len()) }.unwrap();
             (Engine::with_arena(cfg, arena.clone()).unwrap(), pin)
         } else {
