@@ -92,7 +92,7 @@
 //! - **engine kind** ([`EngineKind`]): `uring` (O_DIRECT), `uring-buffered`, `pread-pool` (no
 //!   io_uring), `std` (synchronous baseline). `GPUFEED_ENGINE` forces one.
 //! - **backend** ([`io::Backend`]): what moves raw aligned reads; the engine logic above it is
-//!   shared, and [`io::sim`] simulates a faulty device to test it.
+//!   shared, and `io::sim` (feature `sim`) simulates a faulty device to test it.
 //!
 //! ## Safety model
 //! A slot has exactly one owner at every instant — the arena's free list, an engine while a read

@@ -11,13 +11,16 @@
 //! delivery, resubmitting short reads, retrying EINTR/EAGAIN, telling a correct EOF from a file
 //! that shrank, cancelling and draining on drop — lives here, once. Beneath it a [`Backend`]
 //! only moves raw, already-aligned reads: io_uring ([`uring`]), a pread thread pool
-//! ([`pool`]), plain synchronous pread ([`sync`]), or the seeded simulator ([`sim`]) that
+//! ([`pool`]), plain synchronous pread ([`sync`]), or the seeded simulator (`sim`, feature `sim`) that
 //! tests drive the engine logic with.
 //!
 //! This module must never return a slot, or free the arena, while a raw read into it may still
 //! be in a backend.
 
 pub mod pool;
+/// The simulated faulty disk: compiled for the crate's own tests and with the `sim` feature
+/// (the integration tests turn it on), not in a default build.
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 pub mod sync;
 pub mod uring;
