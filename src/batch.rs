@@ -88,6 +88,7 @@ impl Batch {
         self.ids.len()
     }
 
+    /// Whether the batch holds no samples.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }

@@ -10,7 +10,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DLDevice {
+    /// `kDLCPU`, `kDLCUDA`, …
     pub device_type: i32,
+    /// The device ordinal (0 for the CPU).
     pub device_id: i32,
 }
 
@@ -23,8 +25,11 @@ pub const KDL_CUDA: i32 = 2;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DLDataType {
+    /// `kDLInt`, `kDLUInt`, `kDLFloat`, …
     pub code: u8,
+    /// Bits per lane.
     pub bits: u8,
+    /// Lanes per element (1 for scalars).
     pub lanes: u16,
 }
 
@@ -45,12 +50,19 @@ pub const INT64: DLDataType = DLDataType {
 #[repr(C)]
 #[derive(Debug)]
 pub struct DLTensor {
+    /// Start of the data (device memory for `kDLCUDA`).
     pub data: *mut c_void,
+    /// Where the data lives.
     pub device: DLDevice,
+    /// Number of dimensions.
     pub ndim: i32,
+    /// Element type.
     pub dtype: DLDataType,
+    /// `ndim` extents.
     pub shape: *mut i64,
+    /// `ndim` strides in elements, or null for a compact row-major tensor.
     pub strides: *mut i64,
+    /// Bytes from `data` to the first element.
     pub byte_offset: u64,
 }
 
@@ -58,8 +70,11 @@ pub struct DLTensor {
 #[repr(C)]
 #[derive(Debug)]
 pub struct DLManagedTensor {
+    /// The tensor.
     pub dl_tensor: DLTensor,
+    /// The producer's context (what keeps the memory alive).
     pub manager_ctx: *mut c_void,
+    /// Called by the consumer when it is done with the tensor.
     pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }
 

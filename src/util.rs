@@ -134,10 +134,12 @@ impl SizeMix {
             .0
     }
 
+    /// The smallest size in the mix.
     pub fn min(&self) -> u32 {
         self.entries.iter().map(|e| e.0).min().unwrap()
     }
 
+    /// The largest size in the mix.
     pub fn max(&self) -> u32 {
         self.entries.iter().map(|e| e.0).max().unwrap()
     }
@@ -153,6 +155,7 @@ impl SizeMix {
         sum / self.total as f64
     }
 
+    /// The mix as it was written (or its name).
     pub fn label(&self) -> &str {
         &self.label
     }

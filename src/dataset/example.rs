@@ -21,6 +21,7 @@ use std::ops::Range;
 /// the sample) and the label feature (an `int64_list`; its first value, minus `label_offset`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExampleSpec {
+    /// The `bytes_list` feature whose first value is the sample.
     pub payload: String,
     /// `None`: no label (−1).
     pub label: Option<String>,
@@ -32,7 +33,9 @@ pub struct ExampleSpec {
 /// feature or none was asked for).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Found {
+    /// Where the payload lies in the record's data.
     pub payload: Range<usize>,
+    /// The label (minus `label_offset`), `None` without one.
     pub label: Option<i64>,
 }
 

@@ -34,7 +34,9 @@ pub use options::{OptionDoc, DATASET_OPTIONS};
 pub struct Sample {
     /// Index into [`Dataset::files`].
     pub file: u32,
+    /// Bytes of the sample.
     pub len: u32,
+    /// Byte offset of the sample in its file.
     pub offset: u64,
     /// Class label, −1 when none.
     pub label: i64,
@@ -45,7 +47,9 @@ pub struct Sample {
 /// A file of the dataset.
 #[derive(Debug, Clone)]
 pub struct DataFile {
+    /// The file's path.
     pub path: Arc<Path>,
+    /// Its size in bytes when the dataset was opened.
     pub size: u64,
 }
 
@@ -70,6 +74,7 @@ pub enum Format {
 }
 
 impl Format {
+    /// The format's name, as the `format` option spells it.
     pub fn name(self) -> &'static str {
         match self {
             Format::Packed => "packed",
@@ -101,7 +106,9 @@ pub enum Frame {
 /// [`OpenOptions::values`] gives back every effective value.
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
+    /// The format; `None` detects it from the path.
     pub format: Option<Format>,
+    /// WebDataset tars: which member is the payload and which the label.
     pub webdataset: tar::TarOptions,
     /// A TFRecord index (`offset size` lines, as `tfrecord2idx` writes): a file when one record
     /// file is opened, or a directory holding `NAME.idx` for each record file `NAME`. Without
@@ -121,6 +128,7 @@ pub struct OpenOptions {
     /// deliver what follows, flagged as recovered ([`Dataset::is_recovered`]). Off by default:
     /// the rest of that file is then not indexed.
     pub tfrecord_recover: bool,
+    /// Token corpora: the token width, sequence length and stride.
     pub tokens: tokens::TokenOptions,
     /// Refuse a dataset in which indexing found any problem.
     pub strict: bool,
@@ -159,7 +167,9 @@ impl OpenOptions {
 /// carries (a TFRecord Example's label feature), which takes the index's place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked {
+    /// Where the payload lies in the sample's raw bytes.
     pub payload: Range<usize>,
+    /// The label the data carries, which takes the index's place.
     pub label: Option<i64>,
 }
 
@@ -171,6 +181,7 @@ pub struct Strings {
 }
 
 impl Strings {
+    /// Appends a string; fails once all strings together exceed 4 GiB.
     pub fn push(&mut self, s: &[u8]) -> Result<()> {
         self.bytes.extend_from_slice(s);
         let end = u32::try_from(self.bytes.len())
@@ -178,13 +189,16 @@ impl Strings {
         self.ends.push(end);
         Ok(())
     }
+    /// String `i`.
     pub fn get(&self, i: usize) -> &[u8] {
         let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
         &self.bytes[start..self.ends[i] as usize]
     }
+    /// How many strings there are.
     pub fn len(&self) -> usize {
         self.ends.len()
     }
+    /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
     }
@@ -334,6 +348,7 @@ impl Dataset {
         shard::open_shards(paths)
     }
 
+    /// The format the dataset was opened as.
     pub fn format(&self) -> Format {
         self.format
     }
@@ -343,18 +358,22 @@ impl Dataset {
         self.samples.len()
     }
 
+    /// Whether the dataset has no samples.
     pub fn is_empty(&self) -> bool {
         self.samples.is_empty()
     }
 
+    /// The dataset's files, in the order samples refer to them.
     pub fn files(&self) -> &[DataFile] {
         &self.files
     }
 
+    /// Every sample, in dataset order.
     pub fn samples(&self) -> &[Sample] {
         &self.samples
     }
 
+    /// Sample `i`.
     pub fn sample(&self, i: usize) -> &Sample {
         &self.samples[i]
     }

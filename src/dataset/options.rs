@@ -21,6 +21,7 @@ pub struct OptionDoc {
     pub flag: &'static str,
     /// The default, as text.
     pub default: &'static str,
+    /// What the option does, as the CLI help says it.
     pub help: &'static str,
     /// A yes/no option: a CLI flag without a value (`--strict`), `true`/`false` elsewhere.
     pub boolean: bool,

@@ -36,8 +36,11 @@ impl Default for PackOptions {
 /// What was written.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PackSummary {
+    /// The shards written, in order.
     pub shards: Vec<PathBuf>,
+    /// Samples written.
     pub samples: u64,
+    /// Bytes written (all shards, headers and indexes included).
     pub bytes: u64,
 }
 

@@ -7,9 +7,13 @@ use std::path::{Path, PathBuf};
 use super::{data_file, Dataset, Format, Sample, Strings};
 use crate::error::{shared_path, Error, ErrorKind, Result};
 
+/// The first 8 bytes of every shard.
 pub const MAGIC: &[u8; 8] = b"GPFSHARD";
+/// The format version this build writes (`docs/FORMAT.md`).
 pub const VERSION: u16 = 1;
+/// Size of the header at the start of a shard.
 pub const HEADER_BYTES: usize = 64;
+/// Size of one index entry.
 pub const ENTRY_BYTES: usize = 32;
 /// Where sample data starts in shards gpufeed writes (aligned for O_DIRECT).
 pub const DATA_OFFSET: u64 = 4096;
@@ -19,11 +23,17 @@ pub const EXTENSION: &str = "gpf";
 /// The fixed header of a shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
+    /// Alignment of each sample's offset (1 for none).
     pub sample_align: u32,
+    /// Samples in the shard.
     pub sample_count: u64,
+    /// Where the data region starts.
     pub data_offset: u64,
+    /// Where the index starts.
     pub index_offset: u64,
+    /// Bytes of the index (entries and the key/metadata blob).
     pub index_bytes: u64,
+    /// crc32c of the index bytes.
     pub index_crc32c: u32,
 }
 
@@ -109,28 +119,40 @@ impl Header {
 /// One parsed index entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
+    /// Byte offset of the sample in the shard.
     pub offset: u64,
+    /// Bytes of the sample.
     pub len: u32,
+    /// crc32c of the sample's bytes.
     pub crc32c: u32,
+    /// Class label, −1 when none.
     pub label: i64,
+    /// Where the sample's key and metadata start in the blob.
     pub blob_offset: u32,
+    /// Bytes of the key.
     pub key_len: u16,
+    /// Bytes of the metadata (after the key).
     pub meta_len: u16,
 }
 
 /// A shard's header and index, validated.
 #[derive(Debug, Clone)]
 pub struct ShardIndex {
+    /// The validated header.
     pub header: Header,
+    /// One entry per sample, in shard order.
     pub entries: Vec<Entry>,
+    /// Keys and metadata, back to back.
     pub blob: Vec<u8>,
 }
 
 impl ShardIndex {
+    /// Sample `i`'s key.
     pub fn key(&self, i: usize) -> &[u8] {
         let e = &self.entries[i];
         &self.blob[e.blob_offset as usize..e.blob_offset as usize + e.key_len as usize]
     }
+    /// Sample `i`'s metadata.
     pub fn meta(&self, i: usize) -> &[u8] {
         let e = &self.entries[i];
         let s = e.blob_offset as usize + e.key_len as usize;
@@ -277,8 +299,11 @@ pub struct ShardWriter {
 /// What a finished shard holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardSummary {
+    /// Samples written.
     pub samples: u64,
+    /// Bytes of the data region.
     pub data_bytes: u64,
+    /// Bytes of the whole file.
     pub file_bytes: u64,
 }
 
@@ -314,6 +339,7 @@ impl ShardWriter {
         self.pos
     }
 
+    /// Samples added so far.
     pub fn samples(&self) -> usize {
         self.entries.len()
     }

@@ -18,6 +18,7 @@ use crate::error::{invalid, Error, Result};
 
 /// Bytes of framing around a record's data: 12 before, 4 after.
 pub const HEAD: usize = 12;
+/// Bytes of framing after a record's data (its data crc).
 pub const TAIL: usize = 4;
 
 /// TFRecord's masked crc32c.

@@ -24,7 +24,9 @@ use crate::error::{invalid, Error, Result};
 /// Width of the tokens in a flat token file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TokenType {
+    /// 16-bit tokens (vocabularies up to 65,536).
     U16,
+    /// 32-bit tokens.
     U32,
 }
 
@@ -37,6 +39,7 @@ impl TokenType {
         }
     }
 
+    /// Bytes per token.
     pub fn bytes(self) -> u64 {
         match self {
             TokenType::U16 => 2,

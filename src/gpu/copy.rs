@@ -32,6 +32,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A simulated device, for tests: host memory, copies that complete late and out of order.
 #[derive(Debug, Clone)]
 pub struct SimDevice {
+    /// Seeds the simulated copies' delays.
     pub seed: u64,
     /// A copy completes after 0..=max_delay polls of the copy stage.
     pub max_delay: u32,
@@ -40,6 +41,7 @@ pub struct SimDevice {
 }
 
 impl SimDevice {
+    /// A simulated device with `seed` and the default delays.
     pub fn new(seed: u64) -> SimDevice {
         SimDevice {
             seed,
@@ -52,11 +54,13 @@ impl SimDevice {
 /// What the simulated device saw.
 #[derive(Debug, Default)]
 pub struct SimDeviceStats {
+    /// Copies completed.
     pub copies: AtomicU64,
     /// Copies whose source slot changed while the copy was in flight (must stay 0).
     pub source_changed: AtomicU64,
     /// Copies into a region that batches still held (must stay 0).
     pub region_in_use: AtomicU64,
+    /// Most copies in flight at once.
     pub max_in_flight: AtomicU64,
 }
 
@@ -137,10 +141,12 @@ impl DevicePool {
         })
     }
 
+    /// Regions in the pool.
     pub fn regions(&self) -> usize {
         self.mem.len()
     }
 
+    /// Regions neither held by batches nor being written.
     pub fn free_regions(&self) -> usize {
         lock(&self.free).len()
     }
@@ -226,6 +232,7 @@ pub struct DeviceRegion {
 }
 
 impl DeviceRegion {
+    /// The region's device address.
     pub fn ptr(&self) -> u64 {
         self.pool.ptr(self.index)
     }
@@ -235,6 +242,7 @@ impl DeviceRegion {
         self.used
     }
 
+    /// Whether the region holds no data.
     pub fn is_empty(&self) -> bool {
         self.used == 0
     }
@@ -378,10 +386,12 @@ impl CopyStage {
         })
     }
 
+    /// The regions this stage copies into.
     pub fn pool(&self) -> &Arc<DevicePool> {
         &self.pool
     }
 
+    /// Copies started and not yet seen complete.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
     }
@@ -598,6 +608,7 @@ impl<T> CopyPipeline<T> {
         })
     }
 
+    /// The regions this pipeline copies into.
     pub fn pool(&self) -> &Arc<DevicePool> {
         self.stage.pool()
     }

@@ -137,6 +137,7 @@ impl Context {
             .map_err(driver("cuCtxSetCurrent"))
     }
 
+    /// The device's ordinal.
     pub fn ordinal(&self) -> u32 {
         self.ordinal
     }
@@ -161,6 +162,7 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// A new non-blocking stream on `ctx`'s device.
     pub fn new(ctx: &Arc<Context>) -> Result<Stream> {
         let inner = ctx.inner.new_stream().map_err(driver("cuStreamCreate"))?;
         Ok(Stream { inner })
@@ -171,6 +173,7 @@ impl Stream {
         self.inner.cu_stream() as u64
     }
 
+    /// Waits for all work enqueued on the stream.
     pub fn synchronize(&self) -> Result<()> {
         self.inner
             .synchronize()
@@ -208,6 +211,7 @@ pub struct Event {
 }
 
 impl Event {
+    /// A new event (without timing) on `ctx`'s device.
     pub fn new(ctx: &Arc<Context>) -> Result<Event> {
         let inner = ctx.inner.new_event(None).map_err(driver("cuEventCreate"))?;
         Ok(Event { inner })
@@ -238,6 +242,7 @@ impl Event {
         self.inner.try_is_complete().map_err(driver("cuEventQuery"))
     }
 
+    /// Waits for the work before the last record.
     pub fn synchronize(&self) -> Result<()> {
         self.inner
             .synchronize()
@@ -260,6 +265,7 @@ pub struct DeviceBuffer {
 }
 
 impl DeviceBuffer {
+    /// `len` bytes of zeroed device memory on `ctx`'s device.
     pub fn new(ctx: &Arc<Context>, len: usize) -> Result<DeviceBuffer> {
         // Allocated (stream-ordered where the device supports it) and zeroed on the legacy
         // default stream, which is then waited for, so any stream may use it from here on.
@@ -274,14 +280,17 @@ impl DeviceBuffer {
         Ok(DeviceBuffer { mem, ptr, len })
     }
 
+    /// The device address.
     pub fn ptr(&self) -> u64 {
         self.ptr
     }
 
+    /// Bytes of the buffer.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

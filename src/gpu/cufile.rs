@@ -34,6 +34,7 @@ pub enum CufileMode {
 }
 
 impl CufileMode {
+    /// The mode's name, as `bench gpu` reports it ("gds" or "compat").
     pub fn name(self) -> &'static str {
         match self {
             CufileMode::Gds => "gds",
@@ -106,6 +107,7 @@ unsafe impl Send for CufileFile {}
 unsafe impl Sync for CufileFile {}
 
 impl CufileFile {
+    /// Opens `path` with O_DIRECT and registers it with cuFile.
     pub fn open(path: &Path) -> Result<CufileFile> {
         status()?;
         let file = std::fs::OpenOptions::new()
@@ -213,10 +215,12 @@ impl CufileBuffer {
         Ok(CufileBuffer { mem, len })
     }
 
+    /// Bytes of the buffer.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

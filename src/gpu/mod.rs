@@ -52,9 +52,13 @@ pub enum GpuPath {
 /// What CUDA reports about the machine.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct GpuInfo {
+    /// CUDA devices visible.
     pub devices: u32,
+    /// Device 0's name.
     pub name: String,
+    /// Device 0's memory in bytes.
     pub total_mem: usize,
+    /// The driver's CUDA version (13000 for 13.0).
     pub driver_version: i32,
     /// cuFile's state: "gds", "compat", or why it is unavailable.
     pub cufile: String,

@@ -64,7 +64,9 @@ unsafe impl Send for RawRead {}
 /// The result of a [`RawRead`]: bytes read (≥ 0) or a negative errno.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawDone {
+    /// The id of the read it answers.
     pub id: u64,
+    /// Bytes read (≥ 0) or a negative errno.
     pub res: i32,
 }
 
@@ -114,6 +116,7 @@ pub struct FileId(pub u32);
 /// What an engine knows of an open file.
 #[derive(Debug, Clone)]
 pub struct FileInfo {
+    /// The path it was opened from.
     pub path: Arc<Path>,
     /// Size when opened.
     pub size: u64,
@@ -136,6 +139,7 @@ struct FileEntry {
 /// One read of a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadSpec {
+    /// The file to read (from [`Engine::open`]).
     pub file: FileId,
     /// Byte offset in the file; any value.
     pub offset: u64,
@@ -160,7 +164,9 @@ enum Outcomes {
 
 /// A finished job: the slot back, and one outcome per read in submission order.
 pub struct Completion {
+    /// What the job was submitted with.
     pub user_data: u64,
+    /// The slot the reads landed in, back to the caller.
     pub slot: Slot,
     outcomes: Outcomes,
 }
@@ -194,7 +200,9 @@ impl std::fmt::Debug for Completion {
 /// A submission the engine could not take; the slot comes back with the reason.
 #[derive(Debug)]
 pub struct Rejected {
+    /// The slot, back to the caller.
     pub slot: Slot,
+    /// Why the submission was refused.
     pub error: Error,
 }
 

@@ -36,6 +36,7 @@ impl Shared {
     }
 }
 
+/// Reads with `pread` on a pool of threads (no io_uring).
 pub struct PoolBackend {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
@@ -45,6 +46,7 @@ pub struct PoolBackend {
 }
 
 impl PoolBackend {
+    /// A pool with the threads `cfg` asks for (one per queue slot by default).
     pub fn new(cfg: &EngineConfig) -> Result<PoolBackend> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {

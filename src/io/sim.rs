@@ -14,14 +14,19 @@ use super::{Backend, RawDone, RawRead};
 /// What the simulator injects. Probabilities are per raw read.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
+    /// Everything the simulator decides follows from this seed.
     pub seed: u64,
     /// Raw reads in flight at most.
     pub capacity: usize,
     /// A read completes after 0..=this many `submit` rounds.
     pub max_delay_rounds: u32,
+    /// Probability that a read returns fewer bytes than asked (the rest is scribbled over).
     pub short_read: f64,
+    /// Probability that a read fails with EIO.
     pub eio: f64,
+    /// Probability that a read fails with EAGAIN (to be retried).
     pub eagain: f64,
+    /// Probability that a read fails with EINTR (to be retried).
     pub eintr: f64,
     /// Probability that a read in flight when `cancel_all` is called completes with ECANCELED
     /// (otherwise it completes normally: the race).
@@ -68,6 +73,8 @@ struct Flight {
     cancelled: bool,
 }
 
+/// The simulated backend: reads served by `pread` from the real file, faults and timing from
+/// the [`SimConfig`].
 pub struct SimBackend {
     cfg: SimConfig,
     rng: Rng,
@@ -78,6 +85,7 @@ pub struct SimBackend {
 }
 
 impl SimBackend {
+    /// A simulator following `cfg`.
     pub fn new(cfg: SimConfig) -> SimBackend {
         SimBackend {
             rng: Rng::new(cfg.seed),

@@ -4,6 +4,7 @@ use std::io;
 
 use super::{Backend, RawDone, RawRead};
 
+/// Reads with `pread` on the calling thread, one at a time (the baseline).
 #[derive(Default)]
 pub struct SyncBackend {
     staged: Option<RawRead>,
@@ -12,6 +13,7 @@ pub struct SyncBackend {
 }
 
 impl SyncBackend {
+    /// A synchronous backend.
     pub fn new() -> SyncBackend {
         SyncBackend::default()
     }

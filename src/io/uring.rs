@@ -31,6 +31,7 @@ pub fn unavailable(e: &io::Error) -> bool {
     )
 }
 
+/// Reads through io_uring (fixed files, fixed buffers where registered, O_DIRECT).
 pub struct UringBackend {
     ring: IoUring<squeue::Entry, io_uring::cqueue::Entry>,
     /// Keeps the arena (the registered memory) alive at least as long as the ring.

@@ -67,14 +67,17 @@ pub struct LoaderBuilder {
 pub const DEFAULT_MEMORY_BUDGET_BYTES: u64 = 4 << 30;
 
 impl LoaderBuilder {
+    /// Samples per batch (default 256).
     pub fn batch_size(mut self, n: u32) -> Self {
         self.plan.batch_size = n;
         self
     }
+    /// The epoch order (default global).
     pub fn order(mut self, order: Order) -> Self {
         self.plan.order = order;
         self
     }
+    /// The seed every epoch order derives from (default 0).
     pub fn seed(mut self, seed: u64) -> Self {
         self.plan.seed = seed;
         self
@@ -137,6 +140,7 @@ impl LoaderBuilder {
         self.plan.max_read_bytes = max_read_bytes;
         self
     }
+    /// The engine to read with (default io_uring).
     pub fn engine_kind(mut self, kind: EngineKind) -> Self {
         self.engine.kind = kind;
         self
@@ -168,6 +172,8 @@ impl LoaderBuilder {
         self
     }
 
+    /// Checks the settings, sizes the slots and allocates the arena (on a device, also registers
+    /// it and allocates the device regions).
     pub fn build(self) -> Result<Loader> {
         self.plan.validate()?;
         if self.prefetch_groups == 0 || self.in_flight_groups == 0 {
@@ -318,10 +324,13 @@ pub struct Loader {
 /// What an epoch delivered so far.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct LoaderStats {
+    /// Batches handed out.
     pub batches: u64,
+    /// Samples handed out (padding included).
     pub samples: u64,
     /// Samples delivered as padding (repeats that even out ranks, `LastBatch::Pad`).
     pub padding: u64,
+    /// Samples handed out as errors.
     pub sample_errors: u64,
     /// Bytes of samples delivered.
     pub bytes_delivered: u64,
@@ -357,6 +366,7 @@ impl Loader {
         }
     }
 
+    /// The dataset the loader reads.
     pub fn dataset(&self) -> &Arc<Dataset> {
         &self.dataset
     }
@@ -403,6 +413,7 @@ impl Loader {
         self.plan.group_bytes_max
     }
 
+    /// The plan settings in effect.
     pub fn plan_config(&self) -> &PlanConfig {
         &self.plan
     }

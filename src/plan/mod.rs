@@ -32,14 +32,23 @@ pub enum Order {
     Global,
     /// Shards (files) in a shuffled order, each rank a contiguous part of that stream, then a
     /// shuffle buffer of `buffer` samples (as WebDataset and DALI do).
-    ShardBuffer { buffer: u32 },
+    ShardBuffer {
+        /// Samples in the shuffle buffer.
+        buffer: u32,
+    },
     /// Quasi-random: the dataset cut into blocks of about `block_bytes` consecutive bytes,
     /// blocks shuffled, each rank a contiguous part of that stream; `open_blocks` blocks are open
     /// at a time and their samples are drawn in random order (FFCV-like, deterministic).
-    Block { block_bytes: u64, open_blocks: u32 },
+    Block {
+        /// Bytes of consecutive samples per block (about).
+        block_bytes: u64,
+        /// Blocks open (drawn from) at a time.
+        open_blocks: u32,
+    },
 }
 
 impl Order {
+    /// The order's name, as the CLI spells it.
     pub fn name(&self) -> &'static str {
         match self {
             Order::Global => "global",
@@ -112,10 +121,15 @@ impl LastBatch {
 /// Every choice that shapes an epoch's plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanConfig {
+    /// The epoch order.
     pub order: Order,
+    /// The seed every epoch order derives from.
     pub seed: u64,
+    /// This rank (0-based).
     pub rank: u32,
+    /// Ranks in all.
     pub world_size: u32,
+    /// Samples per batch.
     pub batch_size: u32,
     /// What happens to the samples that do not fill a rank's last batch (default: a short
     /// last batch, every sample exactly once).
@@ -225,6 +239,7 @@ impl PlanConfig {
             .div_ceil(self.batch_size.max(1) as usize)
     }
 
+    /// Refuses settings outside their limits, naming the setting.
     pub fn validate(&self) -> Result<()> {
         if self.world_size == 0 || self.rank >= self.world_size {
             return Err(invalid(format!(
@@ -276,8 +291,11 @@ pub fn span(s: &Sample, align: u64) -> u64 {
 /// largest single span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchBytes {
+    /// The `batch` largest aligned spans together.
     pub worst: u64,
+    /// `batch` × the mean aligned span.
     pub typical: u64,
+    /// The largest single aligned span.
     pub largest: u64,
 }
 
@@ -601,8 +619,11 @@ fn shuffle_buffer(v: &mut [u32], q: usize, rng: &mut Rng) {
 /// One read of a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlannedRead {
+    /// Index into the dataset's files.
     pub file: u32,
+    /// Byte offset of the read in the file.
     pub offset: u64,
+    /// Bytes to read.
     pub len: u32,
     /// Where the read's aligned span starts in the group's slot.
     pub buf_offset: u64,
@@ -611,7 +632,9 @@ pub struct PlannedRead {
 /// Where one sample of a group sits: inside which read, at which offset from the read's start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
+    /// Index into the group's reads.
     pub read: u32,
+    /// The sample's offset from that read's start.
     pub offset_in_read: u32,
 }
 
@@ -620,6 +643,7 @@ pub struct Placement {
 pub struct Group {
     /// Batches of the epoch (this rank's numbering) this group serves.
     pub batches: Range<u32>,
+    /// The reads, sorted by file and offset.
     pub reads: Vec<PlannedRead>,
     /// One per sample of the group, in epoch order.
     pub scatter: Vec<Placement>,
@@ -627,6 +651,7 @@ pub struct Group {
     pub slot_bytes: u64,
     /// Bytes read (aligned spans), and bytes of the samples themselves.
     pub bytes_read: u64,
+    /// Bytes of the samples themselves.
     pub bytes_wanted: u64,
 }
 
@@ -708,8 +733,11 @@ pub fn coalesce(
 /// A rank's plan for one epoch: its order, and the groups it is read in.
 #[derive(Debug, Clone)]
 pub struct EpochPlan {
+    /// The epoch planned.
     pub epoch: u64,
+    /// This rank's samples (dataset indices) in epoch order, padding last.
     pub order: Vec<u32>,
+    /// Samples per batch.
     pub batch_size: u32,
     /// Positions of `order` from here on are padding ([`LastBatch::Pad`]).
     padding_from: usize,
@@ -874,8 +902,11 @@ impl EpochPlan {
 /// Shuffle-quality and I/O figures of one rank's epoch.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Quality {
+    /// The order's name.
     pub mode: &'static str,
+    /// Samples in the rank's epoch.
     pub samples: u64,
+    /// Batches in the rank's epoch.
     pub batches: u32,
     /// Reads issued per sample delivered.
     pub reads_per_sample: f64,
@@ -885,6 +916,7 @@ pub struct Quality {
     pub files_per_batch: f64,
     /// Mean number of distinct labels in a batch, and what a global shuffle would give.
     pub labels_per_batch: f64,
+    /// The same for a global shuffle of the same dataset.
     pub labels_per_batch_global: f64,
     /// |Pearson correlation| between a sample's place in the dataset and in the epoch: 0 for a
     /// global shuffle, 1 for sequential reading.
