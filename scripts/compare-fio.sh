@@ -5,6 +5,10 @@
 #
 # usage: scripts/compare-fio.sh [--file PATH] [--size 4G] [--seconds 10] [--rounds 2]
 #                               [--cases 4k,128k,imagenet] [--cpu auto|none|N] [--json OUT.json]
+#                               [--tokio-uring]
+# --tokio-uring: also run the tokio-uring peer (`bench io --engine tokio-uring`, a binary built
+# with `--features tokio-uring`) in the alternation: fio, ours, tokio-uring in odd rounds, the
+# reverse in even rounds.
 # --cpu: both tools run pinned to the same CPU (taskset). `auto` (default) picks a CPU that does
 # not take the disk's interrupts: on kernels without IRQ-time accounting, interrupt time is
 # charged to whichever task happens to run on the interrupted CPU, which otherwise makes the
@@ -15,12 +19,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 file=gpufeed-bench.dat size=4G seconds=10 rounds=2 cases=4k,128k,imagenet json_out="" cpu=auto
+tokio=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --file) file=$2; shift 2;; --size) size=$2; shift 2;; --seconds) seconds=$2; shift 2;;
     --rounds) rounds=$2; shift 2;; --cases) cases=$2; shift 2;; --json) json_out=$2; shift 2;;
     --cpu) cpu=$2; shift 2;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0;;
+    --tokio-uring) tokio=1; shift;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0;;
     *) echo "unknown argument: $1" >&2; exit 2;;
   esac
 done
@@ -73,10 +79,14 @@ run_case() { # name ours_bs fio_bs_arg qd round
                  --time_based --output-format=json)
   local ours_cmd=("${pin[@]}" "$bin" bench io --file "$file" --pattern rand --bs "$bs" --qd "$qd"
                   --seconds "$seconds" --engine uring --json)
+  local tokio_cmd=("${pin[@]}" "$bin" bench io --file "$file" --pattern rand --bs "$bs" --qd "$qd"
+                  --seconds "$seconds" --engine tokio-uring --json)
   sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
   if [ $((r % 2)) = 1 ]; then
     "${fio_cmd[@]}" > "$tmp/$name.fio.$r.json"; "${ours_cmd[@]}" > "$tmp/$name.ours.$r.json"
+    [ "$tokio" = 1 ] && "${tokio_cmd[@]}" > "$tmp/$name.tokio.$r.json"
   else
+    [ "$tokio" = 1 ] && "${tokio_cmd[@]}" > "$tmp/$name.tokio.$r.json"
     "${ours_cmd[@]}" > "$tmp/$name.ours.$r.json"; "${fio_cmd[@]}" > "$tmp/$name.fio.$r.json"
   fi
   "${pin[@]}" "$bin" bench io --file "$file" --pattern rand --bs "$bs" --qd "$qd" --seconds "$seconds" \
@@ -95,9 +105,10 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 
-python3 - "$tmp" "$rounds" "$cases" "$json_out" "$cpu" <<'PY'
-import json, sys, statistics as st
+python3 - "$tmp" "$rounds" "$cases" "$json_out" "$cpu" "$tokio" <<'PY'
+import json, os, sys, statistics as st
 tmp, rounds, cases, out, cpu = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4], sys.argv[5]
+tokio = sys.argv[6] == "1"
 print(f"both tools pinned to CPU {cpu}" if cpu != "none" else "unpinned")
 qd = {"4k": 32, "128k": 32, "imagenet": 128}
 def fio(path):
@@ -116,7 +127,10 @@ for c in cases:
         g, cp = o["gib_per_s"] / f["gib_per_s"], o["cpu_s_per_gib"] / f["cpu_s_per_gib"]
         gr.append(g); cr.append(cp)
         print(f'{c:<9} {qd[c]:>4} {r:>5} {f["gib_per_s"]:>10.3f} {o["gib_per_s"]:>10.3f} {g:>5.2f}x {f["cpu_s_per_gib"]:>13.3f} {o["cpu_s_per_gib"]:>14.3f} {cp:>5.2f}x')
-        rows.append({"case": c, "round": r, "fio": f, "ours": o, "others": lines(f"{tmp}/{c}.others.{r}.json")})
+        row = {"case": c, "round": r, "fio": f, "ours": o, "others": lines(f"{tmp}/{c}.others.{r}.json")}
+        if tokio:
+            row["tokio"] = lines(f"{tmp}/{c}.tokio.{r}.json")[0]
+        rows.append(row)
     summary.append({"case": c, "qd": qd[c], "gib_ratio_mean": st.mean(gr), "gib_ratio_min": min(gr),
                     "cpu_ratio_mean": st.mean(cr), "cpu_ratio_max": max(cr)})
 print()
@@ -135,6 +149,16 @@ for c in cases:
     for eng, os_ in by.items():
         parts.append(f'{eng} {st.mean(x["gib_per_s"] for x in os_):.3f} ({st.mean(x["cpu_s_per_gib"] for x in os_):.3f})')
     print(f"  {c:<9} " + ", ".join(parts))
+if tokio:
+    print()
+    print("tokio-uring peer (per round: its GiB/s; ours/tokio GiB/s; ours/tokio CPU-s/GiB; tokio/fio GiB/s):")
+    for c in cases:
+        rs = [row for row in rows if row["case"] == c]
+        g = [row["ours"]["gib_per_s"] / row["tokio"]["gib_per_s"] for row in rs]
+        cp = [row["ours"]["cpu_s_per_gib"] / row["tokio"]["cpu_s_per_gib"] for row in rs]
+        tf = [row["tokio"]["gib_per_s"] / row["fio"]["gib_per_s"] for row in rs]
+        print(f"  {c:<9} " + "; ".join(f'{row["tokio"]["gib_per_s"]:.3f} GiB/s, {a:.2f}x, {b:.2f}x, {t:.2f}x' for row, a, b, t in zip(rs, g, cp, tf))
+              + f"  | mean ours/tokio {st.mean(g):.2f}x GiB/s at {st.mean(cp):.2f}x CPU")
 if out:
     json.dump({"cpu": cpu, "rows": rows, "summary": summary}, open(out, "w"), indent=1)
 PY

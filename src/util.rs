@@ -201,6 +201,15 @@ impl Histogram {
         self.n += 1;
     }
 
+    /// Adds `other`'s counts to these.
+    #[cfg_attr(not(feature = "tokio-uring"), allow(dead_code))]
+    pub fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.n += other.n;
+    }
+
     /// The value at quantile `q` (0..=1), in nanoseconds; 0 when empty.
     pub fn quantile(&self, q: f64) -> u64 {
         if self.n == 0 {

@@ -203,7 +203,60 @@ pub fn fill_pattern(buf: &mut [u8], offset: u64) {
     }
 }
 
-fn drop_cached(path: &Path) {
+/// Draws each read of a run: a size from the mix, and a random offset on the grid (`blocks`
+/// positions `align` apart) or the next sequential one (steps rounded up to `step_align`).
+#[derive(Debug, Clone)]
+pub(crate) struct Draw {
+    pub(crate) pattern: Pattern,
+    pub(crate) blocks: u64,
+    pub(crate) align: u64,
+    pub(crate) file_bytes: u64,
+    pub(crate) step_align: u64,
+    pub(crate) seq: u64,
+}
+
+impl Draw {
+    /// The next read's offset and length.
+    pub(crate) fn next(&mut self, rng: &mut Rng, sizes: &SizeMix) -> (u64, u32) {
+        let len = sizes.pick(rng.next_u64());
+        let step = (len as u64).next_multiple_of(self.step_align);
+        let off = match self.pattern {
+            Pattern::Rand => rng.below(self.blocks) * self.align,
+            Pattern::Seq => {
+                if self.seq + step > self.file_bytes {
+                    self.seq = 0;
+                }
+                let o = self.seq;
+                self.seq += step;
+                o
+            }
+        };
+        (off, len)
+    }
+}
+
+/// Refuses a spec outside its limits, or a file smaller than the largest read (`max`); returns
+/// the file's size.
+pub(crate) fn check_spec(spec: &IoBenchSpec, max: u64) -> Result<u64> {
+    if spec.queue_depth == 0 {
+        return Err(invalid("queue depth must be at least 1"));
+    }
+    if !(spec.seconds > 0.0 && spec.seconds.is_finite()) {
+        return Err(invalid("seconds must be positive"));
+    }
+    let file_bytes = std::fs::metadata(&spec.file)
+        .map_err(|e| Error::io("cannot stat bench file", e).with_path(spec.file.clone()))?
+        .len();
+    if file_bytes < max {
+        return Err(invalid(format!(
+            "the bench file has {file_bytes} bytes, fewer than the largest read ({max})"
+        ))
+        .with_path(spec.file.clone()));
+    }
+    Ok(file_bytes)
+}
+
+pub(crate) fn drop_cached(path: &Path) {
     if let Ok(fd) = sys::open_read(path, false) {
         let _ = sys::fadvise(
             std::os::fd::AsFd::as_fd(&fd),
@@ -216,22 +269,8 @@ fn drop_cached(path: &Path) {
 
 /// Runs one I/O bench. The file must exist (see [`ensure_file`]).
 pub fn run_io_bench(spec: &IoBenchSpec) -> Result<IoBenchResult> {
-    if spec.queue_depth == 0 {
-        return Err(invalid("queue depth must be at least 1"));
-    }
-    if !(spec.seconds > 0.0 && spec.seconds.is_finite()) {
-        return Err(invalid("seconds must be positive"));
-    }
-    let file_bytes = std::fs::metadata(&spec.file)
-        .map_err(|e| Error::io("cannot stat bench file", e).with_path(spec.file.clone()))?
-        .len();
     let max = spec.sizes.max() as u64;
-    if file_bytes < max {
-        return Err(invalid(format!(
-            "the bench file has {file_bytes} bytes, fewer than the largest read ({max})"
-        ))
-        .with_path(spec.file.clone()));
-    }
+    let file_bytes = check_spec(spec, max)?;
     // The std engine is synchronous: one read at a time whatever the queue depth.
     let qd = if spec.engine == EngineKind::Std {
         1
@@ -272,22 +311,15 @@ pub fn run_io_bench(spec: &IoBenchSpec) -> Result<IoBenchResult> {
     } as usize;
 
     let mut rng = Rng::new(spec.seed);
-    let mut seq_off = 0u64;
-    let mut next = |rng: &mut Rng| -> (u64, u32) {
-        let len = spec.sizes.pick(rng.next_u64());
-        let off = match spec.pattern {
-            Pattern::Rand => rng.below(blocks) * align,
-            Pattern::Seq => {
-                if seq_off + len as u64 > file_bytes {
-                    seq_off = 0;
-                }
-                let o = seq_off;
-                seq_off += len as u64;
-                o
-            }
-        };
-        (off, len)
+    let mut draw = Draw {
+        pattern: spec.pattern,
+        blocks,
+        align,
+        file_bytes,
+        step_align: 1,
+        seq: 0,
     };
+    let mut next = |rng: &mut Rng| draw.next(rng, &spec.sizes);
 
     let mut hist = Histogram::default();
     let mut started = vec![Instant::now(); qd as usize];

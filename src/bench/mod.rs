@@ -8,6 +8,8 @@
 pub mod gpu;
 pub mod io;
 pub mod load;
+#[cfg(feature = "tokio-uring")]
+pub mod tokio_uring;
 
 pub use crate::util::{SizeMix, IMAGENET_MIX};
 pub use io::{ensure_file, run_io_bench, IoBenchResult, IoBenchSpec, Pattern, SubmitPolicy};

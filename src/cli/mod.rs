@@ -359,9 +359,10 @@ struct IoArgs {
     /// Seconds per run.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
-    /// Engine(s): uring, uring-buffered, pread-pool, std (comma-separated for several runs).
+    /// Engine(s): uring, uring-buffered, pread-pool, std, or the peer tokio-uring (a build with
+    /// the `tokio-uring` feature) — comma-separated for several runs.
     #[arg(long, default_value = "uring", value_delimiter = ',')]
-    engine: Vec<EngineKind>,
+    engine: Vec<String>,
     /// Threads of the pread pool (default: one per queue slot).
     #[arg(long, default_value_t = 0)]
     threads: u32,
@@ -439,8 +440,23 @@ fn bench_io(a: IoArgs) -> Result<()> {
     if !a.json {
         outln!("{}", table_header());
     }
+    // Every name checked before anything runs.
+    let engines: Vec<Option<EngineKind>> = a
+        .engine
+        .iter()
+        .map(|e| match e.as_str() {
+            "tokio-uring" if cfg!(feature = "tokio-uring") => Ok(None),
+            "tokio-uring" => Err(crate::error::invalid(
+                "this gpufeed was built without the tokio-uring peer: \
+                 cargo build --release --features tokio-uring",
+            )),
+            other => other.parse().map(Some),
+        })
+        .collect::<Result<_>>()?;
     for &pattern in &a.pattern {
-        for &engine in &a.engine {
+        for &engine in &engines {
+            let peer = engine.is_none();
+            let engine = engine.unwrap_or(EngineKind::Uring);
             let spec = IoBenchSpec {
                 queue_depth: a.qd,
                 seconds: a.seconds,
@@ -455,10 +471,27 @@ fn bench_io(a: IoArgs) -> Result<()> {
                 drop_cache: !a.keep_cache,
                 ..IoBenchSpec::new(&a.file, engine, pattern, sizes.clone())
             };
-            emit(&run_io_bench(&spec)?, a.json);
+            let r = if peer {
+                run_peer(&spec)?
+            } else {
+                run_io_bench(&spec)?
+            };
+            emit(&r, a.json);
         }
     }
     Ok(())
+}
+
+#[cfg(feature = "tokio-uring")]
+fn run_peer(spec: &IoBenchSpec) -> Result<IoBenchResult> {
+    crate::bench::tokio_uring::run_tokio_uring_bench(spec)
+}
+
+#[cfg(not(feature = "tokio-uring"))]
+fn run_peer(_: &IoBenchSpec) -> Result<IoBenchResult> {
+    Err(crate::error::invalid(
+        "this gpufeed was built without the tokio-uring peer",
+    ))
 }
 
 /// The main job: every engine on three workloads, a few seconds each, with a verdict per case.
