@@ -85,6 +85,9 @@ class Loader:
     alias of "drop". ``on_error``: "raise" (a batch with a bad sample raises SampleError) or
     "mark" (its length is -1, ``Batch.errors`` says why). ``memory_budget``: bytes the arena
     may take (default 4 GiB); slots are sized from the dataset and the batch size within it.
+    ``prefetch_next_epoch``: when an epoch's iteration starts, also ask for the next one
+    (``set_epoch(e + 1)`` then uses it), so its first batches are read while this epoch's last
+    are used — no wait at the boundary; one that is not used is dropped.
 
     The dataset options (``format``, ``payload``, ``label_ext``, ``label_offset``,
     ``tfrecord_index``, ``tfrecord_payload``, ``tfrecord_label``, ``tfrecord_recover``,
@@ -113,6 +116,7 @@ class Loader:
         open_blocks: Optional[int] = None,
         queue_depth: Optional[int] = None,
         memory_budget: Optional[int] = None,
+        prefetch_next_epoch: bool = False,
         *,
         format: Optional[str] = None,
         payload: Optional[Union[str, Sequence[str]]] = None,
@@ -146,6 +150,10 @@ class Loader:
     @property
     def slot_bytes(self) -> Tuple[int, int]:
         """(bytes of each arena slot, slots): sized from the dataset within memory_budget."""
+    @property
+    def prefetched_epoch(self) -> Optional[int]:
+        """The epoch asked for ahead (``prefetch_next_epoch``), if one is."""
+        ...
     def set_epoch(self, epoch: int) -> None: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> _Epoch: ...

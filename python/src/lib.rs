@@ -56,6 +56,10 @@ struct State {
 struct PyLoader {
     loader: Loader,
     state: Arc<Mutex<State>>,
+    /// With `prefetch_next_epoch`: the epoch after the one being iterated, asked for when that
+    /// one started, so its first batches are read while this one's last are used.
+    ahead: Mutex<Option<(u64, Epoch)>>,
+    prefetch_next_epoch: bool,
     raise_on_error: bool,
     settings: Settings,
 }
@@ -188,7 +192,7 @@ impl PyLoader {
         paths, batch_size, order="global", seed=0, rank=None, world_size=None, device="cpu",
         prefetch=2, last_batch=None, drop_last=None, verify=true, on_error="raise",
         shuffle_buffer=None, block_bytes=None, open_blocks=None, queue_depth=None,
-        memory_budget=None, **dataset
+        memory_budget=None, prefetch_next_epoch=false, **dataset
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -210,6 +214,7 @@ impl PyLoader {
         open_blocks: Option<u32>,
         queue_depth: Option<u32>,
         memory_budget: Option<u64>,
+        prefetch_next_epoch: bool,
         dataset: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let last = match (last_batch, drop_last) {
@@ -291,6 +296,8 @@ impl PyLoader {
         warn_problems(py, loader.dataset(), &paths)?;
         Ok(PyLoader {
             state: Arc::default(),
+            ahead: Mutex::new(None),
+            prefetch_next_epoch,
             raise_on_error,
             settings: Settings {
                 batch_size,
@@ -374,6 +381,16 @@ impl PyLoader {
         (self.loader.slot_bytes(), self.loader.slots())
     }
 
+    /// The epoch asked for ahead (``prefetch_next_epoch``), if one is.
+    #[getter]
+    fn prefetched_epoch(&self) -> Option<u64> {
+        self.ahead
+            .lock()
+            .expect("ahead lock")
+            .as_ref()
+            .map(|(e, _)| *e)
+    }
+
     /// Chooses the epoch the next iteration reads (as with `DistributedSampler.set_epoch`).
     fn set_epoch(&self, epoch: u64) {
         let mut s = self.state.lock().expect("state lock");
@@ -411,10 +428,29 @@ impl PyLoader {
             s.yielded = start;
             (s.epoch, start)
         };
+        let ahead = self.ahead.lock().expect("ahead lock").take();
+        let prefetch = self.prefetch_next_epoch;
         let loader = self.loader.clone();
-        let it = py
-            .detach(move || loader.epoch_from(epoch, start))
+        // The GIL is released: asking for an epoch plans it, and dropping one asked for ahead
+        // that is not wanted now waits for its reads in flight.
+        let (it, next) = py
+            .detach(move || -> gpufeed::Result<(Epoch, Option<(u64, Epoch)>)> {
+                let it = match ahead {
+                    Some((e, it)) if e == epoch && start == 0 => it,
+                    other => {
+                        drop(other);
+                        loader.epoch_from(epoch, start)?
+                    }
+                };
+                let next = if prefetch {
+                    Some((epoch + 1, loader.epoch(epoch + 1)?))
+                } else {
+                    None
+                };
+                Ok((it, next))
+            })
             .map_err(err)?;
+        *self.ahead.lock().expect("ahead lock") = next;
         Ok(PyEpoch {
             epoch: Mutex::new(it),
             state: self.state.clone(),

@@ -111,6 +111,29 @@ class LoaderTests(unittest.TestCase):
         with self.assertRaises(ValueError):
             loader(seed=99).load_state_dict(state)
 
+    def test_prefetch_next_epoch_delivers_the_same_epochs(self):
+        def epochs(ld, which):
+            out = []
+            for e in which:
+                ld.set_epoch(e)
+                out.append([b.sample_ids.tolist() for b in ld])
+            return out
+
+        # In sequence (each next epoch asked ahead is used), after a skip (the one asked ahead
+        # is dropped), and a restart of the same epoch after a partial iteration.
+        which = [0, 1, 2, 7, 8]
+        plain = epochs(loader(), which)
+        ahead = loader(prefetch_next_epoch=True)
+        self.assertIsNone(ahead.prefetched_epoch)
+        self.assertEqual(epochs(ahead, which), plain)
+        self.assertEqual(ahead.prefetched_epoch, 9)
+        self.assertIsNone(loader().prefetched_epoch)
+        ahead.set_epoch(8)
+        it = iter(ahead)
+        next(it)
+        del it
+        self.assertEqual(epochs(ahead, [8]), plain[-1:])
+
     def test_a_corrupt_sample_raises_naming_file_and_sample(self):
         with open(os.path.join(DATA, "corrupt.txt")) as f:
             shard, sample = f.read().split()
