@@ -284,10 +284,7 @@ fn fixed_pipeline(
         if let Some(p) = pipe.as_mut() {
             let pool = p.pool().clone();
             // Regions go straight back: this row measures the copy, nothing consumes it.
-            if let Err(e) = p.pump(engine.in_flight() == 0, |r, _, ()| {
-                pool.put_back(r);
-                true
-            }) {
+            if let Err(e) = p.pump(engine.in_flight() == 0, |r, _, ()| pool.put_back(r)) {
                 if p.broken() {
                     // A DMA may still read the arena: never unregister it.
                     std::mem::forget(pin.take());

@@ -84,7 +84,9 @@ pub fn run_tokio_uring_bench(spec: &IoBenchSpec) -> Result<IoBenchResult> {
                             align,
                             file_bytes,
                             step_align: ALIGN as u64,
-                            seq: (k * max) as u64 % (file_bytes - max as u64 + 1),
+                            // Spread the tasks over the file, on the O_DIRECT grid.
+                            seq: (k * max) as u64 % (file_bytes - max as u64 + 1) / ALIGN as u64
+                                * ALIGN as u64,
                         };
                         while Instant::now() < deadline {
                             let (off, len) = draw.next(&mut rng, &sizes);

@@ -148,7 +148,8 @@ impl Arena {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(slot);
-        // Wake whoever waits in `take_timeout` (without this it slept its whole timeout).
+        // Wake whoever waits in `take_timeout` or `wait_free` (without this it slept its whole
+        // timeout).
         self.returned.notify_all();
     }
 

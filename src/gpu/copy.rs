@@ -618,11 +618,6 @@ impl<T> CopyPipeline<T> {
         self.waiting.push_back((slot, used, item));
     }
 
-    /// Slots waiting for a free region.
-    pub fn waiting(&self) -> usize {
-        self.waiting.len()
-    }
-
     /// Copies in flight.
     pub fn copying(&self) -> usize {
         self.copying.len()
@@ -659,13 +654,8 @@ impl<T> CopyPipeline<T> {
     /// `deliver(region, bytes, item)` after its slot went back to the arena (the region is then
     /// the caller's: turn it into a [`DeviceRegion`] with `DevicePool::region` or put it
     /// back). With `idle` (the caller has nothing else to wait for), waits up to 20 ms for a
-    /// free region when none is being copied, or for a copy to complete. Returns `false` once
-    /// `deliver` has (the rest of that round's regions go back to the pool).
-    pub fn pump(
-        &mut self,
-        idle: bool,
-        mut deliver: impl FnMut(usize, usize, T) -> bool,
-    ) -> Result<bool> {
+    /// free region when none is being copied, or for a copy to complete.
+    pub fn pump(&mut self, idle: bool, mut deliver: impl FnMut(usize, usize, T)) -> Result<()> {
         let pool = self.stage.pool().clone();
         while !self.waiting.is_empty() {
             let r = if idle && self.copying.is_empty() {
@@ -677,10 +667,11 @@ impl<T> CopyPipeline<T> {
             let (slot, used, item) = self.waiting.pop_front().expect("not empty");
             self.next_tag += 1;
             let tag = self.next_tag;
-            let src = self.arena.bytes(&slot).as_ptr();
-            // SAFETY: the slot stays in `self.copying` (owned here, so unchanged and mapped)
-            // until `poll` reports this tag, or forever if the stage breaks; region `r` was just
-            // taken from the pool, so no batch views it.
+            // Slicing bounds the copy by the slot (a `used` past it panics here instead).
+            let src = self.arena.bytes(&slot)[..used].as_ptr();
+            // SAFETY: `src..src + used` lies in the slot, which stays in `self.copying` (owned
+            // here, so unchanged and mapped) until `poll` reports this tag, or forever if the
+            // stage breaks; region `r` was just taken from the pool, so no batch views it.
             if let Err(e) = unsafe { self.stage.start(r, src, used, tag) } {
                 if self.stage.broken() {
                     // A DMA may still read the slot: it is not put back (so never handed out
@@ -698,17 +689,12 @@ impl<T> CopyPipeline<T> {
         self.done.clear();
         self.stage
             .poll(&mut self.done, idle && !self.copying.is_empty())?;
-        let mut open = true;
         for tag in self.done.drain(..) {
             let (slot, r, used, item) = self.copying.remove(&tag).expect("a copy per tag");
             self.arena.put(slot); // the copy has completed: the slot may be reused
-            if open {
-                open = deliver(r, used, item);
-            } else {
-                pool.put_back(r);
-            }
+            deliver(r, used, item);
         }
-        Ok(open)
+        Ok(())
     }
 
     /// Keeps the arena mapped for the rest of the process (a DMA may still read it).

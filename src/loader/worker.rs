@@ -325,7 +325,6 @@ impl WorkerCtx {
                     if let Some(a) = jobs.iter_mut().find(|a| a.id == id) {
                         a.deliver(g);
                     }
-                    true
                 })?;
             }
             if in_flight.is_empty() {

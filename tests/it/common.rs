@@ -204,3 +204,11 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// Runs `cmd`, which must fail; returns its stderr.
+pub fn stderr_of_failure(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "expected a failure; stderr: {err}");
+    err
+}

@@ -228,25 +228,14 @@ fn a_memory_budget_too_small_names_the_cli_flag() {
     let dir = disk_dir();
     let p = dir.path().join("t.tfrecord");
     tfrecord(&p, 300, None);
-    let o = gpufeed()
-        .args([
-            "bench",
-            "load",
-            "--modes",
-            "global",
-            "--batch",
-            "256",
-            "--memory-budget",
-            "1M",
-        ])
-        .arg("--dir")
-        .arg(dir.path().join("none"))
-        .arg("--dataset")
-        .arg(&p)
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = stderr_of_failure(
+        gpufeed()
+            .args(["bench", "load", "--modes", "global", "--batch", "256"])
+            .args(["--memory-budget", "1M", "--dir"])
+            .arg(dir.path().join("none"))
+            .arg("--dataset")
+            .arg(&p),
+    );
     assert!(
         err.contains("--memory-budget") && err.contains("batch_size"),
         "{err}"
