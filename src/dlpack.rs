@@ -39,6 +39,24 @@ pub const UINT8: DLDataType = DLDataType {
     bits: 8,
     lanes: 1,
 };
+/// `float16` (`kDLFloat`, 16 bits).
+pub const FLOAT16: DLDataType = DLDataType {
+    code: 2,
+    bits: 16,
+    lanes: 1,
+};
+/// `float32` (`kDLFloat`, 32 bits).
+pub const FLOAT32: DLDataType = DLDataType {
+    code: 2,
+    bits: 32,
+    lanes: 1,
+};
+/// `bfloat16` (`kDLBfloat`, 16 bits).
+pub const BFLOAT16: DLDataType = DLDataType {
+    code: 4,
+    bits: 16,
+    lanes: 1,
+};
 /// `int64` (`kDLInt`, 64 bits).
 pub const INT64: DLDataType = DLDataType {
     code: 0,
@@ -78,12 +96,16 @@ pub struct DLManagedTensor {
     pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }
 
-/// What an exported tensor owns: the keeper of its memory, and its shape.
+/// What an exported tensor owns: the keeper of its memory, its shape and its strides.
 struct Ctx {
     _owner: Box<dyn Any + Send>,
-    shape: [i64; 1],
+    shape: [i64; MAX_DIMS],
+    strides: [i64; MAX_DIMS],
     tensor: DLManagedTensor,
 }
+
+/// The most dimensions [`export_nd`] takes.
+pub const MAX_DIMS: usize = 4;
 
 /// A 1-D tensor of `len` elements of `dtype` at `data` on `device`, whose memory `owner` keeps
 /// alive until the returned tensor's deleter is called (exactly once, by the consumer).
@@ -97,17 +119,46 @@ pub unsafe fn export(
     dtype: DLDataType,
     len: usize,
 ) -> *mut DLManagedTensor {
+    // SAFETY: forwarded under the caller's promise (`len` elements, one dimension).
+    unsafe { export_nd(owner, data, device, dtype, &[len as i64]) }
+}
+
+/// A compact row-major tensor of `shape` (at most [`MAX_DIMS`] extents; its strides are
+/// given explicitly, in elements), otherwise as [`export`].
+///
+/// # Safety
+/// `data` must point to `shape.iter().product()` elements valid for as long as `owner` lives.
+pub unsafe fn export_nd(
+    owner: Box<dyn Any + Send>,
+    data: *mut c_void,
+    device: DLDevice,
+    dtype: DLDataType,
+    shape: &[i64],
+) -> *mut DLManagedTensor {
+    assert!(
+        !shape.is_empty() && shape.len() <= MAX_DIMS,
+        "1 to {MAX_DIMS} dimensions"
+    );
+    let mut dims = [0i64; MAX_DIMS];
+    dims[..shape.len()].copy_from_slice(shape);
+    let mut strides = [0i64; MAX_DIMS];
+    let mut step = 1;
+    for d in (0..shape.len()).rev() {
+        strides[d] = step;
+        step *= shape[d].max(1);
+    }
     let raw = Box::into_raw(Box::new(Ctx {
         _owner: owner,
-        shape: [len as i64],
+        shape: dims,
+        strides,
         tensor: DLManagedTensor {
             dl_tensor: DLTensor {
                 data,
                 device,
-                ndim: 1,
+                ndim: shape.len() as i32,
                 dtype,
                 shape: std::ptr::null_mut(),
-                strides: std::ptr::null_mut(), // compact, row-major
+                strides: std::ptr::null_mut(),
                 byte_offset: 0,
             },
             manager_ctx: std::ptr::null_mut(),
@@ -118,6 +169,7 @@ pub unsafe fn export(
     // which live exactly as long as it does.
     unsafe {
         (*raw).tensor.dl_tensor.shape = (*raw).shape.as_mut_ptr();
+        (*raw).tensor.dl_tensor.strides = (*raw).strides.as_mut_ptr();
         (*raw).tensor.manager_ctx = raw as *mut c_void;
         &mut (*raw).tensor
     }

@@ -125,6 +125,8 @@ pub mod buf;
 pub mod cli;
 pub mod config;
 pub mod dataset;
+#[cfg(feature = "decode")]
+pub mod decode;
 pub mod dlpack;
 pub mod error;
 pub mod gpu;

@@ -14,6 +14,14 @@ Example::
             offsets = torch.from_dlpack(batch.offsets)  # int64, host
             lengths = torch.from_dlpack(batch.lengths)
             labels = torch.from_dlpack(batch.labels)
+
+Decoded images (JPEG → augmented tensors on the CPU decode threads)::
+
+    loader = gpufeed.Loader("/data/imagenet/train", batch_size=256,
+                            images=gpufeed.Images("train", size=224, dtype="float16"))
+    for batch in loader:
+        x = torch.from_dlpack(batch.images)   # [256, 3, 224, 224] float16, no copy
+        y = torch.from_dlpack(batch.labels)
 """
 
 from ._gpufeed import (
@@ -22,6 +30,8 @@ from ._gpufeed import (
     Buffer,
     DatasetWarning,
     GpufeedError,
+    ImageBatch,
+    Images,
     Loader,
     SampleError,
     __version__,
@@ -34,6 +44,8 @@ __all__ = [
     "Buffer",
     "DatasetWarning",
     "GpufeedError",
+    "ImageBatch",
+    "Images",
     "Loader",
     "SampleError",
     "__version__",

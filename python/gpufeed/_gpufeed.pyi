@@ -15,8 +15,8 @@ class SampleError(GpufeedError):
     """A batch held a sample that could not be read or failed its checksum."""
 
 class Buffer:
-    """A 1-D buffer (uint8 sample bytes, or int64 offsets/lengths/labels/ids) implementing
-    the DLPack protocol: ``numpy.from_dlpack(buf)``, ``torch.from_dlpack(buf)`` share it."""
+    """A buffer (uint8 sample bytes, int64 offsets/lengths/labels/ids, or a decoded image
+    tensor) implementing the DLPack protocol: ``numpy.from_dlpack(buf)``, ``torch.from_dlpack(buf)`` share it."""
 
     def __dlpack__(
         self,
@@ -32,6 +32,8 @@ class Buffer:
         """Address of the first element (host or device)."""
     @property
     def dtype(self) -> str: ...
+    @property
+    def shape(self) -> List[int]: ...
     @property
     def nbytes(self) -> int: ...
     def tolist(self) -> List[int]: ...
@@ -69,8 +71,65 @@ class Batch:
     def sample(self, i: int) -> bytes:
         """Sample ``i``'s bytes, copied (host batches)."""
 
-class _Epoch(Iterator[Batch]):
-    def __next__(self) -> Batch: ...
+class Images:
+    """What decoded image batches look like: ``Loader(..., images=Images("train", 224))``.
+
+    ``transform``: "train" (torchvision's RandomResizedCrop with ``scale``, ``ratio`` and a
+    horizontal flip with probability ``flip_p``) or "eval" (the shorter side to ``resize``,
+    default ``size * 8 // 7``, then the centre crop). Bilinear with antialiasing, as Pillow
+    resizes. ``dtype``: "uint8" (pixels, no normalisation), "float16", "bfloat16" or
+    "float32" (``(x / 255 - mean) / std``, ImageNet's by default). ``layout``: "nchw" or
+    "nhwc". ``threads``: decode threads (0: all cores but one). Crops and flips follow from
+    (seed, epoch, sample id) alone: the same whatever the ranks, threads or resume point.
+    """
+
+    def __init__(
+        self,
+        transform: str = "train",
+        size: int = 224,
+        dtype: str = "float32",
+        layout: str = "nchw",
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+        threads: int = 0,
+        scale: Tuple[float, float] = (0.08, 1.0),
+        ratio: Tuple[float, float] = (3 / 4, 4 / 3),
+        flip_p: float = 0.5,
+        resize: Optional[int] = None,
+        dct_scaling: bool = True,
+        max_pixels: Optional[int] = None,
+        prefetch_batches: int = 2,
+    ) -> None: ...
+
+class ImageBatch:
+    """A batch of decoded images: ``images`` is one tensor, [N, 3, H, W] or [N, H, W, 3]."""
+
+    def __len__(self) -> int: ...
+    @property
+    def images(self) -> Buffer:
+        """The tensor (DLPack, host memory): ``torch.from_dlpack(batch.images)``, no copy."""
+    @property
+    def labels(self) -> Buffer: ...
+    @property
+    def sample_ids(self) -> Buffer: ...
+    @property
+    def padding(self) -> Buffer: ...
+    @property
+    def failed(self) -> Buffer:
+        """uint8 flags, 1 for a sample that could not be read or decoded (its image is zeros)."""
+    @property
+    def errors(self) -> List[Tuple[int, str]]: ...
+    @property
+    def keys(self) -> List[str]: ...
+    @property
+    def shape(self) -> List[int]: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def index(self) -> int: ...
+
+class _Epoch(Iterator[Union[Batch, ImageBatch]]):
+    def __next__(self) -> Union[Batch, ImageBatch]: ...
     def stats(self) -> Dict[str, Any]: ...
 
 class Loader:
@@ -117,6 +176,7 @@ class Loader:
         queue_depth: Optional[int] = None,
         memory_budget: Optional[int] = None,
         prefetch_next_epoch: bool = False,
+        images: Optional[Images] = None,
         *,
         format: Optional[str] = None,
         payload: Optional[Union[str, Sequence[str]]] = None,

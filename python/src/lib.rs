@@ -11,6 +11,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use gpufeed::dataset::{OpenOptions, DATASET_OPTIONS};
+use gpufeed::decode::{
+    ImageBatch, ImageEpoch, ImageLoader, ImageSpec, Layout, PixelType, Transform,
+};
 use gpufeed::dlpack::{self, DLDevice, DLManagedTensor};
 use gpufeed::{Batch, Dataset, Device, Epoch, LastBatch, Loader, Order};
 use pyo3::create_exception;
@@ -55,6 +58,8 @@ struct State {
 #[pyclass(name = "Loader", module = "gpufeed._gpufeed")]
 struct PyLoader {
     loader: Loader,
+    /// With `images=`: the decode stage over `loader`.
+    images: Option<ImageLoader>,
     state: Arc<Mutex<State>>,
     /// With `prefetch_next_epoch`: the epoch after the one being iterated, asked for when that
     /// one started, so its first batches are read while this one's last are used.
@@ -192,7 +197,7 @@ impl PyLoader {
         paths, batch_size, order="global", seed=0, rank=None, world_size=None, device="cpu",
         prefetch=2, last_batch=None, drop_last=None, verify=true, on_error="raise",
         shuffle_buffer=None, block_bytes=None, open_blocks=None, queue_depth=None,
-        memory_budget=None, prefetch_next_epoch=false, **dataset
+        memory_budget=None, prefetch_next_epoch=false, images=None, **dataset
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -215,8 +220,10 @@ impl PyLoader {
         queue_depth: Option<u32>,
         memory_budget: Option<u64>,
         prefetch_next_epoch: bool,
+        images: Option<PyRef<'_, PyImages>>,
         dataset: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let image_spec = images.map(|i| i.spec.clone());
         let last = match (last_batch, drop_last) {
             (Some(_), Some(_)) => {
                 return Err(PyValueError::new_err(
@@ -294,7 +301,12 @@ impl PyLoader {
             .map_err(err)?;
         let samples = loader.dataset().len();
         warn_problems(py, loader.dataset(), &paths)?;
+        let images = match image_spec {
+            Some(spec) => Some(loader.decode_images(spec).map_err(err)?),
+            None => None,
+        };
         Ok(PyLoader {
+            images,
             state: Arc::default(),
             ahead: Mutex::new(None),
             prefetch_next_epoch,
@@ -451,6 +463,10 @@ impl PyLoader {
             })
             .map_err(err)?;
         *self.ahead.lock().expect("ahead lock") = next;
+        let it = match &self.images {
+            Some(il) => EpochKind::Images(il.decode_epoch(it)),
+            None => EpochKind::Bytes(it),
+        };
         Ok(PyEpoch {
             epoch: Mutex::new(it),
             state: self.state.clone(),
@@ -525,7 +541,7 @@ impl PyLoader {
 /// The batches of one epoch.
 #[pyclass(name = "_Epoch", module = "gpufeed._gpufeed")]
 struct PyEpoch {
-    epoch: Mutex<Epoch>,
+    epoch: Mutex<EpochKind>,
     state: Arc<Mutex<State>>,
     dataset: Arc<Dataset>,
     raise_on_error: bool,
@@ -537,18 +553,25 @@ impl PyEpoch {
         slf
     }
 
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
         let epoch = &self.epoch;
-        // The GIL is released while the I/O thread fills the next batch.
-        let next = py.detach(|| epoch.lock().expect("epoch lock").next());
+        // The GIL is released while the I/O thread fills the next batch (and the decode
+        // threads decode it).
+        let next = py.detach(|| match &mut *epoch.lock().expect("epoch lock") {
+            EpochKind::Bytes(e) => e.next().map(|r| r.map(Next::Bytes)),
+            EpochKind::Images(e) => e.next().map(|r| r.map(Next::Images)),
+        });
         let b = match next {
             None => return Ok(None),
             Some(Err(e)) => return Err(err(e)),
             Some(Ok(b)) => b,
         };
-        self.state.lock().expect("state lock").yielded = b.index() + 1;
+        let (index, errors): (u32, Vec<String>) = match &b {
+            Next::Bytes(b) => (b.index(), b.errors().map(|(_, e)| e.report()).collect()),
+            Next::Images(b) => (b.index(), b.errors().map(|(_, e)| e.report()).collect()),
+        };
+        self.state.lock().expect("state lock").yielded = index + 1;
         if self.raise_on_error {
-            let errors: Vec<String> = b.errors().map(|(_, e)| e.report()).collect();
             if let Some(first) = errors.first() {
                 let more = if errors.len() > 1 {
                     format!(" (and {} more in this batch)", errors.len() - 1)
@@ -558,12 +581,18 @@ impl PyEpoch {
                 return Err(SampleError::new_err(format!("{first}{more}")));
             }
         }
-        Ok(Some(PyBatch::new(b, self.dataset.clone())))
+        Ok(Some(match b {
+            Next::Bytes(b) => Py::new(py, PyBatch::new(b, self.dataset.clone()))?.into_any(),
+            Next::Images(b) => Py::new(py, PyImageBatch::new(b, self.dataset.clone()))?.into_any(),
+        }))
     }
 
     /// What the epoch delivered so far (samples, bytes, reads, consumer wait…).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let st = self.epoch.lock().expect("epoch lock").stats().clone();
+        let st = match &*self.epoch.lock().expect("epoch lock") {
+            EpochKind::Bytes(e) => e.stats().clone(),
+            EpochKind::Images(e) => e.stats().clone(),
+        };
         let d = PyDict::new(py);
         d.set_item("batches", st.batches)?;
         d.set_item("samples", st.samples)?;
@@ -575,6 +604,222 @@ impl PyEpoch {
         d.set_item("consumer_wait_s", st.consumer_wait_s)?;
         d.set_item("engine", st.engine)?;
         Ok(d)
+    }
+}
+
+/// An epoch of compressed batches, or of decoded image batches.
+enum EpochKind {
+    Bytes(Epoch),
+    Images(ImageEpoch),
+}
+
+enum Next {
+    Bytes(Batch),
+    Images(ImageBatch),
+}
+
+/// What decoded image batches look like (`Loader(images=Images(...))`).
+#[pyclass(name = "Images", module = "gpufeed._gpufeed", frozen)]
+struct PyImages {
+    spec: ImageSpec,
+}
+
+#[pymethods]
+impl PyImages {
+    #[new]
+    #[pyo3(signature = (
+        transform="train", size=224, dtype="float32", layout="nchw", mean=None, std=None,
+        threads=0, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip_p=0.5, resize=None,
+        dct_scaling=true, max_pixels=None, prefetch_batches=2
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        transform: &str,
+        size: u32,
+        dtype: &str,
+        layout: &str,
+        mean: Option<[f32; 3]>,
+        std: Option<[f32; 3]>,
+        threads: usize,
+        scale: (f64, f64),
+        ratio: (f64, f64),
+        flip_p: f64,
+        resize: Option<u32>,
+        dct_scaling: bool,
+        max_pixels: Option<u64>,
+        prefetch_batches: usize,
+    ) -> PyResult<Self> {
+        let mut spec = match transform {
+            "train" => {
+                let mut s = ImageSpec::train(size);
+                s.transform = Transform::Train {
+                    scale,
+                    ratio,
+                    flip_p,
+                };
+                s
+            }
+            "eval" => {
+                let mut s = ImageSpec::eval(size);
+                if let Some(r) = resize {
+                    s.transform = Transform::Eval { resize: r };
+                }
+                s
+            }
+            t => {
+                return Err(PyValueError::new_err(format!(
+                    "transform {t:?}: \"train\" or \"eval\""
+                )))
+            }
+        };
+        spec.dtype = match dtype {
+            "uint8" => PixelType::U8,
+            "float16" => PixelType::F16,
+            "bfloat16" => PixelType::Bf16,
+            "float32" => PixelType::F32,
+            d => {
+                return Err(PyValueError::new_err(format!(
+                    "dtype {d:?}: \"uint8\", \"float16\", \"bfloat16\" or \"float32\""
+                )))
+            }
+        };
+        spec.layout = match layout {
+            "nchw" => Layout::Nchw,
+            "nhwc" => Layout::Nhwc,
+            l => {
+                return Err(PyValueError::new_err(format!(
+                    "layout {l:?}: \"nchw\" or \"nhwc\""
+                )))
+            }
+        };
+        if let Some(m) = mean {
+            spec.mean = m;
+        }
+        if let Some(s) = std {
+            spec.std = s;
+        }
+        spec.threads = threads;
+        spec.dct_scaling = dct_scaling;
+        spec.prefetch_batches = prefetch_batches;
+        if let Some(m) = max_pixels {
+            spec.max_pixels = m;
+        }
+        spec.validate()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(PyImages { spec })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("gpufeed.Images({:?})", self.spec)
+    }
+}
+
+/// A batch of decoded images: one tensor (``images``) plus labels, ids and errors.
+#[pyclass(name = "ImageBatch", module = "gpufeed._gpufeed")]
+struct PyImageBatch {
+    batch: ImageBatch,
+    dataset: Arc<Dataset>,
+    labels: Arc<Vec<i64>>,
+    ids: Arc<Vec<i64>>,
+    padding: Arc<Vec<u8>>,
+    failed: Arc<Vec<u8>>,
+}
+
+impl PyImageBatch {
+    fn new(b: ImageBatch, dataset: Arc<Dataset>) -> PyImageBatch {
+        PyImageBatch {
+            labels: Arc::new(b.labels().to_vec()),
+            ids: Arc::new(b.sample_ids().iter().map(|&i| i as i64).collect()),
+            padding: Arc::new(b.padding_mask().iter().map(|&p| u8::from(p)).collect()),
+            failed: Arc::new(
+                (0..b.len())
+                    .map(|i| u8::from(b.error(i).is_some()))
+                    .collect(),
+            ),
+            batch: b,
+            dataset,
+        }
+    }
+}
+
+#[pymethods]
+impl PyImageBatch {
+    fn __len__(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// The images: one host tensor, [N, 3, H, W] (nchw) or [N, H, W, 3] (nhwc), of the
+    /// dtype asked for; ``torch.from_dlpack(batch.images)`` views it without a copy. A sample
+    /// that failed is zeros (``failed``, ``errors``).
+    #[getter]
+    fn images(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::Images(self.batch.clone()),
+        }
+    }
+
+    /// Each sample's label (int64; −1 when none).
+    #[getter]
+    fn labels(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::I64(self.labels.clone()),
+        }
+    }
+
+    /// Each sample's index in the dataset (int64).
+    #[getter]
+    fn sample_ids(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::I64(self.ids.clone()),
+        }
+    }
+
+    /// One flag per sample (uint8, 1 = padding, ``last_batch="pad"``).
+    #[getter]
+    fn padding(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::U8(self.padding.clone()),
+        }
+    }
+
+    /// One flag per sample (uint8, 1 = it could not be read or decoded and is zeros).
+    #[getter]
+    fn failed(&self) -> PyBuffer {
+        PyBuffer {
+            mem: Mem::U8(self.failed.clone()),
+        }
+    }
+
+    /// `(index, message)` of every sample that failed (with ``on_error="mark"``).
+    #[getter]
+    fn errors(&self) -> Vec<(usize, String)> {
+        self.batch.errors().map(|(i, e)| (i, e.report())).collect()
+    }
+
+    /// Each sample's key.
+    #[getter]
+    fn keys(&self) -> Vec<String> {
+        self.batch
+            .sample_ids()
+            .iter()
+            .map(|&i| self.dataset.key(i as usize).into_owned())
+            .collect()
+    }
+
+    /// The tensor's shape.
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.batch.shape().to_vec()
+    }
+
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.batch.epoch()
+    }
+
+    #[getter]
+    fn index(&self) -> u32 {
+        self.batch.index()
     }
 }
 
@@ -739,9 +984,21 @@ enum Mem {
     },
     I64(Arc<Vec<i64>>),
     U8(Arc<Vec<u8>>),
+    /// A decoded batch's tensor (N-D).
+    Images(ImageBatch),
 }
 
-/// A 1-D buffer implementing the DLPack protocol (`__dlpack__`, `__dlpack_device__`).
+/// The DLPack element type of a pixel type.
+fn dl_dtype(t: PixelType) -> dlpack::DLDataType {
+    match t {
+        PixelType::U8 => dlpack::UINT8,
+        PixelType::F16 => dlpack::FLOAT16,
+        PixelType::Bf16 => dlpack::BFLOAT16,
+        PixelType::F32 => dlpack::FLOAT32,
+    }
+}
+
+/// A buffer implementing the DLPack protocol (`__dlpack__`, `__dlpack_device__`).
 #[pyclass(name = "Buffer", module = "gpufeed._gpufeed")]
 struct PyBuffer {
     mem: Mem,
@@ -767,6 +1024,7 @@ impl PyBuffer {
             }
             Mem::I64(v) => (v.as_ptr() as u64, v.len(), HOST),
             Mem::U8(v) => (v.as_ptr() as u64, v.len(), HOST),
+            Mem::Images(b) => (b.as_ptr() as u64, b.shape().iter().product(), HOST),
         }
     }
 }
@@ -837,10 +1095,19 @@ impl PyBuffer {
             }
             Mem::I64(v) => (Box::new(v.clone()), dlpack::INT64),
             Mem::U8(v) => (Box::new(v.clone()), dlpack::UINT8),
+            Mem::Images(b) => (b.keep_alive(), dl_dtype(b.dtype())),
         };
-        // SAFETY: `owner` keeps the `len` elements at `ptr` alive (the batch's region, or the
-        // vector) until the tensor's deleter runs.
-        let t = unsafe { dlpack::export(owner, ptr as *mut c_void, dev, dtype, len) };
+        let t = match &self.mem {
+            Mem::Images(b) => {
+                let shape: Vec<i64> = b.shape().iter().map(|&d| d as i64).collect();
+                // SAFETY: `owner` keeps the tensor (shape's product of elements at `ptr`)
+                // alive until the deleter runs.
+                unsafe { dlpack::export_nd(owner, ptr as *mut c_void, dev, dtype, &shape) }
+            }
+            // SAFETY: `owner` keeps the `len` elements at `ptr` alive (the batch's region, or
+            // the vector) until the tensor's deleter runs.
+            _ => unsafe { dlpack::export(owner, ptr as *mut c_void, dev, dtype, len) },
+        };
         // SAFETY: a new capsule owning `t`; the destructor frees it unless a consumer took it.
         unsafe {
             let cap = pyo3::ffi::PyCapsule_New(
@@ -873,12 +1140,22 @@ impl PyBuffer {
         self.raw().0
     }
 
-    /// "uint8" or "int64".
+    /// "uint8", "int64", or an image tensor's "float16", "bfloat16", "float32".
     #[getter]
     fn dtype(&self) -> &'static str {
-        match self.mem {
+        match &self.mem {
             Mem::Region { .. } | Mem::U8(_) => "uint8",
             Mem::I64(_) => "int64",
+            Mem::Images(b) => b.dtype().as_str(),
+        }
+    }
+
+    /// The shape (one extent, but for an image tensor).
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        match &self.mem {
+            Mem::Images(b) => b.shape().to_vec(),
+            _ => vec![self.raw().1],
         }
     }
 
@@ -889,6 +1166,7 @@ impl PyBuffer {
             Mem::Region { len, .. } => *len,
             Mem::I64(v) => v.len() * 8,
             Mem::U8(v) => v.len(),
+            Mem::Images(b) => b.bytes().len(),
         }
     }
 
@@ -904,6 +1182,9 @@ impl PyBuffer {
                 let ints = self.host_bytes()?.into_iter().map(u32::from);
                 Ok(pyo3::types::PyList::new(py, ints)?.into_any().unbind())
             }
+            Mem::Images(_) => Err(PyValueError::new_err(
+                "an image tensor: use numpy.from_dlpack or torch.from_dlpack",
+            )),
         }
     }
 
@@ -916,6 +1197,7 @@ impl PyBuffer {
             )),
             Mem::Region { .. } => Ok(PyBytes::new(py, &self.host_bytes()?)),
             Mem::U8(v) => Ok(PyBytes::new(py, v)),
+            Mem::Images(b) => Ok(PyBytes::new(py, b.bytes())),
         }
     }
 
@@ -940,7 +1222,9 @@ impl PyBuffer {
                     "a device buffer: use from_dlpack with a device framework",
                 )),
             },
-            Mem::I64(_) | Mem::U8(_) => Err(PyValueError::new_err("not a batch's byte buffer")),
+            Mem::I64(_) | Mem::U8(_) | Mem::Images(_) => {
+                Err(PyValueError::new_err("not a batch's byte buffer"))
+            }
         }
     }
 }
@@ -960,6 +1244,8 @@ fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEpoch>()?;
     m.add_class::<PyBatch>()?;
     m.add_class::<PyBuffer>()?;
+    m.add_class::<PyImages>()?;
+    m.add_class::<PyImageBatch>()?;
     m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
     m.add("GpufeedError", m.py().get_type::<GpufeedError>())?;
     m.add("SampleError", m.py().get_type::<SampleError>())?;

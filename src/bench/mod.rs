@@ -5,6 +5,8 @@
 //! included, from `getrusage`) and syscalls per read, as a [`IoBenchResult`] that serialises to
 //! the JSON the CLI prints with `--json`.
 
+#[cfg(feature = "decode")]
+pub mod decode;
 pub mod gpu;
 pub mod io;
 pub mod load;

@@ -219,6 +219,55 @@ enum BenchWhich {
     /// Storage → GPU: ours (io_uring → pinned → H2D), cuFile, a naive path, and the two
     /// ceilings (pinned H2D alone, storage → host alone); needs a CUDA GPU.
     Gpu(GpuArgs),
+    /// Decoded image batches: gpufeed's CPU decode stage (training and evaluation transforms,
+    /// and decode alone) against the same work as torchvision's CPU transforms do it (Pillow +
+    /// numpy, as many worker processes as decode threads), alternated round by round.
+    #[cfg(feature = "decode")]
+    Decode(DecodeArgs),
+}
+
+#[cfg(feature = "decode")]
+#[derive(Debug, Args)]
+struct DecodeArgs {
+    /// An ImageFolder of JPEGs; an ImageNet-like set is generated there when it is absent or
+    /// empty.
+    #[arg(long, default_value = "gpufeed-decode")]
+    dir: PathBuf,
+    /// Images in the generated set.
+    #[arg(long, default_value_t = 2000)]
+    images: u64,
+    /// Where to decode: cpu (cuda comes with the GPU decode stage).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Decode threads and Pillow worker processes (default: all cores but one).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Output side in pixels.
+    #[arg(long, default_value_t = 224)]
+    size: u32,
+    /// Output element type: uint8, float16, bfloat16, float32.
+    #[arg(long, default_value = "float16")]
+    dtype: String,
+    /// Output layout: nchw or nhwc.
+    #[arg(long, default_value = "nchw")]
+    layout: String,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 128)]
+    batch: u32,
+    /// Rounds: every row once per round, in turn.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Rows (comma-separated): gpufeed-train, pil-train, gpufeed-eval, pil-eval,
+    /// gpufeed-decode, pil-decode.
+    #[arg(long, value_delimiter = ',')]
+    rows: Vec<String>,
+    /// Python with Pillow and numpy for the pil rows (scripts/bench-decode.sh makes a
+    /// virtualenv and passes it).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Print one JSON object per row and round, then one with the ratios.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -418,6 +467,8 @@ fn run(cli: Cli) -> Result<()> {
             Some(BenchWhich::Io(a)) => bench_io(a),
             Some(BenchWhich::Load(a)) => bench_load(a),
             Some(BenchWhich::Gpu(a)) => bench_gpu(a),
+            #[cfg(feature = "decode")]
+            Some(BenchWhich::Decode(a)) => bench_decode(a),
             None => bench_quick(b.quick),
         },
         Command::Pack(a) => pack_cmd(a),
@@ -714,6 +765,91 @@ fn bench_load(a: LoadArgs) -> Result<()> {
                 let r = run_packed(ds, order, &spec, cold)?;
                 emit_load(&r, a.json);
             }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(feature = "decode")]
+fn bench_decode(a: DecodeArgs) -> Result<()> {
+    use crate::bench::decode::{ratios, run_decode_bench, table_row, DecodeBenchSpec, ROWS};
+    use crate::decode::{Layout, PixelType};
+    if a.device != "cpu" {
+        return Err(crate::error::invalid(format!(
+            "--device {}: only cpu so far (GPU decoding is not built yet)",
+            a.device
+        )));
+    }
+    let dtype = match a.dtype.as_str() {
+        "uint8" | "u8" => PixelType::U8,
+        "float16" | "f16" => PixelType::F16,
+        "bfloat16" | "bf16" => PixelType::Bf16,
+        "float32" | "f32" => PixelType::F32,
+        d => {
+            return Err(crate::error::invalid(format!(
+                "--dtype {d}: uint8, float16, bfloat16 or float32"
+            )))
+        }
+    };
+    let layout = match a.layout.as_str() {
+        "nchw" => Layout::Nchw,
+        "nhwc" => Layout::Nhwc,
+        l => return Err(crate::error::invalid(format!("--layout {l}: nchw or nhwc"))),
+    };
+    let mut a = a;
+    if a.python.is_none() {
+        a.python = std::env::var_os("GPUFEED_BENCH_PYTHON").map(PathBuf::from);
+    }
+    let threads = a
+        .threads
+        .unwrap_or_else(|| crate::decode::ImageSpec::train(a.size).thread_count());
+    let rows = if a.rows.is_empty() {
+        let mut r: Vec<String> = ROWS.iter().map(|s| s.to_string()).collect();
+        if a.python.is_none() {
+            crate::io::notice(
+                "no --python with Pillow and numpy: the pil rows are left out \
+                 (scripts/bench-decode.sh runs them all)",
+            );
+            r.retain(|r| !r.starts_with("pil-"));
+        }
+        r
+    } else {
+        a.rows.clone()
+    };
+    let spec = DecodeBenchSpec {
+        dir: a.dir.clone(),
+        images: a.images,
+        threads,
+        size: a.size,
+        dtype,
+        layout,
+        batch: a.batch,
+        rounds: a.rounds,
+        rows,
+        python: a.python.clone(),
+        script: crate::bench::decode::default_script(),
+    };
+    let rows = run_decode_bench(&spec, |r| {
+        if a.json {
+            outln!("{}", serde_json::to_string(r).expect("serialises"));
+        } else {
+            outln!("{}", table_row(r));
+        }
+    })?;
+    let rs = ratios(&rows);
+    if a.json {
+        let v: Vec<_> = rs
+            .iter()
+            .map(|(m, round, ips, cpu)| {
+                serde_json::json!({"ratio": m, "round": round, "images_per_s": ips, "cpu_per_image": cpu})
+            })
+            .collect();
+        outln!("{}", serde_json::json!({ "ratios": v }));
+    } else {
+        for (m, round, ips, cpu) in rs {
+            outln!(
+                "gpufeed/pil {m:<6} round {round:>2}: {ips:.2}x images/s at {cpu:.2}x CPU per image"
+            );
         }
     }
     Ok(())

@@ -366,6 +366,11 @@ impl Loader {
         }
     }
 
+    /// Whether batches are delivered in device memory (a CUDA or simulated device).
+    pub fn is_device(&self) -> bool {
+        self.gpu.is_some()
+    }
+
     /// The dataset the loader reads.
     pub fn dataset(&self) -> &Arc<Dataset> {
         &self.dataset

@@ -215,7 +215,14 @@ fn python_package_installs_and_passes_its_tests() {
     );
     run(
         Command::new(&py)
-            .args(["-m", "unittest", "-v", "test_loader", "test_formats"])
+            .args([
+                "-m",
+                "unittest",
+                "-v",
+                "test_loader",
+                "test_formats",
+                "test_images",
+            ])
             .current_dir(root().join("python/tests"))
             .env("GPUFEED_TEST_DATA", dir.path().join("data"))
             .env("GPUFEED_BIN", gpufeed_bin())

@@ -1,0 +1,141 @@
+"""Decoded image batches from Python (numpy and Pillow; torch when installed).
+
+Run by ``tests/it/python.rs``; the JPEGs are written here by Pillow, an encoder independent of
+gpufeed's, and Pillow's resize is the reference the tensors are held to.
+"""
+
+import os
+import tempfile
+import unittest
+
+import numpy as np
+from PIL import Image
+
+import gpufeed
+
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+
+def make_folder(root, n=24, classes=3):
+    rng = np.random.default_rng(5)
+    for i in range(n):
+        d = os.path.join(root, f"class{i % classes}")
+        os.makedirs(d, exist_ok=True)
+        w, h = int(rng.integers(120, 260)), int(rng.integers(100, 240))
+        small = rng.integers(0, 256, (h // 10 + 2, w // 10 + 2, 3), dtype=np.uint8)
+        img = Image.fromarray(small).resize((w, h), Image.BICUBIC)
+        if i % 5 == 1:
+            img = img.convert("L")
+        img.save(os.path.join(d, f"{i:03d}.jpg"), quality=90, progressive=(i % 4 == 2))
+
+
+def pillow_eval(path, size):
+    """torchvision's Resize(size * 8 // 7) + CenterCrop(size) on a PIL image."""
+    img = Image.open(path).convert("RGB")
+    resize = size * 8 // 7
+    w, h = img.size
+    nw, nh = (resize, int(resize * h / w)) if w <= h else (int(resize * w / h), resize)
+    img = img.resize((nw, nh), Image.BILINEAR)
+    top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
+    return np.asarray(img.crop((left, top, left + size, top + size)))
+
+
+class ImageTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.root = cls.tmp.name
+        make_folder(cls.root)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_images_are_a_zero_copy_tensor_of_the_asked_shape(self):
+        loader = gpufeed.Loader(
+            self.root, batch_size=8, images=gpufeed.Images("train", size=32, dtype="float16")
+        )
+        seen = []
+        for batch in loader:
+            buf = batch.images
+            self.assertEqual(buf.dtype, "float16")
+            x = np.from_dlpack(buf)
+            self.assertEqual(x.shape, (len(batch), 3, 32, 32))
+            self.assertEqual(x.dtype, np.float16)
+            # The same memory, not a copy.
+            self.assertEqual(x.__array_interface__["data"][0], buf.ptr)
+            self.assertTrue(np.isfinite(x).all())
+            labels = np.from_dlpack(batch.labels)
+            self.assertEqual(len(labels), len(batch))
+            self.assertTrue(((labels >= 0) & (labels < 3)).all())
+            seen += np.from_dlpack(batch.sample_ids).tolist()
+        self.assertEqual(sorted(seen), list(range(24)))
+
+    def test_eval_tensors_match_pillow(self):
+        loader = gpufeed.Loader(
+            self.root,
+            batch_size=8,
+            images=gpufeed.Images("eval", size=48, dtype="uint8", layout="nhwc"),
+        )
+        for batch in loader:
+            x = np.from_dlpack(batch.images)
+            for i, key in enumerate(batch.keys):
+                want = pillow_eval(os.path.join(self.root, key), 48).astype(np.int16)
+                d = np.abs(x[i].astype(np.int16) - want)
+                self.assertLessEqual(d.mean(), 0.5, key)
+                self.assertLessEqual(d.max(), 2, key)
+
+    def test_float_tensor_is_normalised_and_the_same_every_time(self):
+        spec = dict(transform="train", size=40, dtype="float32")
+        a = gpufeed.Loader(self.root, batch_size=6, seed=4, images=gpufeed.Images(**spec))
+        b = gpufeed.Loader(
+            self.root, batch_size=6, seed=4, images=gpufeed.Images(threads=3, **spec)
+        )
+        for x, y in zip(a, b):
+            xa, ya = np.from_dlpack(x.images), np.from_dlpack(y.images)
+            np.testing.assert_array_equal(xa, ya)
+            # Inside the normalised range of 0..255 pixels.
+            lo, hi = (0 - MEAN) / STD, (1 - MEAN) / STD
+            self.assertTrue((xa >= lo[None, :, None, None] - 1e-4).all())
+            self.assertTrue((xa <= hi[None, :, None, None] + 1e-4).all())
+
+    def test_torch_sees_the_same_memory(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        loader = gpufeed.Loader(self.root, batch_size=8, images=gpufeed.Images("train", 32))
+        batch = next(iter(loader))
+        t = torch.from_dlpack(batch.images)
+        self.assertEqual(tuple(t.shape), (8, 3, 32, 32))
+        self.assertEqual(t.data_ptr(), batch.images.ptr)
+
+    def test_a_broken_image_is_marked_and_named(self):
+        with tempfile.TemporaryDirectory() as d:
+            make_folder(d, n=6, classes=1)
+            bad = os.path.join(d, "class0", "zzz-truncated.jpg")
+            with open(os.path.join(d, "class0", "000.jpg"), "rb") as f:
+                data = f.read()
+            with open(bad, "wb") as f:
+                f.write(data[: len(data) // 2])
+            marked = gpufeed.Loader(d, batch_size=7, on_error="mark", images=gpufeed.Images("eval", 16))
+            batch = next(iter(marked))
+            failed = np.from_dlpack(batch.failed)
+            self.assertEqual(int(failed.sum()), 1)
+            (i, msg), = batch.errors
+            self.assertIn("zzz-truncated.jpg", msg)
+            self.assertIn("truncated", msg)
+            self.assertFalse(np.from_dlpack(batch.images)[i].any())
+            raising = gpufeed.Loader(d, batch_size=7, images=gpufeed.Images("eval", 16))
+            with self.assertRaises(gpufeed.SampleError):
+                next(iter(raising))
+
+    def test_bad_settings_are_value_errors(self):
+        for kw in (dict(transform="rotate"), dict(dtype="int8"), dict(layout="chw"), dict(size=0)):
+            with self.assertRaises(ValueError):
+                gpufeed.Images(**kw)
+
+
+if __name__ == "__main__":
+    unittest.main()

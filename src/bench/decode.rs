@@ -1,0 +1,321 @@
+//! `gpufeed bench decode`: images/s and CPU-seconds per 1000 images for gpufeed's decode stage
+//! (the training and the evaluation transform, end to end from files through the loader), for
+//! decode alone, and for the same work done as torchvision's CPU transforms do it (Pillow
+//! decode, Pillow resize with antialias, normalise in numpy) in as many worker processes as
+//! gpufeed has decode threads — every row alternated round by round in one run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::dataset::Dataset;
+use crate::decode::{synth, ImageSpec, Layout, PixelType, RgbDecoder};
+use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::loader::Loader;
+use crate::sys::process_cpu_seconds;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct DecodeBenchSpec {
+    /// An ImageFolder of JPEGs (generated when it holds none).
+    pub dir: PathBuf,
+    /// Images to generate when the set is made here.
+    pub images: u64,
+    /// Decode threads (and Pillow worker processes).
+    pub threads: usize,
+    /// Output side.
+    pub size: u32,
+    /// Output element type.
+    pub dtype: PixelType,
+    /// Output layout.
+    pub layout: Layout,
+    /// Samples per batch.
+    pub batch: u32,
+    /// Rounds; every row runs once per round, in turn.
+    pub rounds: u32,
+    /// Rows: gpufeed-train, gpufeed-eval, gpufeed-decode, pil-train, pil-eval, pil-decode.
+    pub rows: Vec<String>,
+    /// The Python with Pillow and numpy for the pil rows (`scripts/bench-decode.sh` makes it).
+    pub python: Option<PathBuf>,
+    /// The Pillow pipeline script.
+    pub script: PathBuf,
+}
+
+/// One row of one round.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecodeBenchRow {
+    /// Row name.
+    pub row: String,
+    /// Round (0-based).
+    pub round: u32,
+    /// Images processed.
+    pub images: u64,
+    /// Wall seconds.
+    pub seconds: f64,
+    /// Images per second.
+    pub images_per_s: f64,
+    /// CPU seconds (user + system, all threads or processes) per 1000 images.
+    pub cpu_s_per_1000: f64,
+    /// Threads or worker processes.
+    pub threads: usize,
+    /// Samples that failed to decode.
+    pub errors: u64,
+}
+
+/// Every row name, in the default order.
+pub const ROWS: [&str; 6] = [
+    "gpufeed-train",
+    "pil-train",
+    "gpufeed-eval",
+    "pil-eval",
+    "gpufeed-decode",
+    "pil-decode",
+];
+
+/// Runs the bench; `each` sees every row as it finishes.
+pub fn run_decode_bench(
+    spec: &DecodeBenchSpec,
+    mut each: impl FnMut(&DecodeBenchRow),
+) -> Result<Vec<DecodeBenchRow>> {
+    for r in &spec.rows {
+        if !ROWS.contains(&r.as_str()) {
+            return Err(invalid(format!(
+                "unknown row {r:?}: rows are {}",
+                ROWS.join(", ")
+            )));
+        }
+    }
+    // An absent or empty folder gets the generated set; anything else is used as it is.
+    let has_entries = std::fs::read_dir(&spec.dir).is_ok_and(|mut d| d.next().is_some());
+    if !has_entries {
+        synth::write_image_folder(&spec.dir, spec.images, 2012)?;
+    }
+    let ds = Dataset::open(&spec.dir)?;
+    if ds.is_empty() {
+        return Err(invalid(format!("{} holds no samples", spec.dir.display())));
+    }
+    let wants_pil = spec.rows.iter().any(|r| r.starts_with("pil-"));
+    if wants_pil && spec.python.is_none() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "the pil rows need a Python with Pillow and numpy: run scripts/bench-decode.sh \
+             (it makes one), give --python, or leave the pil rows out with --rows",
+        ));
+    }
+    let loader = Loader::builder(ds.clone())
+        .batch_size(spec.batch)
+        .seed(1)
+        .build()?;
+    let mut out = Vec::new();
+    for round in 0..spec.rounds {
+        for row in &spec.rows {
+            let r = match row.as_str() {
+                "gpufeed-train" => ours(&loader, spec, ImageSpec::train(spec.size), row, round)?,
+                "gpufeed-eval" => ours(&loader, spec, ImageSpec::eval(spec.size), row, round)?,
+                "gpufeed-decode" => decode_alone(&ds, spec, row, round)?,
+                _ => pil(spec, &row["pil-".len()..], row, round)?,
+            };
+            each(&r);
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+fn ours(
+    loader: &Loader,
+    spec: &DecodeBenchSpec,
+    image: ImageSpec,
+    row: &str,
+    round: u32,
+) -> Result<DecodeBenchRow> {
+    let il = loader.decode_images(
+        image
+            .dtype(spec.dtype)
+            .layout(spec.layout)
+            .threads(spec.threads),
+    )?;
+    let (t0, c0) = (Instant::now(), process_cpu_seconds());
+    let (mut images, mut errors) = (0u64, 0u64);
+    for b in il.epoch(round as u64)? {
+        let b = b?;
+        images += b.len() as u64;
+        errors += b.errors().count() as u64;
+    }
+    let (s, c) = (t0.elapsed().as_secs_f64(), process_cpu_seconds() - c0);
+    Ok(row_of(row, round, images, s, c, il.threads(), errors))
+}
+
+fn decode_alone(
+    ds: &Dataset,
+    spec: &DecodeBenchSpec,
+    row: &str,
+    round: u32,
+) -> Result<DecodeBenchRow> {
+    // The files are read into memory first (not timed): decode alone is the decoder's work.
+    let files: Vec<Vec<u8>> = (0..ds.len())
+        .map(|i| {
+            let s = ds.sample(i);
+            let p = &ds.files()[s.file as usize].path;
+            std::fs::read(p).map_err(|e| Error::io("cannot read", e).with_path(p.clone()))
+        })
+        .collect::<Result<_>>()?;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let errors = std::sync::atomic::AtomicU64::new(0);
+    let (t0, c0) = (Instant::now(), process_cpu_seconds());
+    std::thread::scope(|s| {
+        for _ in 0..spec.threads {
+            s.spawn(|| {
+                let mut d = match RgbDecoder::new() {
+                    Ok(d) => d,
+                    Err(_) => {
+                        errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    }
+                };
+                let mut px = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(f) = files.get(i) else { break };
+                    if d.decode(f, &mut px).is_err() {
+                        errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let (sec, c) = (t0.elapsed().as_secs_f64(), process_cpu_seconds() - c0);
+    Ok(row_of(
+        row,
+        round,
+        files.len() as u64,
+        sec,
+        c,
+        spec.threads,
+        errors.into_inner(),
+    ))
+}
+
+#[derive(serde::Deserialize)]
+struct PilOut {
+    images: u64,
+    seconds: f64,
+    cpu_s: f64,
+    errors: u64,
+}
+
+fn pil(spec: &DecodeBenchSpec, mode: &str, row: &str, round: u32) -> Result<DecodeBenchRow> {
+    let py = spec.python.as_deref().expect("checked above");
+    let out = Command::new(py)
+        .arg(&spec.script)
+        .args(["--dir".as_ref(), spec.dir.as_os_str()])
+        .args(["--mode", mode])
+        .args(["--workers", &spec.threads.to_string()])
+        .args(["--size", &spec.size.to_string()])
+        .args(["--dtype", spec.dtype.as_str()])
+        .args([
+            "--layout",
+            match spec.layout {
+                Layout::Nchw => "nchw",
+                Layout::Nhwc => "nhwc",
+            },
+        ])
+        .args(["--batch", &spec.batch.to_string()])
+        .args(["--seed", &round.to_string()])
+        .output()
+        .map_err(|e| Error::io("cannot run the Pillow pipeline", e).with_path(py))?;
+    if !out.status.success() {
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "the Pillow pipeline failed ({}): {}",
+                spec.script.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    let p: PilOut = serde_json::from_slice(&out.stdout).map_err(|e| {
+        invalid(format!(
+            "the Pillow pipeline printed no result ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        ))
+    })?;
+    Ok(row_of(
+        row,
+        round,
+        p.images,
+        p.seconds,
+        p.cpu_s,
+        spec.threads,
+        p.errors,
+    ))
+}
+
+fn row_of(
+    row: &str,
+    round: u32,
+    images: u64,
+    s: f64,
+    cpu: f64,
+    threads: usize,
+    errors: u64,
+) -> DecodeBenchRow {
+    DecodeBenchRow {
+        row: row.to_string(),
+        round,
+        images,
+        seconds: s,
+        images_per_s: images as f64 / s.max(1e-9),
+        cpu_s_per_1000: cpu * 1000.0 / images.max(1) as f64,
+        threads,
+        errors,
+    }
+}
+
+/// The table row for a result.
+pub fn table_row(r: &DecodeBenchRow) -> String {
+    format!(
+        "{:<15} round {:>2}  {:>7} images  {:>8.1} images/s  {:>6.2} CPU-s/1000  {} threads{}",
+        r.row,
+        r.round,
+        r.images,
+        r.images_per_s,
+        r.cpu_s_per_1000,
+        r.threads,
+        if r.errors > 0 {
+            format!("  {} errors", r.errors)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// Ratios of gpufeed's rows to Pillow's, per round: (row pair, images/s ratio, CPU ratio).
+pub fn ratios(rows: &[DecodeBenchRow]) -> Vec<(String, u32, f64, f64)> {
+    let mut v = Vec::new();
+    for r in rows.iter().filter(|r| r.row.starts_with("gpufeed-")) {
+        let mode = &r.row["gpufeed-".len()..];
+        if let Some(p) = rows
+            .iter()
+            .find(|p| p.round == r.round && p.row == format!("pil-{mode}"))
+        {
+            v.push((
+                mode.to_string(),
+                r.round,
+                r.images_per_s / p.images_per_s.max(1e-9),
+                r.cpu_s_per_1000 / p.cpu_s_per_1000.max(1e-9),
+            ));
+        }
+    }
+    v
+}
+
+/// Where the Pillow pipeline script is: next to the binary's source tree, or `GPUFEED_ROOT`.
+pub fn default_script() -> PathBuf {
+    let rel = Path::new("scripts/bench-decode-pil.py");
+    std::env::var_os("GPUFEED_ROOT")
+        .map(|r| PathBuf::from(r).join(rel))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(rel))
+}

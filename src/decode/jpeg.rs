@@ -1,0 +1,468 @@
+//! libjpeg-turbo through its TurboJPEG 3 API (`turbojpeg-sys`, which builds the bundled 3.1
+//! with cmake and NASM): the one place that calls it. Decoding uses the accurate integer IDCT
+//! and fancy chroma upsampling — libjpeg-turbo's defaults, and what Pillow's decoder gives, so
+//! Pillow is the oracle for both this decoder and the GPU one. Encoding is for generated test
+//! and bench sets only.
+
+use std::ffi::{c_int, CStr};
+
+use turbojpeg_sys as tj;
+
+/// What a JPEG's header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JpegHeader {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// The colour space the file stores.
+    pub colorspace: JpegColorspace,
+    /// Chroma subsampling (`None` when TurboJPEG does not name it, e.g. unusual factors).
+    pub subsampling: Option<&'static str>,
+    /// Progressive (multi-scan) coding.
+    pub progressive: bool,
+}
+
+/// The colour space a JPEG stores its pixels in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JpegColorspace {
+    /// YCbCr (almost every photo).
+    Ycbcr,
+    /// RGB without a colour transform.
+    Rgb,
+    /// One channel.
+    Gray,
+    /// CMYK (print; Adobe's convention stores it inverted).
+    Cmyk,
+    /// CMYK stored as YCbCr + K.
+    Ycck,
+}
+
+impl JpegColorspace {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JpegColorspace::Ycbcr => "ycbcr",
+            JpegColorspace::Rgb => "rgb",
+            JpegColorspace::Gray => "gray",
+            JpegColorspace::Cmyk => "cmyk",
+            JpegColorspace::Ycck => "ycck",
+        }
+    }
+    /// Four channels to convert (CMYK or YCCK).
+    pub fn is_cmyk(self) -> bool {
+        matches!(self, JpegColorspace::Cmyk | JpegColorspace::Ycck)
+    }
+}
+
+/// How a decode failed: `Fatal` means no usable image; a `Truncated` file decoded as far as its
+/// data went (libjpeg-turbo fills the rest), which Pillow also refuses by default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JpegError {
+    /// The data is not a JPEG libjpeg-turbo can decode (the message is its own).
+    Fatal(String),
+    /// The data ended before the image did.
+    Truncated,
+}
+
+impl std::fmt::Display for JpegError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JpegError::Fatal(m) => write!(f, "libjpeg-turbo: {m}"),
+            JpegError::Truncated => f.write_str("truncated JPEG: the data ends before the image"),
+        }
+    }
+}
+
+/// Width and height from the first frame header (SOFn), walking segment headers only (never
+/// the entropy-coded data); `None` if a scan or the end comes first.
+fn frame_size(b: &[u8]) -> Option<(u32, u32)> {
+    let be16 = |at: usize| -> Option<u32> {
+        Some(u16::from_be_bytes(b.get(at..at + 2)?.try_into().ok()?) as u32)
+    };
+    let mut at = 2;
+    loop {
+        while b.get(at) == Some(&0xff) && b.get(at + 1) == Some(&0xff) {
+            at += 1;
+        }
+        if *b.get(at)? != 0xff {
+            return None;
+        }
+        let m = *b.get(at + 1)?;
+        at += 2;
+        match m {
+            0x01 | 0xd0..=0xd8 => continue,
+            0xd9 | 0xda => return None,
+            0xc0..=0xcf if !matches!(m, 0xc4 | 0xc8 | 0xcc) => {
+                return Some((be16(at + 5)?, be16(at + 3)?));
+            }
+            _ => at += be16(at)?.max(2) as usize,
+        }
+    }
+}
+
+/// How a generated JPEG is encoded (`synth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// 1 (gray), 3 (RGB → YCbCr) or 4 (CMYK → YCCK).
+    pub channels: u32,
+    /// Quality, 1–100.
+    pub quality: u32,
+    /// Chroma subsampling: `"4:4:4"`, `"4:2:2"`, `"4:2:0"`, `"4:4:0"`, `"4:1:1"`.
+    pub subsampling: &'static str,
+    /// Progressive coding.
+    pub progressive: bool,
+    /// MCU rows between restart markers (0: none).
+    pub restart_rows: u32,
+}
+
+/// A TurboJPEG instance (decompressor or compressor); not shared between threads.
+pub struct Turbo {
+    handle: tj::tjhandle,
+}
+
+// SAFETY: a TurboJPEG handle has no thread affinity; it is only used through `&mut self`, so
+// one thread at a time.
+unsafe impl Send for Turbo {}
+
+impl Drop for Turbo {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from tj3Init and is destroyed once, here.
+        unsafe { tj::tj3Destroy(self.handle) }
+    }
+}
+
+impl Turbo {
+    fn init(kind: tj::TJINIT) -> Result<Turbo, JpegError> {
+        // SAFETY: tj3Init has no preconditions; a null handle is checked.
+        let handle = unsafe { tj::tj3Init(kind as c_int) };
+        if handle.is_null() {
+            return Err(JpegError::Fatal("tj3Init failed (out of memory?)".into()));
+        }
+        Ok(Turbo { handle })
+    }
+
+    /// A decompressor. `scan_limit` caps progressive scans (a crafted file can have thousands,
+    /// each a pass over the image); `max_pixels` refuses larger images before any allocation.
+    pub fn decompressor(scan_limit: u32, max_pixels: u64) -> Result<Turbo, JpegError> {
+        let mut t = Turbo::init(tj::TJINIT_TJINIT_DECOMPRESS)?;
+        t.set(
+            tj::TJPARAM_TJPARAM_SCANLIMIT,
+            scan_limit.min(i32::MAX as u32) as c_int,
+        )?;
+        t.set(
+            tj::TJPARAM_TJPARAM_MAXPIXELS,
+            max_pixels.min(i32::MAX as u64) as c_int,
+        )?;
+        Ok(t)
+    }
+
+    /// A compressor.
+    pub fn compressor() -> Result<Turbo, JpegError> {
+        Turbo::init(tj::TJINIT_TJINIT_COMPRESS)
+    }
+
+    fn error(&mut self) -> (bool, String) {
+        // SAFETY: the handle is live; the string is owned by the handle and copied at once.
+        let (code, msg) = unsafe {
+            (
+                tj::tj3GetErrorCode(self.handle),
+                CStr::from_ptr(tj::tj3GetErrorStr(self.handle))
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        };
+        (code == tj::TJERR_TJERR_WARNING as c_int, msg)
+    }
+
+    fn set(&mut self, param: tj::TJPARAM, value: c_int) -> Result<(), JpegError> {
+        // SAFETY: the handle is live; tj3Set checks the parameter and value.
+        if unsafe { tj::tj3Set(self.handle, param as c_int, value) } != 0 {
+            return Err(JpegError::Fatal(self.error().1));
+        }
+        Ok(())
+    }
+
+    fn get(&mut self, param: tj::TJPARAM) -> c_int {
+        // SAFETY: the handle is live; an unknown parameter gives -1.
+        unsafe { tj::tj3Get(self.handle, param as c_int) }
+    }
+
+    /// Reads the header: only the bytes before the first scan are parsed.
+    pub fn header(&mut self, data: &[u8]) -> Result<JpegHeader, JpegError> {
+        // TurboJPEG accepts a stream of tables only and then reports the previous image's
+        // dimensions: a frame header must be there.
+        let (fw, fh) = frame_size(data).ok_or_else(|| {
+            JpegError::Fatal("no frame header before the scan: not a JPEG image".into())
+        })?;
+        // SAFETY: the pointer and length describe `data`, which outlives the call.
+        let rc = unsafe { tj::tj3DecompressHeader(self.handle, data.as_ptr(), data.len() as _) };
+        if rc != 0 {
+            return Err(JpegError::Fatal(self.error().1));
+        }
+        let width = self.get(tj::TJPARAM_TJPARAM_JPEGWIDTH);
+        let height = self.get(tj::TJPARAM_TJPARAM_JPEGHEIGHT);
+        if width <= 0 || height <= 0 || (width as u32, height as u32) != (fw, fh) {
+            return Err(JpegError::Fatal(format!("bad dimensions {width}x{height}")));
+        }
+        let colorspace = match self.get(tj::TJPARAM_TJPARAM_COLORSPACE) as u32 {
+            tj::TJCS_TJCS_RGB => JpegColorspace::Rgb,
+            tj::TJCS_TJCS_GRAY => JpegColorspace::Gray,
+            tj::TJCS_TJCS_CMYK => JpegColorspace::Cmyk,
+            tj::TJCS_TJCS_YCCK => JpegColorspace::Ycck,
+            _ => JpegColorspace::Ycbcr,
+        };
+        let subsampling = match self.get(tj::TJPARAM_TJPARAM_SUBSAMP) {
+            x if x == tj::TJSAMP_TJSAMP_444 => Some("4:4:4"),
+            x if x == tj::TJSAMP_TJSAMP_422 => Some("4:2:2"),
+            x if x == tj::TJSAMP_TJSAMP_420 => Some("4:2:0"),
+            x if x == tj::TJSAMP_TJSAMP_GRAY => Some("gray"),
+            x if x == tj::TJSAMP_TJSAMP_440 => Some("4:4:0"),
+            x if x == tj::TJSAMP_TJSAMP_411 => Some("4:1:1"),
+            x if x == tj::TJSAMP_TJSAMP_441 => Some("4:4:1"),
+            _ => None,
+        };
+        Ok(JpegHeader {
+            width: width as u32,
+            height: height as u32,
+            colorspace,
+            subsampling,
+            progressive: self.get(tj::TJPARAM_TJPARAM_PROGRESSIVE) == 1,
+        })
+    }
+
+    /// The width and height in pixels of an iMCU at full scale, for the header last read.
+    pub fn mcu_size(&mut self) -> (u32, u32) {
+        match self.get(tj::TJPARAM_TJPARAM_SUBSAMP) {
+            x if x == tj::TJSAMP_TJSAMP_420 => (16, 16),
+            x if x == tj::TJSAMP_TJSAMP_422 => (16, 8),
+            x if x == tj::TJSAMP_TJSAMP_440 => (8, 16),
+            x if x == tj::TJSAMP_TJSAMP_411 => (32, 8),
+            x if x == tj::TJSAMP_TJSAMP_441 => (8, 32),
+            _ => (8, 8),
+        }
+    }
+
+    /// The region to decode so that the pixels in `x0..x1` × `y0..y1` of an image of `size`
+    /// (scaled by 1/`denom`) come out exactly as a whole-image decode gives them: the left edge
+    /// on an iMCU boundary (TurboJPEG's rule) and one iMCU of margin on every side, because
+    /// fancy upsampling at a region's edge sees the edge, not the neighbouring chroma rows.
+    /// `None` when that is the whole image.
+    pub fn region_for(
+        &mut self,
+        (x0, x1): (u32, u32),
+        (y0, y1): (u32, u32),
+        size: (u32, u32),
+        denom: u32,
+    ) -> Option<(u32, u32, u32, u32)> {
+        let (mw, mh) = self.mcu_size();
+        let (mw, mh) = ((mw / denom).max(1), (mh / denom).max(1));
+        let left = x0.saturating_sub(mw) / mw * mw;
+        let right = (x1 + mw).min(size.0);
+        let top = y0.saturating_sub(mh);
+        let bottom = (y1 + mh).min(size.1);
+        let r = (left, top, right - left, bottom - top);
+        (r != (0, 0, size.0, size.1)).then_some(r)
+    }
+
+    /// Decodes the header last read by [`header`](Self::header) (of the same `data`) at
+    /// `denom` (1, 2, 4 or 8: the IDCT scales by 1/denom) into `out` as packed 8-bit pixels of
+    /// `channels` (3: RGB, gray expanded; 4: CMYK as stored), the rows `crop` names:
+    /// `(x, y, w, h)` in scaled pixels with `x` on an iMCU boundary, or the whole image. `out`
+    /// must hold `w * h * channels` bytes. Warnings other than truncation (e.g. extraneous
+    /// bytes before a marker, common in real datasets) are ignored, as Pillow does.
+    pub fn decode(
+        &mut self,
+        data: &[u8],
+        denom: u32,
+        crop: Option<(u32, u32, u32, u32)>,
+        channels: u32,
+        out: &mut [u8],
+        (w, h): (u32, u32),
+    ) -> Result<(), JpegError> {
+        let sf = tj::tjscalingfactor {
+            num: 1,
+            denom: denom as c_int,
+        };
+        // SAFETY: the handle is live; the factor is one TurboJPEG lists (1/1, 1/2, 1/4, 1/8).
+        if unsafe { tj::tj3SetScalingFactor(self.handle, sf) } != 0 {
+            return Err(JpegError::Fatal(self.error().1));
+        }
+        let region = match crop {
+            Some((x, y, cw, ch)) => tj::tjregion {
+                x: x as c_int,
+                y: y as c_int,
+                w: cw as c_int,
+                h: ch as c_int,
+            },
+            None => tj::tjregion {
+                x: 0,
+                y: 0,
+                w: 0,
+                h: 0,
+            },
+        };
+        // SAFETY: the handle is live and a header was read; TurboJPEG validates the region.
+        if unsafe { tj::tj3SetCroppingRegion(self.handle, region) } != 0 {
+            return Err(JpegError::Fatal(self.error().1));
+        }
+        let format = if channels == 4 {
+            tj::TJPF_TJPF_CMYK
+        } else {
+            tj::TJPF_TJPF_RGB
+        };
+        let pitch = w as usize * channels as usize;
+        if out.len() < pitch * h as usize {
+            return Err(JpegError::Fatal("output buffer too small".into()));
+        }
+        // SAFETY: `data` is read for its length; `out` holds `pitch * h` bytes (checked above),
+        // which is what TurboJPEG writes for a `w` x `h` region (scaled, cropped) at this pitch.
+        let rc = unsafe {
+            tj::tj3Decompress8(
+                self.handle,
+                data.as_ptr(),
+                data.len() as _,
+                out.as_mut_ptr(),
+                pitch as c_int,
+                format,
+            )
+        };
+        if rc != 0 {
+            let (warning, msg) = self.error();
+            if !warning {
+                return Err(JpegError::Fatal(msg));
+            }
+            if msg.contains("Premature end") {
+                return Err(JpegError::Truncated);
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes packed 8-bit `pixels` of `size` as `o` says.
+    pub fn encode(
+        &mut self,
+        pixels: &[u8],
+        (w, h): (u32, u32),
+        o: &EncodeOptions,
+    ) -> Result<Vec<u8>, JpegError> {
+        let EncodeOptions {
+            channels,
+            quality,
+            subsampling,
+            progressive,
+            restart_rows,
+        } = *o;
+        let samp = match (channels, subsampling) {
+            (1, _) => tj::TJSAMP_TJSAMP_GRAY,
+            (_, "4:4:4") => tj::TJSAMP_TJSAMP_444,
+            (_, "4:2:2") => tj::TJSAMP_TJSAMP_422,
+            (_, "4:4:0") => tj::TJSAMP_TJSAMP_440,
+            (_, "4:1:1") => tj::TJSAMP_TJSAMP_411,
+            _ => tj::TJSAMP_TJSAMP_420,
+        };
+        let format = match channels {
+            1 => tj::TJPF_TJPF_GRAY,
+            4 => tj::TJPF_TJPF_CMYK,
+            _ => tj::TJPF_TJPF_RGB,
+        };
+        let need = w as usize * h as usize * channels as usize;
+        if pixels.len() < need {
+            return Err(JpegError::Fatal("too few pixels for the size".into()));
+        }
+        self.set(tj::TJPARAM_TJPARAM_QUALITY, quality as c_int)?;
+        self.set(tj::TJPARAM_TJPARAM_SUBSAMP, samp)?;
+        self.set(tj::TJPARAM_TJPARAM_PROGRESSIVE, progressive as c_int)?;
+        self.set(tj::TJPARAM_TJPARAM_RESTARTROWS, restart_rows as c_int)?;
+        if channels == 4 {
+            self.set(tj::TJPARAM_TJPARAM_COLORSPACE, tj::TJCS_TJCS_YCCK as c_int)?;
+        }
+        let mut buf: *mut u8 = std::ptr::null_mut();
+        let mut size: tj::size_t = 0;
+        // SAFETY: `pixels` holds `w * h * channels` bytes (checked); TurboJPEG allocates the
+        // output (buf null, size 0) and we free it with tj3Free below, after copying it.
+        let rc = unsafe {
+            tj::tj3Compress8(
+                self.handle,
+                pixels.as_ptr(),
+                w as c_int,
+                0,
+                h as c_int,
+                format,
+                &mut buf,
+                &mut size,
+            )
+        };
+        let out = if rc == 0 && !buf.is_null() {
+            // SAFETY: on success `buf` holds `size` bytes TurboJPEG wrote.
+            Ok(unsafe { std::slice::from_raw_parts(buf, size as usize) }.to_vec())
+        } else {
+            Err(JpegError::Fatal(self.error().1))
+        };
+        // SAFETY: `buf` is null or TurboJPEG's allocation, freed once.
+        unsafe { tj::tj3Free(buf.cast()) };
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decoding a region gives the same pixels as the whole image there.
+    #[test]
+    fn a_region_decodes_as_the_whole_image_does() {
+        let (px, size) = crate::decode::synth::pixels(1, 1, 3);
+        for (samp, denom) in [
+            ("4:2:0", 1),
+            ("4:2:2", 1),
+            ("4:4:4", 1),
+            ("4:2:0", 2),
+            ("4:2:2", 4),
+        ] {
+            let mut c = Turbo::compressor().unwrap();
+            let o = EncodeOptions {
+                channels: 3,
+                quality: 90,
+                subsampling: samp,
+                progressive: false,
+                restart_rows: 0,
+            };
+            let j = c.encode(&px, size, &o).unwrap();
+            let mut d = Turbo::decompressor(100, 1 << 30).unwrap();
+            let h = d.header(&j).unwrap();
+            let h = JpegHeader {
+                width: h.width.div_ceil(denom),
+                height: h.height.div_ceil(denom),
+                ..h
+            };
+            let mut full = vec![0u8; (h.width * h.height * 3) as usize];
+            d.decode(&j, denom, None, 3, &mut full, (h.width, h.height))
+                .unwrap();
+            let (nx, ny, nw, nh) = (37 / denom, 41 / denom, 101 / denom, 77 / denom);
+            d.header(&j).unwrap();
+            let (x, y, w, hh) = d
+                .region_for((nx, nx + nw), (ny, ny + nh), (h.width, h.height), denom)
+                .unwrap();
+            let mut part = vec![0u8; (w * hh * 3) as usize];
+            d.decode(&j, denom, Some((x, y, w, hh)), 3, &mut part, (w, hh))
+                .unwrap();
+            let mut worst = (0, 0, 0);
+            for r in ny..ny + nh {
+                for c in nx * 3..(nx + nw) * 3 {
+                    let a = full[(r * h.width * 3 + c) as usize] as i32;
+                    let b = part[((r - y) * w * 3 + c - x * 3) as usize] as i32;
+                    if (a - b).abs() > worst.0 {
+                        worst = ((a - b).abs(), r, c / 3);
+                    }
+                }
+            }
+            assert_eq!(
+                worst.0, 0,
+                "{samp} 1/{denom}: region differs by {} at row {} col {}",
+                worst.0, worst.1, worst.2
+            );
+        }
+    }
+}

@@ -1,0 +1,610 @@
+//! The decode pool: threads that turn host batches into image tensors, a few batches ahead of
+//! the trainer. A batch is a job; its samples are claimed one at a time by whichever thread is
+//! free, and each is decoded straight into its own part of the batch tensor. Memory is the
+//! tensors of the batches in flight plus each thread's scratch: flat whatever the dataset size.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout as AllocLayout};
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use super::{ImageDecoder, ImageSpec, Layout, PixelType};
+use crate::batch::Batch;
+use crate::dataset::Dataset;
+use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::loader::{Epoch, Loader, LoaderStats};
+
+/// Alignment of a batch tensor (a cache line; what vector loads and DLPack consumers like).
+const TENSOR_ALIGN: usize = 64;
+
+/// One batch tensor: zeroed, aligned memory written by the decode threads, each into the
+/// samples it claimed, then read-only once the job is complete.
+struct Tensor {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the memory is owned by the tensor; writers touch disjoint sample ranges (each
+// sample is claimed by exactly one thread through `Job::next`), and readers only read after
+// the job is complete (the `done` count under its mutex orders the writes before the reads).
+unsafe impl Send for Tensor {}
+// SAFETY: as above.
+unsafe impl Sync for Tensor {}
+
+impl Tensor {
+    fn new(len: usize) -> Result<Tensor> {
+        if len == 0 {
+            return Ok(Tensor {
+                ptr: NonNull::dangling(),
+                len: 0,
+            });
+        }
+        let layout = AllocLayout::from_size_align(len, TENSOR_ALIGN)
+            .map_err(|_| invalid(format!("a batch tensor of {len} bytes is too large")))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Busy,
+                format!("out of memory allocating a {len}-byte batch tensor"),
+            )
+        })?;
+        Ok(Tensor { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` initialised (zeroed) bytes owned by the tensor; called only once the
+        // job is complete, when no thread writes any more.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes of sample `i` of `per` bytes each, for its one writer.
+    ///
+    /// # Safety
+    /// The caller must be the only one to access sample `i` until the job is complete.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn sample_mut(&self, i: usize, per: usize) -> &mut [u8] {
+        assert!((i + 1) * per <= self.len, "sample {i} outside the tensor");
+        // SAFETY: inside the allocation (asserted); exclusive by the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(i * per), per) }
+    }
+}
+
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `new` with this size and alignment; freed once.
+            unsafe {
+                dealloc(
+                    self.ptr.as_ptr(),
+                    AllocLayout::from_size_align_unchecked(self.len, TENSOR_ALIGN),
+                )
+            }
+        }
+    }
+}
+
+/// A batch being decoded.
+struct Job {
+    batch: Batch,
+    tensor: Arc<Tensor>,
+    spec: Arc<ImageSpec>,
+    dataset: Arc<Dataset>,
+    seed: u64,
+    /// The next sample to claim.
+    next: AtomicUsize,
+    /// The epoch was dropped: skip what is not claimed yet.
+    cancelled: AtomicBool,
+    state: Mutex<JobState>,
+    finished: Condvar,
+}
+
+#[derive(Default)]
+struct JobState {
+    done: usize,
+    errors: Vec<(usize, Error)>,
+}
+
+impl Job {
+    fn len(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// Claims and decodes samples until none is left; false when there was none to claim.
+    fn work(&self, dec: &mut Result<ImageDecoder, String>) -> bool {
+        let per = self.spec.sample_elems() * self.spec.dtype.size();
+        let mut any = false;
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.len() {
+                return any;
+            }
+            any = true;
+            let err = if self.cancelled.load(Ordering::Relaxed) {
+                None
+            } else {
+                // SAFETY: `i` came from `next.fetch_add`, so this thread alone holds it.
+                let dst = unsafe { self.tensor.sample_mut(i, per) };
+                self.decode_one(i, dec, dst)
+            };
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(e) = err {
+                st.errors.push((i, e));
+            }
+            st.done += 1;
+            if st.done == self.len() {
+                self.finished.notify_all();
+            }
+        }
+    }
+
+    fn decode_one(
+        &self,
+        i: usize,
+        dec: &mut Result<ImageDecoder, String>,
+        dst: &mut [u8],
+    ) -> Option<Error> {
+        let id = self.batch.sample_ids()[i];
+        let data = match self.batch.sample(i) {
+            Ok(d) => d,
+            // Already an error (read, frame or checksum): zero-filled, the error stays.
+            Err(e) => return Some(e.clone()),
+        };
+        let reason = match dec {
+            Ok(d) => match d.decode_into(
+                &self.spec,
+                self.seed,
+                self.batch.epoch(),
+                id as u64,
+                data,
+                dst,
+            ) {
+                Ok(()) => return None,
+                Err(r) => {
+                    dst.fill(0);
+                    r
+                }
+            },
+            Err(e) => e.clone(),
+        };
+        let s = self.dataset.sample(id as usize);
+        Some(
+            Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "sample {} ({}): cannot decode: {reason}",
+                    id,
+                    self.dataset.key(id as usize)
+                ),
+            )
+            .with_path(self.dataset.files()[s.file as usize].path.clone())
+            .with_range(s.offset, s.len as u64)
+            .with_sample(id as u64),
+        )
+    }
+
+    fn wait(&self) -> Vec<(usize, Error)> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while st.done < self.len() {
+            st = self.finished.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        std::mem::take(&mut st.errors)
+    }
+}
+
+/// The threads and their queue of jobs.
+struct Pool {
+    queue: Mutex<PoolQueue>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct PoolQueue {
+    jobs: VecDeque<Arc<Job>>,
+    closing: bool,
+}
+
+/// Stops and joins the pool's threads when the last [`ImageLoader`] clone goes.
+struct PoolHandle {
+    pool: Arc<Pool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Drop for PoolHandle {
+    fn drop(&mut self) {
+        self.pool
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .closing = true;
+        self.pool.wake.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Pool {
+    fn start(spec: &Arc<ImageSpec>) -> Result<PoolHandle> {
+        let pool = Arc::new(Pool {
+            queue: Mutex::new(PoolQueue::default()),
+            wake: Condvar::new(),
+        });
+        let mut threads = Vec::new();
+        for n in 0..spec.thread_count() {
+            let (p, s) = (pool.clone(), spec.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("gpufeed-decode-{n}"))
+                .spawn(move || p.run(&s))
+                .map_err(|e| Error::io("cannot start a decode thread", e))?;
+            threads.push(t);
+        }
+        Ok(PoolHandle { pool, threads })
+    }
+
+    fn run(&self, spec: &ImageSpec) {
+        let mut dec = ImageDecoder::new(spec).map_err(|e| e.to_string());
+        loop {
+            let job = {
+                let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    // Jobs whose samples are all claimed leave the queue.
+                    while q
+                        .jobs
+                        .front()
+                        .is_some_and(|j| j.next.load(Ordering::Relaxed) >= j.len())
+                    {
+                        q.jobs.pop_front();
+                    }
+                    if let Some(j) = q.jobs.front() {
+                        break j.clone();
+                    }
+                    if q.closing {
+                        return;
+                    }
+                    q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            job.work(&mut dec);
+        }
+    }
+
+    fn submit(&self, job: Arc<Job>) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .jobs
+            .push_back(job);
+        self.wake.notify_all();
+    }
+}
+
+/// A [`Loader`] whose batches are decoded into image tensors ([`Loader::decode_images`]).
+/// Clones share the loader and the decode threads.
+#[derive(Clone)]
+pub struct ImageLoader {
+    loader: Loader,
+    spec: Arc<ImageSpec>,
+    pool: Arc<PoolHandle>,
+}
+
+impl std::fmt::Debug for ImageLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageLoader")
+            .field("spec", &self.spec)
+            .field("threads", &self.pool.threads.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Loader {
+    /// This loader's batches decoded and transformed by `spec` on the CPU (a host loader
+    /// only, so far: the GPU decode stage is its own issue). Starts the decode threads.
+    pub fn decode_images(&self, spec: ImageSpec) -> Result<ImageLoader> {
+        spec.validate()?;
+        if self.is_device() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "decode_images runs on the CPU and needs a host loader (Device::Host); GPU \
+                 decoding is not built yet",
+            ));
+        }
+        let spec = Arc::new(spec);
+        Ok(ImageLoader {
+            loader: self.clone(),
+            pool: Arc::new(Pool::start(&spec)?),
+            spec,
+        })
+    }
+}
+
+impl ImageLoader {
+    /// The underlying loader.
+    pub fn loader(&self) -> &Loader {
+        &self.loader
+    }
+
+    /// The spec in effect.
+    pub fn spec(&self) -> &ImageSpec {
+        &self.spec
+    }
+
+    /// Decode threads.
+    pub fn threads(&self) -> usize {
+        self.pool.threads.len()
+    }
+
+    /// The image batches of `epoch`, from the first.
+    pub fn epoch(&self, epoch: u64) -> Result<ImageEpoch> {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// The image batches of `epoch` from batch `start` (resuming): the same tensors an
+    /// uninterrupted epoch gives from there.
+    pub fn epoch_from(&self, epoch: u64, start: u32) -> Result<ImageEpoch> {
+        Ok(self.decode_epoch(self.loader.epoch_from(epoch, start)?))
+    }
+
+    /// Decodes an epoch already asked of the underlying loader (one asked ahead, say).
+    pub fn decode_epoch(&self, inner: Epoch) -> ImageEpoch {
+        ImageEpoch {
+            inner,
+            spec: self.spec.clone(),
+            dataset: self.loader.dataset().clone(),
+            seed: self.loader.plan_config().seed,
+            pool: self.pool.clone(),
+            pending: VecDeque::new(),
+            ended: false,
+        }
+    }
+}
+
+/// The image batches of one epoch, in order; the next `prefetch_batches` are being decoded
+/// while one is used. Dropping it stops the reading and the decoding of what is not claimed.
+pub struct ImageEpoch {
+    inner: Epoch,
+    spec: Arc<ImageSpec>,
+    dataset: Arc<Dataset>,
+    seed: u64,
+    pool: Arc<PoolHandle>,
+    pending: VecDeque<Result<Arc<Job>>>,
+    ended: bool,
+}
+
+impl ImageEpoch {
+    /// Batches in this epoch (from batch 0).
+    pub fn batches(&self) -> u32 {
+        self.inner.batches()
+    }
+
+    /// The reading's figures so far.
+    pub fn stats(&self) -> &LoaderStats {
+        self.inner.stats()
+    }
+
+    fn fill(&mut self) {
+        while !self.ended && self.pending.len() <= self.spec.prefetch_batches {
+            match self.inner.next() {
+                None => self.ended = true,
+                Some(Err(e)) => {
+                    self.pending.push_back(Err(e));
+                    self.ended = true;
+                }
+                Some(Ok(batch)) => {
+                    let bytes = batch.len() * self.spec.sample_elems() * self.spec.dtype.size();
+                    let job = Tensor::new(bytes).map(|t| {
+                        Arc::new(Job {
+                            batch,
+                            tensor: Arc::new(t),
+                            spec: self.spec.clone(),
+                            dataset: self.dataset.clone(),
+                            seed: self.seed,
+                            next: AtomicUsize::new(0),
+                            cancelled: AtomicBool::new(false),
+                            state: Mutex::new(JobState::default()),
+                            finished: Condvar::new(),
+                        })
+                    });
+                    if let Ok(j) = &job {
+                        self.pool.pool.submit(j.clone());
+                    }
+                    self.pending.push_back(job);
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for ImageEpoch {
+    type Item = Result<ImageBatch>;
+
+    fn next(&mut self) -> Option<Result<ImageBatch>> {
+        self.fill();
+        let job = match self.pending.pop_front()? {
+            Ok(j) => j,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut errors: Vec<Option<Arc<Error>>> = vec![None; job.len()];
+        for (i, e) in job.wait() {
+            errors[i] = Some(Arc::new(e));
+        }
+        // Start the next batches before handing this one out.
+        self.fill();
+        let b = &job.batch;
+        Some(Ok(ImageBatch {
+            epoch: b.epoch(),
+            index: b.index(),
+            ids: b.sample_ids().to_vec(),
+            labels: b.labels().to_vec(),
+            padding: b.padding_mask(),
+            errors,
+            tensor: job.tensor.clone(),
+            size: self.spec.size,
+            dtype: self.spec.dtype,
+            layout: self.spec.layout,
+        }))
+    }
+}
+
+impl Drop for ImageEpoch {
+    fn drop(&mut self) {
+        // Unclaimed samples are skipped; claimed ones finish into tensors that live as long
+        // as their job (the threads hold it), so nothing is freed under a writer.
+        for j in self.pending.iter().flatten() {
+            j.cancelled.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl std::fmt::Debug for ImageEpoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageEpoch")
+            .field("inner", &self.inner)
+            .field("pending", &self.pending.len())
+            .finish()
+    }
+}
+
+/// An element type a batch tensor can be viewed as.
+pub trait Element: Copy + sealed::Sealed {
+    /// The pixel type it stands for.
+    const TYPE: PixelType;
+}
+impl Element for u8 {
+    const TYPE: PixelType = PixelType::U8;
+}
+impl Element for f32 {
+    const TYPE: PixelType = PixelType::F32;
+}
+impl Element for half::f16 {
+    const TYPE: PixelType = PixelType::F16;
+}
+impl Element for half::bf16 {
+    const TYPE: PixelType = PixelType::Bf16;
+}
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u8 {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// A batch of decoded images: one contiguous tensor ([N, 3, H, W] or [N, H, W, 3]) plus the
+/// labels, ids and per-sample errors. Cheap to clone (the tensor is shared).
+#[derive(Clone)]
+pub struct ImageBatch {
+    epoch: u64,
+    index: u32,
+    ids: Vec<u32>,
+    labels: Vec<i64>,
+    padding: Vec<bool>,
+    errors: Vec<Option<Arc<Error>>>,
+    tensor: Arc<Tensor>,
+    size: (u32, u32),
+    dtype: PixelType,
+    layout: Layout,
+}
+
+impl ImageBatch {
+    /// The epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    /// Index of this batch in the rank's epoch.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+    /// Number of images.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    /// Dataset index of each sample.
+    pub fn sample_ids(&self) -> &[u32] {
+        &self.ids
+    }
+    /// Label of each sample (−1 when none).
+    pub fn labels(&self) -> &[i64] {
+        &self.labels
+    }
+    /// Whether each sample is padding (`LastBatch::Pad`).
+    pub fn padding_mask(&self) -> &[bool] {
+        &self.padding
+    }
+    /// The element type.
+    pub fn dtype(&self) -> PixelType {
+        self.dtype
+    }
+    /// The layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    /// The tensor's shape: [N, 3, H, W] (NCHW) or [N, H, W, 3] (NHWC).
+    pub fn shape(&self) -> [usize; 4] {
+        let (n, w, h) = (self.len(), self.size.0 as usize, self.size.1 as usize);
+        match self.layout {
+            Layout::Nchw => [n, 3, h, w],
+            Layout::Nhwc => [n, h, w, 3],
+        }
+    }
+    /// Strides in elements (compact, row-major).
+    pub fn strides(&self) -> [usize; 4] {
+        let s = self.shape();
+        [s[1] * s[2] * s[3], s[2] * s[3], s[3], 1]
+    }
+    /// The tensor's bytes (little-endian elements).
+    pub fn bytes(&self) -> &[u8] {
+        self.tensor.bytes()
+    }
+    /// The tensor as elements of `T`, or `None` if `T` is not its type.
+    pub fn view<T: Element>(&self) -> Option<&[T]> {
+        if T::TYPE != self.dtype {
+            return None;
+        }
+        let b = self.tensor.bytes();
+        let n = b.len() / std::mem::size_of::<T>();
+        if n == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: the tensor is 64-byte aligned, holds `n` elements of T's size, and every bit
+        // pattern is a valid u8, f32, f16 or bf16; it is immutable while the batch lives.
+        Some(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<T>(), n) })
+    }
+    /// The address of the tensor's first byte (stable while any clone lives).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.tensor.ptr.as_ptr()
+    }
+    /// Sample `i`'s error, if it could not be delivered (its image is zero-filled).
+    pub fn error(&self, i: usize) -> Option<&Error> {
+        self.errors[i].as_deref()
+    }
+    /// The samples that failed, with their position in the batch.
+    pub fn errors(&self) -> impl Iterator<Item = (usize, &Error)> {
+        self.errors
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.as_deref().map(|e| (i, e)))
+    }
+    /// A value keeping the tensor's memory alive (for DLPack exports).
+    pub fn keep_alive(&self) -> Box<dyn std::any::Any + Send> {
+        Box::new(self.tensor.clone())
+    }
+}
+
+impl std::fmt::Debug for ImageBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageBatch")
+            .field("epoch", &self.epoch)
+            .field("index", &self.index)
+            .field("shape", &self.shape())
+            .field("dtype", &self.dtype)
+            .field("errors", &self.errors().count())
+            .finish()
+    }
+}

@@ -1,0 +1,455 @@
+//! The decode stage against an independent decoder and resampler: Pillow (whose libjpeg-turbo
+//! is the oracle the GPU stage is held to as well) writes the test JPEGs and decodes and
+//! transforms them; gpufeed's output must agree within the stated tolerances. Then the loader
+//! side: every sample exactly once, corrupt images as named errors, and the same tensor for a
+//! sample whatever the thread count, the rank count or the resume point.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use gpufeed::decode::{ImageSpec, Layout, PixelType, RgbDecoder, SampleDecoder, Transform};
+use gpufeed::{Dataset, Loader};
+
+use crate::common::disk_dir;
+
+/// Decode alone against Pillow, per u8 channel: the mean |difference| must stay within this
+/// (the bound) and the largest within `DECODE_MAX` (both decoders are libjpeg-turbo with
+/// the accurate IDCT and fancy upsampling: they agree exactly but for CMYK rounding).
+const DECODE_MEAN: f64 = 1.0;
+const DECODE_MAX: i32 = 1;
+/// The fused crop + resize (+ flip) against Pillow's resize on the u8 scale. Pillow rounds to
+/// u8 between its horizontal and vertical passes and uses 22-bit fixed-point weights; gpufeed
+/// keeps f32 throughout. These bind the GPU stage too.
+const TRANSFORM_MEAN: f64 = 0.5;
+const TRANSFORM_MAX: i32 = 2;
+/// The same with DCT-domain downscaling (decode at 1/2–1/8 when the crop is at least twice the
+/// output even then): libjpeg-turbo's scaled IDCT is not the triangle filter, so the bound is
+/// looser (measured worst: mean 0.55, max 8, on images with heavy pixel noise).
+const DCT_MEAN: f64 = 0.75;
+const DCT_MAX: i32 = 12;
+
+/// A Python with Pillow and numpy: a virtualenv made once under the target directory.
+/// `None` (the test says why) without python3 or with GPUFEED_SKIP_PYTHON.
+fn pillow() -> Option<&'static Path> {
+    static PY: OnceLock<Option<PathBuf>> = OnceLock::new();
+    PY.get_or_init(|| {
+        if std::env::var_os("GPUFEED_SKIP_PYTHON").is_some() {
+            eprintln!("skipped: GPUFEED_SKIP_PYTHON is set");
+            return None;
+        }
+        if Command::new("python3").arg("--version").output().is_err() {
+            eprintln!("skipped: python3 is not installed (CI installs it)");
+            return None;
+        }
+        let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pillow-venv");
+        let py = venv.join("bin/python");
+        let ok = |c: &mut Command| c.status().is_ok_and(|s| s.success());
+        if !ok(Command::new(&py).args(["-c", "import PIL, numpy"])) {
+            assert!(
+                ok(Command::new("python3").args(["-m", "venv"]).arg(&venv)),
+                "python3 -m venv failed"
+            );
+            assert!(
+                ok(Command::new(&py).args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "pillow",
+                    "numpy"
+                ])),
+                "pip install pillow numpy failed"
+            );
+        }
+        Some(py)
+    })
+    .as_deref()
+}
+
+fn oracle_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/decode/pillow_oracle.py")
+}
+
+/// Pillow's test set (made once per test run).
+fn pillow_set(py: &Path, dir: &Path) -> Vec<PathBuf> {
+    let st = Command::new(py)
+        .arg(oracle_script())
+        .arg("make")
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(st.success(), "pillow_oracle.py make failed");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jpg"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Mean and largest |a − b| over u8 values.
+fn diff(a: &[u8], b: &[u8]) -> (f64, i32) {
+    assert_eq!(a.len(), b.len());
+    let mut sum = 0u64;
+    let mut max = 0;
+    for (x, y) in a.iter().zip(b) {
+        let d = (*x as i32 - *y as i32).abs();
+        sum += d as u64;
+        max = max.max(d);
+    }
+    (sum as f64 / a.len().max(1) as f64, max)
+}
+
+#[test]
+fn decode_alone_matches_pillow() {
+    let Some(py) = pillow() else { return };
+    let dir = disk_dir();
+    let files = pillow_set(py, dir.path());
+    assert!(files.len() >= 12);
+    let mut d = RgbDecoder::new().unwrap();
+    let mut px = Vec::new();
+    for f in &files {
+        let (w, h) = d.decode(&std::fs::read(f).unwrap(), &mut px).unwrap();
+        let size = std::fs::read_to_string(f.with_extension("size")).unwrap();
+        assert_eq!(size.trim(), format!("{w} {h}"), "{}", f.display());
+        let want = std::fs::read(f.with_extension("rgb")).unwrap();
+        let (mean, max) = diff(&px, &want);
+        eprintln!("{}: mean {mean:.4} max {max}", f.display());
+        assert!(
+            mean <= DECODE_MEAN && max <= DECODE_MAX,
+            "{}: decode differs from Pillow's by mean {mean:.3}, max {max}",
+            f.display()
+        );
+    }
+}
+
+/// Decodes `file` as sample `id` through `spec` (u8, NHWC) and has Pillow do the same
+/// geometry; returns (ours, Pillow's).
+fn both(
+    py: &Path,
+    dir: &Path,
+    spec: &ImageSpec,
+    cases: &[(PathBuf, u64)],
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut dec = SampleDecoder::new(spec.clone()).unwrap();
+    let mut ours = Vec::new();
+    let mut json = Vec::new();
+    for (n, (f, id)) in cases.iter().enumerate() {
+        let data = std::fs::read(f).unwrap();
+        let mut out = vec![0u8; dec.sample_bytes()];
+        dec.decode(&data, 5, 1, *id, &mut out).unwrap();
+        ours.push(out);
+        let size = std::fs::read_to_string(f.with_extension("size")).unwrap();
+        let mut it = size.split_whitespace().map(|v| v.parse::<u32>().unwrap());
+        let wh = (it.next().unwrap(), it.next().unwrap());
+        let g = spec.geometry(5, 1, *id, wh);
+        let dst = dir.join(format!("case{n}.out"));
+        json.push(serde_json::json!({
+            "file": f, "box": g.src, "full": [g.full.0, g.full.1],
+            "window": [g.window_origin.0, g.window_origin.1],
+            "out": [spec.size.0, spec.size.1], "flip": g.flip, "dst": dst,
+        }));
+    }
+    let cases_path = dir.join("cases.json");
+    std::fs::write(&cases_path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let st = Command::new(py)
+        .arg(oracle_script())
+        .arg("transform")
+        .arg(&cases_path)
+        .status()
+        .unwrap();
+    assert!(st.success(), "pillow_oracle.py transform failed");
+    ours.into_iter()
+        .enumerate()
+        .map(|(n, o)| (o, std::fs::read(dir.join(format!("case{n}.out"))).unwrap()))
+        .collect()
+}
+
+#[test]
+fn transforms_match_pillow_within_the_stated_tolerance() {
+    let Some(py) = pillow() else { return };
+    let dir = disk_dir();
+    let files = pillow_set(py, dir.path());
+    let cases: Vec<(PathBuf, u64)> = files
+        .iter()
+        .flat_map(|f| (0..6u64).map(move |id| (f.clone(), id)))
+        .collect();
+    for dct in [false, true] {
+        for (name, spec) in [
+            ("train 224", ImageSpec::train(224)),
+            ("eval 224", ImageSpec::eval(224)),
+            ("train 96", ImageSpec::train(96)),
+            ("eval 64", ImageSpec::eval(64)),
+        ] {
+            let mut spec = spec.dtype(PixelType::U8).layout(Layout::Nhwc);
+            spec.dct_scaling = dct;
+            let (lim_mean, lim_max) = if dct {
+                (DCT_MEAN, DCT_MAX)
+            } else {
+                (TRANSFORM_MEAN, TRANSFORM_MAX)
+            };
+            let (mut worst_mean, mut worst_max) = (0.0f64, 0);
+            for ((ours, theirs), (f, id)) in both(py, dir.path(), &spec, &cases).iter().zip(&cases)
+            {
+                let (mean, max) = diff(ours, theirs);
+                worst_mean = worst_mean.max(mean);
+                worst_max = worst_max.max(max);
+                assert!(
+                    mean <= lim_mean && max <= lim_max,
+                    "{name} (dct {dct}) {} sample {id}: mean {mean:.3}, max {max}",
+                    f.display()
+                );
+            }
+            eprintln!("{name} dct {dct}: worst mean {worst_mean:.4}, worst max {worst_max}");
+        }
+    }
+}
+
+#[test]
+fn float_outputs_are_the_normalised_pixels_in_either_layout() {
+    let Some(py) = pillow() else { return };
+    let dir = disk_dir();
+    let files = pillow_set(py, dir.path());
+    let data = std::fs::read(&files[0]).unwrap();
+    let base = ImageSpec::train(64);
+    let mut u8d =
+        SampleDecoder::new(base.clone().dtype(PixelType::U8).layout(Layout::Nhwc)).unwrap();
+    let mut px = vec![0u8; u8d.sample_bytes()];
+    u8d.decode(&data, 9, 0, 3, &mut px).unwrap();
+    let (mean, std) = (base.mean, base.std);
+    for (dtype, tol) in [
+        (PixelType::F32, 0.51),
+        (PixelType::F16, 0.9),
+        (PixelType::Bf16, 2.6),
+    ] {
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let mut d = SampleDecoder::new(base.clone().dtype(dtype).layout(layout)).unwrap();
+            let mut out = vec![0u8; d.sample_bytes()];
+            d.decode(&data, 9, 0, 3, &mut out).unwrap();
+            let value = |i: usize| -> f32 {
+                match dtype {
+                    PixelType::F32 => f32::from_le_bytes(out[i * 4..i * 4 + 4].try_into().unwrap()),
+                    PixelType::F16 => {
+                        half::f16::from_le_bytes([out[i * 2], out[i * 2 + 1]]).to_f32()
+                    }
+                    _ => half::bf16::from_le_bytes([out[i * 2], out[i * 2 + 1]]).to_f32(),
+                }
+            };
+            for y in 0..64 {
+                for x in 0..64 {
+                    for c in 0..3 {
+                        let i = match layout {
+                            Layout::Nchw => (c * 64 + y) * 64 + x,
+                            Layout::Nhwc => (y * 64 + x) * 3 + c,
+                        };
+                        let back = (value(i) * std[c] + mean[c]) * 255.0;
+                        let want = px[(y * 64 + x) * 3 + c] as f32;
+                        assert!(
+                            (back - want).abs() <= tol,
+                            "{dtype:?} {layout:?} at ({x},{y},{c}): {back} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An ImageFolder of generated JPEGs plus broken ones; returns the dir and the broken names.
+fn folder_with_bad_images(root: &Path) -> (PathBuf, Vec<&'static str>) {
+    let dir = root.join("images");
+    gpufeed::decode::synth::write_image_folder(&dir, 60, 3).unwrap();
+    let good = std::fs::read(dir.join("c0000/00000000.jpg")).unwrap();
+    let bad = dir.join("c0000");
+    // Truncated at 60%.
+    std::fs::write(bad.join("bad-truncated.jpg"), &good[..good.len() * 6 / 10]).unwrap();
+    // A JPEG signature, then garbage.
+    let mut garbage = vec![0xff, 0xd8, 0xff, 0xe0];
+    garbage.extend((0..4000u32).map(|i| (i * 7919 % 251) as u8));
+    std::fs::write(bad.join("bad-garbage.jpg"), garbage).unwrap();
+    // An HTML page saved as .jpg.
+    std::fs::write(bad.join("bad-html.jpg"), b"<html><body>404</body></html>").unwrap();
+    // A header declaring 60000x60000 (above the pixel limit): SOF0's height and width.
+    let mut huge = good.clone();
+    let sof = huge
+        .windows(2)
+        .position(|w| w == [0xff, 0xc0])
+        .expect("baseline SOF0");
+    huge[sof + 5..sof + 9].copy_from_slice(&[0xea, 0x60, 0xea, 0x60]);
+    std::fs::write(bad.join("bad-huge.jpg"), huge).unwrap();
+    (
+        dir,
+        vec![
+            "bad-truncated.jpg",
+            "bad-garbage.jpg",
+            "bad-html.jpg",
+            "bad-huge.jpg",
+        ],
+    )
+}
+
+/// Tensors by sample id, and (sample key, error message) pairs.
+type Collected = (
+    std::collections::BTreeMap<u32, Vec<u8>>,
+    Vec<(String, String)>,
+);
+
+/// Every tensor of an epoch, by sample id, and the errors by file name.
+fn collect(il: &gpufeed::decode::ImageLoader, epoch: u64, start: u32) -> Collected {
+    let ds = il.loader().dataset().clone();
+    let mut tensors = std::collections::BTreeMap::new();
+    let mut errors = Vec::new();
+    for b in il.epoch_from(epoch, start).unwrap() {
+        let b = b.unwrap();
+        let per = b.bytes().len() / b.len();
+        for (i, id) in b.sample_ids().iter().enumerate() {
+            let t = b.bytes()[i * per..(i + 1) * per].to_vec();
+            if let Some(e) = b.error(i) {
+                assert!(t.iter().all(|&v| v == 0), "a failed sample is zero-filled");
+                let key = ds.key(*id as usize).to_string();
+                errors.push((key, format!("{e}")));
+            }
+            assert!(tensors.insert(*id, t).is_none(), "sample {id} twice");
+        }
+    }
+    (tensors, errors)
+}
+
+#[test]
+fn the_loader_decodes_every_sample_once_names_bad_ones_and_is_deterministic() {
+    let dir = disk_dir();
+    let (images, bad) = folder_with_bad_images(dir.path());
+    let ds = std::sync::Arc::new(Dataset::open(&images).unwrap());
+    let n = ds.len();
+    assert_eq!(n, 64);
+    let spec = ImageSpec::train(48).dtype(PixelType::F16);
+    let loader = |rank: u32, world: u32| {
+        Loader::builder(ds.clone())
+            .batch_size(7)
+            .seed(11)
+            .rank(rank, world)
+            .build()
+            .unwrap()
+    };
+    let one = loader(0, 1).decode_images(spec.clone().threads(1)).unwrap();
+    let (t1, errors) = collect(&one, 2, 0);
+    assert_eq!(t1.len(), n, "every sample exactly once");
+    let mut names: Vec<&str> = errors
+        .iter()
+        .map(|(k, _)| k.rsplit('/').next().unwrap())
+        .collect();
+    names.sort();
+    let mut want = bad.clone();
+    want.sort();
+    assert_eq!(names, want, "exactly the broken images fail: {errors:?}");
+    for (k, e) in &errors {
+        assert!(
+            e.contains(k.as_str()) || e.contains(k.rsplit('/').next().unwrap()),
+            "{e} names {k}"
+        );
+        assert!(e.contains("cannot decode"), "{e}");
+    }
+    let reason = |name: &str| &errors.iter().find(|(k, _)| k.ends_with(name)).unwrap().1;
+    assert!(
+        reason("bad-truncated.jpg").contains("truncated"),
+        "{}",
+        reason("bad-truncated.jpg")
+    );
+    assert!(
+        reason("bad-html.jpg").contains("not an image"),
+        "{}",
+        reason("bad-html.jpg")
+    );
+    assert!(
+        reason("bad-huge.jpg").contains("above the limit"),
+        "{}",
+        reason("bad-huge.jpg")
+    );
+
+    // Three threads: the same tensors.
+    let three = loader(0, 1).decode_images(spec.clone().threads(3)).unwrap();
+    assert_eq!(collect(&three, 2, 0).0, t1, "thread count changes nothing");
+    // Two ranks: together the same samples, each with the same tensor.
+    let mut union = std::collections::BTreeMap::new();
+    for r in 0..2 {
+        let il = loader(r, 2).decode_images(spec.clone().threads(2)).unwrap();
+        for (id, t) in collect(&il, 2, 0).0 {
+            assert!(union.insert(id, t).is_none(), "sample {id} on two ranks");
+        }
+    }
+    assert_eq!(union, t1, "rank count changes nothing");
+    // Resumed at batch 4: the rest of the epoch, the same tensors.
+    let (rest, _) = collect(&one, 2, 4);
+    assert_eq!(rest.len(), n - 4 * 7);
+    for (id, t) in &rest {
+        assert_eq!(&t1[id], t, "sample {id} differs after a resume");
+    }
+    // Another epoch: other crops.
+    let (t3, _) = collect(&one, 3, 0);
+    let differing = t1.iter().filter(|(id, t)| t3[id] != **t).count();
+    assert!(
+        differing > n / 2,
+        "epoch 3 re-draws the crops ({differing} of {n} differ)"
+    );
+    // Evaluation: no randomness at all, the same for any epoch.
+    let ev = loader(0, 1)
+        .decode_images(ImageSpec::eval(48).dtype(PixelType::U8))
+        .unwrap();
+    assert_eq!(collect(&ev, 0, 0).0, collect(&ev, 1, 0).0);
+}
+
+#[test]
+fn a_batch_tensor_has_the_shape_and_labels_it_claims() {
+    let dir = disk_dir();
+    let images = dir.path().join("images");
+    gpufeed::decode::synth::write_image_folder(&images, 100, 1).unwrap();
+    let loader = Loader::builder(Dataset::open(&images).unwrap())
+        .batch_size(32)
+        .build()
+        .unwrap();
+    let il = loader
+        .decode_images(
+            ImageSpec::eval(40)
+                .dtype(PixelType::F32)
+                .layout(Layout::Nchw),
+        )
+        .unwrap();
+    let mut seen = 0;
+    for b in il.epoch(0).unwrap() {
+        let b = b.unwrap();
+        assert_eq!(b.shape(), [b.len(), 3, 40, 40]);
+        assert_eq!(b.strides(), [3 * 40 * 40, 40 * 40, 40, 1]);
+        let v: &[f32] = b.view().unwrap();
+        assert_eq!(v.len(), b.len() * 3 * 40 * 40);
+        assert!(b.view::<u8>().is_none());
+        assert_eq!(b.as_ptr() as usize % 64, 0);
+        // Labels are the class folders (c0000, c0001: 50 images each).
+        for (i, id) in b.sample_ids().iter().enumerate() {
+            assert_eq!(b.labels()[i], (*id as i64) / 50, "sample {id}");
+        }
+        assert!(v.iter().all(|x| x.is_finite()));
+        assert_eq!(b.errors().count(), 0);
+        seen += b.len();
+    }
+    assert_eq!(seen, 100);
+    // Bad settings and a device loader are refused with a reason, not a panic.
+    let e = ImageSpec::train(0).validate().unwrap_err();
+    assert!(e.to_string().contains("image size"), "{e}");
+    let mut bad = ImageSpec::train(8);
+    bad.transform = Transform::Train {
+        scale: (0.5, 0.1),
+        ratio: (0.75, 1.33),
+        flip_p: 0.5,
+    };
+    assert!(bad.validate().unwrap_err().to_string().contains("scale"));
+    let dev = Loader::builder(Dataset::open(&images).unwrap())
+        .device(gpufeed::Device::Simulated(gpufeed::gpu::SimDevice::new(1)))
+        .build()
+        .unwrap();
+    let e = dev.decode_images(ImageSpec::train(8)).unwrap_err();
+    assert!(e.to_string().contains("host loader"), "{e}");
+}
