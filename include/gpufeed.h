@@ -65,6 +65,18 @@ typedef struct gpufeed_options {
 #define GPUFEED_LAST_BATCH_DROP 1
 #define GPUFEED_LAST_BATCH_PAD 2
 
+/* Decoded images (gpufeed_loader_decode_images); fill with gpufeed_images_default first. */
+typedef struct gpufeed_images {
+    uint32_t transform; /* 0 train (random resized crop + flip), 1 eval (resize + centre crop) */
+    uint32_t size; /* output side in pixels */
+    uint32_t dtype; /* 0 uint8, 1 float16, 2 bfloat16, 3 float32 */
+    uint32_t layout; /* 0 NCHW, 1 NHWC */
+    float mean[3]; /* per channel, 0-1 scale (float dtypes) */
+    float std[3];
+    uint32_t threads; /* decode threads; 0: all cores but one */
+    uint32_t resize; /* eval: shorter side before the crop; 0: size * 8 / 7 */
+} gpufeed_images;
+
 #ifndef DLPACK_VERSION
 /* The subset of dlpack.h (v0.8) that gpufeed exports. */
 typedef struct {
@@ -73,7 +85,7 @@ typedef struct {
 } DLDevice;
 
 typedef struct {
-    uint8_t code; /* 1 kDLUInt */
+    uint8_t code; /* 0 kDLInt, 1 kDLUInt, 2 kDLFloat, 4 kDLBfloat */
     uint8_t bits;
     uint16_t lanes;
 } DLDataType;
@@ -115,6 +127,8 @@ uint8_t gpufeed_batch_is_padding(const gpufeed_batch* b, uint32_t i);
 uint32_t gpufeed_batch_sample_id(const gpufeed_batch* b, uint32_t i);
 int32_t gpufeed_batch_sample_range(const gpufeed_batch* b, uint32_t i, uint64_t* offset, uint64_t* len);
 int32_t gpufeed_batch_to_dlpack(const gpufeed_batch* b, DLManagedTensor** out);
+int32_t gpufeed_images_default(gpufeed_images* out);
+int32_t gpufeed_loader_decode_images(gpufeed_loader* l, const gpufeed_images* spec);
 void gpufeed_batch_free(gpufeed_batch* b);
 
 #ifdef __cplusplus

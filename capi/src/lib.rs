@@ -12,6 +12,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use gpufeed::dataset::OpenOptions;
+use gpufeed::decode::{
+    ImageBatch, ImageEpoch, ImageLoader, ImageSpec, Layout, PixelType, Transform,
+};
 use gpufeed::dlpack;
 use gpufeed::{Batch, Dataset, Device, Epoch, ErrorKind, LastBatch, Loader, Order};
 
@@ -69,16 +72,73 @@ pub use gpufeed::dlpack::{DLDataType, DLDevice, DLManagedTensor, DLTensor};
 /// An open loader and its current epoch (`gpufeed_loader`).
 pub struct GpufeedLoader {
     loader: Loader,
-    epoch: Option<Epoch>,
+    /// Set by `gpufeed_loader_decode_images`: epochs started afterwards are decoded.
+    images: Option<ImageLoader>,
+    epoch: Option<CEpoch>,
     /// The dataset options in effect, as JSON (returned by `gpufeed_loader_dataset_options`).
     options_json: CString,
     /// The problems indexing kept, as text (returned by `gpufeed_loader_problem`).
     problems: Vec<CString>,
 }
 
-/// One batch (`gpufeed_batch`).
-pub struct GpufeedBatch {
-    batch: Arc<Batch>,
+/// One batch (`gpufeed_batch`): compressed samples, or decoded images.
+pub enum GpufeedBatch {
+    Bytes(Arc<Batch>),
+    Images(ImageBatch),
+}
+
+impl GpufeedBatch {
+    fn len(&self) -> usize {
+        match self {
+            GpufeedBatch::Bytes(b) => b.len(),
+            GpufeedBatch::Images(b) => b.len(),
+        }
+    }
+    fn labels(&self) -> &[i64] {
+        match self {
+            GpufeedBatch::Bytes(b) => b.labels(),
+            GpufeedBatch::Images(b) => b.labels(),
+        }
+    }
+    fn sample_ids(&self) -> &[u32] {
+        match self {
+            GpufeedBatch::Bytes(b) => b.sample_ids(),
+            GpufeedBatch::Images(b) => b.sample_ids(),
+        }
+    }
+    fn is_padding(&self, i: usize) -> bool {
+        match self {
+            GpufeedBatch::Bytes(b) => b.is_padding(i),
+            GpufeedBatch::Images(b) => b.padding_mask()[i],
+        }
+    }
+}
+
+/// Decoded-images settings (`gpufeed_images`); fill with `gpufeed_images_default` first.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GpufeedImages {
+    /// 0 train (random resized crop + flip), 1 eval (resize + centre crop).
+    pub transform: u32,
+    /// Output side in pixels.
+    pub size: u32,
+    /// 0 uint8, 1 float16, 2 bfloat16, 3 float32.
+    pub dtype: u32,
+    /// 0 NCHW, 1 NHWC.
+    pub layout: u32,
+    /// Per-channel mean and std on the 0–1 scale (float dtypes).
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    /// Decode threads (0: all cores but one).
+    pub threads: u32,
+    /// Eval: the shorter side before the crop (0: size * 8 / 7).
+    pub resize: u32,
+}
+
+/// An epoch of compressed batches, or of decoded ones.
+enum CEpoch {
+    Bytes(Epoch),
+    Images(ImageEpoch),
 }
 
 thread_local! {
@@ -312,6 +372,7 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
                     .collect();
                 let h = Box::new(GpufeedLoader {
                     loader,
+                    images: None,
                     epoch: None,
                     options_json: CString::new(json).unwrap_or_default(),
                     problems,
@@ -407,7 +468,11 @@ pub unsafe extern "C" fn gpufeed_loader_start_epoch(
             return invalid("loader is null");
         };
         l.epoch = None;
-        match l.loader.epoch_from(epoch, start) {
+        let e = match &l.images {
+            Some(il) => il.epoch_from(epoch, start).map(CEpoch::Images),
+            None => l.loader.epoch_from(epoch, start).map(CEpoch::Bytes),
+        };
+        match e {
             Ok(e) => {
                 l.epoch = Some(e);
                 GPUFEED_OK
@@ -438,9 +503,15 @@ pub unsafe extern "C" fn gpufeed_loader_next(
         let Some(epoch) = l.epoch.as_mut() else {
             return invalid("no epoch started (gpufeed_loader_start_epoch)");
         };
-        let next = match epoch.next() {
+        let next = match epoch {
+            CEpoch::Bytes(e) => e
+                .next()
+                .map(|r| r.map(|b| GpufeedBatch::Bytes(Arc::new(b)))),
+            CEpoch::Images(e) => e.next().map(|r| r.map(GpufeedBatch::Images)),
+        };
+        let next = match next {
             None => std::ptr::null_mut(),
-            Some(Ok(b)) => Box::into_raw(Box::new(GpufeedBatch { batch: Arc::new(b) })),
+            Some(Ok(b)) => Box::into_raw(Box::new(b)),
             Some(Err(e)) => return status_of(&e),
         };
         // SAFETY: writable per the contract.
@@ -468,7 +539,7 @@ pub unsafe extern "C" fn gpufeed_loader_close(l: *mut GpufeedLoader) {
 #[no_mangle]
 pub unsafe extern "C" fn gpufeed_batch_len(b: *const GpufeedBatch) -> u32 {
     // SAFETY: valid or null per the contract.
-    unsafe { b.as_ref() }.map_or(0, |b| b.batch.len() as u32)
+    unsafe { b.as_ref() }.map_or(0, |b| b.len() as u32)
 }
 
 /// Sample `i`'s bytes (host batches): `*data`, `*len`. A bad sample returns
@@ -492,10 +563,22 @@ pub unsafe extern "C" fn gpufeed_batch_sample(
         if data.is_null() || len.is_null() {
             return invalid("data and len must not be null");
         }
-        if i as usize >= b.batch.len() {
-            return invalid(&format!("sample {i} of a batch of {}", b.batch.len()));
+        if i as usize >= b.len() {
+            return invalid(&format!("sample {i} of a batch of {}", b.len()));
         }
-        match b.batch.sample(i as usize) {
+        let i = i as usize;
+        let (sample, device) = match b {
+            GpufeedBatch::Bytes(b) => (b.sample(i), b.is_device()),
+            GpufeedBatch::Images(b) => {
+                let per = b.bytes().len() / b.len();
+                let r = match b.error(i) {
+                    Some(e) => Err(e),
+                    None => Ok(&b.bytes()[i * per..(i + 1) * per]),
+                };
+                (r, false)
+            }
+        };
+        match sample {
             Ok(s) => {
                 // SAFETY: writable per the contract.
                 unsafe {
@@ -506,7 +589,7 @@ pub unsafe extern "C" fn gpufeed_batch_sample(
             }
             Err(e) => {
                 set_error(&e.report());
-                if b.batch.is_device() {
+                if device {
                     GPUFEED_ERR_INVALID
                 } else {
                     GPUFEED_ERR_SAMPLE
@@ -524,7 +607,7 @@ pub unsafe extern "C" fn gpufeed_batch_sample(
 pub unsafe extern "C" fn gpufeed_batch_label(b: *const GpufeedBatch, i: u32) -> i64 {
     // SAFETY: valid or null per the contract.
     unsafe { b.as_ref() }
-        .and_then(|b| b.batch.labels().get(i as usize).copied())
+        .and_then(|b| b.labels().get(i as usize).copied())
         .unwrap_or(-1)
 }
 
@@ -537,8 +620,8 @@ pub unsafe extern "C" fn gpufeed_batch_label(b: *const GpufeedBatch, i: u32) -> 
 pub unsafe extern "C" fn gpufeed_batch_is_padding(b: *const GpufeedBatch, i: u32) -> u8 {
     // SAFETY: valid or null per the contract.
     unsafe { b.as_ref() }
-        .filter(|b| (i as usize) < b.batch.len())
-        .map_or(0, |b| u8::from(b.batch.is_padding(i as usize)))
+        .filter(|b| (i as usize) < b.len())
+        .map_or(0, |b| u8::from(b.is_padding(i as usize)))
 }
 
 /// Sample `i`'s index in the dataset (`UINT32_MAX` when out of range).
@@ -549,7 +632,7 @@ pub unsafe extern "C" fn gpufeed_batch_is_padding(b: *const GpufeedBatch, i: u32
 pub unsafe extern "C" fn gpufeed_batch_sample_id(b: *const GpufeedBatch, i: u32) -> u32 {
     // SAFETY: valid or null per the contract.
     unsafe { b.as_ref() }
-        .and_then(|b| b.batch.sample_ids().get(i as usize).copied())
+        .and_then(|b| b.sample_ids().get(i as usize).copied())
         .unwrap_or(u32::MAX)
 }
 
@@ -570,10 +653,20 @@ pub unsafe extern "C" fn gpufeed_batch_sample_range(
         let Some(b) = (unsafe { b.as_ref() }) else {
             return invalid("batch is null");
         };
-        if offset.is_null() || len.is_null() || i as usize >= b.batch.len() {
+        if offset.is_null() || len.is_null() || i as usize >= b.len() {
             return invalid("null output or sample out of range");
         }
-        match b.batch.sample_range(i as usize) {
+        let range = match b {
+            GpufeedBatch::Bytes(b) => b.sample_range(i as usize),
+            GpufeedBatch::Images(b) => {
+                let per = b.bytes().len() / b.len();
+                match b.error(i as usize) {
+                    Some(e) => Err(e),
+                    None => Ok(i as usize * per..(i as usize + 1) * per),
+                }
+            }
+        };
+        match range {
             Ok(r) => {
                 // SAFETY: writable per the contract.
                 unsafe {
@@ -590,10 +683,11 @@ pub unsafe extern "C" fn gpufeed_batch_sample_range(
     })
 }
 
-/// The batch's memory as a 1-D uint8 DLPack tensor (host: kDLCPU; CUDA: kDLCUDA, after the
-/// batch's copy — make your stream wait first with the device API). Sample ranges index into
-/// it. The tensor keeps the memory alive until its deleter is called, even after
-/// `gpufeed_batch_free`.
+/// The batch's memory as a DLPack tensor: for compressed samples a 1-D uint8 tensor (host:
+/// kDLCPU; CUDA: kDLCUDA, after the batch's copy — make your stream wait first with the device
+/// API) that sample ranges index into; for decoded images the image tensor, [N, 3, H, W] or
+/// [N, H, W, 3] of the dtype asked for (host). The tensor keeps the memory alive until its
+/// deleter is called, even after `gpufeed_batch_free`.
 ///
 /// # Safety
 /// `b` a live batch; `out` writable for one pointer.
@@ -610,7 +704,29 @@ pub unsafe extern "C" fn gpufeed_batch_to_dlpack(
         if out.is_null() {
             return invalid("out is null");
         }
-        let batch = b.batch.clone();
+        let batch = match b {
+            GpufeedBatch::Bytes(b) => b.clone(),
+            GpufeedBatch::Images(im) => {
+                let shape: Vec<i64> = im.shape().iter().map(|&d| d as i64).collect();
+                let dtype = match im.dtype() {
+                    PixelType::U8 => dlpack::UINT8,
+                    PixelType::F16 => dlpack::FLOAT16,
+                    PixelType::Bf16 => dlpack::BFLOAT16,
+                    PixelType::F32 => dlpack::FLOAT32,
+                };
+                let cpu = DLDevice {
+                    device_type: dlpack::KDL_CPU,
+                    device_id: 0,
+                };
+                let data = im.as_ptr() as *mut c_void;
+                // SAFETY: the owner keeps the tensor's memory (the shape's product of elements
+                // at `data`) alive until the deleter runs.
+                let t = unsafe { dlpack::export_nd(im.keep_alive(), data, cpu, dtype, &shape) };
+                // SAFETY: writable per the contract.
+                unsafe { out.write(t) };
+                return GPUFEED_OK;
+            }
+        };
         let len = batch.region_len();
         let (data, device) = match (batch.region_bytes(), batch.device_ptr()) {
             (Some(bytes), _) => (bytes.as_ptr() as *mut c_void, (dlpack::KDL_CPU, 0)),
@@ -629,6 +745,92 @@ pub unsafe extern "C" fn gpufeed_batch_to_dlpack(
         // SAFETY: writable per the contract.
         unsafe { out.write(t) };
         GPUFEED_OK
+    })
+}
+
+/// Fills `out` with the decoded-images defaults: train, 224, float32, NCHW, ImageNet's
+/// mean and std, all cores but one, eval resize 256.
+///
+/// # Safety
+/// `out` writable for one `gpufeed_images`.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_images_default(out: *mut GpufeedImages) -> i32 {
+    guard(|| {
+        if out.is_null() {
+            return invalid("out is null");
+        }
+        let d = ImageSpec::train(224);
+        // SAFETY: writable per the contract.
+        unsafe {
+            out.write(GpufeedImages {
+                transform: 0,
+                size: 224,
+                dtype: 3,
+                layout: 0,
+                mean: d.mean,
+                std: d.std,
+                threads: 0,
+                resize: 0,
+            })
+        };
+        GPUFEED_OK
+    })
+}
+
+/// From the next `gpufeed_loader_start_epoch` on, batches are decoded images (the CPU decode
+/// stage; host loaders only): `gpufeed_batch_to_dlpack` gives the image tensor,
+/// `gpufeed_batch_sample` one image's bytes, and a sample that could not be decoded is
+/// zero-filled and reported as `GPUFEED_ERR_SAMPLE` with its file and reason.
+///
+/// # Safety
+/// `l` a live loader, `spec` a filled `gpufeed_images`; not used from two threads at once.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_decode_images(
+    l: *mut GpufeedLoader,
+    spec: *const GpufeedImages,
+) -> i32 {
+    guard(|| {
+        // SAFETY: valid or null per the contract.
+        let (Some(l), Some(c)) = (unsafe { l.as_mut() }, unsafe { spec.as_ref() }) else {
+            return invalid("loader or spec is null");
+        };
+        let mut s = match c.transform {
+            0 => ImageSpec::train(c.size),
+            1 => ImageSpec::eval(c.size),
+            t => return invalid(&format!("transform {t}: 0 train or 1 eval")),
+        };
+        if let (Transform::Eval { .. }, r) = (s.transform, c.resize) {
+            if r > 0 {
+                s.transform = Transform::Eval { resize: r };
+            }
+        }
+        s.dtype = match c.dtype {
+            0 => PixelType::U8,
+            1 => PixelType::F16,
+            2 => PixelType::Bf16,
+            3 => PixelType::F32,
+            d => {
+                return invalid(&format!(
+                    "dtype {d}: 0 uint8, 1 float16, 2 bfloat16, 3 float32"
+                ))
+            }
+        };
+        s.layout = match c.layout {
+            0 => Layout::Nchw,
+            1 => Layout::Nhwc,
+            v => return invalid(&format!("layout {v}: 0 NCHW or 1 NHWC")),
+        };
+        s.mean = c.mean;
+        s.std = c.std;
+        s.threads = c.threads as usize;
+        match l.loader.decode_images(s) {
+            Ok(il) => {
+                l.epoch = None;
+                l.images = Some(il);
+                GPUFEED_OK
+            }
+            Err(e) => status_of(&e),
+        }
     })
 }
 

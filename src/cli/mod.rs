@@ -88,6 +88,11 @@ struct InspectArgs {
     paths: Vec<PathBuf>,
     #[command(flatten)]
     dataset: DatasetArgs,
+    /// Summarise the images (sizes, colour spaces, subsampling, progressive, non-JPEG): packed
+    /// shards carry their headers; other formats have each sample's header bytes read.
+    /// Shards with image records are summarised without asking.
+    #[arg(long)]
+    images: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -923,6 +928,11 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
     let mut labels: Vec<i64> = ds.samples().iter().map(|s| s.label).collect();
     labels.sort_unstable();
     labels.dedup();
+    let images = if a.images || ds.has_image_info() {
+        Some(crate::dataset::image::Summary::of(ds.image_info()?))
+    } else {
+        None
+    };
     if a.json {
         let h: Vec<_> = hist
             .iter()
@@ -939,6 +949,7 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
                 "problems": ds.problems_total(),
                 "first_problems": ds.problems().iter().take(20).map(error_json).collect::<Vec<_>>(),
                 "notes": ds.notes(), "recovered": ds.recovered_count(),
+                "images": images,
             })
         );
         return problems_fail(&ds);
@@ -971,6 +982,9 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
             v,
             "#".repeat((v * 40 / max) as usize)
         );
+    }
+    if let Some(im) = images {
+        outln!("{}", im.text());
     }
     problems_fail(&ds)
 }

@@ -232,3 +232,451 @@ mod tests {
         }
     }
 }
+
+/// What an image sample's header says: recorded per sample in packed shards (format version
+/// 2) and read from headers for formats read in place ([`crate::Dataset::image_info`]), so
+/// that nothing parses headers on the hot path. All zero (kind `None`) for a sample that is not
+/// an image gpufeed recognises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct ImageInfo {
+    /// The container.
+    pub kind: ImageKind,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// The colour space of the stored pixels.
+    pub colorspace: ColorSpace,
+    /// Chroma subsampling (JPEG), `None` otherwise or when unusual.
+    pub subsampling: Subsampling,
+    /// Progressive JPEG, or interlaced PNG.
+    pub progressive: bool,
+}
+
+/// An image container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageKind {
+    /// Not an image gpufeed recognises.
+    #[default]
+    None,
+    /// JPEG.
+    Jpeg,
+    /// PNG.
+    Png,
+    /// WebP.
+    Webp,
+    /// BMP, PNM, TIFF: recognised by their signature only.
+    Other,
+}
+
+/// The colour space of stored pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum ColorSpace {
+    /// Not known.
+    #[default]
+    Unknown,
+    /// YCbCr (JPEG photos; lossy WebP).
+    Ycbcr,
+    /// RGB.
+    Rgb,
+    /// One channel.
+    Gray,
+    /// CMYK.
+    Cmyk,
+    /// YCCK (CMYK through a YCbCr transform).
+    Ycck,
+    /// Gray with alpha.
+    GrayAlpha,
+    /// RGB with alpha.
+    Rgba,
+    /// A palette (PNG).
+    Palette,
+}
+
+/// JPEG chroma subsampling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, PartialOrd, Ord)]
+pub enum Subsampling {
+    /// Not a JPEG, or factors other than these.
+    #[default]
+    #[serde(rename = "none")]
+    None,
+    /// 4:4:4.
+    #[serde(rename = "4:4:4")]
+    S444,
+    /// 4:2:2.
+    #[serde(rename = "4:2:2")]
+    S422,
+    /// 4:2:0.
+    #[serde(rename = "4:2:0")]
+    S420,
+    /// 4:4:0.
+    #[serde(rename = "4:4:0")]
+    S440,
+    /// 4:1:1.
+    #[serde(rename = "4:1:1")]
+    S411,
+    /// One component.
+    #[serde(rename = "gray")]
+    Gray,
+}
+
+impl ImageInfo {
+    /// Bytes of the record in a shard's index (docs/FORMAT.md, version 2).
+    pub const RECORD_BYTES: usize = 16;
+
+    /// The shard record: width, height (u32 LE), kind, colour space, subsampling, flags (bit 0:
+    /// progressive), 4 bytes reserved (zero).
+    pub fn encode(&self) -> [u8; Self::RECORD_BYTES] {
+        let mut b = [0u8; Self::RECORD_BYTES];
+        b[0..4].copy_from_slice(&self.width.to_le_bytes());
+        b[4..8].copy_from_slice(&self.height.to_le_bytes());
+        b[8] = self.kind as u8;
+        b[9] = self.colorspace as u8;
+        b[10] = self.subsampling as u8;
+        b[11] = u8::from(self.progressive);
+        b
+    }
+
+    /// Parses a shard record; `None` names a value no version of the format defines.
+    pub fn decode(b: &[u8]) -> Option<ImageInfo> {
+        let b: &[u8; Self::RECORD_BYTES] = b.try_into().ok()?;
+        use ColorSpace as C;
+        use ImageKind as K;
+        use Subsampling as S;
+        let kind = [K::None, K::Jpeg, K::Png, K::Webp, K::Other].get(b[8] as usize)?;
+        let colorspace = [
+            C::Unknown,
+            C::Ycbcr,
+            C::Rgb,
+            C::Gray,
+            C::Cmyk,
+            C::Ycck,
+            C::GrayAlpha,
+            C::Rgba,
+            C::Palette,
+        ]
+        .get(b[9] as usize)?;
+        let subsampling = [
+            S::None,
+            S::S444,
+            S::S422,
+            S::S420,
+            S::S440,
+            S::S411,
+            S::Gray,
+        ]
+        .get(b[10] as usize)?;
+        if b[11] > 1 || b[12..] != [0; 4] {
+            return None;
+        }
+        Some(ImageInfo {
+            kind: *kind,
+            width: u32::from_le_bytes(b[0..4].try_into().ok()?),
+            height: u32::from_le_bytes(b[4..8].try_into().ok()?),
+            colorspace: *colorspace,
+            subsampling: *subsampling,
+            progressive: b[11] == 1,
+        })
+    }
+}
+
+/// Reads an image's header from its first bytes (a prefix is enough: JPEG's frame header
+/// usually sits within the first few KiB, after any EXIF/ICC segments). `None` when `b` is not
+/// an image gpufeed recognises or its header is not within `b`.
+pub fn info(b: &[u8]) -> Option<ImageInfo> {
+    match sniff(b)? {
+        "jpeg" => jpeg_info(b),
+        "png" => png_info(b),
+        "webp" => webp_info(b),
+        _ => Some(ImageInfo {
+            kind: ImageKind::Other,
+            ..ImageInfo::default()
+        }),
+    }
+}
+
+fn jpeg_info(b: &[u8]) -> Option<ImageInfo> {
+    let mut at = 2;
+    let mut adobe_transform = None;
+    loop {
+        while b.get(at) == Some(&0xff) && b.get(at + 1) == Some(&0xff) {
+            at += 1;
+        }
+        if *b.get(at)? != 0xff {
+            return None;
+        }
+        let m = *b.get(at + 1)?;
+        at += 2;
+        match m {
+            0x01 | 0xd0..=0xd8 => continue,
+            0xd9 | 0xda => return None,
+            _ => {}
+        }
+        let len = be16(b, at)?;
+        if m == 0xee && b.get(at + 2..at + 7) == Some(b"Adobe") {
+            adobe_transform = b.get(at + 13).copied();
+        }
+        let is_sof = matches!(m, 0xc0..=0xcf) && !matches!(m, 0xc4 | 0xc8 | 0xcc);
+        if is_sof {
+            let height = be16(b, at + 3)? as u32;
+            let width = be16(b, at + 5)? as u32;
+            let n = *b.get(at + 7)? as usize;
+            let comps = b.get(at + 8..at + 8 + 3 * n)?;
+            let factor = |c: usize| (comps[c * 3 + 1] >> 4, comps[c * 3 + 1] & 15);
+            let ids: Vec<u8> = (0..n).map(|c| comps[c * 3]).collect();
+            let colorspace = match n {
+                1 => ColorSpace::Gray,
+                3 if adobe_transform == Some(0) || ids == b"RGB" => ColorSpace::Rgb,
+                3 => ColorSpace::Ycbcr,
+                4 if adobe_transform == Some(2) => ColorSpace::Ycck,
+                4 => ColorSpace::Cmyk,
+                _ => ColorSpace::Unknown,
+            };
+            let chroma_ones = (1..n.min(3)).all(|c| factor(c) == (1, 1));
+            let subsampling = match (n, factor(0)) {
+                (1, _) => Subsampling::Gray,
+                (_, f) if chroma_ones => match f {
+                    (1, 1) => Subsampling::S444,
+                    (2, 1) => Subsampling::S422,
+                    (2, 2) => Subsampling::S420,
+                    (1, 2) => Subsampling::S440,
+                    (4, 1) => Subsampling::S411,
+                    _ => Subsampling::None,
+                },
+                // Equal factors everywhere (e.g. all 2x2) is 4:4:4 too.
+                (_, f) if (1..n).all(|c| factor(c) == f) => Subsampling::S444,
+                _ => Subsampling::None,
+            };
+            return Some(ImageInfo {
+                kind: ImageKind::Jpeg,
+                width,
+                height,
+                colorspace,
+                subsampling,
+                progressive: matches!(m, 0xc2 | 0xc6 | 0xca | 0xce),
+            });
+        }
+        at += len.max(2);
+    }
+}
+
+fn png_info(b: &[u8]) -> Option<ImageInfo> {
+    let ihdr = b.get(8..33)?;
+    if &ihdr[4..8] != b"IHDR" {
+        return None;
+    }
+    let dim = |i: usize| u32::from_be_bytes(ihdr[i..i + 4].try_into().expect("4 bytes"));
+    Some(ImageInfo {
+        kind: ImageKind::Png,
+        width: dim(8),
+        height: dim(12),
+        colorspace: match ihdr[17] {
+            0 => ColorSpace::Gray,
+            2 => ColorSpace::Rgb,
+            3 => ColorSpace::Palette,
+            4 => ColorSpace::GrayAlpha,
+            6 => ColorSpace::Rgba,
+            _ => ColorSpace::Unknown,
+        },
+        subsampling: Subsampling::None,
+        progressive: ihdr[20] == 1,
+    })
+}
+
+fn webp_info(b: &[u8]) -> Option<ImageInfo> {
+    let chunk = b.get(12..16)?;
+    let le24 = |at: usize| -> Option<u32> {
+        let v = b.get(at..at + 3)?;
+        Some(v[0] as u32 | (v[1] as u32) << 8 | (v[2] as u32) << 16)
+    };
+    let (width, height, colorspace) = match chunk {
+        // Lossy: the frame header after the 3-byte frame tag and the start code 9d 01 2a.
+        b"VP8 " => {
+            if b.get(23..26)? != [0x9d, 0x01, 0x2a] {
+                return None;
+            }
+            let w = u16::from_le_bytes(b.get(26..28)?.try_into().ok()?) & 0x3fff;
+            let h = u16::from_le_bytes(b.get(28..30)?.try_into().ok()?) & 0x3fff;
+            (w as u32, h as u32, ColorSpace::Ycbcr)
+        }
+        // Lossless: signature 0x2f, then 14-bit width − 1 and height − 1.
+        b"VP8L" => {
+            if *b.get(20)? != 0x2f {
+                return None;
+            }
+            let v = u32::from_le_bytes(b.get(21..25)?.try_into().ok()?);
+            ((v & 0x3fff) + 1, ((v >> 14) & 0x3fff) + 1, ColorSpace::Rgba)
+        }
+        // Extended: the canvas, 24-bit width − 1 and height − 1.
+        b"VP8X" => (le24(24)? + 1, le24(27)? + 1, ColorSpace::Unknown),
+        _ => return None,
+    };
+    Some(ImageInfo {
+        kind: ImageKind::Webp,
+        width,
+        height,
+        colorspace,
+        subsampling: Subsampling::None,
+        progressive: false,
+    })
+}
+
+/// What `gpufeed inspect --images` prints: counts by kind, colour space, subsampling, longer
+/// side, progressive.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Summary {
+    /// Samples.
+    pub samples: u64,
+    /// JPEGs.
+    pub jpeg: u64,
+    /// Images that are not JPEG (PNG, WebP, others).
+    pub non_jpeg: u64,
+    /// Samples that are not recognised images.
+    pub not_images: u64,
+    /// Progressive JPEGs (and interlaced PNGs).
+    pub progressive: u64,
+    /// By kind.
+    pub kinds: std::collections::BTreeMap<ImageKind, u64>,
+    /// By colour space.
+    pub colorspaces: std::collections::BTreeMap<ColorSpace, u64>,
+    /// By JPEG subsampling.
+    pub subsampling: std::collections::BTreeMap<Subsampling, u64>,
+    /// By the longer side: (at most this many pixels, images).
+    pub longer_side: Vec<(u32, u64)>,
+    /// Largest width × height.
+    pub max_pixels: u64,
+    /// Mean width and height.
+    pub mean_size: (f64, f64),
+}
+
+impl Summary {
+    /// The summary of `infos`.
+    pub fn of(infos: &[ImageInfo]) -> Summary {
+        const EDGES: [u32; 7] = [128, 256, 512, 1024, 2048, 4096, u32::MAX];
+        let mut s = Summary {
+            samples: infos.len() as u64,
+            longer_side: EDGES.iter().map(|&e| (e, 0)).collect(),
+            ..Summary::default()
+        };
+        let (mut sw, mut sh, mut n) = (0f64, 0f64, 0u64);
+        for i in infos {
+            if i.kind == ImageKind::None {
+                s.not_images += 1;
+                continue;
+            }
+            *s.kinds.entry(i.kind).or_default() += 1;
+            if i.kind == ImageKind::Jpeg {
+                s.jpeg += 1;
+                *s.subsampling.entry(i.subsampling).or_default() += 1;
+            } else {
+                s.non_jpeg += 1;
+            }
+            *s.colorspaces.entry(i.colorspace).or_default() += 1;
+            s.progressive += u64::from(i.progressive);
+            if i.width > 0 && i.height > 0 {
+                let long = i.width.max(i.height);
+                let k = EDGES
+                    .iter()
+                    .position(|&e| long <= e)
+                    .expect("last edge is max");
+                s.longer_side[k].1 += 1;
+                s.max_pixels = s.max_pixels.max(i.width as u64 * i.height as u64);
+                sw += i.width as f64;
+                sh += i.height as f64;
+                n += 1;
+            }
+        }
+        if n > 0 {
+            s.mean_size = (sw / n as f64, sh / n as f64);
+        }
+        s
+    }
+
+    /// Lines for a terminal.
+    pub fn text(&self) -> String {
+        let list = |m: Vec<(String, u64)>| {
+            m.iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let name = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
+        let mut out = format!(
+            "images: {} JPEG ({} progressive), {} other images, {} not images; mean {:.0}x{:.0},              largest {:.1} Mpx",
+            self.jpeg,
+            self.progressive,
+            self.non_jpeg,
+            self.not_images,
+            self.mean_size.0,
+            self.mean_size.1,
+            self.max_pixels as f64 / 1e6
+        );
+        let cs = self
+            .colorspaces
+            .iter()
+            .map(|(k, v)| (name(serde_json::json!(k)), *v))
+            .collect();
+        let ss = self
+            .subsampling
+            .iter()
+            .map(|(k, v)| (name(serde_json::json!(k)), *v))
+            .collect();
+        out += &format!(
+            "\n  colour spaces: {}\n  subsampling: {}",
+            list(cs),
+            list(ss)
+        );
+        out += "\n  longer side:";
+        for (edge, count) in &self.longer_side {
+            if *count > 0 {
+                let e = if *edge == u32::MAX {
+                    "larger".to_string()
+                } else {
+                    format!("≤ {edge}")
+                };
+                out += &format!(" {e}: {count};");
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod info_tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_unknown_values_are_refused() {
+        let i = ImageInfo {
+            kind: ImageKind::Jpeg,
+            width: 500,
+            height: 375,
+            colorspace: ColorSpace::Ycck,
+            subsampling: Subsampling::S420,
+            progressive: true,
+        };
+        assert_eq!(ImageInfo::decode(&i.encode()), Some(i));
+        let mut b = i.encode();
+        b[8] = 9;
+        assert_eq!(ImageInfo::decode(&b), None);
+        let mut b = i.encode();
+        b[15] = 1;
+        assert_eq!(ImageInfo::decode(&b), None);
+        assert_eq!(ImageInfo::decode(&[0; 3]), None);
+    }
+
+    #[test]
+    fn truncated_headers_give_none_not_a_panic() {
+        let mut j = vec![0xff, 0xd8, 0xff, 0xc0, 0x00, 0x11, 8, 1, 0x77, 2, 0x0b];
+        for n in 0..j.len() {
+            let _ = info(&j[..n]);
+        }
+        j.extend([3, 1, 0x22, 0, 2, 0x11, 1, 3, 0x11, 1]);
+        let i = info(&j).unwrap();
+        assert_eq!((i.width, i.height), (523, 375));
+        assert_eq!(i.subsampling, Subsampling::S420);
+        assert_eq!(i.colorspace, ColorSpace::Ycbcr);
+    }
+}

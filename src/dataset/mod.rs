@@ -230,6 +230,9 @@ pub struct Dataset {
     pub(crate) notes: Vec<String>,
     /// The options it was opened with.
     pub(crate) options: OpenOptions,
+    /// Each sample's image header: from version-2 shards when opened, else read on first
+    /// use ([`Dataset::image_info`]).
+    pub(crate) images: std::sync::OnceLock<Vec<image::ImageInfo>>,
 }
 
 /// A summary: a dataset's index can hold millions of samples.
@@ -607,7 +610,85 @@ impl Dataset {
                 format: Some(format),
                 ..OpenOptions::default()
             },
+            images: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Whether each sample's image header is known without reading ([`image_info`]
+    /// would not touch the files): packed shards of format version 2, or after a first call.
+    ///
+    /// [`image_info`]: Dataset::image_info
+    pub fn has_image_info(&self) -> bool {
+        self.images.get().is_some()
+    }
+
+    /// Each sample's image header (dimensions, colour space, subsampling, progressive; kind
+    /// `None` for a sample that is not an image). Packed shards (version 2) carry them; for
+    /// other formats the first call reads each sample's header bytes (64 KiB, or the whole
+    /// sample when its header lies further in or the format frames it) once, with a progress
+    /// line, and keeps them. A sample that cannot be read is an error naming it.
+    pub fn image_info(&self) -> Result<&[image::ImageInfo]> {
+        if let Some(v) = self.images.get() {
+            return Ok(v);
+        }
+        let v = self.read_image_headers()?;
+        Ok(self.images.get_or_init(|| v))
+    }
+
+    fn read_image_headers(&self) -> Result<Vec<image::ImageInfo>> {
+        use std::os::unix::fs::FileExt;
+        const PREFIX: u64 = 64 << 10;
+        let mut prog = crate::util::Progress::items(
+            "reading image headers",
+            self.samples.len() as u64,
+            "samples",
+        );
+        let mut open: Option<(u32, std::fs::File)> = None;
+        let mut buf = Vec::new();
+        let mut out = Vec::with_capacity(self.samples.len());
+        for (i, s) in self.samples.iter().enumerate() {
+            let path = &self.files[s.file as usize].path;
+            let err = |e| {
+                Error::io("cannot read an image header", e)
+                    .with_path(path.clone())
+                    .with_sample(i as u64)
+            };
+            if open.as_ref().is_none_or(|(f, _)| *f != s.file) {
+                open = Some((s.file, std::fs::File::open(path).map_err(err)?));
+            }
+            let f = &open.as_ref().expect("opened above").1;
+            let framed = self.frame != Frame::None || self.example.is_some();
+            let mut want = if framed {
+                s.len as u64
+            } else {
+                (s.len as u64).min(PREFIX)
+            };
+            let info = loop {
+                // Bounded by the sample's length, itself checked against the file's size.
+                buf.resize(want as usize, 0);
+                f.read_exact_at(&mut buf, s.offset).map_err(err)?;
+                let payload = if framed {
+                    match self.check_sample(i, &buf, false) {
+                        Ok(c) => &buf[c.payload],
+                        Err(_) => break None,
+                    }
+                } else {
+                    &buf[..]
+                };
+                let info = image::info(payload);
+                if info.is_none() && want < s.len as u64 && image::sniff(payload).is_some() {
+                    want = s.len as u64; // a JPEG whose frame header follows large segments
+                    continue;
+                }
+                break info;
+            };
+            out.push(info.unwrap_or_default());
+            if i % 1024 == 0 {
+                prog.set(i as u64);
+            }
+        }
+        prog.finish();
+        Ok(out)
     }
 }
 

@@ -4,13 +4,19 @@ use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use super::image::ImageInfo;
 use super::{data_file, Dataset, Format, Sample, Strings};
 use crate::error::{shared_path, Error, ErrorKind, Result};
 
 /// The first 8 bytes of every shard.
 pub const MAGIC: &[u8; 8] = b"GPFSHARD";
-/// The format version this build writes (`docs/FORMAT.md`).
-pub const VERSION: u16 = 1;
+/// The format version this build writes (`docs/FORMAT.md`). Version 1 shards still read.
+pub const VERSION: u16 = 2;
+/// The oldest version this build reads.
+pub const VERSION_MIN: u16 = 1;
+/// Header flag (version 2): each sample's blob span ends with an image record
+/// ([`ImageInfo::RECORD_BYTES`]) after its key and metadata.
+pub const FLAG_IMAGE_INFO: u32 = 1;
 /// Size of the header at the start of a shard.
 pub const HEADER_BYTES: usize = 64;
 /// Size of one index entry.
@@ -35,13 +41,17 @@ pub struct Header {
     pub index_bytes: u64,
     /// crc32c of the index bytes.
     pub index_crc32c: u32,
+    /// The format version.
+    pub version: u16,
+    /// Flags ([`FLAG_IMAGE_INFO`]; 0 in version 1).
+    pub flags: u32,
 }
 
 impl Header {
     fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut b = [0u8; HEADER_BYTES];
         b[0..8].copy_from_slice(MAGIC);
-        b[8..10].copy_from_slice(&VERSION.to_le_bytes());
+        b[8..10].copy_from_slice(&self.version.to_le_bytes());
         b[10..12].copy_from_slice(&(HEADER_BYTES as u16).to_le_bytes());
         b[12..16].copy_from_slice(&self.sample_align.to_le_bytes());
         b[16..24].copy_from_slice(&self.sample_count.to_le_bytes());
@@ -49,6 +59,7 @@ impl Header {
         b[32..40].copy_from_slice(&self.index_offset.to_le_bytes());
         b[40..48].copy_from_slice(&self.index_bytes.to_le_bytes());
         b[48..52].copy_from_slice(&self.index_crc32c.to_le_bytes());
+        b[52..56].copy_from_slice(&self.flags.to_le_bytes());
         let crc = crate::util::crc32c(&b[..60]);
         b[60..64].copy_from_slice(&crc.to_le_bytes());
         b
@@ -64,9 +75,9 @@ impl Header {
                 "not a gpufeed shard (bad magic; an unfinished write leaves a zero header)".into(),
             );
         }
-        if u16_at(8) != VERSION {
+        if !(VERSION_MIN..=VERSION).contains(&u16_at(8)) {
             return Err(format!(
-                "unsupported shard version {} (this gpufeed reads {VERSION})",
+                "unsupported shard version {} (this gpufeed reads {VERSION_MIN} to {VERSION})",
                 u16_at(8)
             ));
         }
@@ -83,7 +94,16 @@ impl Header {
             index_offset: u64_at(32),
             index_bytes: u64_at(40),
             index_crc32c: u32_at(48),
+            version: u16_at(8),
+            flags: u32_at(52),
         };
+        let known = if h.version >= 2 { FLAG_IMAGE_INFO } else { 0 };
+        if h.flags & !known != 0 {
+            return Err(format!(
+                "unknown flags {:#x} for version {}",
+                h.flags, h.version
+            ));
+        }
         if h.sample_align == 0 || !h.sample_align.is_power_of_two() || h.sample_align > 1 << 20 {
             return Err(format!(
                 "sample alignment {} is not a power of two ≤ 1 MiB",
@@ -142,7 +162,7 @@ pub struct ShardIndex {
     pub header: Header,
     /// One entry per sample, in shard order.
     pub entries: Vec<Entry>,
-    /// Keys and metadata, back to back.
+    /// Keys and metadata (and image records, with [`FLAG_IMAGE_INFO`]), back to back.
     pub blob: Vec<u8>,
 }
 
@@ -157,6 +177,15 @@ impl ShardIndex {
         let e = &self.entries[i];
         let s = e.blob_offset as usize + e.key_len as usize;
         &self.blob[s..s + e.meta_len as usize]
+    }
+    /// Sample `i`'s image record, if the shard has them (checked when the index was read).
+    pub fn image_info(&self, i: usize) -> Option<ImageInfo> {
+        if self.header.flags & FLAG_IMAGE_INFO == 0 {
+            return None;
+        }
+        let e = &self.entries[i];
+        let s = e.blob_offset as usize + e.key_len as usize + e.meta_len as usize;
+        ImageInfo::decode(&self.blob[s..s + ImageInfo::RECORD_BYTES])
     }
 }
 
@@ -222,12 +251,26 @@ pub fn read_index(path: &Path) -> Result<ShardIndex> {
                 entry.offset, header.sample_align
             )));
         }
-        let blob_end = entry.blob_offset as u64 + entry.key_len as u64 + entry.meta_len as u64;
+        let record = if header.flags & FLAG_IMAGE_INFO != 0 {
+            ImageInfo::RECORD_BYTES as u64
+        } else {
+            0
+        };
+        let blob_end =
+            entry.blob_offset as u64 + entry.key_len as u64 + entry.meta_len as u64 + record;
         if blob_end > blob.len() as u64 {
             return Err(bad(format!(
                 "key/metadata end at {blob_end}, past the {}-byte blob",
                 blob.len()
             )));
+        }
+        if record > 0 {
+            let at = (blob_end - record) as usize;
+            if ImageInfo::decode(&blob[at..blob_end as usize]).is_none() {
+                return Err(bad(
+                    "image record holds values no format version defines".into()
+                ));
+            }
         }
         entries.push(entry);
     }
@@ -256,8 +299,13 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
     let mut samples = Vec::new();
     let mut keys = Strings::default();
     let mut metas = Strings::default();
+    // Image records when every shard has them (a mix of versions has none).
+    let mut images = Some(Vec::new());
     for (fi, p) in paths.iter().enumerate() {
         let idx = read_index(p)?;
+        if idx.header.flags & FLAG_IMAGE_INFO == 0 {
+            images = None;
+        }
         let size = idx.header.index_offset + idx.header.index_bytes;
         files.push(data_file(p, size));
         samples.reserve(idx.entries.len());
@@ -271,14 +319,21 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
             });
             keys.push(idx.key(i))?;
             metas.push(idx.meta(i))?;
+            if let Some(v) = images.as_mut() {
+                v.push(idx.image_info(i).unwrap_or_default());
+            }
         }
     }
-    Ok(Dataset {
+    let ds = Dataset {
         keys,
         metas,
         has_checksums: true,
         ..Dataset::empty(Format::Packed, files, samples)
-    })
+    };
+    if let Some(v) = images {
+        let _ = ds.images.set(v);
+    }
+    Ok(ds)
 }
 
 /// Writes one shard: samples are appended, the index and header are written by [`finish`].
@@ -365,6 +420,9 @@ impl ShardWriter {
             .map_err(|_| crate::error::invalid("shard keys exceed 4 GiB"))?;
         self.blob.extend_from_slice(key.as_bytes());
         self.blob.extend_from_slice(meta);
+        // The image record: read from the header bytes (all zero for a non-image).
+        self.blob
+            .extend_from_slice(&super::image::info(bytes).unwrap_or_default().encode());
         self.entries.push(Entry {
             offset: self.pos,
             len,
@@ -403,6 +461,8 @@ impl ShardWriter {
             index_offset,
             index_bytes: index.len() as u64,
             index_crc32c: crate::util::crc32c(&index),
+            version: VERSION,
+            flags: FLAG_IMAGE_INFO,
         };
         let mut f = out.into_inner().map_err(|e| ctx(e.into_error()))?;
         f.seek(SeekFrom::Start(0)).map_err(ctx)?;

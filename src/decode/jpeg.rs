@@ -75,33 +75,6 @@ impl std::fmt::Display for JpegError {
     }
 }
 
-/// Width and height from the first frame header (SOFn), walking segment headers only (never
-/// the entropy-coded data); `None` if a scan or the end comes first.
-fn frame_size(b: &[u8]) -> Option<(u32, u32)> {
-    let be16 = |at: usize| -> Option<u32> {
-        Some(u16::from_be_bytes(b.get(at..at + 2)?.try_into().ok()?) as u32)
-    };
-    let mut at = 2;
-    loop {
-        while b.get(at) == Some(&0xff) && b.get(at + 1) == Some(&0xff) {
-            at += 1;
-        }
-        if *b.get(at)? != 0xff {
-            return None;
-        }
-        let m = *b.get(at + 1)?;
-        at += 2;
-        match m {
-            0x01 | 0xd0..=0xd8 => continue,
-            0xd9 | 0xda => return None,
-            0xc0..=0xcf if !matches!(m, 0xc4 | 0xc8 | 0xcc) => {
-                return Some((be16(at + 5)?, be16(at + 3)?));
-            }
-            _ => at += be16(at)?.max(2) as usize,
-        }
-    }
-}
-
 /// How a generated JPEG is encoded (`synth`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EncodeOptions {
@@ -193,9 +166,12 @@ impl Turbo {
     pub fn header(&mut self, data: &[u8]) -> Result<JpegHeader, JpegError> {
         // TurboJPEG accepts a stream of tables only and then reports the previous image's
         // dimensions: a frame header must be there.
-        let (fw, fh) = frame_size(data).ok_or_else(|| {
-            JpegError::Fatal("no frame header before the scan: not a JPEG image".into())
-        })?;
+        let (fw, fh) = crate::dataset::image::info(data)
+            .filter(|i| i.kind == crate::dataset::image::ImageKind::Jpeg)
+            .map(|i| (i.width, i.height))
+            .ok_or_else(|| {
+                JpegError::Fatal("no frame header before the scan: not a JPEG image".into())
+            })?;
         // SAFETY: the pointer and length describe `data`, which outlives the call.
         let rc = unsafe { tj::tj3DecompressHeader(self.handle, data.as_ptr(), data.len() as _) };
         if rc != 0 {

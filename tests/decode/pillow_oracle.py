@@ -18,7 +18,7 @@ import os
 import sys
 
 import numpy as np
-from PIL import Image
+from PIL import Image, JpegImagePlugin
 
 
 def field(rng, w, h, ch):
@@ -70,6 +70,12 @@ def make(d):
                     o.write(rgb.tobytes())
                 with open(os.path.join(d, f[:-4] + ".size"), "w") as o:
                     o.write(f"{rgb.size[0]} {rgb.size[1]}\n")
+                # Pillow's view of the header: mode, progressive, subsampling (0 4:4:4,
+                # 1 4:2:2, 2 4:2:0, -1 other or gray).
+                prog = int(bool(im.info.get("progressive") or im.info.get("progression")))
+                samp = JpegImagePlugin.get_sampling(im)
+                with open(os.path.join(d, f[:-4] + ".info"), "w") as o:
+                    o.write(f"{im.mode} {prog} {samp}\n")
 
 
 def transform(cases_path):

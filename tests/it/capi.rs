@@ -46,6 +46,8 @@ fn c_type(rust: &str) -> String {
         "i64" => "int64_t",
         "c_char" => "char",
         "c_void" => "void",
+        "f32" => "float",
+        "GpufeedImages" => "gpufeed_images",
         "GpufeedOptions" => "gpufeed_options",
         "GpufeedLoader" => "gpufeed_loader",
         "GpufeedBatch" => "gpufeed_batch",
@@ -116,7 +118,22 @@ fn rust_fields(src: &str, name: &str) -> Vec<String> {
     body.lines()
         .filter_map(|l| l.trim().strip_prefix("pub "))
         .filter_map(|l| l.split_once(':'))
-        .map(|(n, t)| norm(&format!("{} {}", c_type(t.trim_end_matches(',')), n.trim())))
+        .map(|(n, t)| {
+            let t = t.trim().trim_end_matches(',');
+            // `[f32; 3]` is `float name[3]`.
+            match t.strip_prefix('[').and_then(|a| a.strip_suffix(']')) {
+                Some(arr) => {
+                    let (elem, n_elems) = arr.split_once(';').expect("[T; N]");
+                    norm(&format!(
+                        "{} {}[{}]",
+                        c_type(elem),
+                        n.trim(),
+                        n_elems.trim()
+                    ))
+                }
+                None => norm(&format!("{} {}", c_type(t), n.trim())),
+            }
+        })
         .collect()
 }
 
@@ -150,6 +167,10 @@ fn header_matches_the_rust_definitions() {
     assert_eq!(
         rust_fields(&src, "GpufeedOptions"),
         header_fields(&h, "gpufeed_options")
+    );
+    assert_eq!(
+        rust_fields(&src, "GpufeedImages"),
+        header_fields(&h, "gpufeed_images")
     );
     // Status codes: the same names and values.
     for line in src.lines().filter(|l| l.starts_with("pub const GPUFEED_")) {
@@ -454,4 +475,36 @@ fn d_src(dir: &Path) -> PathBuf {
         std::fs::write(src.join(format!("{i:03}.cls")), format!("{i}")).unwrap();
     }
     src
+}
+
+#[test]
+fn a_c_program_reads_decoded_images() {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("skipped: no C compiler (cc) on this machine");
+        return;
+    }
+    let lib = build_capi();
+    let dir = disk_dir();
+    let exe = compile_named(dir.path(), &lib, "images");
+    let images = dir.path().join("jpegs");
+    gpufeed::decode::synth::write_image_folder(&images, 30, 4).unwrap();
+    let good = std::fs::read(images.join("c0000/00000000.jpg")).unwrap();
+    std::fs::write(images.join("c0000/zz-cut.jpg"), &good[..good.len() / 3]).unwrap();
+    let out = Command::new(&exe).arg(&images).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().last().unwrap(),
+        "samples 31 bad 1 zero 1 finite 1"
+    );
+    let bad = stdout.lines().find(|l| l.starts_with("bad ")).unwrap();
+    assert!(
+        bad.contains("zz-cut.jpg") && bad.contains("truncated"),
+        "{bad}"
+    );
+    assert!(stdout.contains("refused: dtype 7"), "{stdout}");
 }

@@ -127,6 +127,52 @@ fn decode_alone_matches_pillow() {
     }
 }
 
+#[test]
+fn header_records_agree_with_pillow() {
+    use gpufeed::dataset::image::{info, ColorSpace, ImageKind, Subsampling};
+    let Some(py) = pillow() else { return };
+    let dir = disk_dir();
+    for f in pillow_set(py, dir.path()) {
+        let data = std::fs::read(&f).unwrap();
+        let i = info(&data).unwrap();
+        let size = std::fs::read_to_string(f.with_extension("size")).unwrap();
+        assert_eq!(size.trim(), format!("{} {}", i.width, i.height));
+        let pil = std::fs::read_to_string(f.with_extension("info")).unwrap();
+        let v: Vec<&str> = pil.split_whitespace().collect();
+        assert_eq!(i.kind, ImageKind::Jpeg);
+        let cs = match v[0] {
+            "L" => ColorSpace::Gray,
+            "CMYK" => ColorSpace::Cmyk,
+            _ => ColorSpace::Ycbcr,
+        };
+        // Pillow writes CMYK with libjpeg's default Adobe transform: stored as YCCK or CMYK.
+        if cs == ColorSpace::Cmyk {
+            assert!(
+                matches!(i.colorspace, ColorSpace::Cmyk | ColorSpace::Ycck),
+                "{}",
+                f.display()
+            );
+        } else {
+            assert_eq!(i.colorspace, cs, "{}", f.display());
+        }
+        assert_eq!(i.progressive, v[1] == "1", "{}", f.display());
+        let ss = match (v[0], v[2]) {
+            ("L", _) => Subsampling::Gray,
+            (_, "0") => Subsampling::S444,
+            (_, "1") => Subsampling::S422,
+            (_, "2") => Subsampling::S420,
+            _ => i.subsampling,
+        };
+        assert_eq!(i.subsampling, ss, "{}", f.display());
+        // And libjpeg-turbo's own header reading agrees on what both read.
+        let t = gpufeed::decode::jpeg_header(&data).unwrap();
+        assert_eq!(
+            (t.width, t.height, t.progressive),
+            (i.width, i.height, i.progressive)
+        );
+    }
+}
+
 /// Decodes `file` as sample `id` through `spec` (u8, NHWC) and has Pillow do the same
 /// geometry; returns (ours, Pillow's).
 fn both(

@@ -883,3 +883,144 @@ fn mutated_files_never_panic() {
         "most mutations still open with problems: {opened}"
     );
 }
+
+/// Writes shards by the letter of docs/FORMAT.md, independently of gpufeed's writer: a
+/// version-1 shard (no image records) and a version-2 shard with the `IMAGE_INFO` flag.
+const GPF_WRITER: &str = r#"
+import struct, sys
+
+def crc32c(b):
+    crc = 0xFFFFFFFF
+    for x in b:
+        crc ^= x
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+def shard(path, version, flags, samples):
+    data_offset = 4096
+    data = b""
+    entries = b""
+    blob = b""
+    for key, label, meta, payload, record in samples:
+        off = data_offset + len(data)
+        data += payload
+        entries += struct.pack("<QIIqIHH", off, len(payload), crc32c(payload), label,
+                               len(blob), len(key), len(meta))
+        blob += key + meta + (record if flags & 1 else b"")
+    index = entries + blob
+    index_offset = data_offset + len(data)
+    head = struct.pack("<8sHHIQQQQIII", b"GPFSHARD", version, 64, 1, len(samples), data_offset,
+                       index_offset, len(index), crc32c(index), flags, 0)
+    head += struct.pack("<I", crc32c(head))
+    with open(path, "wb") as f:
+        f.write(head + b"\0" * (data_offset - 64) + data + index)
+
+# A JPEG header: SOI, SOF2 (progressive) 523x375, 3 components, luma 2x2 (4:2:0), then SOS.
+jpeg = bytes([0xff, 0xd8, 0xff, 0xc2, 0, 17, 8, 0x01, 0x77, 0x02, 0x0b, 3,
+              1, 0x22, 0, 2, 0x11, 1, 3, 0x11, 1, 0xff, 0xda, 0, 2, 0xff, 0xd9])
+record = struct.pack("<IIBBBB4x", 640, 480, 1, 3, 6, 0)  # JPEG, gray, "gray" subsampling
+samples = [(b"a/jpeg", 3, b"", jpeg, record),
+           (b"b/text", -1, b"m", b"not an image", bytes(16))]
+shard(sys.argv[1] + "/v1.gpf", 1, 0, samples)
+shard(sys.argv[1] + "/v2.gpf", 2, 1, samples)
+"#;
+
+#[test]
+fn shards_of_version_1_and_2_written_by_the_spec_read_with_their_image_records() {
+    use gpufeed::dataset::image::{ColorSpace, ImageKind, Subsampling};
+    let Some(mut py) = python() else { return };
+    let dir = disk_dir();
+    let st = py
+        .args(["-c", GPF_WRITER])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // Version 2: the records are read with the index, as written (not re-derived).
+    let v2 = Dataset::open(dir.path().join("v2.gpf")).unwrap();
+    assert!(v2.has_image_info());
+    let info = v2.image_info().unwrap();
+    assert_eq!((info[0].width, info[0].height), (640, 480));
+    assert_eq!(info[0].kind, ImageKind::Jpeg);
+    assert_eq!(info[0].colorspace, ColorSpace::Gray);
+    assert_eq!(info[1].kind, ImageKind::None);
+    assert_eq!(v2.key(1), "b/text");
+    assert_eq!(v2.meta(1), b"m");
+    // Version 1 still reads; its image info comes from the samples' header bytes.
+    let v1 = Dataset::open(dir.path().join("v1.gpf")).unwrap();
+    assert!(!v1.has_image_info());
+    assert_eq!(v1.len(), 2);
+    let info = v1.image_info().unwrap();
+    assert_eq!((info[0].width, info[0].height), (523, 375));
+    assert_eq!(info[0].colorspace, ColorSpace::Ycbcr);
+    assert_eq!(info[0].subsampling, Subsampling::S420);
+    assert!(info[0].progressive);
+    assert_eq!(info[1].kind, ImageKind::None);
+    assert!(v1.has_image_info());
+    // A record with a value no version defines is refused, naming the shard and sample.
+    let mut bytes = std::fs::read(dir.path().join("v2.gpf")).unwrap();
+    let n = bytes.len();
+    // The last record is the text sample's (all zero); its kind byte is 8 bytes in.
+    bytes[n - 16 + 8] = 77;
+    // Fix the index checksum so that only the record is wrong.
+    let index_offset = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
+    let crc = crc32c::crc32c(&bytes[index_offset..]);
+    bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+    let hcrc = crc32c::crc32c(&bytes[..60]);
+    bytes[60..64].copy_from_slice(&hcrc.to_le_bytes());
+    std::fs::write(dir.path().join("bad.gpf"), &bytes).unwrap();
+    let e = Dataset::open(dir.path().join("bad.gpf")).unwrap_err();
+    assert!(e.to_string().contains("image record"), "{e}");
+    assert_eq!(e.sample(), Some(1));
+}
+
+#[test]
+fn pack_records_image_headers_and_inspect_summarises_them() {
+    let dir = disk_dir();
+    let src = dir.path().join("images");
+    gpufeed::decode::synth::write_image_folder(&src, 40, 2).unwrap();
+    std::fs::write(src.join("c0000/zz-not-an-image.jpg"), b"hello").unwrap();
+    let out = dir.path().join("packed");
+    let st = std::process::Command::new(crate::common::gpufeed_bin())
+        .args(["pack", "--json"])
+        .arg(&src)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let ds = Dataset::open(&out).unwrap();
+    assert!(ds.has_image_info(), "packed shards carry image records");
+    let from_files = Dataset::open(&src).unwrap();
+    assert!(!from_files.has_image_info());
+    // The records equal what the files' headers say, sample by sample.
+    assert_eq!(ds.image_info().unwrap(), from_files.image_info().unwrap());
+    let info = ds.image_info().unwrap();
+    for (i, k) in info.iter().enumerate().take(40) {
+        let want = gpufeed::decode::synth::kind_of(
+            ds.key(i).rsplit('/').next().unwrap()[..8].parse().unwrap(),
+        );
+        assert_eq!(k.progressive, want.progressive, "{}", ds.key(i));
+    }
+    let j = std::process::Command::new(crate::common::gpufeed_bin())
+        .args(["inspect", "--json"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(j.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    let im = &v["images"];
+    assert_eq!(im["samples"], 41);
+    assert_eq!(im["jpeg"], 40);
+    assert_eq!(im["not_images"], 1);
+    assert_eq!(
+        im["progressive"], 4,
+        "1 in 10 of the generated set is progressive"
+    );
+    assert_eq!(im["colorspaces"]["gray"], 4);
+    assert_eq!(im["colorspaces"]["ycck"], 2);
+}
