@@ -1,6 +1,6 @@
 """Decoded image batches from Python (numpy and Pillow; torch when installed).
 
-Run by ``tests/it/python.rs``; the JPEGs are written here by Pillow, an encoder independent of
+Run by ``tests/it/python.rs``; the JPEGs (and a few PNGs and WebPs) are written here by Pillow, an encoder independent of
 gpufeed's, and Pillow's resize is the reference the tensors are held to.
 """
 
@@ -27,7 +27,12 @@ def make_folder(root, n=24, classes=3):
         img = Image.fromarray(small).resize((w, h), Image.BICUBIC)
         if i % 5 == 1:
             img = img.convert("L")
-        img.save(os.path.join(d, f"{i:03d}.jpg"), quality=90, progressive=(i % 4 == 2))
+        if i % 11 == 3:
+            img.save(os.path.join(d, f"{i:03d}.png"))
+        elif i % 11 == 7:
+            img.save(os.path.join(d, f"{i:03d}.webp"), quality=90)
+        else:
+            img.save(os.path.join(d, f"{i:03d}.jpg"), quality=90, progressive=(i % 4 == 2))
 
 
 def pillow_eval(path, size):

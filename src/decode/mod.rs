@@ -7,6 +7,9 @@
 //! transform's spec and its CPU implementation — the no-GPU path, and the oracle the GPU stage
 //! is held to.
 //!
+//! JPEGs are decoded by libjpeg-turbo (only the region a crop needs, at 1/2–1/8 scale when the
+//! crop is far larger than the output); PNG and WebP by pure-Rust decoders, whole.
+//!
 //! Every random parameter (the crop, the flip) is a pure function of (seed, epoch, sample id):
 //! a sample gets the same tensor whatever the rank count, the thread count, the resume point.
 //! A sample that cannot be decoded (truncated, corrupt, not an image, too large) is zero-filled
@@ -31,6 +34,7 @@
 //! ```
 
 mod jpeg;
+mod other;
 mod pool;
 mod resample;
 pub mod synth;
@@ -274,8 +278,12 @@ impl RgbDecoder {
         })
     }
 
-    /// Decodes `data` into `out` (resized to width × height × 3); returns (width, height).
+    /// Decodes `data` (JPEG, PNG or WebP) into `out` (resized to width × height × 3); returns
+    /// (width, height).
     pub fn decode(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(u32, u32), JpegError> {
+        if matches!(crate::dataset::image::sniff(data), Some("png" | "webp")) {
+            return other::decode_rgb(data, 1 << 30, &mut self.cmyk, out).map_err(JpegError::Fatal);
+        }
         let h = self.turbo.header(data)?;
         let (w, hh) = (h.width, h.height);
         out.resize(w as usize * hh as usize * 3, 0);
@@ -397,9 +405,10 @@ impl ImageDecoder {
     ) -> Result<(), String> {
         match crate::dataset::image::sniff(data) {
             Some("jpeg") => {}
+            Some("png" | "webp") => return self.decode_other(spec, seed, epoch, sample, data, dst),
             Some(other) => {
                 return Err(format!(
-                    "{other} images are not decoded yet (JPEG only so far)"
+                    "{other} images are not decoded (JPEG, PNG and WebP are)"
                 ))
             }
             None => {
@@ -472,6 +481,37 @@ impl ImageDecoder {
             stride: rw as usize * 3,
             origin: (x0, y0),
             extent: (rw, rh),
+        };
+        resample::resample_into(&src, &plan, &spec.emit(), &mut self.scratch, dst);
+        self.trim();
+        Ok(())
+    }
+
+    /// PNG and WebP: decoded whole, then the same pass.
+    fn decode_other(
+        &mut self,
+        spec: &ImageSpec,
+        seed: u64,
+        epoch: u64,
+        sample: u64,
+        data: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(), String> {
+        let r = other::decode_rgb(data, spec.max_pixels, &mut self.cmyk, &mut self.pixels);
+        let (w, h) = match r {
+            Ok(s) => s,
+            Err(e) => {
+                self.trim();
+                return Err(e);
+            }
+        };
+        let g = spec.geometry(seed, epoch, sample, (w, h));
+        let plan = resample::Plan::new(&g, (w, h), spec.size);
+        let src = Source {
+            pixels: &self.pixels,
+            stride: w as usize * 3,
+            origin: (0, 0),
+            extent: (w, h),
         };
         resample::resample_into(&src, &plan, &spec.emit(), &mut self.scratch, dst);
         self.trim();

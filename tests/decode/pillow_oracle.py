@@ -3,8 +3,10 @@
 
   pillow_oracle.py make DIR          writes test JPEGs with Pillow's encoder (every subsampling
                                      Pillow writes, gray, CMYK, progressive, restart markers,
-                                     odd sizes, a large image) and, for each, NAME.rgb: Pillow's
-                                     decode converted to RGB.
+                                     odd sizes, a large image), PNGs (RGB, RGBA, gray, gray +
+                                     alpha, palette, interlaced) and WebPs (lossy, lossy with
+                                     alpha, lossless) and, for each, NAME.rgb: Pillow's decode
+                                     converted to RGB.
   pillow_oracle.py transform CASES   CASES is a JSON list of {"file", "box": [l, t, r, b],
                                      "full": [w, h], "window": [x, y], "out": [w, h], "flip",
                                      "dst"}: Image.open → convert("RGB") → resize(full,
@@ -62,6 +64,38 @@ def make(d):
             img = img.convert("L")
         kw.setdefault("quality", 90)
         img.save(os.path.join(d, name + ".jpg"), "JPEG", **kw)
+    # PNG and WebP, each written by Pillow (zlib, libwebp).
+    others = [
+        ("png_rgb.png", "RGB", {}),
+        ("png_rgba.png", "RGBA", {}),
+        ("png_gray.png", "L", {}),
+        ("png_gray_alpha.png", "LA", {}),
+        ("png_palette.png", "P", {}),
+        ("png_interlaced.png", "RGB", dict(interlace=1)),
+        ("webp_lossy.webp", "RGB", dict(quality=90)),
+        ("webp_lossy_alpha.webp", "RGBA", dict(quality=90)),
+        ("webp_lossless.webp", "RGB", dict(lossless=True)),
+    ]
+    for name, mode, kw in others:
+        a = field(rng, 203, 157, 3)
+        img = Image.fromarray(a)
+        if mode == "RGBA":
+            img = img.convert("RGBA")
+            img.putalpha(Image.fromarray(field(rng, 203, 157, 1)))
+        elif mode == "P":
+            img = img.convert("P", palette=Image.ADAPTIVE, colors=64)
+        elif mode != "RGB":
+            img = img.convert(mode)
+        img.save(os.path.join(d, name), **kw)
+    for f in sorted(os.listdir(d)):
+        if f.endswith((".png", ".webp")):
+            with Image.open(os.path.join(d, f)) as im:
+                rgb = im.convert("RGB")
+                stem = f.rsplit(".", 1)[0]
+                with open(os.path.join(d, stem + ".rgb"), "wb") as o:
+                    o.write(rgb.tobytes())
+                with open(os.path.join(d, stem + ".size"), "w") as o:
+                    o.write(f"{rgb.size[0]} {rgb.size[1]}\n")
     for f in sorted(os.listdir(d)):
         if f.endswith(".jpg"):
             with Image.open(os.path.join(d, f)) as im:

@@ -173,6 +173,75 @@ fn header_records_agree_with_pillow() {
     }
 }
 
+/// Pillow's PNGs and WebPs of the set in `dir` (made by [`pillow_set`]).
+fn pillow_others(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "png" || e == "webp"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Lossy WebP against Pillow's libwebp: image-webp's own VP8 decoder with fancy upsampling
+/// (measured: identical on the test images; a margin for other libwebp versions).
+const WEBP_LOSSY_MEAN: f64 = 0.5;
+const WEBP_LOSSY_MAX: i32 = 2;
+
+#[test]
+fn png_and_webp_decode_as_pillow_does() {
+    let Some(py) = pillow() else { return };
+    let dir = disk_dir();
+    pillow_set(py, dir.path());
+    let files = pillow_others(dir.path());
+    assert_eq!(files.len(), 9);
+    let mut d = RgbDecoder::new().unwrap();
+    let mut px = Vec::new();
+    for f in &files {
+        let (w, h) = d.decode(&std::fs::read(f).unwrap(), &mut px).unwrap();
+        let size = std::fs::read_to_string(f.with_extension("size")).unwrap();
+        assert_eq!(size.trim(), format!("{w} {h}"), "{}", f.display());
+        let (mean, max) = diff(&px, &std::fs::read(f.with_extension("rgb")).unwrap());
+        eprintln!("{}: mean {mean:.4} max {max}", f.display());
+        let lossy = f.to_string_lossy().contains("webp_lossy");
+        let (lm, lx) = if lossy {
+            (WEBP_LOSSY_MEAN, WEBP_LOSSY_MAX)
+        } else {
+            (0.0, 0) // PNG and lossless WebP: exact
+        };
+        assert!(
+            mean <= lm && max <= lx,
+            "{}: differs from Pillow by mean {mean:.3}, max {max}",
+            f.display()
+        );
+    }
+    // Through the transform: the same pass as JPEGs, within the transform's tolerance (plus
+    // the decoder's own distance for lossy WebP).
+    let cases: Vec<(PathBuf, u64)> = files.iter().map(|f| (f.clone(), 3)).collect();
+    for spec in [ImageSpec::train(64), ImageSpec::eval(64)] {
+        let spec = spec.dtype(PixelType::U8).layout(Layout::Nhwc);
+        for ((ours, theirs), (f, _)) in both(py, dir.path(), &spec, &cases).iter().zip(&cases) {
+            let (mean, max) = diff(ours, theirs);
+            let lossy = f.to_string_lossy().contains("webp_lossy");
+            let (lm, lx) = if lossy {
+                (
+                    TRANSFORM_MEAN + WEBP_LOSSY_MEAN,
+                    TRANSFORM_MAX + WEBP_LOSSY_MAX,
+                )
+            } else {
+                (TRANSFORM_MEAN, TRANSFORM_MAX)
+            };
+            assert!(
+                mean <= lm && max <= lx,
+                "{}: mean {mean:.3}, max {max}",
+                f.display()
+            );
+        }
+    }
+}
+
 /// Decodes `file` as sample `id` through `spec` (u8, NHWC) and has Pillow do the same
 /// geometry; returns (ours, Pillow's).
 fn both(
@@ -498,4 +567,65 @@ fn a_batch_tensor_has_the_shape_and_labels_it_claims() {
         .unwrap();
     let e = dev.decode_images(ImageSpec::train(8)).unwrap_err();
     assert!(e.to_string().contains("host loader"), "{e}");
+}
+
+/// Damaged images never panic the decoder: random bit flips, truncations, marker bytes and
+/// length fields set huge, over JPEGs of every kind the generator makes (and Pillow's PNGs and
+/// WebPs where Python is available). Each gives a decoded tensor or a reason.
+#[test]
+fn mutated_images_give_errors_not_panics() {
+    use gpufeed::rng::Rng;
+    let mut inputs: Vec<Vec<u8>> = (0..10)
+        .map(|i| gpufeed::decode::synth::jpeg(9, i).unwrap())
+        .collect();
+    let dir = disk_dir();
+    if let Some(py) = pillow() {
+        pillow_set(py, dir.path());
+        inputs.extend(
+            pillow_others(dir.path())
+                .iter()
+                .map(|f| std::fs::read(f).unwrap()),
+        );
+    }
+    let mut dec = SampleDecoder::new(ImageSpec::train(24).dtype(PixelType::U8)).unwrap();
+    let mut out = vec![0u8; dec.sample_bytes()];
+    let mut r = Rng::new(77);
+    let (mut ok, mut failed) = (0, 0);
+    for (k, base) in inputs.iter().enumerate() {
+        for m in 0..120u64 {
+            let mut b = base.clone();
+            match m % 4 {
+                0 => {
+                    for _ in 0..1 + r.below(8) {
+                        let at = r.below(b.len() as u64) as usize;
+                        b[at] ^= 1 << r.below(8);
+                    }
+                }
+                1 => b.truncate(r.below(b.len() as u64) as usize),
+                2 => {
+                    let at = r.below(b.len() as u64) as usize;
+                    b[at] = 0xff;
+                    if at + 1 < b.len() {
+                        b[at + 1] = r.below(256) as u8;
+                    }
+                }
+                _ => {
+                    // A length or dimension field near the start set huge.
+                    let at = r.below(b.len().min(600) as u64) as usize;
+                    for v in b.iter_mut().skip(at).take(2) {
+                        *v = 0xff;
+                    }
+                }
+            }
+            match dec.decode(&b, 1, 0, k as u64 * 1000 + m, &mut out) {
+                Ok(()) => ok += 1,
+                Err(e) => {
+                    assert!(!e.is_empty());
+                    failed += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{ok} decoded, {failed} refused");
+    assert!(failed > 0 && ok > 0);
 }
