@@ -49,7 +49,7 @@ for l in sys.stdin:
     done
     # The Python package as a wheel (abi3: any CPython >= 3.9), its GPU tests and bench script.
     python3 -m pip wheel --quiet --no-deps --wheel-dir "$SHIP" ./python
-    cp python/tests/test_gpu.py scripts/bench-python.py "$SHIP/"
+    cp python/tests/test_gpu.py python/tests/test_images.py scripts/bench-python.py "$SHIP/"
     git rev-parse HEAD > "$SHIP/commit" 2>/dev/null || true
     du -sh "$SHIP"
     echo "shipped to $SHIP: gpufeed, it (integration tests), unit, $(basename "$SHIP"/gpufeed-*.whl); commit $(cat "$SHIP/commit" 2>/dev/null)"
@@ -168,6 +168,8 @@ if [[ $tests == 1 ]]; then
             > /dev/null 2>&1 || true
         run_tests python-gpu GPUFEED_REQUIRE_GPU=1 GPUFEED_GPU_DATA="$work/pyload/packed" \
             python3 "$SHIP/test_gpu.py" -v
+        # Decoded image batches, with torch there: torch.from_dlpack shares the tensor.
+        run_tests python-images python3 "$SHIP/test_images.py" -v
     else
         note "FAIL  python wheel install"; status=1
     fi
