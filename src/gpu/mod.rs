@@ -15,6 +15,7 @@
 pub mod copy;
 pub mod cuda;
 pub mod cufile;
+pub mod kernels;
 
 use std::sync::Arc;
 

@@ -9,6 +9,7 @@ mod engine;
 mod fallback;
 mod formats;
 mod gpu;
+mod kernels;
 mod loader;
 mod problems;
 mod python;

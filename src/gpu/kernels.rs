@@ -1,0 +1,309 @@
+//! gpufeed's CUDA kernels (`kernels/*.cu`): embedded sources, compiled at run time by NVRTC to a
+//! CUBIN for the device's architecture and cached on disk, and the `#[repr(C)]` parameter
+//! structs the kernels read. NVRTC is loaded at run time like the driver (cudarc's
+//! dynamic loading); it needs no GPU, so CI compiles every kernel for sm_80 and sm_90 with the
+//! `nvidia-cuda-nvrtc` wheel's library, and the tests run the same sources on the CPU through
+//! `kernels/host_shim.h` against the CPU decode stage.
+
+use std::ffi::{c_char, CString};
+use std::path::{Path, PathBuf};
+
+use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// One kernel source: its name, entry point and text (with `#include "common.h"` resolved when
+/// compiled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kernel {
+    /// Short name (file stem).
+    pub name: &'static str,
+    /// The `extern "C" __global__` function to launch.
+    pub entry: &'static str,
+    /// The `.cu` text.
+    pub source: &'static str,
+}
+
+/// The header every kernel includes.
+pub const COMMON_H: &str = include_str!("../../kernels/common.h");
+
+/// The fused crop / resize / flip / normalise / cast / layout pass.
+pub const RESIZE: Kernel = Kernel {
+    name: "resize",
+    entry: "gf_resize",
+    source: include_str!("../../kernels/resize.cu"),
+};
+
+/// crc32c of each sample of a group in device memory.
+pub const CRC32C: Kernel = Kernel {
+    name: "crc32c",
+    entry: "gf_crc32c",
+    source: include_str!("../../kernels/crc32c.cu"),
+};
+
+/// Every kernel.
+pub const ALL: [Kernel; 2] = [RESIZE, CRC32C];
+
+impl Kernel {
+    /// The source NVRTC compiles: `#include "common.h"` replaced by the header's text (NVRTC
+    /// has no file system to search).
+    pub fn full_source(&self) -> String {
+        self.source.replace("#include \"common.h\"", COMMON_H)
+    }
+}
+
+/// One sample of the resize kernel (`struct gf_sample` in `kernels/resize.cu`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GfSample {
+    /// Byte offset of the decoded image (packed 8-bit RGB) in the source buffer.
+    pub src: u64,
+    /// Width of the decoded image.
+    pub src_w: u32,
+    /// Height of the decoded image.
+    pub src_h: u32,
+    /// Bytes per row of the decoded image.
+    pub src_pitch: u32,
+    /// Width the box is resized to.
+    pub full_w: u32,
+    /// Height the box is resized to.
+    pub full_h: u32,
+    /// Left of the kept window in the resized image.
+    pub win_x: u32,
+    /// Top of the kept window.
+    pub win_y: u32,
+    /// Nonzero: mirror.
+    pub flip: u32,
+    /// Left, top, right, bottom of the box in source pixels.
+    pub r#box: [f32; 4],
+    /// 0: the sample failed; the kernel writes zeros.
+    pub valid: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// The output description of the resize kernel (`struct gf_emit`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GfEmit {
+    /// Output width.
+    pub out_w: u32,
+    /// Output height.
+    pub out_h: u32,
+    /// 0 u8, 1 f16, 2 bf16, 3 f32.
+    pub dtype: u32,
+    /// 0 NCHW, 1 NHWC.
+    pub layout: u32,
+    /// Per-channel scale of the 0–255 value (float types).
+    pub scale: [f32; 3],
+    /// Per-channel bias after the scale.
+    pub bias: [f32; 3],
+}
+
+/// A sample span of the crc32c kernel (`struct gf_span`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GfSpan {
+    /// Byte offset in the group's buffer.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<GfSample>() == 64);
+const _: () = assert!(std::mem::size_of::<GfEmit>() == 40);
+const _: () = assert!(std::mem::size_of::<GfSpan>() == 16);
+
+#[cfg(feature = "decode")]
+impl GfSample {
+    /// The kernel's parameters for a sample of geometry `g` whose decoded image (`w` × `h`,
+    /// packed RGB) starts at byte `src` of the source buffer.
+    pub fn new(g: &crate::decode::Geometry, src: u64, (w, h): (u32, u32)) -> GfSample {
+        GfSample {
+            src,
+            src_w: w,
+            src_h: h,
+            src_pitch: w * 3,
+            full_w: g.full.0,
+            full_h: g.full.1,
+            win_x: g.window_origin.0,
+            win_y: g.window_origin.1,
+            flip: u32::from(g.flip),
+            r#box: [
+                g.src[0] as f32,
+                g.src[1] as f32,
+                g.src[2] as f32,
+                g.src[3] as f32,
+            ],
+            valid: 1,
+            reserved: 0,
+        }
+    }
+}
+
+#[cfg(feature = "decode")]
+impl GfEmit {
+    /// The output description of `spec`.
+    pub fn new(spec: &crate::decode::ImageSpec) -> GfEmit {
+        use crate::decode::{Layout, PixelType};
+        let k = |c: usize| 1.0 / (255.0 * spec.std[c]);
+        let b = |c: usize| -spec.mean[c] / spec.std[c];
+        GfEmit {
+            out_w: spec.size.0,
+            out_h: spec.size.1,
+            dtype: match spec.dtype {
+                PixelType::U8 => 0,
+                PixelType::F16 => 1,
+                PixelType::Bf16 => 2,
+                PixelType::F32 => 3,
+            },
+            layout: match spec.layout {
+                Layout::Nchw => 0,
+                Layout::Nhwc => 1,
+            },
+            scale: [k(0), k(1), k(2)],
+            bias: [b(0), b(1), b(2)],
+        }
+    }
+}
+
+/// Whether NVRTC (`libnvrtc.so`) loads: cudarc panics on first use otherwise.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: loads (and drops) the library by name; no symbol is called.
+    unsafe { rtc_sys::is_culib_present() }
+}
+
+fn no_nvrtc() -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        "NVRTC (libnvrtc.so.13) is not loadable: install the CUDA toolkit or the \
+         nvidia-cuda-nvrtc wheel and put its lib folder on LD_LIBRARY_PATH",
+    )
+}
+
+/// NVRTC's version (major, minor).
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    if !nvrtc_present() {
+        return Err(no_nvrtc());
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library loads (checked); two writable ints.
+    let r = unsafe { rtc_sys::nvrtcVersion(&mut major, &mut minor) };
+    r.result()
+        .map_err(|e| Error::new(ErrorKind::Io, format!("nvrtcVersion failed: {e:?}")))?;
+    Ok((major, minor))
+}
+
+/// Compiles `source` (named `name` in messages) to a CUBIN for `sm_{arch}` (e.g. 90). A compile
+/// error is an `InvalidInput` error carrying NVRTC's log.
+pub fn compile_cubin(name: &str, source: &str, arch: u32) -> Result<Vec<u8>> {
+    if !nvrtc_present() {
+        return Err(no_nvrtc());
+    }
+    let fail = |what: &str, e: rtc::NvrtcError| {
+        Error::new(
+            ErrorKind::Io,
+            format!("{what} failed for kernel {name}: {e:?}"),
+        )
+    };
+    let src = CString::new(source).map_err(|_| crate::error::invalid("a NUL in a kernel"))?;
+    let cname = CString::new(format!("{name}.cu")).expect("no NUL");
+    // `src` and `cname` outlive the program: destroyed below before they drop.
+    let prog =
+        rtc::create_program(&src, Some(&cname)).map_err(|e| fail("nvrtcCreateProgram", e))?;
+    let opts = [
+        format!("--gpu-architecture=sm_{arch}"),
+        "--std=c++17".to_string(),
+        // The host shim runs these sources without contraction: keep the device's plain too.
+        "--fmad=false".to_string(),
+    ];
+    // SAFETY: `prog` was just created and is destroyed once, at the end.
+    let compiled = unsafe { rtc::compile_program(prog, &opts) };
+    let out = match compiled {
+        Ok(()) => {
+            let mut size = 0usize;
+            // SAFETY: `prog` is live and compiled; `size` is writable.
+            let r = unsafe { rtc_sys::nvrtcGetCUBINSize(prog, &mut size) };
+            r.result()
+                .map_err(|e| fail("nvrtcGetCUBINSize", e))
+                .and_then(|()| {
+                    let mut cubin = vec![0u8; size];
+                    // SAFETY: `cubin` holds the `size` bytes NVRTC reported.
+                    let r =
+                        unsafe { rtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char) };
+                    r.result().map_err(|e| fail("nvrtcGetCUBIN", e))?;
+                    Ok(cubin)
+                })
+        }
+        Err(e) => {
+            // SAFETY: `prog` is live.
+            let log = unsafe { rtc::get_program_log(prog) }.unwrap_or_default();
+            let log: Vec<u8> = log
+                .iter()
+                .map(|&c| c as u8)
+                .take_while(|&c| c != 0)
+                .collect();
+            Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "kernel {name} does not compile for sm_{arch} ({e:?}):\n{}",
+                    String::from_utf8_lossy(&log).trim_end()
+                ),
+            ))
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { rtc::destroy_program(prog) };
+    out
+}
+
+/// Where compiled kernels are kept: `GPUFEED_KERNEL_CACHE`, else `$XDG_CACHE_HOME/gpufeed`, else
+/// `~/.cache/gpufeed`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("GPUFEED_KERNEL_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("gpufeed").join("kernels"))
+}
+
+/// The CUBIN of `k` for `sm_{arch}`, from `dir` if compiled before (keyed by the source's
+/// crc32c, the architecture and NVRTC's version, and `extra`, e.g. the driver version), else
+/// compiled and written there (atomically; a cache that cannot be written is only a slower
+/// first run). Returns the CUBIN and whether it came from the cache.
+pub fn cubin_cached(
+    k: &Kernel,
+    arch: u32,
+    extra: &str,
+    dir: Option<&Path>,
+) -> Result<(Vec<u8>, bool)> {
+    let source = k.full_source();
+    let (major, minor) = nvrtc_version()?;
+    let key = format!(
+        "{}-sm{arch}-nvrtc{major}.{minor}-{extra}-{:08x}.cubin",
+        k.name,
+        crate::util::crc32c(source.as_bytes())
+    );
+    if let Some(d) = dir {
+        if let Ok(b) = std::fs::read(d.join(&key)) {
+            if b.starts_with(b"\x7fELF") {
+                return Ok((b, true));
+            }
+        }
+    }
+    let cubin = compile_cubin(k.name, &source, arch)?;
+    if let Some(d) = dir {
+        let tmp = d.join(format!("{key}.{}.tmp", std::process::id()));
+        let written = std::fs::create_dir_all(d)
+            .and_then(|()| std::fs::write(&tmp, &cubin))
+            .and_then(|()| std::fs::rename(&tmp, d.join(&key)));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok((cubin, false))
+}
