@@ -50,6 +50,14 @@ for l in sys.stdin:
     # The Python package as a wheel (abi3: any CPython >= 3.9), its GPU tests and bench script.
     python3 -m pip wheel --quiet --no-deps --wheel-dir "$SHIP" ./python
     cp python/tests/test_gpu.py python/tests/test_images.py scripts/bench-python.py "$SHIP/"
+    # nvJPEG 13.0 (4 MB, from the nvidia-nvjpeg wheel) in case the GPU machine's image lacks it.
+    venv=target/ci-cuda-venv
+    [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check 'nvidia-nvjpeg==13.0.*' \
+        'nvidia-cuda-nvrtc==13.0.*' || true
+    mkdir -p "$SHIP/lib"
+    cp "$venv"/lib/python3*/site-packages/nvidia/cu13/lib/libnvjpeg.so.13 "$SHIP/lib/" 2>/dev/null ||
+        echo "warning: no libnvjpeg.so.13 to ship" >&2
     git rev-parse HEAD > "$SHIP/commit" 2>/dev/null || true
     du -sh "$SHIP"
     echo "shipped to $SHIP: gpufeed, it (integration tests), unit, $(basename "$SHIP"/gpufeed-*.whl); commit $(cat "$SHIP/commit" 2>/dev/null)"
@@ -81,6 +89,10 @@ mkdir -p "$work"
 out="${OUT:-$work/out}"
 mkdir -p "$out"
 export GPUFEED_BIN="$PWD/$SHIP/gpufeed" GPUFEED_TEST_TMPDIR="$work/tmp" GPUFEED_QUIET=1
+# nvJPEG: the machine's if it has one, else the one shipped in $SHIP/lib.
+if ! ldconfig -p 2>/dev/null | grep -q 'libnvjpeg\.so\.13' && [[ -e "$SHIP/lib/libnvjpeg.so.13" ]]; then
+    export GPUFEED_NVJPEG="$PWD/$SHIP/lib/libnvjpeg.so.13"
+fi
 # cuFile from PyPI (nvidia-cufile) ships libcufile.so.0 only; the loader asks for libcufile.so.
 if ! ldconfig -p 2>/dev/null | grep -q 'libcufile\.so '; then
     cf=$(python3 - <<'EOF' 2>/dev/null || true

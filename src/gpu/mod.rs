@@ -16,6 +16,7 @@ pub mod copy;
 pub mod cuda;
 pub mod cufile;
 pub mod kernels;
+pub mod nvjpeg;
 
 use std::sync::Arc;
 

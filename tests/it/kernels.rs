@@ -344,3 +344,43 @@ fn the_crc32c_kernel_on_the_host_matches_crc32c() {
         assert_eq!(got, want, "span {i} ({} bytes at {})", s.len, s.offset);
     }
 }
+
+/// nvJPEG loads, every bound symbol resolves, its version is 13, and with no GPU creating a
+/// handle is an error naming nvJPEG's status (not a crash); with a GPU the handle works.
+#[test]
+fn nvjpeg_loads_and_fails_cleanly_without_a_gpu() {
+    use gpufeed::gpu::nvjpeg;
+    let lib = match nvjpeg::load() {
+        Ok(l) => l,
+        Err(e) => {
+            assert!(
+                std::env::var_os("GPUFEED_REQUIRE_NVJPEG").is_none(),
+                "GPUFEED_REQUIRE_NVJPEG is set but: {e}"
+            );
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    assert!(nvjpeg::SYMBOLS.len() >= 16);
+    let (major, minor, patch) = lib.version().unwrap();
+    eprintln!("nvJPEG {major}.{minor}.{patch} from {}", lib.path);
+    assert_eq!(major, 13);
+    let h = nvjpeg::NvJpegHandle::new(
+        &lib,
+        nvjpeg::backend::DEFAULT,
+        nvjpeg::FLAGS_UPSAMPLING_WITH_INTERPOLATION,
+    );
+    if gpufeed::gpu_available().is_ok() {
+        let h = h.unwrap_or_else(|e| panic!("a GPU is here but: {e}"));
+        let (n, _css, w, hh) = h
+            .image_info(&gpufeed::decode::synth::jpeg(1, 0).unwrap())
+            .unwrap();
+        assert_eq!(n, 3);
+        assert!(w[0] > 0 && hh[0] > 0);
+        eprintln!("hardware decoder: {:?}", h.hardware_decoder_info());
+    } else {
+        let e = h.unwrap_err();
+        assert!(e.to_string().contains("NVJPEG_STATUS"), "{e}");
+        eprintln!("without a GPU: {e}");
+    }
+}
