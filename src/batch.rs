@@ -70,9 +70,15 @@ pub struct Batch {
     pub(crate) padding_from: usize,
     pub(crate) spans: Vec<SampleSpan>,
     pub(crate) mem: Memory,
+    pub(crate) timing: crate::loader::BatchTiming,
 }
 
 impl Batch {
+    /// How long the consumer waited for this batch and why, and its read group's timeline.
+    pub fn timing(&self) -> &crate::loader::BatchTiming {
+        &self.timing
+    }
+
     /// The epoch this batch belongs to.
     pub fn epoch(&self) -> u64 {
         self.epoch

@@ -146,7 +146,7 @@ pub use dataset::Dataset;
 pub use error::{Error, ErrorKind, Result};
 pub use gpu::{gpu_available, Device, GpuPath};
 pub use io::{Completion, Engine, FileId, ReadSpec};
-pub use loader::{Epoch, Loader, LoaderStats};
+pub use loader::{BatchTiming, Epoch, Loader, LoaderStats, StallStats};
 pub use plan::{LastBatch, Order, PlanConfig};
 
 /// The README's examples, compiled as doctests so they stay true.

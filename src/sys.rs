@@ -108,6 +108,17 @@ pub fn process_cpu_seconds() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// User + system CPU seconds of the calling thread (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
 /// The soft and hard RLIMIT_MEMLOCK in bytes (`u64::MAX` for unlimited).
 pub fn memlock_limit() -> (u64, u64) {
     let mut r = libc::rlimit {

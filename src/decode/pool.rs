@@ -7,14 +7,16 @@ use std::alloc::{alloc_zeroed, dealloc, Layout as AllocLayout};
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use super::{ImageDecoder, ImageSpec, Layout, PixelType};
 use crate::batch::Batch;
 use crate::dataset::Dataset;
 use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::loader::{Epoch, Loader, LoaderStats};
+use crate::loader::{BatchTiming, Epoch, Loader, LoaderStats, StallStats};
 
 /// Alignment of a batch tensor (a cache line; what vector loads and DLPack consumers like).
 const TENSOR_ALIGN: usize = 64;
@@ -96,7 +98,7 @@ struct Job {
     /// The next sample to claim.
     next: AtomicUsize,
     /// The epoch was dropped: skip what is not claimed yet.
-    cancelled: AtomicBool,
+    cancelled: Arc<AtomicBool>,
     state: Mutex<JobState>,
     finished: Condvar,
 }
@@ -105,6 +107,8 @@ struct Job {
 struct JobState {
     done: usize,
     errors: Vec<(usize, Error)>,
+    /// CPU seconds the decode threads spent on this batch.
+    cpu_s: f64,
 }
 
 impl Job {
@@ -122,6 +126,7 @@ impl Job {
                 return any;
             }
             any = true;
+            let c0 = crate::sys::thread_cpu_seconds();
             let err = if self.cancelled.load(Ordering::Relaxed) {
                 None
             } else {
@@ -129,7 +134,9 @@ impl Job {
                 let dst = unsafe { self.tensor.sample_mut(i, per) };
                 self.decode_one(i, dec, dst)
             };
+            let cpu = crate::sys::thread_cpu_seconds() - c0;
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.cpu_s += cpu;
             if let Some(e) = err {
                 st.errors.push((i, e));
             }
@@ -185,12 +192,13 @@ impl Job {
         )
     }
 
-    fn wait(&self) -> Vec<(usize, Error)> {
+    /// Waits until every sample is done; the failed ones, and the decode CPU seconds.
+    fn wait(&self) -> (Vec<(usize, Error)>, f64) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while st.done < self.len() {
             st = self.finished.wait(st).unwrap_or_else(|p| p.into_inner());
         }
-        std::mem::take(&mut st.errors)
+        (std::mem::take(&mut st.errors), st.cpu_s)
     }
 }
 
@@ -349,71 +357,121 @@ impl ImageLoader {
 
     /// Decodes an epoch already asked of the underlying loader (one asked ahead, say).
     pub fn decode_epoch(&self, inner: Epoch) -> ImageEpoch {
+        let batches = inner.batches();
+        let shared = Arc::new(Feed {
+            cancelled: Arc::new(AtomicBool::new(false)),
+            stats: Mutex::new(LoaderStats::default()),
+        });
+        let (tx, rx) = sync_channel(self.spec.prefetch_batches);
+        let feeder = {
+            let (spec, pool, shared) = (self.spec.clone(), self.pool.clone(), shared.clone());
+            let dataset = self.loader.dataset().clone();
+            let seed = self.loader.plan_config().seed;
+            std::thread::Builder::new()
+                .name("gpufeed-decode-feed".into())
+                .spawn(move || feed(inner, tx, &spec, &pool, &shared, dataset, seed))
+        };
+        let (rx, feeder) = match feeder {
+            Ok(h) => (Some(rx), Some(h)),
+            Err(e) => {
+                // No thread: the epoch yields this error and ends.
+                let (tx2, rx2) = sync_channel(1);
+                let _ = tx2.send(Err(Error::io("cannot start the decode feeder thread", e)));
+                (Some(rx2), None)
+            }
+        };
         ImageEpoch {
-            inner,
+            rx,
+            feeder,
+            shared,
             spec: self.spec.clone(),
-            dataset: self.loader.dataset().clone(),
-            seed: self.loader.plan_config().seed,
-            pool: self.pool.clone(),
-            pending: VecDeque::new(),
-            ended: false,
+            batches,
+            stats: LoaderStats::default(),
+            read_seen: StallStats::default(),
         }
     }
 }
 
-/// The image batches of one epoch, in order; the next `prefetch_batches` are being decoded
-/// while one is used. Dropping it stops the reading and the decoding of what is not claimed.
-pub struct ImageEpoch {
-    inner: Epoch,
-    spec: Arc<ImageSpec>,
+/// What the feeder thread shares with its epoch.
+struct Feed {
+    cancelled: Arc<AtomicBool>,
+    /// The reading's figures, after the latest host batch.
+    stats: Mutex<LoaderStats>,
+}
+
+/// The feeder: takes the epoch's host batches in order, queues each as a decode job and hands
+/// it to the consumer through `tx` (bounded: `prefetch_batches` jobs ahead). Ends at the epoch's
+/// end, on an error (sent), or when the consumer is gone; dropping `inner` then waits for its
+/// reads.
+fn feed(
+    mut inner: Epoch,
+    tx: SyncSender<Result<Arc<Job>>>,
+    spec: &Arc<ImageSpec>,
+    pool: &PoolHandle,
+    shared: &Feed,
     dataset: Arc<Dataset>,
     seed: u64,
-    pool: Arc<PoolHandle>,
-    pending: VecDeque<Result<Arc<Job>>>,
-    ended: bool,
+) {
+    loop {
+        let next = inner.next();
+        *shared.stats.lock().unwrap_or_else(|p| p.into_inner()) = inner.stats().clone();
+        let job = match next {
+            None => return,
+            Some(Err(e)) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+            Some(Ok(batch)) => {
+                let bytes = batch.len() * spec.sample_elems() * spec.dtype.size();
+                Tensor::new(bytes).map(|t| {
+                    Arc::new(Job {
+                        batch,
+                        tensor: Arc::new(t),
+                        spec: spec.clone(),
+                        dataset: dataset.clone(),
+                        seed,
+                        next: AtomicUsize::new(0),
+                        cancelled: shared.cancelled.clone(),
+                        state: Mutex::new(JobState::default()),
+                        finished: Condvar::new(),
+                    })
+                })
+            }
+        };
+        if let Ok(j) = &job {
+            pool.pool.submit(j.clone());
+        }
+        let failed = job.is_err();
+        if tx.send(job).is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// The image batches of one epoch, in order: a feeder thread queues each host batch for the
+/// decode threads as soon as the loader delivers it, up to `prefetch_batches` ahead of the one
+/// handed out. Dropping it stops the reading and the decoding of what is not claimed.
+pub struct ImageEpoch {
+    rx: Option<Receiver<Result<Arc<Job>>>>,
+    feeder: Option<JoinHandle<()>>,
+    shared: Arc<Feed>,
+    spec: Arc<ImageSpec>,
+    batches: u32,
+    stats: LoaderStats,
+    /// The reading's stall figures at the previous batch (to split this wait like them).
+    read_seen: StallStats,
 }
 
 impl ImageEpoch {
     /// Batches in this epoch (from batch 0).
     pub fn batches(&self) -> u32 {
-        self.inner.batches()
+        self.batches
     }
 
-    /// The reading's figures so far.
+    /// Figures so far: the reading's (reads, bytes, the I/O thread's CPU), the consumer's
+    /// waits split into storage / copy / verify / decode / other, and the decode threads' CPU.
     pub fn stats(&self) -> &LoaderStats {
-        self.inner.stats()
-    }
-
-    fn fill(&mut self) {
-        while !self.ended && self.pending.len() <= self.spec.prefetch_batches {
-            match self.inner.next() {
-                None => self.ended = true,
-                Some(Err(e)) => {
-                    self.pending.push_back(Err(e));
-                    self.ended = true;
-                }
-                Some(Ok(batch)) => {
-                    let bytes = batch.len() * self.spec.sample_elems() * self.spec.dtype.size();
-                    let job = Tensor::new(bytes).map(|t| {
-                        Arc::new(Job {
-                            batch,
-                            tensor: Arc::new(t),
-                            spec: self.spec.clone(),
-                            dataset: self.dataset.clone(),
-                            seed: self.seed,
-                            next: AtomicUsize::new(0),
-                            cancelled: AtomicBool::new(false),
-                            state: Mutex::new(JobState::default()),
-                            finished: Condvar::new(),
-                        })
-                    });
-                    if let Ok(j) = &job {
-                        self.pool.pool.submit(j.clone());
-                    }
-                    self.pending.push_back(job);
-                }
-            }
-        }
+        &self.stats
     }
 }
 
@@ -421,18 +479,62 @@ impl Iterator for ImageEpoch {
     type Item = Result<ImageBatch>;
 
     fn next(&mut self) -> Option<Result<ImageBatch>> {
-        self.fill();
-        let job = match self.pending.pop_front()? {
-            Ok(j) => j,
-            Err(e) => return Some(Err(e)),
+        let t0 = Instant::now();
+        let job = match self.rx.as_ref()?.recv() {
+            Ok(Ok(j)) => j,
+            Ok(Err(e)) => {
+                self.rx = None;
+                return Some(Err(e));
+            }
+            Err(_) => {
+                self.rx = None;
+                return None;
+            }
         };
+        let t1 = Instant::now();
+        let (failed, cpu_s) = job.wait();
+        let t2 = Instant::now();
+        // Waiting for the job is decode; waiting for it to be queued is the reading's, split
+        // as the reading's own waits were since the last batch.
+        let read = self
+            .shared
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let part = read.stall.since(&self.read_seen);
+        self.read_seen = read.stall;
+        let queued = (t1 - t0).as_secs_f64();
+        let mut stall = StallStats::default();
+        if part.total_s() > 0.0 {
+            let k = queued / part.total_s();
+            stall.storage_s = part.storage_s * k;
+            stall.copy_s = part.copy_s * k;
+            stall.verify_s = part.verify_s * k;
+            stall.other_s = part.other_s * k;
+        } else {
+            stall.other_s = queued;
+        }
+        stall.decode_s = (t2 - t1).as_secs_f64();
         let mut errors: Vec<Option<Arc<Error>>> = vec![None; job.len()];
-        for (i, e) in job.wait() {
+        for (i, e) in failed {
             errors[i] = Some(Arc::new(e));
         }
-        // Start the next batches before handing this one out.
-        self.fill();
         let b = &job.batch;
+        let timing = BatchTiming {
+            stall,
+            read_s: b.timing().read_s,
+            copy_s: b.timing().copy_s,
+            queue_s: b.timing().queue_s,
+        };
+        let decode_cpu_s = self.stats.decode_cpu_s + cpu_s;
+        let (mut st, wait) = (read, self.stats.consumer_wait_s + stall.total_s());
+        let mut all = self.stats.stall;
+        all.add(&stall);
+        st.stall = all;
+        st.consumer_wait_s = wait;
+        st.decode_cpu_s = decode_cpu_s;
+        self.stats = st;
         Some(Ok(ImageBatch {
             epoch: b.epoch(),
             index: b.index(),
@@ -444,6 +546,7 @@ impl Iterator for ImageEpoch {
             size: self.spec.size,
             dtype: self.spec.dtype,
             layout: self.spec.layout,
+            timing,
         }))
     }
 }
@@ -451,9 +554,12 @@ impl Iterator for ImageEpoch {
 impl Drop for ImageEpoch {
     fn drop(&mut self) {
         // Unclaimed samples are skipped; claimed ones finish into tensors that live as long
-        // as their job (the threads hold it), so nothing is freed under a writer.
-        for j in self.pending.iter().flatten() {
-            j.cancelled.store(true, Ordering::Relaxed);
+        // as their job (the threads hold it), so nothing is freed under a writer. Closing the
+        // channel ends the feeder, which drops the loader's epoch (waiting for its reads).
+        self.shared.cancelled.store(true, Ordering::Relaxed);
+        self.rx = None;
+        if let Some(f) = self.feeder.take() {
+            let _ = f.join();
         }
     }
 }
@@ -461,9 +567,8 @@ impl Drop for ImageEpoch {
 impl std::fmt::Debug for ImageEpoch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImageEpoch")
-            .field("inner", &self.inner)
-            .field("pending", &self.pending.len())
-            .finish()
+            .field("batches", &self.batches)
+            .finish_non_exhaustive()
     }
 }
 
@@ -506,9 +611,15 @@ pub struct ImageBatch {
     size: (u32, u32),
     dtype: PixelType,
     layout: Layout,
+    timing: BatchTiming,
 }
 
 impl ImageBatch {
+    /// How long the consumer waited for this batch and why (decode included), and its read
+    /// group's timeline.
+    pub fn timing(&self) -> &BatchTiming {
+        &self.timing
+    }
     /// The epoch.
     pub fn epoch(&self) -> u64 {
         self.epoch

@@ -10,7 +10,17 @@ use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 
 use super::worker::{check_spans, index_labels, GroupDone, Msg, Retired, Service};
-use super::LoaderStats;
+use super::{BatchTiming, LoaderStats, StallStats};
+
+/// A group's timeline, kept with each of its batches until handed out.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GroupTimes {
+    read_done: Instant,
+    copy_done: Option<Instant>,
+    arrived: Instant,
+    read_s: f64,
+    copy_s: f64,
+}
 
 /// The batches of one epoch, in order. Dropping it stops the I/O thread (batches already
 /// handed out stay valid).
@@ -32,7 +42,9 @@ pub struct Epoch {
     /// With each: whether its samples' frames and checksums are still to be checked (host
     /// batches are checked one at a time as they are handed out, so a group's check is not
     /// one long wait before its first batch).
-    pub(super) queue: std::collections::BTreeMap<u32, (Batch, bool)>,
+    pub(super) queue: std::collections::BTreeMap<u32, (Batch, bool, GroupTimes)>,
+    /// The I/O thread's CPU seconds at the first and the latest group of this epoch.
+    pub(super) io_cpu: Option<(f64, f64)>,
     pub(super) stats: LoaderStats,
     pub(super) failed: bool,
 }
@@ -50,6 +62,17 @@ impl Epoch {
 
     fn take_group(&mut self, g: GroupDone) {
         let GroupDone { meta: mut g, mem } = g;
+        let arrived = Instant::now();
+        let times = GroupTimes {
+            read_done: g.read_done,
+            copy_done: g.copy_done,
+            arrived,
+            read_s: (g.read_done - g.submitted).as_secs_f64(),
+            copy_s: g.copy_done.map_or(0.0, |c| (c - g.read_done).as_secs_f64()),
+        };
+        let first = self.io_cpu.map_or(g.io_cpu_s, |(f, _)| f);
+        self.io_cpu = Some((first, g.io_cpu_s));
+        self.stats.io_thread_cpu_s = g.io_cpu_s - first;
         // Checksums and frames are checked on the consumer's thread, batch by batch in
         // `next`: on the I/O thread they would keep it from reaping and resubmitting, and the
         // device queue would run dry. (Device groups were checked before their copy.)
@@ -88,8 +111,10 @@ impl Epoch {
                         ids: bids,
                         spans: bspans,
                         mem: mem.clone(),
+                        timing: BatchTiming::default(),
                     },
                     unchecked,
+                    times,
                 ),
             );
         }
@@ -104,6 +129,7 @@ impl Iterator for Epoch {
             return None;
         }
         let t0 = Instant::now();
+        let c0 = crate::sys::thread_cpu_seconds();
         while !self.queue.contains_key(&self.next) {
             let msg = self.rx.as_ref()?.recv();
             match msg {
@@ -122,8 +148,9 @@ impl Iterator for Epoch {
                 }
             }
         }
-        self.stats.consumer_wait_s += t0.elapsed().as_secs_f64();
-        let (mut batch, unchecked) = self.queue.remove(&self.next).expect("batch is queued");
+        let t1 = Instant::now();
+        self.stats.consumer_wait_s += (t1 - t0).as_secs_f64();
+        let (mut batch, unchecked, times) = self.queue.remove(&self.next).expect("batch is queued");
         if let (true, Memory::Host(region)) = (unchecked, &batch.mem) {
             check_spans(
                 &self.dataset,
@@ -134,6 +161,16 @@ impl Iterator for Epoch {
                 self.verify,
             );
         }
+        let verify_s = t1.elapsed().as_secs_f64();
+        let stall = StallStats::of_wait(t0, t1, times.read_done, times.copy_done, verify_s);
+        self.stats.stall.add(&stall);
+        self.stats.consumer_cpu_s += crate::sys::thread_cpu_seconds() - c0;
+        batch.timing = BatchTiming {
+            stall,
+            read_s: times.read_s,
+            copy_s: times.copy_s,
+            queue_s: (t1.max(times.arrived) - times.arrived).as_secs_f64(),
+        };
         self.next = batch.index + 1;
         self.stats.batches += 1;
         self.stats.samples += batch.len() as u64;

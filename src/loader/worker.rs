@@ -33,6 +33,13 @@ pub(super) struct GroupMeta {
     pub(super) labels: Vec<i64>,
     pub(super) reads: u64,
     pub(super) bytes_read: u64,
+    /// When its reads were submitted and when the last completed.
+    pub(super) submitted: Instant,
+    pub(super) read_done: Instant,
+    /// When its copy to the device finished (device path).
+    pub(super) copy_done: Option<Instant>,
+    /// The I/O thread's CPU seconds so far, when the group was handed over.
+    pub(super) io_cpu_s: f64,
 }
 
 /// A finished group, sent from the I/O thread.
@@ -179,7 +186,8 @@ impl Active {
 
     /// Hands a finished group over, or drops it (its slot or region returns) when the epoch was
     /// stopped or its consumer went away.
-    fn deliver(&mut self, g: GroupDone) {
+    fn deliver(&mut self, mut g: GroupDone) {
+        g.meta.io_cpu_s = crate::sys::thread_cpu_seconds();
         self.outstanding -= 1;
         if self.stopped() || self.job.tx.send(Msg::Group(g)).is_err() {
             self.ended = true;
@@ -257,7 +265,7 @@ impl WorkerCtx {
             .collect::<Result<_>>()?;
         let arena = engine.arena().clone();
         // By engine tag: the epoch (its id) and the group.
-        let mut in_flight: HashMap<u64, (u64, Group)> = HashMap::new();
+        let mut in_flight: HashMap<u64, (u64, Group, Instant)> = HashMap::new();
         let mut next_tag = 0u64;
         let mut specs = Vec::new();
         let mut stalled_since: Option<Instant> = None;
@@ -309,7 +317,7 @@ impl WorkerCtx {
                     arena.put(r.slot);
                     r.error
                 })?;
-                in_flight.insert(next_tag, (a.id, g));
+                in_flight.insert(next_tag, (a.id, g, Instant::now()));
                 a.next_group += 1;
                 a.outstanding += 1;
                 stalled_since = None;
@@ -317,7 +325,8 @@ impl WorkerCtx {
             // Device path: copy filled groups into free regions; hand over finished copies.
             if let Some(q) = copies.as_mut() {
                 let pool = q.pool().clone();
-                q.pump(in_flight.is_empty(), |r, used, (id, meta)| {
+                q.pump(in_flight.is_empty(), |r, used, (id, mut meta)| {
+                    meta.copy_done = Some(Instant::now());
                     let g = GroupDone {
                         meta,
                         mem: Memory::Device(Arc::new(pool.region(r, used))),
@@ -352,12 +361,12 @@ impl WorkerCtx {
             }
             engine.wait(1)?;
             while let Some(c) = engine.pop() {
-                let (id, g) = in_flight.remove(&c.user_data).expect("a group per job");
+                let (id, g, submitted) = in_flight.remove(&c.user_data).expect("a group per job");
                 let Some(a) = jobs.iter_mut().find(|a| a.id == id) else {
                     arena.put(c.slot);
                     continue;
                 };
-                let f = self.filled(&a.job.plan, g, c);
+                let f = self.filled(&a.job.plan, g, c, submitted);
                 match copies.as_mut() {
                     Some(q) => {
                         let f = self.checked(f);
@@ -399,7 +408,8 @@ impl WorkerCtx {
     }
 
     /// Turns a completed group into sample spans within its slot.
-    fn filled(&self, plan: &EpochPlan, g: Group, c: Completion) -> Filled {
+    fn filled(&self, plan: &EpochPlan, g: Group, c: Completion, submitted: Instant) -> Filled {
+        let read_done = Instant::now();
         let ds = &*self.dataset;
         let first = plan.batch_range(g.batches.start).start;
         let end = plan.batch_range(g.batches.end - 1).end;
@@ -455,6 +465,10 @@ impl WorkerCtx {
                 labels: Vec::new(),
                 reads: g.reads.len() as u64,
                 bytes_read: g.bytes_read,
+                submitted,
+                read_done,
+                copy_done: None,
+                io_cpu_s: 0.0,
             },
             slot: c.slot,
             used,

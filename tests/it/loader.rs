@@ -717,3 +717,99 @@ fn one_io_thread_serves_epochs_asked_in_advance() {
         "every epoch should be served by the loader's one engine"
     );
 }
+
+/// A simulated disk that takes `delay` for every wait on completions: storage slower than the
+/// consumer.
+struct SlowDisk {
+    inner: gpufeed::io::sim::SimBackend,
+    delay: std::time::Duration,
+}
+
+impl gpufeed::io::Backend for SlowDisk {
+    fn name(&self) -> &'static str {
+        "slow-sim"
+    }
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+    unsafe fn push(
+        &mut self,
+        op: gpufeed::io::RawRead,
+    ) -> std::result::Result<(), gpufeed::io::RawRead> {
+        // SAFETY: forwarded under the caller's promise about `op.buf`.
+        unsafe { self.inner.push(op) }
+    }
+    fn submit(&mut self, wait: usize) -> std::io::Result<()> {
+        if wait > 0 {
+            std::thread::sleep(self.delay);
+        }
+        self.inner.submit(wait)
+    }
+    fn reap(&mut self, out: &mut Vec<gpufeed::io::RawDone>) {
+        self.inner.reap(out)
+    }
+    fn cancel_all(&mut self) {
+        self.inner.cancel_all()
+    }
+    fn syscalls(&self) -> u64 {
+        self.inner.syscalls()
+    }
+}
+
+/// The consumer's waits are split by cause: with a slow disk and a fast consumer, storage is
+/// the bound and takes most of the wait; with a fast disk and a slow consumer (a trainer's
+/// step), the consumer hardly waits at all.
+#[test]
+fn stalls_are_attributed_to_storage_when_reads_are_slow() {
+    use gpufeed::io::sim::{SimBackend, SimConfig};
+    use gpufeed::EngineKind;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let dir = disk_dir();
+    let paths = write_shards(dir.path(), 400, 2, 8_000, 5);
+    let ds = Dataset::open_shards(&paths).unwrap();
+    let factory: gpufeed::loader::BackendFactory = Arc::new(|epoch| {
+        Box::new(SlowDisk {
+            inner: SimBackend::new(SimConfig::clean(epoch)),
+            delay: Duration::from_millis(4),
+        }) as Box<dyn gpufeed::io::Backend>
+    });
+    let slow = Loader::builder(ds.clone())
+        .batch_size(8)
+        .window(2, 1 << 20)
+        .backend(EngineKind::Uring, factory)
+        .build()
+        .unwrap();
+    let mut epoch = slow.epoch(0).unwrap();
+    let mut reads = 0.0;
+    for b in epoch.by_ref() {
+        let b = b.unwrap();
+        reads += b.timing().read_s;
+        assert!(b.timing().stall.total_s() >= 0.0);
+    }
+    let st = epoch.stats().clone();
+    let s = st.stall;
+    eprintln!("slow disk: {s:?}, io cpu {:.4}", st.io_thread_cpu_s);
+    assert!(reads > 0.0, "groups took time to read");
+    assert_eq!(s.bound(), "storage", "{s:?}");
+    assert!(s.storage_s > 0.6 * s.total_s(), "{s:?}");
+    assert!(
+        s.total_s() >= st.consumer_wait_s * 0.99,
+        "{s:?} vs wait {}",
+        st.consumer_wait_s
+    );
+    assert!(st.reads_per_sample() > 0.0 && st.read_amplification() >= 1.0);
+
+    // A fast disk (the real engine) and a consumer that takes 10 ms per batch: little waiting.
+    let fast = Loader::builder(ds).batch_size(8).build().unwrap();
+    let t0 = Instant::now();
+    let mut epoch = fast.epoch(0).unwrap();
+    for b in epoch.by_ref() {
+        b.unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let s = epoch.stats().stall;
+    eprintln!("slow consumer: {s:?} of {elapsed:.3} s");
+    assert!(s.total_s() < 0.1 * elapsed, "{s:?} of {elapsed} s");
+}
