@@ -77,6 +77,27 @@ typedef struct gpufeed_images {
     uint32_t resize; /* eval: shorter side before the crop; 0: size * 8 / 7 */
 } gpufeed_images;
 
+/* The current (or last) epoch's figures (gpufeed_loader_stats). consumer_wait_s is the time
+ * spent in gpufeed_loader_next, split into storage (reads not done), copy (host -> device not
+ * done), verify (checks on the consumer's thread), decode and other. */
+typedef struct gpufeed_stats {
+    uint64_t batches;
+    uint64_t samples;
+    uint64_t sample_errors;
+    uint64_t bytes_delivered;
+    uint64_t bytes_read;
+    uint64_t reads;
+    double consumer_wait_s;
+    double storage_s;
+    double copy_s;
+    double verify_s;
+    double decode_s;
+    double other_s;
+    double io_thread_cpu_s;
+    double consumer_cpu_s;
+    double decode_cpu_s;
+} gpufeed_stats;
+
 #ifndef DLPACK_VERSION
 /* The subset of dlpack.h (v0.8) that gpufeed exports. */
 typedef struct {
@@ -127,6 +148,7 @@ uint8_t gpufeed_batch_is_padding(const gpufeed_batch* b, uint32_t i);
 uint32_t gpufeed_batch_sample_id(const gpufeed_batch* b, uint32_t i);
 int32_t gpufeed_batch_sample_range(const gpufeed_batch* b, uint32_t i, uint64_t* offset, uint64_t* len);
 int32_t gpufeed_batch_to_dlpack(const gpufeed_batch* b, DLManagedTensor** out);
+int32_t gpufeed_loader_stats(const gpufeed_loader* l, gpufeed_stats* out);
 int32_t gpufeed_images_default(gpufeed_images* out);
 int32_t gpufeed_loader_decode_images(gpufeed_loader* l, const gpufeed_images* spec);
 void gpufeed_batch_free(gpufeed_batch* b);

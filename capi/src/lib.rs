@@ -135,6 +135,29 @@ pub struct GpufeedImages {
     pub resize: u32,
 }
 
+/// The current epoch's figures (`gpufeed_stats`, from `gpufeed_loader_stats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GpufeedStats {
+    pub batches: u64,
+    pub samples: u64,
+    pub sample_errors: u64,
+    pub bytes_delivered: u64,
+    pub bytes_read: u64,
+    pub reads: u64,
+    /// The consumer's time in `gpufeed_loader_next`, and its split by cause.
+    pub consumer_wait_s: f64,
+    pub storage_s: f64,
+    pub copy_s: f64,
+    pub verify_s: f64,
+    pub decode_s: f64,
+    pub other_s: f64,
+    /// CPU seconds by thread: the I/O thread, the consumer inside next, the decode threads.
+    pub io_thread_cpu_s: f64,
+    pub consumer_cpu_s: f64,
+    pub decode_cpu_s: f64,
+}
+
 /// An epoch of compressed batches, or of decoded ones.
 enum CEpoch {
     Bytes(Epoch),
@@ -744,6 +767,52 @@ pub unsafe extern "C" fn gpufeed_batch_to_dlpack(
         let t = unsafe { dlpack::export(Box::new(batch), data, device, dlpack::UINT8, len) };
         // SAFETY: writable per the contract.
         unsafe { out.write(t) };
+        GPUFEED_OK
+    })
+}
+
+/// The current (or last) epoch's figures: counts, the consumer's waiting split into storage,
+/// copy, verify, decode and other, and CPU seconds by thread. All zero before an epoch starts.
+///
+/// # Safety
+/// `l` a live loader; `out` writable for one `gpufeed_stats`.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_stats(
+    l: *const GpufeedLoader,
+    out: *mut GpufeedStats,
+) -> i32 {
+    guard(|| {
+        // SAFETY: valid or null per the contract.
+        let Some(l) = (unsafe { l.as_ref() }) else {
+            return invalid("loader is null");
+        };
+        if out.is_null() {
+            return invalid("out is null");
+        }
+        let st = match &l.epoch {
+            Some(CEpoch::Bytes(e)) => e.stats().clone(),
+            Some(CEpoch::Images(e)) => e.stats().clone(),
+            None => gpufeed::LoaderStats::default(),
+        };
+        let s = GpufeedStats {
+            batches: st.batches,
+            samples: st.samples,
+            sample_errors: st.sample_errors,
+            bytes_delivered: st.bytes_delivered,
+            bytes_read: st.bytes_read,
+            reads: st.reads,
+            consumer_wait_s: st.stall.total_s(),
+            storage_s: st.stall.storage_s,
+            copy_s: st.stall.copy_s,
+            verify_s: st.stall.verify_s,
+            decode_s: st.stall.decode_s,
+            other_s: st.stall.other_s,
+            io_thread_cpu_s: st.io_thread_cpu_s,
+            consumer_cpu_s: st.consumer_cpu_s,
+            decode_cpu_s: st.decode_cpu_s,
+        };
+        // SAFETY: writable per the contract.
+        unsafe { out.write(s) };
         GPUFEED_OK
     })
 }

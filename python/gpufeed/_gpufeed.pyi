@@ -68,6 +68,9 @@ class Batch:
     @property
     def device(self) -> str:
         """"cpu" or "cuda:N"."""
+    @property
+    def timing(self) -> Dict[str, Any]:
+        """``stall`` (this batch's wait, by cause), and its group's read_s, copy_s, queue_s."""
     def sample(self, i: int) -> bytes:
         """Sample ``i``'s bytes, copied (host batches)."""
 
@@ -127,6 +130,9 @@ class ImageBatch:
     def epoch(self) -> int: ...
     @property
     def index(self) -> int: ...
+    @property
+    def timing(self) -> Dict[str, Any]:
+        """``stall`` (this batch's wait, by cause, decode included), read_s, copy_s, queue_s."""
 
 class _Epoch(Iterator[Union[Batch, ImageBatch]]):
     def __next__(self) -> Union[Batch, ImageBatch]: ...
@@ -210,6 +216,11 @@ class Loader:
     @property
     def slot_bytes(self) -> Tuple[int, int]:
         """(bytes of each arena slot, slots): sized from the dataset within memory_budget."""
+    def stats(self) -> Dict[str, Any]:
+        """The epoch being iterated (or the last): samples, bytes_read, reads_per_sample,
+        read_amplification, consumer_wait_s, ``stall`` (storage_s, copy_s, verify_s, decode_s,
+        other_s, total_s: where the consumer's waiting went), ``bound`` (the largest part),
+        io_thread_cpu_s, consumer_cpu_s, decode_cpu_s."""
     @property
     def prefetched_epoch(self) -> Optional[int]:
         """The epoch asked for ahead (``prefetch_next_epoch``), if one is."""

@@ -58,6 +58,8 @@ struct State {
 #[pyclass(name = "Loader", module = "gpufeed._gpufeed")]
 struct PyLoader {
     loader: Loader,
+    /// The latest epoch's figures, updated as it is iterated.
+    last_stats: Arc<Mutex<gpufeed::LoaderStats>>,
     /// With `images=`: the decode stage over `loader`.
     images: Option<ImageLoader>,
     state: Arc<Mutex<State>>,
@@ -306,6 +308,7 @@ impl PyLoader {
             None => None,
         };
         Ok(PyLoader {
+            last_stats: Arc::default(),
             images,
             state: Arc::default(),
             ahead: Mutex::new(None),
@@ -403,6 +406,14 @@ impl PyLoader {
             .map(|(e, _)| *e)
     }
 
+    /// The figures of the epoch being iterated (or the last one): samples, bytes, reads per
+    /// sample, read amplification, the consumer's waiting split into storage / copy / verify /
+    /// decode / other (``stall``, ``bound``), CPU seconds by thread. A dict, for loggers.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.last_stats.lock().expect("stats lock").clone();
+        stats_dict(py, &st)
+    }
+
     /// Chooses the epoch the next iteration reads (as with `DistributedSampler.set_epoch`).
     fn set_epoch(&self, epoch: u64) {
         let mut s = self.state.lock().expect("state lock");
@@ -468,6 +479,7 @@ impl PyLoader {
             None => EpochKind::Bytes(it),
         };
         Ok(PyEpoch {
+            last_stats: self.last_stats.clone(),
             epoch: Mutex::new(it),
             state: self.state.clone(),
             dataset: self.loader.dataset().clone(),
@@ -542,6 +554,8 @@ impl PyLoader {
 #[pyclass(name = "_Epoch", module = "gpufeed._gpufeed")]
 struct PyEpoch {
     epoch: Mutex<EpochKind>,
+    /// The loader's view of the latest epoch's figures (`Loader.stats()`).
+    last_stats: Arc<Mutex<gpufeed::LoaderStats>>,
     state: Arc<Mutex<State>>,
     dataset: Arc<Dataset>,
     raise_on_error: bool,
@@ -557,9 +571,15 @@ impl PyEpoch {
         let epoch = &self.epoch;
         // The GIL is released while the I/O thread fills the next batch (and the decode
         // threads decode it).
-        let next = py.detach(|| match &mut *epoch.lock().expect("epoch lock") {
-            EpochKind::Bytes(e) => e.next().map(|r| r.map(Next::Bytes)),
-            EpochKind::Images(e) => e.next().map(|r| r.map(Next::Images)),
+        let last = &self.last_stats;
+        let next = py.detach(|| {
+            let mut guard = epoch.lock().expect("epoch lock");
+            let (n, st) = match &mut *guard {
+                EpochKind::Bytes(e) => (e.next().map(|r| r.map(Next::Bytes)), e.stats().clone()),
+                EpochKind::Images(e) => (e.next().map(|r| r.map(Next::Images)), e.stats().clone()),
+            };
+            *last.lock().expect("stats lock") = st;
+            n
         });
         let b = match next {
             None => return Ok(None),
@@ -587,24 +607,58 @@ impl PyEpoch {
         }))
     }
 
-    /// What the epoch delivered so far (samples, bytes, reads, consumer wait…).
+    /// What the epoch delivered so far (samples, bytes, reads), where the consumer's waiting
+    /// went (``stall``: storage, copy, verify, decode, other; ``bound``: the largest) and CPU
+    /// seconds by thread.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let st = match &*self.epoch.lock().expect("epoch lock") {
             EpochKind::Bytes(e) => e.stats().clone(),
             EpochKind::Images(e) => e.stats().clone(),
         };
-        let d = PyDict::new(py);
-        d.set_item("batches", st.batches)?;
-        d.set_item("samples", st.samples)?;
-        d.set_item("padding", st.padding)?;
-        d.set_item("sample_errors", st.sample_errors)?;
-        d.set_item("bytes_delivered", st.bytes_delivered)?;
-        d.set_item("bytes_read", st.bytes_read)?;
-        d.set_item("reads", st.reads)?;
-        d.set_item("consumer_wait_s", st.consumer_wait_s)?;
-        d.set_item("engine", st.engine)?;
-        Ok(d)
+        stats_dict(py, &st)
     }
+}
+
+/// A `LoaderStats` as a dict (the stall split under "stall").
+fn stats_dict<'py>(py: Python<'py>, st: &gpufeed::LoaderStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("batches", st.batches)?;
+    d.set_item("samples", st.samples)?;
+    d.set_item("padding", st.padding)?;
+    d.set_item("sample_errors", st.sample_errors)?;
+    d.set_item("bytes_delivered", st.bytes_delivered)?;
+    d.set_item("bytes_read", st.bytes_read)?;
+    d.set_item("reads", st.reads)?;
+    d.set_item("reads_per_sample", st.reads_per_sample())?;
+    d.set_item("read_amplification", st.read_amplification())?;
+    d.set_item("consumer_wait_s", st.consumer_wait_s)?;
+    d.set_item("stall", stall_dict(py, &st.stall)?)?;
+    d.set_item("bound", st.stall.bound())?;
+    d.set_item("io_thread_cpu_s", st.io_thread_cpu_s)?;
+    d.set_item("consumer_cpu_s", st.consumer_cpu_s)?;
+    d.set_item("decode_cpu_s", st.decode_cpu_s)?;
+    d.set_item("engine", &st.engine)?;
+    Ok(d)
+}
+
+fn stall_dict<'py>(py: Python<'py>, s: &gpufeed::StallStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("storage_s", s.storage_s)?;
+    d.set_item("copy_s", s.copy_s)?;
+    d.set_item("verify_s", s.verify_s)?;
+    d.set_item("decode_s", s.decode_s)?;
+    d.set_item("other_s", s.other_s)?;
+    d.set_item("total_s", s.total_s())?;
+    Ok(d)
+}
+
+fn timing_dict<'py>(py: Python<'py>, t: &gpufeed::BatchTiming) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("stall", stall_dict(py, &t.stall)?)?;
+    d.set_item("read_s", t.read_s)?;
+    d.set_item("copy_s", t.copy_s)?;
+    d.set_item("queue_s", t.queue_s)?;
+    Ok(d)
 }
 
 /// An epoch of compressed batches, or of decoded image batches.
@@ -812,6 +866,13 @@ impl PyImageBatch {
         self.batch.shape().to_vec()
     }
 
+    /// How long the consumer waited for this batch and why (``stall``), and its read group's
+    /// read, copy and queue times.
+    #[getter]
+    fn timing<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        timing_dict(py, self.batch.timing())
+    }
+
     #[getter]
     fn epoch(&self) -> u64 {
         self.batch.epoch()
@@ -950,6 +1011,13 @@ impl PyBatch {
     #[getter]
     fn index(&self) -> u32 {
         self.batch.index()
+    }
+
+    /// How long the consumer waited for this batch and why (``stall``), and its read group's
+    /// read, copy and queue times.
+    #[getter]
+    fn timing<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        timing_dict(py, self.batch.timing())
     }
 
     /// "cpu" or "cuda:N".

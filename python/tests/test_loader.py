@@ -183,3 +183,28 @@ class LoaderTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(DATA, "GPUFEED_TEST_DATA is not set (tests/it/python.rs sets it)")
+class StatsTests(unittest.TestCase):
+    def test_stats_say_where_the_waiting_went(self):
+        l = loader()
+        n = 0
+        for batch in l:
+            t = batch.timing
+            self.assertGreaterEqual(t["read_s"], 0.0)
+            self.assertGreaterEqual(t["stall"]["total_s"], 0.0)
+            n += len(batch)
+        st = l.stats()
+        self.assertEqual(st["samples"], n)
+        self.assertIn(st["bound"], ("storage", "copy", "verify", "decode", "other"))
+        parts = st["stall"]
+        self.assertAlmostEqual(
+            parts["total_s"],
+            sum(parts[k] for k in ("storage_s", "copy_s", "verify_s", "decode_s", "other_s")),
+            places=9,
+        )
+        self.assertGreaterEqual(st["read_amplification"], 1.0)
+        self.assertGreater(st["reads_per_sample"], 0.0)
+        self.assertGreaterEqual(st["io_thread_cpu_s"], 0.0)
+

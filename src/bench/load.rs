@@ -51,6 +51,59 @@ pub struct LoadBenchResult {
     pub epoch_gaps_ms: Vec<f64>,
     /// The simulated step per batch (`--step-ms`), 0 if none.
     pub step_ms: f64,
+    /// Consumers sharing the machine (`--gpus`), each a rank of the dataset with its loader.
+    pub gpus: u32,
+    /// Batches per second asked for (each consumer 1000 / step_ms), with a step.
+    pub demand_batches_per_s: Option<f64>,
+    /// Batches per second delivered (all consumers).
+    pub achieved_batches_per_s: f64,
+    /// Share of the consumers' time spent waiting in `next`.
+    pub stall_fraction: f64,
+    /// The consumers' waits split by cause (summed over consumers).
+    pub stall: crate::loader::StallStats,
+    /// CPU seconds of the loaders' I/O threads.
+    pub io_thread_cpu_s: f64,
+    /// CPU seconds of the consumers' threads inside `next` (checks).
+    pub consumer_cpu_s: f64,
+    /// In one line: does it keep up with the demand, and if not, what limits it.
+    pub verdict: Option<String>,
+}
+
+/// The one-line answer to "does it keep up at this step time, and if not, what limits it":
+/// it keeps up when the consumers waited less than 5% of their time; otherwise the part of the
+/// waiting that took the most names the bound.
+pub fn verdict(
+    demand: f64,
+    achieved: f64,
+    stall_fraction: f64,
+    stall: &crate::loader::StallStats,
+) -> String {
+    let ratio = achieved / demand.max(1e-12);
+    let t = stall.total_s().max(1e-12);
+    let parts = format!(
+        "storage {:.0}%, copy {:.0}%, verify {:.0}%, decode {:.0}%, other {:.0}%",
+        100.0 * stall.storage_s / t,
+        100.0 * stall.copy_s / t,
+        100.0 * stall.verify_s / t,
+        100.0 * stall.decode_s / t,
+        100.0 * stall.other_s / t
+    );
+    // Keeping up is the consumer hardly waiting (a trainer's own overheads — the first batch,
+    // sleep granularity — keep `ratio` a little under 1 even then).
+    if stall_fraction < 0.05 {
+        format!(
+            "keeps up: {:.0}% of demand, stalled {:.1}% of the time",
+            100.0 * ratio.min(1.0),
+            100.0 * stall_fraction
+        )
+    } else {
+        format!(
+            "{}-bound at {:.0}% of demand: stalled {:.0}% of the time ({parts})",
+            stall.bound(),
+            100.0 * ratio,
+            100.0 * stall_fraction
+        )
+    }
 }
 
 /// Creates `dir/small` (ImageFolder: class folders of files with ImageNet-like sizes) and
@@ -217,6 +270,14 @@ pub fn run_small_files(
         epoch_samples_per_s: Vec::new(),
         epoch_gaps_ms: Vec::new(),
         step_ms: 0.0,
+        gpus: 1,
+        demand_batches_per_s: None,
+        achieved_batches_per_s: 0.0,
+        stall_fraction: 0.0,
+        stall: Default::default(),
+        io_thread_cpu_s: 0.0,
+        consumer_cpu_s: 0.0,
+        verdict: None,
     })
 }
 
@@ -237,38 +298,26 @@ pub struct PackedSpec {
     pub epochs: u32,
     /// A simulated trainer's step: each batch is held this long before the next is asked for.
     pub step: std::time::Duration,
+    /// Consumers sharing the machine, each reading its rank's share with its own loader.
+    pub gpus: u32,
 }
 
-/// One epoch of the packed dataset through the loader in `order`.
-///
-/// The loader (its index, its arena) is built before the clock starts: a trainer builds it once.
-pub fn run_packed(
-    ds: Dataset,
-    order: Order,
-    spec: &PackedSpec,
-    cold: bool,
-) -> Result<LoadBenchResult> {
-    let format = ds.format().name();
-    let loader = Loader::builder(ds)
-        .batch_size(spec.batch_size)
-        .order(order)
-        .seed(spec.seed)
-        .queue_depth(spec.queue_depth)
-        .engine_kind(spec.engine)
-        .verify_checksums(spec.verify)
-        .last_batch(spec.last_batch)
-        .memory_budget(spec.memory_budget)
-        .build()?;
-    // Shuffle quality is computed from the plan, outside the timed epoch.
-    let q = quality(loader.dataset().samples(), &loader.plan_epoch(0)?);
-    let epochs = spec.epochs.max(1);
-    let cpu0 = sys::process_cpu_seconds();
+/// What one consumer's run of consecutive epochs gave.
+#[derive(Default)]
+struct Consumed {
+    st: crate::loader::LoaderStats,
+    batches: u64,
+    touched: u64,
+    epoch_rates: Vec<f64>,
+    gaps: Vec<f64>,
+    busy_s: f64,
+}
+
+/// Runs `epochs` consecutive epochs through `loader`, holding each batch `step`.
+fn consume(loader: &Loader, epochs: u32, step: std::time::Duration) -> Result<Consumed> {
+    let mut c = Consumed::default();
     let t0 = Instant::now();
     let mut current = Some(loader.epoch(0)?);
-    let mut touched = 0u64;
-    let mut st = crate::loader::LoaderStats::default();
-    let mut epoch_rates = Vec::new();
-    let mut gaps = Vec::new();
     let mut epoch_start = t0;
     let mut last_batch: Option<Instant> = None;
     for e in 0..epochs as u64 {
@@ -283,32 +332,111 @@ pub fn run_packed(
             let Some(b) = epoch.next() else { break };
             let b = b?;
             if std::mem::take(&mut first) && e > 0 {
-                gaps.push(asked.elapsed().as_secs_f64() * 1e3);
+                c.gaps.push(asked.elapsed().as_secs_f64() * 1e3);
             }
             // Touch every sample once, as a consumer would; then the simulated step.
             for s in b.samples().flatten() {
-                touched = touched.wrapping_add(s[s.len() / 2] as u64);
+                c.touched = c.touched.wrapping_add(s[s.len() / 2] as u64);
             }
-            if !spec.step.is_zero() {
-                std::thread::sleep(spec.step);
+            if !step.is_zero() {
+                std::thread::sleep(step);
             }
+            c.batches += 1;
             last_batch = Some(Instant::now());
         }
         let end = last_batch.unwrap_or_else(Instant::now);
         let es = epoch.stats();
-        epoch_rates.push(es.samples as f64 / (end - epoch_start).as_secs_f64().max(1e-9));
+        c.epoch_rates
+            .push(es.samples as f64 / (end - epoch_start).as_secs_f64().max(1e-9));
         epoch_start = end;
-        st.samples += es.samples;
-        st.bytes_delivered += es.bytes_delivered;
-        st.bytes_read += es.bytes_read;
-        st.reads += es.reads;
-        st.sample_errors += es.sample_errors;
-        st.engine = es.engine.clone();
+        add_stats(&mut c.st, es);
+    }
+    c.busy_s = t0.elapsed().as_secs_f64();
+    Ok(c)
+}
+
+/// Adds the counts and times of `es` to `st`.
+fn add_stats(st: &mut crate::loader::LoaderStats, es: &crate::loader::LoaderStats) {
+    st.samples += es.samples;
+    st.bytes_delivered += es.bytes_delivered;
+    st.bytes_read += es.bytes_read;
+    st.reads += es.reads;
+    st.sample_errors += es.sample_errors;
+    st.stall.add(&es.stall);
+    st.consumer_wait_s += es.consumer_wait_s;
+    st.io_thread_cpu_s += es.io_thread_cpu_s;
+    st.consumer_cpu_s += es.consumer_cpu_s;
+    st.engine = es.engine.clone();
+}
+
+/// One epoch of the packed dataset through the loader in `order`.
+///
+/// The loader (its index, its arena) is built before the clock starts: a trainer builds it once.
+pub fn run_packed(
+    ds: Dataset,
+    order: Order,
+    spec: &PackedSpec,
+    cold: bool,
+) -> Result<LoadBenchResult> {
+    let format = ds.format().name();
+    let gpus = spec.gpus.max(1);
+    let ds = std::sync::Arc::new(ds);
+    // One loader per consumer (rank r of `gpus`), built before the clock starts, sharing the
+    // memory budget.
+    let loaders: Vec<Loader> = (0..gpus)
+        .map(|r| {
+            Loader::builder(ds.clone())
+                .batch_size(spec.batch_size)
+                .order(order)
+                .seed(spec.seed)
+                .rank(r, gpus)
+                .queue_depth(spec.queue_depth)
+                .engine_kind(spec.engine)
+                .verify_checksums(spec.verify)
+                .last_batch(spec.last_batch)
+                .memory_budget(spec.memory_budget / gpus as u64)
+                .build()
+        })
+        .collect::<Result<_>>()?;
+    let loader = &loaders[0];
+    // Shuffle quality is computed from the plan, outside the timed epoch.
+    let q = quality(loader.dataset().samples(), &loader.plan_epoch(0)?);
+    let epochs = spec.epochs.max(1);
+    let cpu0 = sys::process_cpu_seconds();
+    let t0 = Instant::now();
+    let runs: Vec<Result<Consumed>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = loaders
+            .iter()
+            .map(|l| sc.spawn(move || consume(l, epochs, spec.step)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(crate::error::invalid("a consumer panicked")))
+            })
+            .collect()
+    });
+    let mut st = crate::loader::LoaderStats::default();
+    let (mut batches, mut touched, mut busy) = (0u64, 0u64, 0f64);
+    let (mut epoch_rates, mut gaps) = (Vec::new(), Vec::new());
+    for (k, r) in runs.into_iter().enumerate() {
+        let c = r?;
+        add_stats(&mut st, &c.st);
+        batches += c.batches;
+        touched = touched.wrapping_add(c.touched);
+        busy += c.busy_s;
+        if k == 0 {
+            (epoch_rates, gaps) = (c.epoch_rates, c.gaps);
+        }
     }
     let seconds = t0.elapsed().as_secs_f64();
     let cpu = sys::process_cpu_seconds() - cpu0;
     std::hint::black_box(touched);
     let gib = st.bytes_delivered as f64 / (1u64 << 30) as f64;
+    let achieved = batches as f64 / seconds.max(1e-9);
+    let demand = (!spec.step.is_zero()).then(|| gpus as f64 / spec.step.as_secs_f64());
+    let stall_fraction = st.stall.total_s() / busy.max(1e-9);
     Ok(LoadBenchResult {
         mode: order.name().into(),
         samples: st.samples,
@@ -335,7 +463,41 @@ pub fn run_packed(
         epoch_samples_per_s: epoch_rates,
         epoch_gaps_ms: gaps,
         step_ms: spec.step.as_secs_f64() * 1e3,
+        gpus,
+        demand_batches_per_s: demand,
+        achieved_batches_per_s: achieved,
+        stall_fraction,
+        stall: st.stall,
+        io_thread_cpu_s: st.io_thread_cpu_s,
+        consumer_cpu_s: st.consumer_cpu_s,
+        verdict: demand.map(|d| verdict(d, achieved, stall_fraction, &st.stall)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loader::StallStats;
+
+    #[test]
+    fn the_verdict_names_the_largest_part_or_says_it_keeps_up() {
+        let stall = StallStats {
+            storage_s: 6.0,
+            verify_s: 1.0,
+            other_s: 0.5,
+            ..StallStats::default()
+        };
+        let v = verdict(25.0, 10.0, 0.6, &stall);
+        assert!(v.starts_with("storage-bound at 40% of demand"), "{v}");
+        let v = verdict(25.0, 24.0, 0.02, &stall);
+        assert!(v.starts_with("keeps up: 96% of demand"), "{v}");
+        let decode = StallStats {
+            decode_s: 3.0,
+            storage_s: 1.0,
+            ..StallStats::default()
+        };
+        assert!(verdict(10.0, 5.0, 0.5, &decode).starts_with("decode-bound"));
+    }
 }
 
 /// The table header matching [`table_row`].

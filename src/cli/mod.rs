@@ -370,6 +370,10 @@ struct LoadArgs {
     /// asking for the next.
     #[arg(long, default_value_t = 0.0)]
     step_ms: f64,
+    /// Consumers sharing the machine (loader modes): each reads its rank's share (world N)
+    /// with its own loader, holding each batch --step-ms; the verdict covers them all.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    gpus: u32,
     #[command(flatten)]
     open: DatasetArgs,
     /// Print one JSON object per mode.
@@ -699,6 +703,7 @@ fn bench_load(a: LoadArgs) -> Result<()> {
         last_batch: LastBatch::parse(&a.last_batch)?,
         memory_budget: a.memory_budget,
         epochs: a.epochs,
+        gpus: a.gpus,
         step: std::time::Duration::try_from_secs_f64(a.step_ms / 1e3).map_err(|_| {
             crate::error::invalid(format!(
                 "--step-ms {} is not a number of milliseconds ≥ 0",
@@ -865,6 +870,15 @@ fn emit_load(r: &crate::bench::load::LoadBenchResult, json: bool) {
         outln!("{}", serde_json::to_string(r).expect("serialises"));
     } else {
         outln!("{}", crate::bench::load::table_row(r));
+        if let Some(v) = &r.verdict {
+            outln!(
+                "  at {:.1} ms per step, {} consumer(s): {:.1} of {:.1} batches/s; {v}",
+                r.step_ms,
+                r.gpus,
+                r.achieved_batches_per_s,
+                r.demand_batches_per_s.unwrap_or(0.0)
+            );
+        }
         if r.epochs > 1 {
             let list = |v: &[f64], digits: usize| {
                 v.iter()

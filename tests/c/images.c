@@ -81,6 +81,13 @@ int main(int argc, char** argv) {
         gpufeed_batch_free(b);
         t->deleter(t); /* the tensor outlived its batch handle */
     }
+    gpufeed_stats st;
+    if (gpufeed_loader_stats(l, &st) != GPUFEED_OK || st.samples != samples || st.batches == 0 ||
+        st.consumer_wait_s < st.decode_s || st.decode_cpu_s <= 0.0) {
+        fprintf(stderr, "stats: samples %llu decode %f cpu %f\n", (unsigned long long)st.samples,
+                st.decode_s, st.decode_cpu_s);
+        return 1;
+    }
     gpufeed_loader_close(l);
     printf("samples %lu bad %lu zero %lu finite %d\n", samples, bad, zero_bad, sum == sum);
     return 0;

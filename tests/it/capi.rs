@@ -47,6 +47,8 @@ fn c_type(rust: &str) -> String {
         "c_char" => "char",
         "c_void" => "void",
         "f32" => "float",
+        "f64" => "double",
+        "GpufeedStats" => "gpufeed_stats",
         "GpufeedImages" => "gpufeed_images",
         "GpufeedOptions" => "gpufeed_options",
         "GpufeedLoader" => "gpufeed_loader",
@@ -171,6 +173,10 @@ fn header_matches_the_rust_definitions() {
     assert_eq!(
         rust_fields(&src, "GpufeedImages"),
         header_fields(&h, "gpufeed_images")
+    );
+    assert_eq!(
+        rust_fields(&src, "GpufeedStats"),
+        header_fields(&h, "gpufeed_stats")
     );
     // Status codes: the same names and values.
     for line in src.lines().filter(|l| l.starts_with("pub const GPUFEED_")) {

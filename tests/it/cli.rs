@@ -398,3 +398,50 @@ fn every_command_accepts_every_dataset_path_form() {
         );
     }
 }
+
+/// `bench load --step-ms`: the verdict line says whether the loader keeps up with the trainer's
+/// step and, if not, names the part of the waiting that took the most.
+#[test]
+fn bench_load_step_gives_a_verdict() {
+    let dir = disk_dir();
+    let run = |step: &str| -> serde_json::Value {
+        let out = Command::new(gpufeed_bin())
+            .env("GPUFEED_QUIET", "1")
+            .args([
+                "bench",
+                "load",
+                "--samples",
+                "1200",
+                "--modes",
+                "global",
+                "--json",
+            ])
+            .args(["--batch", "16", "--step-ms", step, "--dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(line.lines().last().unwrap()).unwrap()
+    };
+    // A step far shorter than any disk needs: bound, and the bound is a named part.
+    let v = run("0.001");
+    let verdict = v["verdict"].as_str().unwrap();
+    assert!(verdict.contains("-bound at"), "{verdict}");
+    let stall = &v["stall"];
+    let total: f64 = ["storage_s", "copy_s", "verify_s", "decode_s", "other_s"]
+        .iter()
+        .map(|k| stall[k].as_f64().unwrap())
+        .sum();
+    assert!(total > 0.0);
+    assert!(v["stall_fraction"].as_f64().unwrap() > 0.3, "{v}");
+    // A generous step: it keeps up.
+    let v = run("40");
+    let verdict = v["verdict"].as_str().unwrap();
+    assert!(verdict.starts_with("keeps up"), "{verdict}");
+    assert_eq!(v["gpus"], 1);
+}
