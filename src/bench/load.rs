@@ -474,32 +474,6 @@ pub fn run_packed(
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::loader::StallStats;
-
-    #[test]
-    fn the_verdict_names_the_largest_part_or_says_it_keeps_up() {
-        let stall = StallStats {
-            storage_s: 6.0,
-            verify_s: 1.0,
-            other_s: 0.5,
-            ..StallStats::default()
-        };
-        let v = verdict(25.0, 10.0, 0.6, &stall);
-        assert!(v.starts_with("storage-bound at 40% of demand"), "{v}");
-        let v = verdict(25.0, 24.0, 0.02, &stall);
-        assert!(v.starts_with("keeps up: 96% of demand"), "{v}");
-        let decode = StallStats {
-            decode_s: 3.0,
-            storage_s: 1.0,
-            ..StallStats::default()
-        };
-        assert!(verdict(10.0, 5.0, 0.5, &decode).starts_with("decode-bound"));
-    }
-}
-
 /// The table header matching [`table_row`].
 pub fn table_header() -> String {
     format!(
@@ -534,4 +508,30 @@ pub fn table_row(r: &LoadBenchResult) -> String {
         r.cold_cache,
         if r.checksums_verified { "yes" } else { "no" }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loader::StallStats;
+
+    #[test]
+    fn the_verdict_names_the_largest_part_or_says_it_keeps_up() {
+        let stall = StallStats {
+            storage_s: 6.0,
+            verify_s: 1.0,
+            other_s: 0.5,
+            ..StallStats::default()
+        };
+        let v = verdict(25.0, 10.0, 0.6, &stall);
+        assert!(v.starts_with("storage-bound at 40% of demand"), "{v}");
+        let v = verdict(25.0, 24.0, 0.02, &stall);
+        assert!(v.starts_with("keeps up: 96% of demand"), "{v}");
+        let decode = StallStats {
+            decode_s: 3.0,
+            storage_s: 1.0,
+            ..StallStats::default()
+        };
+        assert!(verdict(10.0, 5.0, 0.5, &decode).starts_with("decode-bound"));
+    }
 }
