@@ -227,7 +227,9 @@ impl Histogram {
     }
 }
 
-/// A progress line on stderr: redrawn in place on a terminal, start and end lines otherwise.
+/// A progress line on stderr: on a terminal a bar redrawn in place with the rate and the time
+/// left; otherwise a plain line every [`PLAIN_EVERY`] (for logs), plus start and end lines.
+/// Nothing with `GPUFEED_QUIET=1` (the CLI's `--json` paths make none).
 #[derive(Debug)]
 pub struct Progress {
     what: String,
@@ -239,6 +241,9 @@ pub struct Progress {
     start: Instant,
     quiet: bool,
 }
+
+/// How often a non-terminal progress line is written.
+pub const PLAIN_EVERY: Duration = Duration::from_secs(10);
 
 impl Progress {
     /// Progress over `total` bytes (shown in MiB).
@@ -252,13 +257,19 @@ impl Progress {
     }
 
     fn new(what: impl Into<String>, total: u64, unit: &'static str, scale: f64) -> Progress {
+        let tty = std::io::stderr().is_terminal();
         let p = Progress {
             what: what.into(),
             total,
             unit,
             scale,
-            tty: std::io::stderr().is_terminal(),
-            last: Instant::now() - Duration::from_secs(1),
+            tty,
+            // A terminal's first redraw may come at once; a log's first line after a period.
+            last: if tty {
+                Instant::now() - Duration::from_secs(1)
+            } else {
+                Instant::now()
+            },
             start: Instant::now(),
             quiet: std::env::var("GPUFEED_QUIET").as_deref() == Ok("1"),
         };
@@ -268,29 +279,63 @@ impl Progress {
         p
     }
 
-    pub fn set(&mut self, done: u64) {
-        if !self.tty || self.quiet || self.last.elapsed() < Duration::from_millis(100) {
-            return;
-        }
-        self.last = Instant::now();
+    /// `done` of `total`, the rate so far and the time left, in words.
+    fn status(&self, done: u64) -> (f64, String) {
         let pct = if self.total > 0 {
             done as f64 * 100.0 / self.total as f64
         } else {
             100.0
         };
-        let width = 30;
-        let filled = ((pct / 100.0) * width as f64) as usize;
+        let secs = self.start.elapsed().as_secs_f64().max(1e-9);
+        let rate = done as f64 * self.scale / secs;
+        let left = if done > 0 && done < self.total {
+            let s = (self.total - done) as f64 * secs / done as f64;
+            format!(", {} left", duration_words(s))
+        } else {
+            String::new()
+        };
+        (
+            pct,
+            format!(
+                "{:.0}/{:.0} {} ({pct:.0}%), {rate:.1} {}/s{left}",
+                done as f64 * self.scale,
+                self.total as f64 * self.scale,
+                self.unit,
+                self.unit
+            ),
+        )
+    }
+
+    /// Reports `done` units of the total (redraws at most every 100 ms on a terminal, writes a
+    /// line every [`PLAIN_EVERY`] otherwise).
+    pub fn set(&mut self, done: u64) {
+        if self.quiet {
+            return;
+        }
+        let every = if self.tty {
+            Duration::from_millis(100)
+        } else {
+            PLAIN_EVERY
+        };
+        if self.last.elapsed() < every {
+            return;
+        }
+        self.last = Instant::now();
+        let (pct, status) = self.status(done);
         let mut e = std::io::stderr().lock();
-        let _ = write!(
-            e,
-            "\r{} [{}{}] {:.0}/{:.0} {} ({pct:.0}%)",
-            self.what,
-            "#".repeat(filled.min(width)),
-            " ".repeat(width - filled.min(width)),
-            done as f64 * self.scale,
-            self.total as f64 * self.scale,
-            self.unit
-        );
+        if self.tty {
+            let width = 30;
+            let filled = (((pct / 100.0) * width as f64) as usize).min(width);
+            let _ = write!(
+                e,
+                "\r{} [{}{}] {status}   ",
+                self.what,
+                "#".repeat(filled),
+                " ".repeat(width - filled),
+            );
+        } else {
+            let _ = writeln!(e, "{}: {status}", self.what);
+        }
         let _ = e.flush();
     }
 
@@ -299,23 +344,48 @@ impl Progress {
             return;
         }
         let secs = self.start.elapsed().as_secs_f64();
+        let rate = self.total as f64 * self.scale / secs.max(1e-9);
         if self.tty {
             eprintln!(
-                "\r{} done: {:.0} {} in {secs:.1} s{}",
+                "\r{} done: {:.0} {} in {secs:.1} s ({rate:.1} {}/s){}",
                 self.what,
                 self.total as f64 * self.scale,
                 self.unit,
-                " ".repeat(30)
+                self.unit,
+                " ".repeat(40)
             );
         } else {
-            eprintln!("{} done in {secs:.1} s", self.what);
+            eprintln!(
+                "{} done: {:.0} {} in {secs:.1} s ({rate:.1} {}/s)",
+                self.what,
+                self.total as f64 * self.scale,
+                self.unit,
+                self.unit
+            );
         }
+    }
+}
+
+/// `s` seconds as "42 s", "3 min 5 s" or "2 h 10 min".
+pub fn duration_words(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_words() {
+        assert_eq!(duration_words(42.4), "42 s");
+        assert_eq!(duration_words(185.0), "3 min 5 s");
+        assert_eq!(duration_words(7800.0), "2 h 10 min");
+    }
 
     #[test]
     fn sizes_parse() {
