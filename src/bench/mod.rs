@@ -10,6 +10,7 @@ pub mod decode;
 pub mod gpu;
 pub mod io;
 pub mod load;
+pub mod plot;
 #[cfg(feature = "tokio-uring")]
 pub mod tokio_uring;
 

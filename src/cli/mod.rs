@@ -273,6 +273,9 @@ struct DecodeArgs {
     /// Print one JSON object per row and round, then one with the ratios.
     #[arg(long)]
     json: bool,
+    /// Also draw the rows as bars, median images/s of each row, gpufeed's with its ratio to Pillow's, into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -379,6 +382,9 @@ struct LoadArgs {
     /// Print one JSON object per mode.
     #[arg(long)]
     json: bool,
+    /// Also draw the rows as bars, each mode with its ratio to small-files (the baseline), into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -395,6 +401,9 @@ struct QuickArgs {
     /// Print one JSON object per run instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also draw the rows as bars, each with its ratio to its baseline, into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -452,6 +461,9 @@ struct IoArgs {
     /// Print one JSON object per run instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also draw the rows as bars (the last --engine is each workload's baseline), into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 fn size_arg(s: &str) -> std::result::Result<u64, String> {
@@ -513,6 +525,7 @@ fn bench_io(a: IoArgs) -> Result<()> {
             other => other.parse().map(Some),
         })
         .collect::<Result<_>>()?;
+    let mut rows = Vec::new();
     for &pattern in &a.pattern {
         for &engine in &engines {
             let peer = engine.is_none();
@@ -537,7 +550,26 @@ fn bench_io(a: IoArgs) -> Result<()> {
                 run_io_bench(&spec)?
             };
             emit(&r, a.json);
+            rows.push(r);
         }
+    }
+    if let Some(p) = &a.plot {
+        let last = rows.last().map(|r| r.engine.clone()).unwrap_or_default();
+        let bars: Vec<_> = rows
+            .iter()
+            .map(|r| crate::bench::plot::Bar {
+                // std reads at QD 1 whatever --qd says: the group is the workload alone.
+                group: format!(
+                    "{} {}",
+                    format!("{:?}", r.pattern).to_lowercase(),
+                    short_bs(&r.bs)
+                ),
+                label: r.engine.clone(),
+                value: r.gib_per_s,
+                baseline: r.engine == last,
+            })
+            .collect();
+        crate::bench::plot::bars(p, "gpufeed bench io", "GiB/s", &bars)?;
     }
     Ok(())
 }
@@ -566,6 +598,7 @@ fn bench_quick(a: QuickArgs) -> Result<()> {
         );
         outln!("{}", table_header());
     }
+    let mut plot_rows = Vec::new();
     for (bs, qd) in cases {
         let sizes = SizeMix::parse(bs)?;
         let mut results = Vec::new();
@@ -578,6 +611,15 @@ fn bench_quick(a: QuickArgs) -> Result<()> {
             let r = run_io_bench(&spec)?;
             emit(&r, a.json);
             results.push(r);
+        }
+        if a.plot.is_some() {
+            let base = results.last().map(|r| r.engine.clone()).unwrap_or_default();
+            plot_rows.extend(results.iter().map(|r| crate::bench::plot::Bar {
+                group: short_bs(&r.bs),
+                label: r.engine.clone(),
+                value: r.gib_per_s,
+                baseline: r.engine == base,
+            }));
         }
         if !a.json {
             let ours = &results[0];
@@ -611,7 +653,27 @@ fn bench_quick(a: QuickArgs) -> Result<()> {
         Err(e) if !a.json => outln!("(no GPU rows: {})", e.report()),
         Err(_) => {}
     }
+    if let Some(p) = &a.plot {
+        crate::bench::plot::bars(
+            p,
+            "gpufeed bench: random reads, every engine",
+            "GiB/s",
+            &plot_rows,
+        )?;
+        if !a.json {
+            outln!("plot: {}", p.display());
+        }
+    }
     Ok(())
+}
+
+/// A size mix's name for a chart: the ImageNet mix is "ImageNet mix".
+fn short_bs(bs: &str) -> String {
+    if bs == IMAGENET_MIX || bs.contains(':') {
+        "ImageNet mix".into()
+    } else {
+        bs.to_string()
+    }
 }
 
 fn gpu_spec_defaults() -> crate::bench::gpu::GpuBenchSpec {
@@ -726,6 +788,7 @@ fn bench_load(a: LoadArgs) -> Result<()> {
     if !a.json {
         outln!("{}", table_header());
     }
+    let mut plotted: Vec<(String, f64)> = Vec::new();
     for mode in &a.modes {
         let cold = drop_caches();
         if !cold && !a.json && mode == &a.modes[0] {
@@ -737,6 +800,7 @@ fn bench_load(a: LoadArgs) -> Result<()> {
             "small-files" => {
                 let r = run_small_files(&small, a.threads, a.seed, cold)?;
                 emit_load(&r, a.json);
+                plotted.push((r.mode.clone(), r.samples_per_s));
             }
             "io" => {
                 // The engine alone on the same size mix and queue depth, for reference.
@@ -774,8 +838,26 @@ fn bench_load(a: LoadArgs) -> Result<()> {
                 };
                 let r = run_packed(ds, order, &spec, cold)?;
                 emit_load(&r, a.json);
+                plotted.push((r.mode.clone(), r.samples_per_s));
             }
         }
+    }
+    if let Some(p) = &a.plot {
+        let bars: Vec<_> = plotted
+            .iter()
+            .map(|(m, v)| crate::bench::plot::Bar {
+                group: "epoch".into(),
+                label: m.clone(),
+                value: *v,
+                baseline: m == "small-files",
+            })
+            .collect();
+        crate::bench::plot::bars(
+            p,
+            "gpufeed bench load: one epoch per mode",
+            "samples/s",
+            &bars,
+        )?;
     }
     Ok(())
 }
@@ -846,6 +928,39 @@ fn bench_decode(a: DecodeArgs) -> Result<()> {
             outln!("{}", table_row(r));
         }
     })?;
+    if let Some(p) = &a.plot {
+        let median = |row: &str| {
+            let mut v: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.row == row)
+                .map(|r| r.images_per_s)
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        };
+        let mut bars = Vec::new();
+        for row in ROWS {
+            if let Some(v) = median(row) {
+                let (who, mode) = row.split_once('-').expect("who-mode");
+                bars.push(crate::bench::plot::Bar {
+                    group: mode.into(),
+                    label: if who == "pil" {
+                        "Pillow + numpy".into()
+                    } else {
+                        "gpufeed".into()
+                    },
+                    value: v,
+                    baseline: who == "pil",
+                });
+            }
+        }
+        crate::bench::plot::bars(
+            p,
+            &format!("gpufeed bench decode: {threads} thread(s), median of rounds"),
+            "images/s",
+            &bars,
+        )?;
+    }
     let rs = ratios(&rows);
     if a.json {
         let v: Vec<_> = rs

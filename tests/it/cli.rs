@@ -445,3 +445,39 @@ fn bench_load_step_gives_a_verdict() {
     assert!(verdict.starts_with("keeps up"), "{verdict}");
     assert_eq!(v["gpus"], 1);
 }
+
+/// `--plot FILE.svg` draws the rows as bars with their ratio to the baseline (the last engine).
+#[test]
+fn bench_io_draws_a_plot() {
+    let dir = disk_dir();
+    let svg = dir.path().join("io.svg");
+    let out = Command::new(gpufeed_bin())
+        .env("GPUFEED_QUIET", "1")
+        .args([
+            "bench",
+            "io",
+            "--size",
+            "16M",
+            "--seconds",
+            "0.3",
+            "--bs",
+            "64K",
+        ])
+        .args(["--engine", "uring,std", "--file"])
+        .arg(dir.path().join("f.dat"))
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg"), "{s}");
+    assert!(
+        s.contains("uring") && s.contains("baseline") && s.contains('×'),
+        "{s}"
+    );
+}
