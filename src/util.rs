@@ -240,6 +240,9 @@ pub struct Progress {
     last: Instant,
     start: Instant,
     quiet: bool,
+    /// Nothing is shown before this much time has passed (short work stays silent).
+    delay: Duration,
+    shown: bool,
 }
 
 /// How often a non-terminal progress line is written.
@@ -272,11 +275,36 @@ impl Progress {
             },
             start: Instant::now(),
             quiet: std::env::var("GPUFEED_QUIET").as_deref() == Ok("1"),
+            delay: Duration::ZERO,
+            shown: false,
         };
         if !p.tty && !p.quiet {
             eprintln!("{} ...", p.what);
         }
-        p
+        Progress { shown: true, ..p }
+    }
+
+    /// Progress over `total` items that shows nothing unless the work is still going after
+    /// `delay` (for work that is usually quick, such as indexing a few files).
+    pub fn items_after(
+        what: impl Into<String>,
+        total: u64,
+        unit: &'static str,
+        delay: Duration,
+    ) -> Progress {
+        let tty = std::io::stderr().is_terminal();
+        Progress {
+            what: what.into(),
+            total,
+            unit,
+            scale: 1.0,
+            tty,
+            last: Instant::now() - Duration::from_secs(3600),
+            start: Instant::now(),
+            quiet: std::env::var("GPUFEED_QUIET").as_deref() == Ok("1"),
+            delay,
+            shown: false,
+        }
     }
 
     /// `done` of `total`, the rate so far and the time left, in words.
@@ -309,8 +337,16 @@ impl Progress {
     /// Reports `done` units of the total (redraws at most every 100 ms on a terminal, writes a
     /// line every [`PLAIN_EVERY`] otherwise).
     pub fn set(&mut self, done: u64) {
-        if self.quiet {
+        if self.quiet || self.start.elapsed() < self.delay {
             return;
+        }
+        if !self.shown {
+            self.shown = true;
+            if !self.tty {
+                eprintln!("{} ...", self.what);
+                self.last = Instant::now();
+                return;
+            }
         }
         let every = if self.tty {
             Duration::from_millis(100)
@@ -340,7 +376,7 @@ impl Progress {
     }
 
     pub fn finish(self) {
-        if self.quiet {
+        if self.quiet || !self.shown {
             return;
         }
         let secs = self.start.elapsed().as_secs_f64();

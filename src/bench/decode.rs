@@ -41,6 +41,9 @@ pub struct DecodeBenchSpec {
     pub python: Option<PathBuf>,
     /// The Pillow pipeline script.
     pub script: PathBuf,
+    /// A simulated trainer's step per batch (gpufeed's transform rows): with it, the rows say
+    /// whether the decode stage keeps up and what limits it.
+    pub step: std::time::Duration,
 }
 
 /// One row of one round.
@@ -62,6 +65,10 @@ pub struct DecodeBenchRow {
     pub threads: usize,
     /// Samples that failed to decode.
     pub errors: u64,
+    /// gpufeed's transform rows: the consumer's waits split by cause.
+    pub stall: Option<crate::loader::StallStats>,
+    /// With a step: keeps up, or what bounds it (as `bench load --step-ms`).
+    pub verdict: Option<String>,
 }
 
 /// Every row name, in the default order.
@@ -138,14 +145,32 @@ fn ours(
             .threads(spec.threads),
     )?;
     let (t0, c0) = (Instant::now(), process_cpu_seconds());
-    let (mut images, mut errors) = (0u64, 0u64);
-    for b in il.epoch(round as u64)? {
+    let (mut images, mut errors, mut batches) = (0u64, 0u64, 0u64);
+    let mut epoch = il.epoch(round as u64)?;
+    for b in epoch.by_ref() {
         let b = b?;
         images += b.len() as u64;
         errors += b.errors().count() as u64;
+        batches += 1;
+        if !spec.step.is_zero() {
+            std::thread::sleep(spec.step);
+        }
     }
     let (s, c) = (t0.elapsed().as_secs_f64(), process_cpu_seconds() - c0);
-    Ok(row_of(row, round, images, s, c, il.threads(), errors))
+    let stall = epoch.stats().stall;
+    let mut r = row_of(row, round, images, s, c, il.threads(), errors);
+    r.stall = Some(stall);
+    if !spec.step.is_zero() {
+        let demand = 1.0 / spec.step.as_secs_f64();
+        let achieved = batches as f64 / s.max(1e-9);
+        r.verdict = Some(crate::bench::load::verdict(
+            demand,
+            achieved,
+            stall.total_s() / s.max(1e-9),
+            &stall,
+        ));
+    }
+    Ok(r)
 }
 
 fn decode_alone(
@@ -271,6 +296,8 @@ fn row_of(
         cpu_s_per_1000: cpu * 1000.0 / images.max(1) as f64,
         threads,
         errors,
+        stall: None,
+        verdict: None,
     }
 }
 
@@ -289,7 +316,11 @@ pub fn table_row(r: &DecodeBenchRow) -> String {
         } else {
             String::new()
         }
-    )
+    ) + &r
+        .verdict
+        .as_ref()
+        .map(|v| format!("\n  {v}"))
+        .unwrap_or_default()
 }
 
 /// Ratios of gpufeed's rows to Pillow's, per round: (row pair, images/s ratio, CPU ratio).

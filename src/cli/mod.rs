@@ -266,6 +266,10 @@ struct DecodeArgs {
     /// gpufeed-decode, pil-decode.
     #[arg(long, value_delimiter = ',')]
     rows: Vec<String>,
+    /// A simulated trainer holding each batch this many milliseconds (gpufeed's transform
+    /// rows): they then say whether decoding keeps up and what limits it.
+    #[arg(long, default_value_t = 0.0)]
+    step_ms: f64,
     /// Python with Pillow and numpy for the pil rows (scripts/bench-decode.sh makes a
     /// virtualenv and passes it).
     #[arg(long)]
@@ -920,6 +924,9 @@ fn bench_decode(a: DecodeArgs) -> Result<()> {
         rows,
         python: a.python.clone(),
         script: crate::bench::decode::default_script(),
+        step: std::time::Duration::try_from_secs_f64(a.step_ms / 1e3).map_err(|_| {
+            crate::error::invalid(format!("--step-ms {} is not a number ≥ 0", a.step_ms))
+        })?,
     };
     let rows = run_decode_bench(&spec, |r| {
         if a.json {

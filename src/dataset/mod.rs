@@ -800,20 +800,39 @@ where
         .clamp(1, 8)
         .min(paths.len().max(1));
     let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
     /// One file's index and how its walk ended, once a thread has done it.
     type Indexed = Mutex<Option<(Builder, Result<()>)>>;
     let done: Vec<Indexed> = paths.iter().map(|_| Mutex::new(None)).collect();
+    // A progress line only if indexing is still going after 2 s (a large set, a cold disk).
+    let mut prog = crate::util::Progress::items_after(
+        format!("indexing {} files", paths.len()),
+        paths.len() as u64,
+        "files",
+        std::time::Duration::from_secs(2),
+    );
     std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                let Some(p) = paths.get(k) else { return };
-                let mut b = Builder::default();
-                let r = index(p, &mut b);
-                *done[k].lock().unwrap_or_else(|e| e.into_inner()) = Some((b, r));
-            });
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(p) = paths.get(k) else { return };
+                    let mut b = Builder::default();
+                    let r = index(p, &mut b);
+                    *done[k].lock().unwrap_or_else(|e| e.into_inner()) = Some((b, r));
+                    finished.fetch_add(1, Ordering::Relaxed);
+                })
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        while workers.iter().any(|w| !w.is_finished()) {
+            prog.set(finished.load(Ordering::Relaxed) as u64);
+            // Quick sets are not slowed by the polling; long ones are polled less.
+            let ms = if t0.elapsed().as_secs() < 2 { 1 } else { 100 };
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
     });
+    prog.finish();
     let mut all = Builder::default();
     for slot in done {
         let (b, r) = slot
