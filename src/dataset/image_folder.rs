@@ -47,7 +47,17 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
     let mut classes = Vec::new();
     // Extension → files skipped, for the note or the ambiguity error.
     let mut skipped: std::collections::BTreeMap<String, u64> = Default::default();
-    for class_dir in list(root)? {
+    let class_dirs = list(root)?;
+    // ImageNet's 1.28 M files take a while to list and stat on a cold disk: a progress line if
+    // it is still going after 2 s.
+    let mut prog = crate::util::Progress::items_after(
+        format!("listing {}", root.display()),
+        class_dirs.len() as u64,
+        "folders",
+        std::time::Duration::from_secs(2),
+    );
+    for (k, class_dir) in class_dirs.into_iter().enumerate() {
+        prog.set(k as u64);
         let ft = class_dir
             .file_type()
             .map_err(|e| Error::io("cannot stat", e).with_path(class_dir.path()))?;
@@ -86,6 +96,7 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
         }
         classes.push(class);
     }
+    prog.finish();
     let listed = |m: &std::collections::BTreeMap<String, u64>| -> String {
         let v: Vec<String> = m
             .iter()
