@@ -208,3 +208,33 @@ class StatsTests(unittest.TestCase):
         self.assertGreater(st["reads_per_sample"], 0.0)
         self.assertGreaterEqual(st["io_thread_cpu_s"], 0.0)
 
+
+
+def _iterate_in_child(l, q):
+    try:
+        n = sum(len(b) for b in l)
+        q.put(f"ok {n}")
+    except Exception as e:  # the error the child must see
+        q.put(f"{type(e).__name__}: {e}")
+
+
+@unittest.skipUnless(DATA, "GPUFEED_TEST_DATA is not set (tests/it/python.rs sets it)")
+class ForkTests(unittest.TestCase):
+    def test_a_loader_used_in_a_forked_child_raises_at_once(self):
+        import multiprocessing as mp
+
+        l = loader()
+        first = sum(len(b) for b in l)  # the I/O thread runs in this process
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=_iterate_in_child, args=(l, q))
+        p.start()
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+            self.fail("the child hung iterating a loader built before fork()")
+        msg = q.get(timeout=5)
+        self.assertIn("after fork()", msg)
+        self.assertIn("spawn", msg)  # it says what to do
+        # The parent's loader goes on.
+        self.assertEqual(sum(len(b) for b in l), first)

@@ -279,6 +279,7 @@ impl LoaderBuilder {
             in_flight_groups: self.in_flight_groups,
             verify_checksums: self.verify_checksums,
             backend: self.backend,
+            pid: std::process::id(),
         })
     }
 }
@@ -330,6 +331,9 @@ pub struct Loader {
     in_flight_groups: u32,
     verify_checksums: bool,
     backend: Option<CustomBackend>,
+    /// The process that built it: after `fork`, the child has the arena's memory but neither
+    /// the I/O thread nor a ring of its own, so it must build its own loader.
+    pid: u32,
 }
 
 /// Where the consumer's waiting went. Each wait for a batch is split by what the batch's read
@@ -559,6 +563,21 @@ impl Loader {
     /// The batches of `epoch` from batch `start`: exactly the batches an uninterrupted epoch
     /// yields from there (resuming after a restart).
     pub fn epoch_from(&self, epoch: u64, start: u32) -> Result<Epoch> {
+        if std::process::id() != self.pid {
+            // Threads do not survive fork: the I/O thread (and its ring) exist only in the
+            // parent, so an epoch asked for here would wait for ever. Say so at once.
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "this loader was built in process {} and used in process {} after fork(): \
+                     its I/O thread and io_uring ring stay in the parent; build the loader in \
+                     the child (e.g. in a DataLoader worker_init_fn), or use the 'spawn' or \
+                     'forkserver' multiprocessing start method",
+                    self.pid,
+                    std::process::id()
+                ),
+            ));
+        }
         let plan = self.plan_epoch(epoch)?;
         if start > plan.batches() {
             return Err(invalid(format!(

@@ -813,3 +813,90 @@ fn stalls_are_attributed_to_storage_when_reads_are_slow() {
     eprintln!("slow consumer: {s:?} of {elapsed:.3} s");
     assert!(s.total_s() < 0.1 * elapsed, "{s:?} of {elapsed} s");
 }
+
+/// A loader built before `fork()` and used in the child (PyTorch DataLoader workers, the fork
+/// start method) fails at once with an error that says what to do, instead of waiting for an
+/// I/O thread that exists only in the parent; the parent goes on reading. Runs in a child
+/// process of the test binary, where few threads are running when it forks.
+#[test]
+fn a_loader_used_after_fork_fails_at_once_saying_what_to_do() {
+    let dir = disk_dir();
+    write_shards(dir.path(), 64, 2, 4000, 8);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "loader::fork_child", "--nocapture"])
+        .env("GPUFEED_IT_FORK_DIR", dir.path())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(text.contains("1 passed"), "child ran no test:\n{text}");
+    assert!(text.contains("after fork()"), "{text}");
+}
+
+#[test]
+#[ignore = "run by a_loader_used_after_fork_fails_at_once_saying_what_to_do in a child process"]
+fn fork_child() {
+    let Some(dir) = std::env::var_os("GPUFEED_IT_FORK_DIR") else {
+        return;
+    };
+    let loader = Loader::builder(Dataset::open(&dir).unwrap())
+        .batch_size(8)
+        .build()
+        .unwrap();
+    // The I/O thread is running: one epoch read before the fork.
+    assert_eq!(
+        loader
+            .epoch(0)
+            .unwrap()
+            .map(|b| b.unwrap().len())
+            .sum::<usize>(),
+        64
+    );
+    // SAFETY: fork in a test process; the child only asks the loader for an epoch (which must
+    // fail before touching the parent's thread or ring), writes one line and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = match loader.epoch(1) {
+            Err(e) if e.to_string().contains("after fork()") => {
+                eprintln!("child: {e}");
+                0
+            }
+            Err(e) => {
+                eprintln!("child: another error: {e}");
+                2
+            }
+            Ok(_) => 3,
+        };
+        // SAFETY: ends the child without running the parent's destructors or atexit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    // The child must end promptly (a hang is the failure this guards against).
+    let t0 = std::time::Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child without blocking; `status` is writable.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            // SAFETY: kills our own child, which is hanging.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the child hung using a loader built before fork()");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(libc::WIFEXITED(status), "child did not exit: {status}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "child saw the wrong outcome");
+    // The parent's loader is unharmed.
+    assert_eq!(
+        loader
+            .epoch(1)
+            .unwrap()
+            .map(|b| b.unwrap().len())
+            .sum::<usize>(),
+        64
+    );
+}
