@@ -229,7 +229,7 @@ impl Histogram {
 
 /// A progress line on stderr: on a terminal a bar redrawn in place with the rate and the time
 /// left; otherwise a plain line every [`PLAIN_EVERY`] (for logs), plus start and end lines.
-/// Nothing with `GPUFEED_QUIET=1` (the CLI's `--json` paths make none).
+/// Nothing with `GPUFEED_QUIET=1` or after [`set_quiet`] (the CLI's `--json`).
 #[derive(Debug)]
 pub struct Progress {
     what: String,
@@ -243,6 +243,21 @@ pub struct Progress {
     /// Nothing is shown before this much time has passed (short work stays silent).
     delay: Duration,
     shown: bool,
+}
+
+/// Set by the command line when `--json` was given: progress lines are then not written (the
+/// JSON goes to stdout, but a script capturing both streams wants nothing else).
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Silences every progress line from now on (the CLI's `--json`).
+pub fn set_quiet() {
+    QUIET.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether progress lines are silenced: `GPUFEED_QUIET=1`, or [`set_quiet`].
+fn quiet() -> bool {
+    QUIET.load(std::sync::atomic::Ordering::Relaxed)
+        || std::env::var("GPUFEED_QUIET").as_deref() == Ok("1")
 }
 
 /// How often a non-terminal progress line is written.
@@ -274,7 +289,7 @@ impl Progress {
                 Instant::now()
             },
             start: Instant::now(),
-            quiet: std::env::var("GPUFEED_QUIET").as_deref() == Ok("1"),
+            quiet: quiet(),
             delay: Duration::ZERO,
             shown: false,
         };
@@ -301,7 +316,7 @@ impl Progress {
             tty,
             last: Instant::now() - Duration::from_secs(3600),
             start: Instant::now(),
-            quiet: std::env::var("GPUFEED_QUIET").as_deref() == Ok("1"),
+            quiet: quiet(),
             delay,
             shown: false,
         }

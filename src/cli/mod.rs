@@ -477,6 +477,10 @@ fn size_arg(s: &str) -> std::result::Result<u64, String> {
 /// Entry point of the `gpufeed` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Output a script parses: no progress lines on stderr either.
+    if std::env::args_os().any(|a| a == "--json") {
+        crate::util::set_quiet();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

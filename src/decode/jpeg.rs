@@ -242,11 +242,11 @@ impl Turbo {
         (r != (0, 0, size.0, size.1)).then_some(r)
     }
 
-    /// Decodes the header last read by [`header`](Self::header) (of the same `data`) at
-    /// `denom` (1, 2, 4 or 8: the IDCT scales by 1/denom) into `out` as packed 8-bit pixels of
-    /// `channels` (3: RGB, gray expanded; 4: CMYK as stored), the rows `crop` names:
-    /// `(x, y, w, h)` in scaled pixels with `x` on an iMCU boundary, or the whole image. `out`
-    /// must hold `w * h * channels` bytes. Warnings other than truncation (e.g. extraneous
+    /// Decodes `data` at `denom` (1, 2, 4 or 8: the IDCT scales by 1/denom) into `out` as
+    /// packed 8-bit pixels of `channels` (3: RGB, gray expanded; 4: CMYK as stored), the rows
+    /// `crop` names: `(x, y, w, h)` in scaled pixels with `x` on an iMCU boundary, or the whole
+    /// image. `(w, h)` must be what that gives (the crop's size, or the scaled image's) and
+    /// `out` must hold `w * h * channels` bytes; both are checked against `data`'s own header. Warnings other than truncation (e.g. extraneous
     /// bytes before a marker, common in real datasets) are ignored, as Pillow does.
     pub fn decode(
         &mut self,
@@ -257,6 +257,32 @@ impl Turbo {
         out: &mut [u8],
         (w, h): (u32, u32),
     ) -> Result<(), JpegError> {
+        // What TurboJPEG will write is decided by `data`'s header, the scaling factor and the
+        // crop: read the header here (a few microseconds) so the size checked below is the
+        // size written, whatever header the caller read before.
+        let hd = self.header(data)?;
+        if !matches!(denom, 1 | 2 | 4 | 8) || !matches!(channels, 3 | 4) {
+            return Err(JpegError::Fatal(format!(
+                "scale 1/{denom} or {channels} channels is not supported"
+            )));
+        }
+        let scaled = (hd.width.div_ceil(denom), hd.height.div_ceil(denom));
+        let expected = match crop {
+            Some((x, y, cw, ch)) => {
+                if x as u64 + cw as u64 > scaled.0 as u64 || y as u64 + ch as u64 > scaled.1 as u64
+                {
+                    return Err(JpegError::Fatal("the crop reaches past the image".into()));
+                }
+                (cw, ch)
+            }
+            None => scaled,
+        };
+        if (w, h) != expected {
+            return Err(JpegError::Fatal(format!(
+                "output size {w}x{h} is not the {}x{} this decode gives",
+                expected.0, expected.1
+            )));
+        }
         let sf = tj::tjscalingfactor {
             num: 1,
             denom: denom as c_int,
@@ -292,8 +318,11 @@ impl Turbo {
         if out.len() < pitch * h as usize {
             return Err(JpegError::Fatal("output buffer too small".into()));
         }
-        // SAFETY: `data` is read for its length; `out` holds `pitch * h` bytes (checked above),
-        // which is what TurboJPEG writes for a `w` x `h` region (scaled, cropped) at this pitch.
+        // SAFETY: `data` is read for its length. TurboJPEG writes `h` rows of `w` pixels of
+        // `channels` bytes at `pitch`: `(w, h)` was checked above to be the scaled size of
+        // `data`'s own header (TJSCALED rounds up, as `div_ceil`), or the cropping region's
+        // size, which TurboJPEG outputs exactly (it refuses an x off the iMCU grid rather than
+        // widening the region); `out` holds `pitch * h` bytes (checked).
         let rc = unsafe {
             tj::tj3Decompress8(
                 self.handle,

@@ -96,8 +96,8 @@ pub struct ImageSpec {
     pub prefetch_batches: usize,
     /// Images with more pixels are refused (a per-sample error) before any allocation.
     pub max_pixels: u64,
-    /// Decode at 1/2, 1/4 or 1/8 scale in the DCT domain when the crop is at least twice
-    /// the output even then (much less work, within the stated tolerance).
+    /// Decode at 1/2, 1/4 or 1/8 scale in the DCT domain when the crop is still at least four
+    /// times the output then (much less work, within its own stated tolerance: DECISIONS).
     pub dct_scaling: bool,
 }
 
@@ -372,6 +372,20 @@ pub(crate) struct ImageDecoder {
     pixels: Vec<u8>,
     cmyk: Vec<u8>,
     scratch: Scratch,
+    /// The filter of the image being decoded (its buffers reused from image to image).
+    plan: resample::Plan,
+}
+
+/// The per-sample error for an image whose header declares more than `max` pixels: checked
+/// before any buffer is sized from it.
+fn check_pixels(w: u32, h: u32, max: u64) -> Result<(), String> {
+    let pixels = w as u64 * h as u64;
+    if pixels > max {
+        return Err(format!(
+            "{w}x{h} is {pixels} pixels, above the limit of {max}"
+        ));
+    }
+    Ok(())
 }
 
 /// DCT-domain scaling by 1/d is used only when the box is still this many times the output
@@ -389,6 +403,7 @@ impl ImageDecoder {
             pixels: Vec::new(),
             cmyk: Vec::new(),
             scratch: Scratch::default(),
+            plan: resample::Plan::default(),
         })
     }
 
@@ -420,15 +435,9 @@ impl ImageDecoder {
             }
         }
         let h = self.turbo.header(data).map_err(|e| e.to_string())?;
-        let pixels = h.width as u64 * h.height as u64;
-        if pixels > spec.max_pixels {
-            return Err(format!(
-                "{}x{} is {pixels} pixels, above the limit of {}",
-                h.width, h.height, spec.max_pixels
-            ));
-        }
+        check_pixels(h.width, h.height, spec.max_pixels)?;
         let g = spec.geometry(seed, epoch, sample, (h.width, h.height));
-        // DCT-domain scaling: the largest 1/d that still leaves the box at least twice the
+        // DCT-domain scaling: the largest 1/d that still leaves the box DCT_MARGIN times the
         // output on both axes.
         let (bw, bh) = (g.src[2] - g.src[0], g.src[3] - g.src[1]);
         let (fx, fy) = (bw / g.full.0 as f64, bh / g.full.1 as f64);
@@ -450,10 +459,10 @@ impl ImageDecoder {
             src: [g.src[0] * kx, g.src[1] * ky, g.src[2] * kx, g.src[3] * ky],
             ..g
         };
-        let plan = resample::Plan::new(&gs, size, spec.size);
+        self.plan.set(&gs, size, spec.size);
         // Decode only the rows and columns the taps read (x on an iMCU boundary).
-        let (x0, x1) = plan.tx.span();
-        let (y0, y1) = plan.ty.span();
+        let (x0, x1) = self.plan.tx.span();
+        let (y0, y1) = self.plan.ty.span();
         if x1 <= x0 || y1 <= y0 {
             return Err("the crop is empty".into());
         }
@@ -472,19 +481,37 @@ impl ImageDecoder {
             self.turbo
                 .decode(data, denom, region, 3, &mut self.pixels, (rw, rh))
         };
-        if let Err(e) = result {
-            self.trim();
-            return Err(e.to_string());
+        self.resample(
+            result.map_err(|e| e.to_string()),
+            (x0, y0),
+            (rw, rh),
+            spec,
+            dst,
+        )
+    }
+
+    /// The fused pass over the decoded pixels (`extent` of them, at `origin` of the image the
+    /// plan refers to) into `dst`, then the buffers trimmed; or, after a failed decode, only
+    /// the trim.
+    fn resample(
+        &mut self,
+        decoded: Result<(), String>,
+        origin: (u32, u32),
+        extent: (u32, u32),
+        spec: &ImageSpec,
+        dst: &mut [u8],
+    ) -> Result<(), String> {
+        if decoded.is_ok() {
+            let src = Source {
+                pixels: &self.pixels,
+                stride: extent.0 as usize * 3,
+                origin,
+                extent,
+            };
+            resample::resample_into(&src, &self.plan, &spec.emit(), &mut self.scratch, dst);
         }
-        let src = Source {
-            pixels: &self.pixels,
-            stride: rw as usize * 3,
-            origin: (x0, y0),
-            extent: (rw, rh),
-        };
-        resample::resample_into(&src, &plan, &spec.emit(), &mut self.scratch, dst);
         self.trim();
-        Ok(())
+        decoded
     }
 
     /// PNG and WebP: decoded whole, then the same pass.
@@ -500,22 +527,11 @@ impl ImageDecoder {
         let r = other::decode_rgb(data, spec.max_pixels, &mut self.cmyk, &mut self.pixels);
         let (w, h) = match r {
             Ok(s) => s,
-            Err(e) => {
-                self.trim();
-                return Err(e);
-            }
+            Err(e) => return self.resample(Err(e), (0, 0), (0, 0), spec, dst),
         };
         let g = spec.geometry(seed, epoch, sample, (w, h));
-        let plan = resample::Plan::new(&g, (w, h), spec.size);
-        let src = Source {
-            pixels: &self.pixels,
-            stride: w as usize * 3,
-            origin: (0, 0),
-            extent: (w, h),
-        };
-        resample::resample_into(&src, &plan, &spec.emit(), &mut self.scratch, dst);
-        self.trim();
-        Ok(())
+        self.plan.set(&g, (w, h), spec.size);
+        self.resample(Ok(()), (0, 0), (w, h), spec, dst)
     }
 
     fn trim(&mut self) {

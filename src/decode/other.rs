@@ -17,16 +17,11 @@ pub fn decode_rgb(
     out: &mut Vec<u8>,
 ) -> Result<(u32, u32), String> {
     let i = info(data).ok_or("truncated or corrupt image header")?;
-    let pixels = i.width as u64 * i.height as u64;
     if i.width == 0 || i.height == 0 {
         return Err(format!("bad dimensions {}x{}", i.width, i.height));
     }
-    if pixels > max_pixels {
-        return Err(format!(
-            "{}x{} is {pixels} pixels, above the limit of {max_pixels}",
-            i.width, i.height
-        ));
-    }
+    super::check_pixels(i.width, i.height, max_pixels)?;
+    let pixels = i.width as u64 * i.height as u64;
     // Room for the largest decoded form (RGBA at 16 bits) and the decoders' own buffers.
     let limit = (pixels as usize).saturating_mul(8).saturating_add(1 << 20);
     match i.kind {

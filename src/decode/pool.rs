@@ -116,16 +116,14 @@ impl Job {
         self.batch.len()
     }
 
-    /// Claims and decodes samples until none is left; false when there was none to claim.
-    fn work(&self, dec: &mut Result<ImageDecoder, String>) -> bool {
+    /// Claims and decodes samples until none is left to claim.
+    fn work(&self, dec: &mut Result<ImageDecoder, String>) {
         let per = self.spec.sample_elems() * self.spec.dtype.size();
-        let mut any = false;
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.len() {
-                return any;
+                return;
             }
-            any = true;
             let c0 = crate::sys::thread_cpu_seconds();
             let err = if self.cancelled.load(Ordering::Relaxed) {
                 None

@@ -166,47 +166,48 @@ pub struct Taps {
 impl Taps {
     /// Pillow's `precompute_coeffs` for the bilinear (triangle) filter: the box `[in0, in1)`
     /// of an axis of `in_size` pixels onto `out_size` pixels, kept for outputs
-    /// `first..first + count`.
-    pub fn bilinear(
+    /// `first..first + count`, into this value's buffers (a decode thread keeps one `Plan` and
+    /// refills it per image: no allocation once they have grown).
+    pub fn fill(
+        &mut self,
         in_size: u32,
         in0: f64,
         in1: f64,
         out_size: u32,
         first: u32,
         count: u32,
-    ) -> Taps {
+    ) {
         let scale = (in1 - in0) / out_size as f64;
         let filterscale = scale.max(1.0);
         let support = filterscale; // the triangle's support is 1
         let taps_max = (support.ceil() as usize) * 2 + 1;
-        let mut t = Taps {
-            start: Vec::with_capacity(count as usize),
-            len: Vec::with_capacity(count as usize),
-            weights: vec![0.0; taps_max * count as usize],
-            taps_max,
-        };
+        self.taps_max = taps_max;
+        self.start.clear();
+        self.len.clear();
+        self.weights.clear();
+        self.weights.resize(taps_max * count as usize, 0.0);
         let ss = 1.0 / filterscale;
-        let mut k = vec![0.0f64; taps_max];
+        let weight = |x: usize, xmin: i64, center: f64| {
+            let d = ((x as i64 + xmin) as f64 - center + 0.5) * ss;
+            (1.0 - d.abs()).max(0.0)
+        };
         for (n, xx) in (first..first + count).enumerate() {
             let center = in0 + (xx as f64 + 0.5) * scale;
             // C casts truncate toward zero, as Pillow's do.
             let xmin = ((center - support + 0.5) as i64).max(0);
             let xmax = ((center + support + 0.5) as i64).min(in_size as i64);
             let len = (xmax - xmin).clamp(0, taps_max as i64) as usize;
-            let mut sum = 0.0;
-            for (x, kx) in k.iter_mut().enumerate().take(len) {
-                let d = ((x as i64 + xmin) as f64 - center + 0.5) * ss;
-                let w = (1.0 - d.abs()).max(0.0);
-                *kx = w;
-                sum += w;
+            let sum: f64 = (0..len).map(|x| weight(x, xmin, center)).sum();
+            for x in 0..len {
+                self.weights[n * taps_max + x] = if sum != 0.0 {
+                    (weight(x, xmin, center) / sum) as f32
+                } else {
+                    0.0
+                };
             }
-            for (x, kx) in k.iter().enumerate().take(len) {
-                t.weights[n * taps_max + x] = if sum != 0.0 { (kx / sum) as f32 } else { 0.0 };
-            }
-            t.start.push(xmin as u32);
-            t.len.push(len as u32);
+            self.start.push(xmin as u32);
+            self.len.push(len as u32);
         }
-        t
     }
 
     /// The source range the taps read.
@@ -302,7 +303,7 @@ pub struct Source<'a> {
 }
 
 /// The filter of both axes for one image, and what the pass writes.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Plan {
     /// Horizontal taps.
     pub tx: Taps,
@@ -315,16 +316,16 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan for a geometry on an image of `size`, keeping an output of `out`.
-    pub fn new(g: &Geometry, size: (u32, u32), out: (u32, u32)) -> Plan {
+    /// The plan for a geometry on an image of `size`, keeping an output of `out`, into this
+    /// value's buffers.
+    pub fn set(&mut self, g: &Geometry, size: (u32, u32), out: (u32, u32)) {
         let cw = out.0.min(g.full.0.saturating_sub(g.window_origin.0));
         let ch = out.1.min(g.full.1.saturating_sub(g.window_origin.1));
-        Plan {
-            tx: Taps::bilinear(size.0, g.src[0], g.src[2], g.full.0, g.window_origin.0, cw),
-            ty: Taps::bilinear(size.1, g.src[1], g.src[3], g.full.1, g.window_origin.1, ch),
-            flip: g.flip,
-            out,
-        }
+        let (o, f) = (g.window_origin, g.full);
+        self.tx.fill(size.0, g.src[0], g.src[2], f.0, o.0, cw);
+        self.ty.fill(size.1, g.src[1], g.src[3], f.1, o.1, ch);
+        self.flip = g.flip;
+        self.out = out;
     }
 }
 
@@ -346,8 +347,7 @@ pub fn resample_into(
     let (y_lo, y_hi) = ty.span();
     let rows = (y_hi - y_lo) as usize;
     // Horizontal pass over the rows the vertical taps need, into f32.
-    scratch.rows.clear();
-    scratch.rows.resize(rows * cw * 3, 0.0);
+    scratch.rows.resize(rows * cw * 3, 0.0); // every element is written below
     let (ox, oy) = (src.origin.0 as usize, src.origin.1 as usize);
     for r in 0..rows {
         let sy = (y_lo as usize + r)
@@ -371,7 +371,11 @@ pub fn resample_into(
             dst_row[x * 3 + 2] = c;
         }
     }
-    dst.fill(0);
+    // Every output element is written below unless the window reaches past the resized image;
+    // only then do the uncovered ones need zeroing first.
+    if cw < ow || ch < oh {
+        dst.fill(0);
+    }
     scratch.acc.clear();
     scratch.acc.resize(cw * 3, 0.0);
     let scale = [
@@ -400,8 +404,7 @@ pub fn resample_into(
         // Emit: mirror, normalise, cast, lay out. `line` holds one output row per channel
         // (NCHW) or interleaved (NHWC), as f32 before the cast.
         let line = &mut scratch.line;
-        line.clear();
-        line.resize(cw * 3, 0.0);
+        line.resize(cw * 3, 0.0); // every element is written before it is read
         for x in 0..cw {
             let xo = if flip { cw - 1 - x } else { x };
             for c in 0..3 {
@@ -468,7 +471,8 @@ mod tests {
     #[test]
     fn weights_sum_to_one_and_stay_inside() {
         for (inn, out) in [(500u32, 224u32), (224, 224), (100, 224), (375, 7)] {
-            let t = Taps::bilinear(inn, 0.0, inn as f64, out, 0, out);
+            let mut t = Taps::default();
+            t.fill(inn, 0.0, inn as f64, out, 0, out);
             for i in 0..out as usize {
                 let s: f32 = t.weights[i * t.taps_max..(i + 1) * t.taps_max].iter().sum();
                 assert!((s - 1.0).abs() < 1e-5, "{inn}->{out} at {i}: {s}");

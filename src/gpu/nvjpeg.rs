@@ -102,8 +102,9 @@ macro_rules! nvjpeg_fns {
                 Ok(Functions {
                     $($field: {
                         // SAFETY: the symbol's type is the prototype in nvjpeg.h (13.0), written
-                        // out above; the pointer is used only while `lib` is loaded (NvJpeg
-                        // keeps it).
+                        // out above. The pointer outlives the `Symbol` borrow but not the
+                        // library: `load` keeps the one `NvJpeg` (which owns `lib`) in a static
+                        // for the rest of the process, so the library is never unloaded.
                         let s = unsafe {
                             lib.get::<unsafe extern "C" fn($($arg),*) -> Status>($sym.as_bytes())
                         };
@@ -137,9 +138,9 @@ nvjpeg_fns! {
     params_set_allow_cmyk = "nvjpegDecodeParamsSetAllowCMYK": fn(*mut c_void, c_int);
 }
 
-/// The loaded library and its functions.
+/// The loaded library and its functions (one per process, never unloaded: see [`load`]).
 pub struct NvJpeg {
-    /// The bound functions (valid while `_lib` is loaded: as long as this value).
+    /// The bound functions (valid for the process's life: the library stays loaded).
     pub fns: Functions,
     _lib: libloading::Library,
     /// Where it was loaded from.

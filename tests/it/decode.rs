@@ -23,8 +23,8 @@ const DECODE_MAX: i32 = 1;
 /// keeps f32 throughout. These bind the GPU stage too.
 const TRANSFORM_MEAN: f64 = 0.5;
 const TRANSFORM_MAX: i32 = 2;
-/// The same with DCT-domain downscaling (decode at 1/2–1/8 when the crop is at least twice the
-/// output even then): libjpeg-turbo's scaled IDCT is not the triangle filter, so the bound is
+/// The same with DCT-domain downscaling (decode at 1/2–1/8 when the crop is still at least four
+/// times the output then): libjpeg-turbo's scaled IDCT is not the triangle filter, so the bound is
 /// looser (measured worst: mean 0.55, max 8, on images with heavy pixel noise).
 const DCT_MEAN: f64 = 0.75;
 const DCT_MAX: i32 = 12;

@@ -982,17 +982,9 @@ fn pack_records_image_headers_and_inspect_summarises_them() {
     gpufeed::decode::synth::write_image_folder(&src, 40, 2).unwrap();
     std::fs::write(src.join("c0000/zz-not-an-image.jpg"), b"hello").unwrap();
     let out = dir.path().join("packed");
-    let st = std::process::Command::new(crate::common::gpufeed_bin())
-        .args(["pack", "--json"])
-        .arg(&src)
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
+    let mut pack = Command::new(gpufeed_bin());
+    pack.args(["pack", "--json"]).arg(&src).arg(&out);
+    run_ok(pack);
     let ds = Dataset::open(&out).unwrap();
     assert!(ds.has_image_info(), "packed shards carry image records");
     let from_files = Dataset::open(&src).unwrap();
@@ -1006,7 +998,7 @@ fn pack_records_image_headers_and_inspect_summarises_them() {
         );
         assert_eq!(k.progressive, want.progressive, "{}", ds.key(i));
     }
-    let j = std::process::Command::new(crate::common::gpufeed_bin())
+    let j = Command::new(gpufeed_bin())
         .args(["inspect", "--json"])
         .arg(&out)
         .output()

@@ -781,14 +781,19 @@ fn stalls_are_attributed_to_storage_when_reads_are_slow() {
         .build()
         .unwrap();
     let mut epoch = slow.epoch(0).unwrap();
-    let mut reads = 0.0;
+    let (mut reads, mut per_batch) = (0.0, 0.0);
     for b in epoch.by_ref() {
         let b = b.unwrap();
         reads += b.timing().read_s;
-        assert!(b.timing().stall.total_s() >= 0.0);
+        per_batch += b.timing().stall.total_s();
     }
     let st = epoch.stats().clone();
     let s = st.stall;
+    // The epoch's split is the sum of its batches' splits.
+    assert!(
+        (per_batch - s.total_s()).abs() < 1e-9,
+        "{per_batch} vs {s:?}"
+    );
     eprintln!("slow disk: {s:?}, io cpu {:.4}", st.io_thread_cpu_s);
     assert!(reads > 0.0, "groups took time to read");
     assert_eq!(s.bound(), "storage", "{s:?}");
