@@ -148,6 +148,8 @@ pub use gpu::{gpu_available, Device, GpuPath};
 pub use io::{Completion, Engine, FileId, ReadSpec};
 pub use loader::{BatchTiming, Epoch, Loader, LoaderStats, StallStats};
 pub use plan::{LastBatch, Order, PlanConfig};
+/// The size syntax of the command line and the benchmarks (`4K`, `1.5G`, fio's `bssplit` mixes).
+pub use util::{parse_size, size_label, SizeMix, IMAGENET_MIX};
 
 /// The README's examples, compiled as doctests so they stay true.
 #[doc = include_str!("../README.md")]

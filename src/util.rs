@@ -95,14 +95,15 @@ impl SizeMix {
         if raw.is_empty() {
             return Err(invalid("empty size mix"));
         }
-        let given: u32 = raw.iter().filter_map(|e| e.1).sum();
+        // Summed wide: weights near u32::MAX must not wrap into a sum that looks small.
+        let given: u64 = raw.iter().filter_map(|e| e.1).map(u64::from).sum();
         let blanks = raw.iter().filter(|e| e.1.is_none()).count() as u32;
         if given > 100 || (blanks == 0 && given == 0) {
             return Err(invalid(format!(
                 "weights in {s:?} must add up to at most 100"
             )));
         }
-        let share = (100 - given).checked_div(blanks).unwrap_or(0);
+        let share = (100 - given as u32).checked_div(blanks).unwrap_or(0);
         let mut cum = 0;
         let mut entries = Vec::new();
         for (size, w) in raw {

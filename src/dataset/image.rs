@@ -104,11 +104,18 @@ fn jpeg(b: &[u8]) -> Result<(), String> {
             // precision(1) height(2) width(2) components(1)
             let (h, w) = (be16(b, at + 3), be16(b, at + 5));
             match (h, w, b.get(at + 7)) {
-                (Some(h), Some(w), Some(&c)) if w > 0 && c > 0 => {
+                // T.81 B.2.2: the length is 8 + 3 × the components (libjpeg refuses others).
+                (Some(h), Some(w), Some(&c)) if w > 0 && c > 0 && len == 8 + 3 * c as usize => {
                     let _ = h; // 0 is allowed (defined later by DNL)
                     frame = true;
                 }
-                _ => return Err("JPEG frame header with no width or components".into()),
+                _ => {
+                    return Err(
+                        "JPEG frame header with no width or components, or a length that \
+                         disagrees with its component count"
+                            .into(),
+                    )
+                }
             }
         }
         if m == 0xda {
@@ -423,6 +430,9 @@ fn jpeg_info(b: &[u8]) -> Option<ImageInfo> {
             let height = be16(b, at + 3)? as u32;
             let width = be16(b, at + 5)? as u32;
             let n = *b.get(at + 7)? as usize;
+            if n == 0 || len != 8 + 3 * n {
+                return None; // `check` refuses these frame headers too, as libjpeg does
+            }
             let comps = b.get(at + 8..at + 8 + 3 * n)?;
             let factor = |c: usize| (comps[c * 3 + 1] >> 4, comps[c * 3 + 1] & 15);
             let ids: Vec<u8> = (0..n).map(|c| comps[c * 3]).collect();

@@ -638,10 +638,12 @@ impl Dataset {
     fn read_image_headers(&self) -> Result<Vec<image::ImageInfo>> {
         use std::os::unix::fs::FileExt;
         const PREFIX: u64 = 64 << 10;
-        let mut prog = crate::util::Progress::items(
+        // A progress line only if it is still going after 2 s (a large set on a cold disk).
+        let mut prog = crate::util::Progress::items_after(
             "reading image headers",
             self.samples.len() as u64,
             "samples",
+            std::time::Duration::from_secs(2),
         );
         let mut open: Option<(u32, std::fs::File)> = None;
         let mut buf = Vec::new();
@@ -795,6 +797,12 @@ where
 {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
+    // One file: no thread to start and no progress to poll (the poll sleeps a millisecond).
+    if let [p] = paths {
+        let mut b = Builder::default();
+        index(p, &mut b)?;
+        return Ok(b);
+    }
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 8)

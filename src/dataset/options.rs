@@ -132,6 +132,14 @@ fn optional(value: &str) -> Option<String> {
     (!v.is_empty() && !v.eq_ignore_ascii_case("none")).then(|| v.to_string())
 }
 
+/// A file extension as given (`.JPG`, ` jpg`): without leading dots or spaces, lower case —
+/// the same text however often it is written back and read again.
+fn extension(e: &str) -> String {
+    e.trim_start_matches(|c: char| c == '.' || c.is_whitespace())
+        .trim_end()
+        .to_lowercase()
+}
+
 fn yes_no(name: &str, value: &str) -> Result<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
         "" | "false" | "0" | "no" | "off" => Ok(false),
@@ -192,7 +200,7 @@ impl OpenOptions {
             "payload" => {
                 let exts: Vec<String> = v
                     .split(',')
-                    .map(|e| e.trim().trim_start_matches('.').to_lowercase())
+                    .map(extension)
                     .filter(|e| !e.is_empty())
                     .collect();
                 self.webdataset.payload = if exts.is_empty() {
@@ -205,7 +213,13 @@ impl OpenOptions {
                 self.webdataset.label = if v.is_empty() {
                     d.webdataset.label
                 } else {
-                    optional(v).map(|e| e.trim_start_matches('.').to_lowercase())
+                    let ext = extension(v);
+                    if ext.is_empty() {
+                        return Err(invalid(format!(
+                            "label_ext {v:?} names no extension (e.g. cls, or none)"
+                        )));
+                    }
+                    optional(&ext)
                 }
             }
             "label_offset" => self.label_offset = if v.is_empty() { 0 } else { number(name, v)? },

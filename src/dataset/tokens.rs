@@ -173,6 +173,9 @@ pub fn open_flat(paths: &[PathBuf], opts: &TokenOptions) -> Result<Dataset> {
 /// Opens Megatron indexed datasets (each path a `PREFIX`, `PREFIX.idx` or `PREFIX.bin`).
 pub fn open_megatron(paths: &[PathBuf], opts: &TokenOptions) -> Result<Dataset> {
     let mut b = Builder::default();
+    if opts.seq_len.is_some() {
+        windows(opts, 0)?; // options that fit no file are refused before any is read
+    }
     for p in paths {
         let prefix = match p.extension().and_then(|x| x.to_str()) {
             Some("idx") | Some("bin") => strip_ext(p),
@@ -205,7 +208,7 @@ fn megatron_one(prefix: &Path, opts: &TokenOptions, b: &mut Builder) -> Result<(
     let bin_size = std::fs::metadata(&bin)
         .map_err(|e| Error::io("cannot open Megatron data", e).with_path(bin.clone()))?
         .len();
-    let mut r = std::io::BufReader::with_capacity(1 << 20, f);
+    let mut r = std::io::BufReader::with_capacity((1 << 20).min(idx_size as usize), f);
     let mut head = [0u8; MEGATRON_HEADER as usize];
     if idx_size < MEGATRON_HEADER {
         return Err(bad(format!(

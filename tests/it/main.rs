@@ -8,6 +8,7 @@ mod device;
 mod engine;
 mod fallback;
 mod formats;
+mod fuzzed;
 mod gpu;
 mod kernels;
 mod loader;
