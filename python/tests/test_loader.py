@@ -241,3 +241,47 @@ class ForkTests(unittest.TestCase):
         self.assertIn("spawn", msg)  # it says what to do
         # The parent's loader goes on.
         self.assertEqual(sum(len(b) for b in l), first)
+
+
+@unittest.skipUnless(DATA, "GPUFEED_TEST_DATA is not set (tests/it/python.rs sets it)")
+class ThreadTests(unittest.TestCase):
+    def _drain(self, it, out, errors):
+        try:
+            for b in it:
+                out.extend(b.keys)
+                data = np.from_dlpack(b.data)
+                offsets, lengths = np.from_dlpack(b.offsets), np.from_dlpack(b.lengths)
+                for i, key in enumerate(b.keys):
+                    got = data[offsets[i] : offsets[i] + lengths[i]]
+                    np.testing.assert_array_equal(got, expected(key, lengths[i]), key)
+        except Exception as e:  # noqa: BLE001 - reported to the main thread
+            errors.append(e)
+
+    def _two_threads(self, iterable):
+        """Drains `iterable` from two threads at once; the keys each one got."""
+        import threading
+
+        got = [[], []]
+        errors = []
+        ts = [threading.Thread(target=self._drain, args=(iterable, got[k], errors)) for k in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=60)
+            self.assertFalse(t.is_alive(), "a thread hung")
+        self.assertEqual(errors, [])
+        return got
+
+    def test_one_epoch_iterated_from_two_threads_shares_its_batches(self):
+        want = samples()
+        l = loader()
+        got = self._two_threads(iter(l))
+        keys = got[0] + got[1]
+        self.assertEqual(sorted(keys), sorted(want), "each batch went to one thread")
+
+    def test_one_loader_iterated_from_two_threads_gives_each_a_whole_epoch(self):
+        want = samples()
+        l = loader()
+        got = self._two_threads(l)
+        for k in range(2):
+            self.assertEqual(sorted(got[k]), sorted(want), f"thread {k}")

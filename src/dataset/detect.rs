@@ -48,6 +48,8 @@ pub(crate) fn detect(path: &Path, opts: &OpenOptions) -> Result<(Format, Vec<Pat
         };
         return Ok((f, vec![path.to_path_buf()]));
     }
+    // A pack that did not finish here: its shards (if any landed) are not the dataset.
+    super::pack::check_no_staging(path)?;
     // A named format searches the whole tree; detection looks at the top level only (class
     // folders are ImageFolder's, which refuses trees holding other formats).
     let mut files = Vec::new();

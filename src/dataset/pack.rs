@@ -1,5 +1,11 @@
 //! Packing a dataset into our shards: deterministic (the same input gives the same shards,
-//! whatever the thread count), parallel by shard, crash-safe (see [`ShardWriter`]).
+//! whatever the thread count), parallel by shard, crash-safe.
+//!
+//! Crash-safe means a reader never takes part of a pack for the whole: shards are written into
+//! a staging folder ([`STAGING`]) inside the output directory and moved into place only once
+//! every one is finished, and the staging folder goes last. A pack that fails (a full disk, a
+//! bad sample) removes it; one that is killed leaves it behind, and opening the directory (or
+//! a shard in it) is then refused with an error that says so. Rerunning the pack starts over.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -44,14 +50,100 @@ pub struct PackSummary {
     pub bytes: u64,
 }
 
-/// Packs every sample of `src` (in its order) into `out_dir/shard-NNNNN.gpf`.
+/// The folder inside the output directory where `pack` writes its shards until every one is
+/// finished. While it exists, the directory's shards are not to be trusted as a whole.
+pub const STAGING: &str = ".gpufeed-pack.partial";
+
+/// An error if `dir` holds a pack's staging folder (a pack still running, killed, or
+/// failed without cleaning up): its shards may be a part of the dataset.
+pub fn check_no_staging(dir: &Path) -> Result<()> {
+    let staging = dir.join(STAGING);
+    if staging.exists() {
+        return Err(invalid(format!(
+            "an unfinished `gpufeed pack` left {}: the shards in this directory may be only \
+             part of the dataset; rerun the pack (it starts over), or delete that folder to \
+             read what is there",
+            staging.display()
+        ))
+        .with_path(dir.to_path_buf()));
+    }
+    Ok(())
+}
+
+/// Packs every sample of `src` (in its order) into `out_dir/shard-NNNNN.gpf`, through the
+/// staging folder ([`STAGING`]); shards named `shard-NNNNN.gpf` that an earlier, larger pack
+/// left in `out_dir` are removed, so the directory holds this dataset and nothing else.
 pub fn pack(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSummary> {
     if opts.shard_bytes == 0 {
         return Err(invalid("shard size must be positive"));
     }
-    std::fs::create_dir_all(out_dir).map_err(|e| {
-        Error::io("cannot create output directory", e).with_path(out_dir.to_path_buf())
+    let staging = out_dir.join(STAGING);
+    let io_err = |what: &'static str, p: &Path| {
+        let p = p.to_path_buf();
+        move |e| Error::io(what, e).with_path(p)
+    };
+    // A killed pack's leftovers: started over.
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(io_err(
+            "cannot remove an earlier pack's staging folder",
+            &staging,
+        ))?;
+    }
+    std::fs::create_dir_all(&staging)
+        .map_err(io_err("cannot create output directory", &staging))?;
+    let r = pack_into(src, &staging, opts);
+    let r = r.and_then(|summary| land(summary, &staging, out_dir));
+    if r.is_err() {
+        // Nothing of a failed pack stays that could read as (part of) a dataset.
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    r
+}
+
+/// Moves the finished shards from `staging` into `out_dir`, removes stale shards of an earlier
+/// pack, makes it durable, and only then removes the staging folder.
+fn land(mut s: PackSummary, staging: &Path, out_dir: &Path) -> Result<PackSummary> {
+    let mut landed = Vec::with_capacity(s.shards.len());
+    for p in &s.shards {
+        let name = p.file_name().expect("a shard has a file name");
+        let to = out_dir.join(name);
+        std::fs::rename(p, &to)
+            .map_err(|e| Error::io("cannot move shard into place", e).with_path(to.clone()))?;
+        landed.push(to);
+    }
+    let is_ours = |n: &str| {
+        n.strip_prefix("shard-")
+            .and_then(|r| r.strip_suffix(&format!(".{EXTENSION}")))
+            .is_some_and(|k| k.len() >= 5 && k.bytes().all(|c| c.is_ascii_digit()))
+    };
+    let rd = std::fs::read_dir(out_dir)
+        .map_err(|e| Error::io("cannot list directory", e).with_path(out_dir.to_path_buf()))?;
+    for e in rd.flatten() {
+        let p = e.path();
+        let stale =
+            p.file_name().and_then(|n| n.to_str()).is_some_and(is_ours) && !landed.contains(&p);
+        if stale {
+            std::fs::remove_file(&p)
+                .map_err(|e| Error::io("cannot remove a stale shard", e).with_path(p.clone()))?;
+        }
+    }
+    sync_dir(out_dir)?;
+    std::fs::remove_dir(staging).map_err(|e| {
+        Error::io("cannot remove the staging folder", e).with_path(staging.to_path_buf())
     })?;
+    sync_dir(out_dir)?;
+    s.shards = landed;
+    Ok(s)
+}
+
+/// fsync on a directory: its entries (the renames) reach the disk.
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io("cannot sync directory", e).with_path(dir.to_path_buf()))
+}
+
+fn pack_into(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSummary> {
     // Shard boundaries depend only on sample sizes: deterministic output.
     let mut ranges = Vec::new();
     let mut start = 0;

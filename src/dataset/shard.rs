@@ -295,6 +295,22 @@ pub fn find_shards(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Opens shards as one dataset.
 pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
+    // Shards beside an unfinished pack's staging folder may be part of a dataset only.
+    let mut dirs: Vec<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
+    dirs.dedup();
+    for d in dirs {
+        if d.file_name().is_some_and(|n| n == super::pack::STAGING) {
+            return Err(crate::error::invalid(
+                "this shard is in an unfinished pack's staging folder: rerun the pack",
+            )
+            .with_path(d.to_path_buf()));
+        }
+        super::pack::check_no_staging(if d.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            d
+        })?;
+    }
     let mut files = Vec::with_capacity(paths.len());
     let mut samples = Vec::new();
     let mut keys = Strings::default();

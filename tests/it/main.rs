@@ -14,4 +14,5 @@ mod kernels;
 mod loader;
 mod problems;
 mod python;
+mod reliability;
 mod sim;

@@ -1,0 +1,534 @@
+//! The soak (`scripts/soak.sh [MINUTES]`): epochs back to back for MINUTES over a generated
+//! dataset on the real disk — every order, one to three ranks, every engine, resumes at random
+//! batches, loaders dropped mid-epoch — and, between them, whole epochs over the seeded faulty
+//! simulated disk with fresh seeds. Checked throughout:
+//!
+//! - every epoch delivers every sample exactly once across its ranks (padding aside), each with
+//!   its exact bytes and label;
+//! - on the real disk no error at all; on the simulated disk only the EIO it injects, naming
+//!   the file and the sample;
+//! - resources when no loader is alive: resident memory, open descriptors, threads, locked and
+//!   pinned memory, sampled every few seconds. After the first minute (warm-up: allocator
+//!   arenas, the page cache of the dataset's index) none may grow by more than 5% over its
+//!   largest first-minute value, and descriptors and threads not at all.
+//!
+//! Prints a summary (or `--json`) and exits 1 on any violation.
+//!
+//! ```text
+//! cargo run --release --example soak -- --minutes 30 --dir target/soak
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpufeed::dataset::shard::ShardWriter;
+use gpufeed::io::sim::{Rng, SimBackend, SimConfig};
+use gpufeed::loader::BackendFactory;
+use gpufeed::{Dataset, EngineKind, LastBatch, Loader, Order};
+
+/// Sample `i`'s bytes: a function of its id and position, so a misplaced byte shows.
+fn content(i: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|k| ((i * 131 + k * 7) ^ (k >> 8) ^ (i >> 3)) as u8)
+        .collect()
+}
+
+fn label(i: usize) -> i64 {
+    (i % 1000) as i64
+}
+
+/// Writes `n` samples (1 B .. `max_len`) into `shards` shards, half of them 4 KiB-aligned.
+fn write_dataset(dir: &Path, n: usize, shards: usize, max_len: u64, seed: u64) -> Vec<PathBuf> {
+    std::fs::create_dir_all(dir).expect("dataset directory");
+    let mut rng = Rng::new(seed);
+    let per = n.div_ceil(shards);
+    let mut paths = Vec::new();
+    for s in 0..shards {
+        let p = dir.join(format!("shard-{s:05}.gpf"));
+        let align = if s % 2 == 0 { 1 } else { 4096 };
+        let mut w = ShardWriter::create(&p, align).expect("create shard");
+        for i in s * per..((s + 1) * per).min(n) {
+            let len = 1 + rng.below(max_len) as usize;
+            w.add(&format!("s{i}"), label(i), &[], &content(i, len))
+                .expect("write sample");
+        }
+        w.finish().expect("finish shard");
+        paths.push(p);
+    }
+    paths
+}
+
+/// What /proc says about this process.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+struct Resources {
+    t_s: f64,
+    rss_kib: u64,
+    fds: u64,
+    threads: u64,
+    locked_kib: u64,
+    pinned_kib: u64,
+}
+
+fn resources(t0: Instant) -> Resources {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Resources {
+        t_s: t0.elapsed().as_secs_f64(),
+        rss_kib: field("VmRSS:"),
+        fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
+        threads: field("Threads:"),
+        locked_kib: field("VmLck:"),
+        pinned_kib: field("VmPin:"),
+    }
+}
+
+#[derive(Default, serde::Serialize)]
+struct Counts {
+    disk_epochs: u64,
+    disk_rank_epochs: u64,
+    disk_samples: u64,
+    disk_bytes: u64,
+    resumes: u64,
+    dropped_mid_epoch: u64,
+    sim_seeds: u64,
+    sim_samples: u64,
+    sim_injected_errors: u64,
+    by_order: BTreeMap<String, u64>,
+    by_engine: BTreeMap<String, u64>,
+}
+
+struct Soak {
+    ds: Arc<Dataset>,
+    small: Arc<Dataset>,
+    rng: Rng,
+    counts: Counts,
+    violations: Vec<String>,
+}
+
+fn order_name(o: &Order) -> &'static str {
+    match o {
+        Order::Global => "global",
+        Order::ShardBuffer { .. } => "shard-buffer",
+        Order::Block { .. } => "block",
+    }
+}
+
+impl Soak {
+    fn fail(&mut self, msg: String) {
+        eprintln!("VIOLATION: {msg}");
+        if self.violations.len() < 50 {
+            self.violations.push(msg);
+        }
+    }
+
+    fn pick_order(&mut self) -> Order {
+        match self.rng.below(3) {
+            0 => Order::Global,
+            1 => Order::ShardBuffer {
+                buffer: 1 + self.rng.below(400) as u32,
+            },
+            _ => Order::Block {
+                block_bytes: (16 << 10) << self.rng.below(8),
+                open_blocks: 1 + self.rng.below(6) as u32,
+            },
+        }
+    }
+
+    /// Checks a delivered sample against what was written; returns its length.
+    fn check_bytes(&mut self, what: &str, id: u32, bytes: &[u8], label_got: i64) -> usize {
+        let ds = if what.starts_with("sim") {
+            &self.small
+        } else {
+            &self.ds
+        };
+        let want = content(id as usize, ds.sample(id as usize).len as usize);
+        if bytes != want.as_slice() {
+            self.fail(format!("{what}: sample {id} has wrong bytes"));
+        }
+        if label_got != label(id as usize) {
+            self.fail(format!("{what}: sample {id} has label {label_got}"));
+        }
+        bytes.len()
+    }
+
+    /// One epoch on the real disk: ranks read one after another, some resumed at a random
+    /// batch (the first part from a loader dropped mid-epoch), plus sometimes a loader that is
+    /// dropped after a few batches and never resumed.
+    fn disk_epoch(&mut self, epoch: u64) {
+        let order = self.pick_order();
+        let world = 1 + self.rng.below(3) as u32;
+        let batch = 1 + self.rng.below(96) as u32;
+        let last = if self.rng.below(4) == 0 {
+            LastBatch::Pad
+        } else {
+            LastBatch::Short
+        };
+        let engine = [
+            EngineKind::Uring,
+            EngineKind::UringBuffered,
+            EngineKind::PreadPool,
+        ][self.rng.below(3) as usize];
+        let seed = self.rng.next_u64();
+        let what = format!(
+            "disk epoch {epoch} ({}, {world} ranks, batch {batch}, {last:?}, {})",
+            order_name(&order),
+            engine.name()
+        );
+        *self
+            .counts
+            .by_order
+            .entry(order_name(&order).into())
+            .or_default() += 1;
+        *self
+            .counts
+            .by_engine
+            .entry(engine.name().into())
+            .or_default() += 1;
+        let ds = self.ds.clone();
+        let build = move |rank: u32| {
+            Loader::builder(ds.clone())
+                .batch_size(batch)
+                .order(order)
+                .seed(seed)
+                .rank(rank, world)
+                .last_batch(last)
+                .engine_kind(engine)
+                .memory_budget(64 << 20)
+                .build()
+        };
+        let mut seen = vec![0u32; self.ds.len()];
+        for rank in 0..world {
+            self.counts.disk_rank_epochs += 1;
+            let loader = match build(rank) {
+                Ok(l) => l,
+                Err(e) => {
+                    return self.fail(format!("{what}: building rank {rank}: {}", e.report()))
+                }
+            };
+            let batches = loader.batches_per_epoch();
+            let resume_at = if batches > 1 && self.rng.below(3) == 0 {
+                1 + self.rng.below(batches as u64 - 1) as u32
+            } else {
+                0
+            };
+            let mut parts = Vec::new();
+            if resume_at > 0 {
+                // The first part from this loader, then it is dropped mid-epoch (the epoch
+                // first, or the loader with the epoch still alive); the rest from a new one.
+                self.counts.resumes += 1;
+                parts.push((Some(loader), 0, Some(resume_at)));
+                parts.push((None, resume_at, None));
+            } else {
+                parts.push((Some(loader), 0, None));
+            }
+            for (loader, start, stop) in parts {
+                let loader = match loader {
+                    Some(l) => l,
+                    None => match build(rank) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            return self
+                                .fail(format!("{what}: rebuilding rank {rank}: {}", e.report()))
+                        }
+                    },
+                };
+                let mut ep = match loader.epoch_from(epoch, start) {
+                    Ok(ep) => ep,
+                    Err(e) => return self.fail(format!("{what}: epoch: {}", e.report())),
+                };
+                let mut k = start;
+                while stop.is_none_or(|s| k < s) {
+                    let Some(b) = ep.next() else { break };
+                    let b = match b {
+                        Ok(b) => b,
+                        Err(e) => return self.fail(format!("{what}: batch {k}: {}", e.report())),
+                    };
+                    for (j, &id) in b.sample_ids().iter().enumerate() {
+                        if b.is_padding(j) {
+                            continue;
+                        }
+                        seen[id as usize] += 1;
+                        match b.sample(j) {
+                            Ok(bytes) => {
+                                let n = self.check_bytes(&what, id, bytes, b.labels()[j]);
+                                self.counts.disk_samples += 1;
+                                self.counts.disk_bytes += n as u64;
+                            }
+                            Err(e) => {
+                                let r = e.report();
+                                self.fail(format!("{what}: sample {id}: {r}"))
+                            }
+                        }
+                    }
+                    k += 1;
+                }
+                if stop.is_some() {
+                    if self.rng.below(2) == 0 {
+                        drop(ep);
+                        drop(loader);
+                    } else {
+                        drop(loader);
+                        drop(ep);
+                    }
+                }
+            }
+        }
+        let wrong = seen.iter().filter(|&&c| c != 1).count();
+        if wrong > 0 {
+            let lost = seen.iter().filter(|&&c| c == 0).count();
+            self.fail(format!(
+                "{what}: {lost} samples lost, {} delivered more than once",
+                wrong - lost
+            ));
+        }
+        self.counts.disk_epochs += 1;
+        // Sometimes a loader read for a few batches and dropped for good (no resume).
+        if self.rng.below(3) == 0 {
+            self.counts.dropped_mid_epoch += 1;
+            if let Ok(l) = build(0) {
+                if let Ok(mut ep) = l.epoch(epoch + 1) {
+                    for _ in 0..self.rng.below(4) {
+                        let _ = ep.next();
+                    }
+                }
+            }
+        }
+    }
+
+    /// One fresh seed of the faulty simulated disk: a whole epoch of the small dataset.
+    fn sim_seed(&mut self, seed: u64) {
+        let clean = seed.is_multiple_of(7);
+        let factory: BackendFactory = Arc::new(move |_epoch| {
+            let cfg = if clean {
+                SimConfig::clean(seed)
+            } else {
+                SimConfig::faulty(seed)
+            };
+            Box::new(SimBackend::new(cfg)) as Box<dyn gpufeed::io::Backend>
+        });
+        let order = self.pick_order();
+        let loader = Loader::builder(self.small.clone())
+            .batch_size(1 + (seed % 17) as u32)
+            .order(order)
+            .seed(seed)
+            .window(2, 1 << 20)
+            .memory_budget(8 << 20)
+            .backend(EngineKind::Uring, factory)
+            .build();
+        let what = format!("sim seed {seed}");
+        let loader = match loader {
+            Ok(l) => l,
+            Err(e) => return self.fail(format!("{what}: build: {}", e.report())),
+        };
+        let mut seen = vec![0u32; self.small.len()];
+        let ep = match loader.epoch(seed) {
+            Ok(ep) => ep,
+            Err(e) => return self.fail(format!("{what}: epoch: {}", e.report())),
+        };
+        for b in ep {
+            let b = match b {
+                Ok(b) => b,
+                Err(e) => return self.fail(format!("{what}: batch: {}", e.report())),
+            };
+            for (j, &id) in b.sample_ids().iter().enumerate() {
+                seen[id as usize] += 1;
+                self.counts.sim_samples += 1;
+                match b.sample(j) {
+                    Ok(bytes) => {
+                        let _ = self.check_bytes(&what, id, bytes, b.labels()[j]);
+                    }
+                    Err(e) => {
+                        let injected = !clean
+                            && e.raw_os_error() == Some(libc::EIO)
+                            && e.sample() == Some(id as u64)
+                            && e.path().is_some();
+                        if injected {
+                            self.counts.sim_injected_errors += 1;
+                        } else {
+                            self.fail(format!("{what}: not an injected error: {}", e.report()));
+                        }
+                    }
+                }
+            }
+        }
+        if seen.iter().any(|&c| c != 1) {
+            self.fail(format!("{what}: not every sample exactly once"));
+        }
+        if loader.free_slots() != loader.slots() {
+            self.fail(format!("{what}: a slot was lost"));
+        }
+        self.counts.sim_seeds += 1;
+    }
+}
+
+fn main() {
+    let mut minutes = 30.0f64;
+    let mut dir = PathBuf::from("target/soak");
+    let mut json = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--minutes" => {
+                minutes = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--minutes N")
+            }
+            "--dir" => dir = args.next().map(PathBuf::from).expect("--dir DIR"),
+            "--json" => json = true,
+            _ => {
+                eprintln!("usage: soak [--minutes N] [--dir DIR] [--json]");
+                std::process::exit(2);
+            }
+        }
+    }
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs_f64(minutes * 60.0);
+    let warm_up = Duration::from_secs_f64((minutes * 60.0 / 30.0).clamp(5.0, 60.0));
+    let _ = std::fs::remove_dir_all(&dir);
+    let paths = write_dataset(&dir, 3000, 6, 48 << 10, 7);
+    let ds = Arc::new(Dataset::open_shards(&paths).expect("open the soak dataset"));
+    // The simulated disk reads a small set: a fresh seed per epoch is what is soaked there.
+    let small_paths = write_dataset(&dir.join("small"), 80, 2, 8 << 10, 11);
+    let small = Arc::new(Dataset::open_shards(&small_paths).expect("open the small dataset"));
+    eprintln!(
+        "soak: {} samples in {} shards ({:.0} MiB) in {}, {minutes} min",
+        ds.len(),
+        paths.len(),
+        ds.total_bytes() as f64 / (1 << 20) as f64,
+        dir.display()
+    );
+    let mut s = Soak {
+        ds,
+        small,
+        rng: Rng::new(0x50a4),
+        counts: Counts::default(),
+        violations: Vec::new(),
+    };
+    let mut samples: Vec<Resources> = vec![resources(t0)];
+    let mut next_sample = Instant::now() + Duration::from_secs(2);
+    let mut next_line = Instant::now() + Duration::from_secs(30);
+    let mut epoch = 0u64;
+    let mut sim_seed = 1u64 << 32;
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        s.disk_epoch(epoch);
+        epoch += 1;
+        // Twice as long on fresh simulator seeds (at least 20).
+        let disk_took = t.elapsed();
+        let t = Instant::now();
+        let mut n = 0;
+        while n < 20 || t.elapsed() < 2 * disk_took {
+            s.sim_seed(sim_seed);
+            sim_seed += 1;
+            n += 1;
+        }
+        // No loader is alive here: what the process holds is what it keeps.
+        if Instant::now() >= next_sample {
+            samples.push(resources(t0));
+            next_sample = Instant::now() + Duration::from_secs(2);
+        }
+        if Instant::now() >= next_line && !json {
+            let r = samples.last().copied().unwrap_or_default();
+            eprintln!(
+                "  {:>5.0} s: {} disk epochs, {} sim seeds, RSS {} MiB, {} fds, {} threads, {} violations",
+                r.t_s,
+                s.counts.disk_epochs,
+                s.counts.sim_seeds,
+                r.rss_kib / 1024,
+                r.fds,
+                r.threads,
+                s.violations.len()
+            );
+            next_line = Instant::now() + Duration::from_secs(30);
+        }
+    }
+    samples.push(resources(t0));
+    // Growth after the warm-up against the largest warm-up value.
+    let (early, late): (Vec<Resources>, Vec<Resources>) =
+        samples.iter().partition(|r| r.t_s <= warm_up.as_secs_f64());
+    let max = |v: &[Resources], f: fn(&Resources) -> u64| v.iter().map(f).max().unwrap_or(0);
+    type Field = (&'static str, fn(&Resources) -> u64, f64);
+    let fields: [Field; 5] = [
+        ("rss_kib", |r| r.rss_kib, 0.05),
+        ("fds", |r| r.fds, 0.0),
+        ("threads", |r| r.threads, 0.0),
+        ("locked_kib", |r| r.locked_kib, 0.05),
+        ("pinned_kib", |r| r.pinned_kib, 0.05),
+    ];
+    let mut growth = BTreeMap::new();
+    for (name, f, allowed) in fields {
+        let (base, last_max) = (max(&early, f), max(&late, f));
+        growth.insert(name, (base, last_max));
+        if late.is_empty() {
+            continue;
+        }
+        if last_max as f64 > base as f64 * (1.0 + allowed) + if allowed > 0.0 { 64.0 } else { 0.0 }
+        {
+            s.fail(format!(
+                "{name} grew from {base} (largest in the first {:.0} s) to {last_max}",
+                warm_up.as_secs_f64()
+            ));
+        }
+    }
+    let took = t0.elapsed().as_secs_f64();
+    let ok = s.violations.is_empty();
+    if json {
+        let v = serde_json::json!({
+            "minutes": took / 60.0,
+            "ok": ok,
+            "counts": s.counts,
+            "resources_first_and_after_warm_up": growth,
+            "samples": samples,
+            "violations": s.violations,
+        });
+        println!("{v}");
+    } else {
+        let c = &s.counts;
+        println!(
+            "soak: {:.1} min, {}",
+            took / 60.0,
+            if ok { "clean" } else { "FAILED" }
+        );
+        println!(
+            "  real disk: {} epochs ({} rank-epochs), {} samples, {:.1} GiB, {} resumes, {} loaders dropped mid-epoch",
+            c.disk_epochs,
+            c.disk_rank_epochs,
+            c.disk_samples,
+            c.disk_bytes as f64 / (1u64 << 30) as f64,
+            c.resumes,
+            c.dropped_mid_epoch
+        );
+        println!("  orders {:?}, engines {:?}", c.by_order, c.by_engine);
+        println!(
+            "  simulated disk: {} seeds, {} samples, {} injected errors reported as such",
+            c.sim_seeds, c.sim_samples, c.sim_injected_errors
+        );
+        println!(
+            "  lost or duplicated samples: {}",
+            s.violations
+                .iter()
+                .filter(|v| v.contains("exactly once") || v.contains("lost"))
+                .count()
+        );
+        for (name, (base, late)) in &growth {
+            println!(
+                "  {name:<11} first {:.0} s max {base:>8}, after max {late:>8}",
+                warm_up.as_secs_f64()
+            );
+        }
+        for v in &s.violations {
+            println!("  violation: {v}");
+        }
+    }
+    std::process::exit(if ok { 0 } else { 1 });
+}
