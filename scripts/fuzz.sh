@@ -25,7 +25,7 @@ root=$PWD
 minutes=${1:-30}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(shard tar tfrecord example megatron image_header args)
+[ ${#targets[@]} -gt 0 ] || targets=(shard tar tfrecord example megatron image_header args decode)
 runs=${FUZZ_RUNS:-10000000}
 jobs=${FUZZ_JOBS:-1}
 seconds=$((minutes * 60))
@@ -42,19 +42,24 @@ flags+=" -Cllvm-args=-sanitizer-coverage-pc-table -Cllvm-args=-sanitizer-coverag
 flags+=" --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
 echo "building the fuzz targets (instrumented, release)..." >&2
 # --target keeps the instrumentation off build scripts and proc macros.
-(cd fuzz && RUSTFLAGS="$flags" cargo build --release --target "$triple" --bins -q)
+(cd fuzz && RUSTFLAGS="$flags" cargo build --release --target "$triple" --bins --features decode -q)
 bin=$CARGO_TARGET_DIR/$triple/release
 export GPUFEED_QUIET=1 # no progress lines from the library in the logs
 
 python3 fuzz/seeds.py target/fuzz-seeds >&2
+# Whole JPEGs of every kind, from the library's own encoder (an ordinary release build).
+CARGO_TARGET_DIR=$root/target cargo run --release -q --example fuzz_decode_seeds -- \
+    target/fuzz-seeds/decode
 mkdir -p target/fuzz-corpus target/fuzz-artifacts target/fuzz-logs
 
 one() {
     local t=$1 log=target/fuzz-logs/$1.log
     mkdir -p "target/fuzz-corpus/$t"
-    local start=$SECONDS rc=0
+    local start=$SECONDS rc=0 max_len=65536
+    # Whole JPEGs of the generated set are 20-80 KiB.
+    [ "$t" = decode ] && max_len=262144
     "$bin/$t" -runs="$runs" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-        -max_len=65536 -print_final_stats=1 -artifact_prefix="target/fuzz-artifacts/$t-" \
+        -max_len=$max_len -print_final_stats=1 -artifact_prefix="target/fuzz-artifacts/$t-" \
         "target/fuzz-corpus/$t" "target/fuzz-seeds/$t" >"$log" 2>&1 || rc=$?
     local took=$((SECONDS - start))
     local execs cov ft corp
