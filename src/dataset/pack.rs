@@ -111,9 +111,10 @@ fn land(mut s: PackSummary, staging: &Path, out_dir: &Path) -> Result<PackSummar
             .map_err(|e| Error::io("cannot move shard into place", e).with_path(to.clone()))?;
         landed.push(to);
     }
+    let suffix = format!(".{EXTENSION}");
     let is_ours = |n: &str| {
         n.strip_prefix("shard-")
-            .and_then(|r| r.strip_suffix(&format!(".{EXTENSION}")))
+            .and_then(|r| r.strip_suffix(suffix.as_str()))
             .is_some_and(|k| k.len() >= 5 && k.bytes().all(|c| c.is_ascii_digit()))
     };
     let rd = std::fs::read_dir(out_dir)
