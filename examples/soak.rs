@@ -115,14 +115,6 @@ struct Soak {
     violations: Vec<String>,
 }
 
-fn order_name(o: &Order) -> &'static str {
-    match o {
-        Order::Global => "global",
-        Order::ShardBuffer { .. } => "shard-buffer",
-        Order::Block { .. } => "block",
-    }
-}
-
 impl Soak {
     fn fail(&mut self, msg: String) {
         eprintln!("VIOLATION: {msg}");
@@ -132,8 +124,9 @@ impl Soak {
     }
 
     fn pick_order(&mut self) -> Order {
-        match self.rng.below(3) {
+        match self.rng.below(4) {
             0 => Order::Global,
+            3 => Order::Sequential,
             1 => Order::ShardBuffer {
                 buffer: 1 + self.rng.below(400) as u32,
             },
@@ -183,14 +176,10 @@ impl Soak {
         let seed = self.rng.next_u64();
         let what = format!(
             "disk epoch {epoch} ({}, {world} ranks, batch {batch}, {last:?}, {})",
-            order_name(&order),
+            order.name(),
             engine.name()
         );
-        *self
-            .counts
-            .by_order
-            .entry(order_name(&order).into())
-            .or_default() += 1;
+        *self.counts.by_order.entry(order.name().into()).or_default() += 1;
         *self
             .counts
             .by_engine

@@ -25,6 +25,8 @@ extern "C" {
 #define GPUFEED_ERR_UNSUPPORTED 4
 #define GPUFEED_ERR_SAMPLE 5
 #define GPUFEED_ERR_PANIC 6
+/* A wait for a batch passed timeout_ms: the epoch stays usable, call next again to go on. */
+#define GPUFEED_ERR_TIMEOUT 7
 
 typedef struct gpufeed_loader gpufeed_loader;
 typedef struct gpufeed_batch gpufeed_batch;
@@ -34,7 +36,7 @@ typedef struct gpufeed_batch gpufeed_batch;
  * (`gpufeed inspect --help` documents each): NULL, or 0, keeps the default. */
 typedef struct gpufeed_options {
     uint32_t batch_size;
-    uint32_t order; /* 0 global, 1 shard-buffer, 2 block */
+    uint32_t order; /* 0 global, 1 shard-buffer, 2 block, 3 sequential (no shuffle: evaluation) */
     uint64_t seed;
     uint32_t rank;
     uint32_t world_size;
@@ -56,6 +58,7 @@ typedef struct gpufeed_options {
     uint32_t stride;
     uint8_t strict; /* nonzero: refuse a dataset in which indexing found any problem */
     uint64_t memory_budget; /* bytes the arena may take; 0: the default (4 GiB) */
+    uint64_t timeout_ms; /* limit on each wait in gpufeed_loader_next; 0: none (the default) */
 } gpufeed_options;
 
 /* last_batch: SHORT delivers every sample exactly once (the last batch may be short); DROP drops
@@ -73,7 +76,7 @@ typedef struct gpufeed_images {
     uint32_t layout; /* 0 NCHW, 1 NHWC */
     float mean[3]; /* per channel, 0-1 scale (float dtypes) */
     float std[3];
-    uint32_t threads; /* decode threads; 0: all cores but one */
+    uint32_t threads; /* decode threads; 0: the cores / LOCAL_WORLD_SIZE (or GPUFEED_DECODE_THREADS) */
     uint32_t resize; /* eval: shorter side before the crop; 0: size * 8 / 7 */
 } gpufeed_images;
 

@@ -34,6 +34,8 @@ pub enum ErrorKind {
     Busy,
     /// The read was cancelled before it completed (the engine was shut down).
     Cancelled,
+    /// The caller asked for a time limit (a loader's `timeout`) and it passed.
+    TimedOut,
 }
 
 impl ErrorKind {
@@ -47,6 +49,7 @@ impl ErrorKind {
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::Busy => "busy",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::TimedOut => "timed out",
         }
     }
 }

@@ -26,13 +26,15 @@ pub const GPUFEED_ERR_IO: i32 = 3;
 pub const GPUFEED_ERR_UNSUPPORTED: i32 = 4;
 pub const GPUFEED_ERR_SAMPLE: i32 = 5;
 pub const GPUFEED_ERR_PANIC: i32 = 6;
+/// A wait for a batch passed `timeout_ms` (the epoch stays usable: call next again).
+pub const GPUFEED_ERR_TIMEOUT: i32 = 7;
 
 /// Loader options (`gpufeed_options`); fill with `gpufeed_options_default` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct GpufeedOptions {
     pub batch_size: u32,
-    /// 0 global, 1 shard-buffer, 2 block.
+    /// 0 global, 1 shard-buffer, 2 block, 3 sequential (no shuffle: evaluation).
     pub order: u32,
     pub seed: u64,
     pub rank: u32,
@@ -60,6 +62,9 @@ pub struct GpufeedOptions {
     pub strict: u8,
     /// Bytes the loader's arena may take (0: the default, 4 GiB).
     pub memory_budget: u64,
+    /// A limit on each wait for a batch in `gpufeed_loader_next`, in milliseconds (0: none,
+    /// the default: the loader waits as long as the consumer takes).
+    pub timeout_ms: u64,
 }
 
 /// `last_batch` values (`GPUFEED_LAST_BATCH_*` in the header).
@@ -129,7 +134,7 @@ pub struct GpufeedImages {
     /// Per-channel mean and std on the 0–1 scale (float dtypes).
     pub mean: [f32; 3],
     pub std: [f32; 3],
-    /// Decode threads (0: all cores but one).
+    /// Decode threads (0: the cores divided by `LOCAL_WORLD_SIZE`, or `GPUFEED_DECODE_THREADS`).
     pub threads: u32,
     /// Eval: the shorter side before the crop (0: size * 8 / 7).
     pub resize: u32,
@@ -179,6 +184,7 @@ fn status_of(e: &gpufeed::Error) -> i32 {
         ErrorKind::NotFound | ErrorKind::PermissionDenied => GPUFEED_ERR_NOT_FOUND,
         ErrorKind::InvalidInput => GPUFEED_ERR_INVALID,
         ErrorKind::Unsupported => GPUFEED_ERR_UNSUPPORTED,
+        ErrorKind::TimedOut => GPUFEED_ERR_TIMEOUT,
         _ => GPUFEED_ERR_IO,
     }
 }
@@ -229,6 +235,7 @@ fn defaults() -> GpufeedOptions {
         stride: 0,
         strict: 0,
         memory_budget: 0,
+        timeout_ms: 0,
     }
 }
 
@@ -347,9 +354,10 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
             0 => Order::Global,
             1 => Order::parse("shard-buffer").expect("known"),
             2 => Order::parse("block").expect("known"),
+            3 => Order::Sequential,
             n => {
                 return invalid(&format!(
-                    "unknown order {n} (0 global, 1 shard-buffer, 2 block)"
+                    "unknown order {n} (0 global, 1 shard-buffer, 2 block, 3 sequential)"
                 ))
             }
         };
@@ -372,8 +380,12 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
                     0 => gpufeed::loader::DEFAULT_MEMORY_BUDGET_BYTES,
                     b => b,
                 };
-                Loader::builder(ds)
-                    .memory_budget(budget)
+                let b = Loader::builder(ds).front_door(gpufeed::loader::FrontDoor::C);
+                let b = match o.timeout_ms {
+                    0 => b,
+                    ms => b.timeout(std::time::Duration::from_millis(ms)),
+                };
+                b.memory_budget(budget)
                     .batch_size(o.batch_size)
                     .order(order)
                     .seed(o.seed)
@@ -818,7 +830,7 @@ pub unsafe extern "C" fn gpufeed_loader_stats(
 }
 
 /// Fills `out` with the decoded-images defaults: train, 224, float32, NCHW, ImageNet's
-/// mean and std, all cores but one, eval resize 256.
+/// mean and std, the decode threads by default (the cores divided by LOCAL_WORLD_SIZE), eval resize 256.
 ///
 /// # Safety
 /// `out` writable for one `gpufeed_images`.

@@ -18,10 +18,18 @@ Example::
 Decoded images (JPEG → augmented tensors on the CPU decode threads)::
 
     loader = gpufeed.Loader("/data/imagenet/train", batch_size=256,
-                            images=gpufeed.Images("train", size=224, dtype="float16"))
+                            images=gpufeed.Images("train", size=224, dtype=torch.float16))
     for batch in loader:
         x = torch.from_dlpack(batch.images)   # [256, 3, 224, 224] float16, no copy
         y = torch.from_dlpack(batch.labels)
+
+``gpufeed.torch`` (imported only when you import it) gives torch tensors directly, and a
+``torch.utils.data.IterableDataset`` for code that wants a ``DataLoader``.
+
+Resuming: ``loader.state_dict()`` goes in the checkpoint; after a restart,
+``loader.load_state_dict(saved)`` and the usual loop (``for epoch in range(saved["epoch"], E):
+loader.set_epoch(epoch); for batch in loader: ...``) yields exactly the batches the
+interrupted run had not yet yielded, then the following epochs.
 """
 
 from ._gpufeed import (
@@ -37,6 +45,19 @@ from ._gpufeed import (
     __version__,
     gpu_available,
 )
+
+
+def _rebuild(cls, kwargs):
+    """Unpickles a gpufeed object made from keyword arguments (``Images``)."""
+    return cls(**kwargs)
+
+
+def _rebuild_loader(kwargs, state):
+    """Unpickles a ``Loader``: made anew from its arguments, at the point it had reached."""
+    loader = Loader(**kwargs)
+    loader.load_state_dict(state)
+    return loader
+
 
 __all__ = [
     "DATASET_OPTIONS",

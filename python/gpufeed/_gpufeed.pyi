@@ -1,7 +1,19 @@
 """Type hints for the compiled module."""
 
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Dict,
+    Generic,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+    overload,
+)
 
 __version__: str
 
@@ -80,17 +92,22 @@ class Images:
     ``transform``: "train" (torchvision's RandomResizedCrop with ``scale``, ``ratio`` and a
     horizontal flip with probability ``flip_p``) or "eval" (the shorter side to ``resize``,
     default ``size * 8 // 7``, then the centre crop). Bilinear with antialiasing, as Pillow
-    resizes. ``dtype``: "uint8" (pixels, no normalisation), "float16", "bfloat16" or
-    "float32" (``(x / 255 - mean) / std``, ImageNet's by default). ``layout``: "nchw" or
-    "nhwc". ``threads``: decode threads (0: all cores but one). Crops and flips follow from
+    resizes. ``size``: one side (square) or ``(height, width)`` as torchvision takes it;
+    default 224. ``dtype``: "uint8" (pixels, no normalisation), "float16", "bfloat16" or
+    "float32" (``(x / 255 - mean) / std``, ImageNet's by default; the default) — as a string,
+    a torch dtype (``torch.float16``) or a numpy dtype. ``layout``: "nchw" or "nhwc".
+    ``threads``: decode threads (0: this rank's share of the cores — the cores divided by
+    ``LOCAL_WORLD_SIZE``, or ``GPUFEED_DECODE_THREADS``). Crops and flips follow from
     (seed, epoch, sample id) alone: the same whatever the ranks, threads or resume point.
+    Host image batches are ordinary (pageable) memory: a ``.to("cuda", non_blocking=True)``
+    copy of them does not overlap compute unless pinned first (``tensor.pin_memory()``).
     """
 
     def __init__(
         self,
         transform: str = "train",
-        size: int = 224,
-        dtype: str = "float32",
+        size: Union[int, Tuple[int, int], None] = None,
+        dtype: Any = None,
         layout: str = "nchw",
         mean: Optional[Sequence[float]] = None,
         std: Optional[Sequence[float]] = None,
@@ -134,16 +151,27 @@ class ImageBatch:
     def timing(self) -> Dict[str, Any]:
         """``stall`` (this batch's wait, by cause, decode included), read_s, copy_s, queue_s."""
 
-class _Epoch(Iterator[Union[Batch, ImageBatch]]):
-    def __next__(self) -> Union[Batch, ImageBatch]: ...
-    def stats(self) -> Dict[str, Any]: ...
+_B = TypeVar("_B", Batch, ImageBatch)
 
-class Loader:
-    """Reads a dataset epoch by epoch.
+class _Epoch(Iterator[_B]):
+    """One pass over an epoch (``iter(loader)``)."""
+
+    def __next__(self) -> _B: ...
+    def stats(self) -> Dict[str, Any]: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def position(self) -> int:
+        """The index of the batch this pass yields next."""
+
+class Loader(Generic[_B]):
+    """Reads a dataset epoch by epoch: ``for batch in loader`` is one pass; batches are
+    :class:`Batch` (bytes) or, with ``images=``, :class:`ImageBatch` (decoded tensors).
 
     ``paths``: a dataset (packed shards, WebDataset tars, TFRecords, a Megatron prefix, token
-    files, an ImageFolder directory) or a list of its files. ``order``: "global", "block" or
-    "shard-buffer". ``rank`` / ``world_size`` default to ``RANK`` / ``WORLD_SIZE``.
+    files, an ImageFolder directory) or a list of its files. ``order``: "global", "block",
+    "shard-buffer" or "sequential" (no shuffle, the same every epoch: evaluation).
+    ``rank`` / ``world_size`` default to ``RANK`` / ``WORLD_SIZE``.
     ``device``: "cpu", "cuda" (``LOCAL_RANK``) or "cuda:N". ``last_batch``: "short" (default:
     every sample exactly once, the last batch may be short), "drop", or "pad" (every rank the
     same number of samples, repeats flagged in ``Batch.padding``); ``drop_last=True`` is the
@@ -152,7 +180,17 @@ class Loader:
     may take (default 4 GiB); slots are sized from the dataset and the batch size within it.
     ``prefetch_next_epoch``: when an epoch's iteration starts, also ask for the next one
     (``set_epoch(e + 1)`` then uses it), so its first batches are read while this epoch's last
-    are used — no wait at the boundary; one that is not used is dropped.
+    are used — no wait at the boundary; one that is not used is dropped. ``timeout``: seconds
+    one wait for a batch may last before ``GpufeedError`` says what it waits for and who holds
+    the read buffers (default None: as long as it takes — a slow step or a pause is never an
+    error; the pass stays usable after a timeout).
+
+    Passes: ``set_epoch(e)`` chooses the epoch the next pass reads; without it, a finished pass
+    is followed by the next epoch (a new order each pass). A loader reads one pass at a time:
+    making or using another pass parks the one reading (its batches stay valid) and using the
+    parked one again resumes it where it stood. Batches hold the loader's read buffers until
+    they are dropped: keeping them all (``list(loader)``) waits for ever once the buffers run
+    out (a warning says so after 30 s); copy what you keep.
 
     The dataset options (``format``, ``payload``, ``label_ext``, ``label_offset``,
     ``tfrecord_index``, ``tfrecord_payload``, ``tfrecord_label``, ``tfrecord_recover``,
@@ -162,8 +200,9 @@ class Loader:
     (``gpufeed.DatasetWarning``) and listed in ``problems``; ``strict=True`` refuses it.
     """
 
+    @overload
     def __init__(
-        self,
+        self: "Loader[Batch]",
         paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
         batch_size: int,
         order: str = "global",
@@ -182,8 +221,46 @@ class Loader:
         queue_depth: Optional[int] = None,
         memory_budget: Optional[int] = None,
         prefetch_next_epoch: bool = False,
-        images: Optional[Images] = None,
+        images: None = None,
+        timeout: Optional[float] = None,
         *,
+        format: Optional[str] = None,
+        payload: Optional[Union[str, Sequence[str]]] = None,
+        label_ext: Optional[str] = None,
+        label_offset: Optional[int] = None,
+        tfrecord_index: Optional[Union[str, os.PathLike]] = None,
+        tfrecord_payload: Optional[str] = None,
+        tfrecord_label: Optional[str] = None,
+        tfrecord_recover: Optional[bool] = None,
+        token_dtype: Optional[str] = None,
+        seq_len: Optional[int] = None,
+        stride: Optional[int] = None,
+        strict: Optional[bool] = None,
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: "Loader[ImageBatch]",
+        paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
+        batch_size: int,
+        order: str = "global",
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        device: str = "cpu",
+        prefetch: int = 2,
+        last_batch: Optional[str] = None,
+        drop_last: Optional[bool] = None,
+        verify: bool = True,
+        on_error: str = "raise",
+        shuffle_buffer: Optional[int] = None,
+        block_bytes: Optional[int] = None,
+        open_blocks: Optional[int] = None,
+        queue_depth: Optional[int] = None,
+        memory_budget: Optional[int] = None,
+        prefetch_next_epoch: bool = False,
+        *,
+        images: Images,
+        timeout: Optional[float] = None,
         format: Optional[str] = None,
         payload: Optional[Union[str, Sequence[str]]] = None,
         label_ext: Optional[str] = None,
@@ -225,11 +302,23 @@ class Loader:
     def prefetched_epoch(self) -> Optional[int]:
         """The epoch asked for ahead (``prefetch_next_epoch``), if one is."""
         ...
-    def set_epoch(self, epoch: int) -> None: ...
+    @property
+    def decode_threads(self) -> int:
+        """Decode threads (``images=`` loaders; 0 otherwise)."""
+    @property
+    def timeout(self) -> Optional[float]: ...
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next pass reads; after ``load_state_dict``, the saved epoch keeps its
+        resume point (another drops it, with a warning)."""
     def __len__(self) -> int: ...
-    def __iter__(self) -> _Epoch: ...
-    def state_dict(self) -> Dict[str, Any]: ...
-    def load_state_dict(self, state: Dict[str, Any]) -> None: ...
+    def __iter__(self) -> _Epoch[_B]: ...
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the next pass starts (``epoch``, ``batch``) and the settings that must match."""
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """The next pass resumes there (``set_epoch`` of the saved epoch keeps it)."""
+    def init_kwargs(self) -> Dict[str, Any]:
+        """The arguments it was made with (rank and world size resolved): ``Loader(**kw)``."""
+    def _mark_worker_part(self) -> None: ...
     @property
     def num_samples(self) -> int: ...
     @property

@@ -8,33 +8,36 @@
 
 use std::ffi::{c_void, CStr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
+use std::time::Duration;
 
 use gpufeed::dataset::{OpenOptions, DATASET_OPTIONS};
 use gpufeed::decode::{
     ImageBatch, ImageEpoch, ImageLoader, ImageSpec, Layout, PixelType, Transform,
 };
 use gpufeed::dlpack::{self, DLDevice, DLManagedTensor};
+use gpufeed::loader::FrontDoor;
 use gpufeed::{Batch, Dataset, Device, Epoch, LastBatch, Loader, Order};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 create_exception!(
-    _gpufeed,
+    gpufeed,
     GpufeedError,
     PyException,
     "An error from gpufeed; the message names the file, the sample and what was wrong."
 );
 create_exception!(
-    _gpufeed,
+    gpufeed,
     DatasetWarning,
     pyo3::exceptions::PyUserWarning,
     "Indexing a dataset found damage: the samples it covers are not in the dataset."
 );
 create_exception!(
-    _gpufeed,
+    gpufeed,
     SampleError,
     GpufeedError,
     "A batch held a sample that could not be read or failed its checksum."
@@ -44,31 +47,170 @@ fn err(e: gpufeed::Error) -> PyErr {
     GpufeedError::new_err(e.report())
 }
 
-/// Where an epoch stands: the epoch `set_epoch` chose, a resume point, batches yielded.
+/// The keyword arguments `Loader` takes besides the dataset options (kept in step with the
+/// `#[pyo3(signature)]` below by a Python test that reads the signature).
+const LOADER_ARGS: &[&str] = &[
+    "paths",
+    "batch_size",
+    "order",
+    "seed",
+    "rank",
+    "world_size",
+    "device",
+    "prefetch",
+    "last_batch",
+    "drop_last",
+    "verify",
+    "on_error",
+    "shuffle_buffer",
+    "block_bytes",
+    "open_blocks",
+    "queue_depth",
+    "memory_budget",
+    "prefetch_next_epoch",
+    "images",
+    "timeout",
+];
+
+/// How long one wait for a batch lasts before Python gets the GIL back (to see Ctrl-C).
+const POLL: Duration = Duration::from_millis(100);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where the passes stand. A pass (`for batch in loader`) reads the epoch `set_epoch` or
+/// `load_state_dict` chose; without either since the latest pass began, the pass after a finished
+/// one reads the next epoch (a new order each pass, as `DataLoader(shuffle=True)`), and the pass
+/// after an unfinished one reads that epoch again from its start.
 #[derive(Debug, Default)]
 struct State {
+    /// The epoch chosen for the next pass, and a resume point in it (`load_state_dict`).
     epoch: u64,
     resume: Option<u32>,
-    /// Epoch and batches yielded of the iteration in progress (or last finished).
+    /// `set_epoch` or `load_state_dict` was called since the latest pass began.
+    chosen: bool,
+    /// A pass has begun; the latest one's epoch, and the batches it has yielded.
+    started: bool,
     iter_epoch: u64,
     yielded: u32,
 }
 
-/// An epoch-by-epoch loader over a dataset.
-#[pyclass(name = "Loader", module = "gpufeed._gpufeed")]
-struct PyLoader {
+impl State {
+    /// Where a saved state resumes: a chosen point, the next epoch after a finished pass, the
+    /// batch after the last one yielded otherwise.
+    fn saved_point(&self, batches: u32) -> (u64, u32) {
+        if self.chosen || !self.started {
+            (self.epoch, self.resume.unwrap_or(0))
+        } else if self.yielded >= batches {
+            (self.iter_epoch + 1, 0)
+        } else {
+            (self.iter_epoch, self.yielded)
+        }
+    }
+
+    /// Where the next pass starts (and that pass has begun).
+    fn begin_pass(&mut self, batches: u32) -> (u64, u32) {
+        let (epoch, start) = if self.chosen || !self.started {
+            (self.epoch, self.resume.take().unwrap_or(0))
+        } else if self.yielded >= batches {
+            (self.iter_epoch + 1, 0)
+        } else {
+            (self.iter_epoch, 0)
+        };
+        self.chosen = false;
+        self.resume = None;
+        self.started = true;
+        self.epoch = epoch;
+        self.iter_epoch = epoch;
+        self.yielded = start;
+        (epoch, start)
+    }
+}
+
+/// One pass's place: its epoch, the next batch, and its reading (none while parked).
+struct Cursor {
+    epoch: u64,
+    next: u32,
+    inner: Option<EpochKind>,
+    done: bool,
+    stats: gpufeed::LoaderStats,
+}
+
+/// What a loader's passes share.
+struct Shared {
     loader: Loader,
-    /// The latest epoch's figures, updated as it is iterated.
-    last_stats: Arc<Mutex<gpufeed::LoaderStats>>,
     /// With `images=`: the decode stage over `loader`.
     images: Option<ImageLoader>,
-    state: Arc<Mutex<State>>,
-    /// With `prefetch_next_epoch`: the epoch after the one being iterated, asked for when that
-    /// one started, so its first batches are read while this one's last are used.
+    state: Mutex<State>,
+    /// With `prefetch_next_epoch`: the epoch after the one being read, asked for when that one
+    /// started, so its first batches are read while this one's last are used.
     ahead: Mutex<Option<(u64, Epoch)>>,
     prefetch_next_epoch: bool,
+    /// The pass that reads now. A loader reads one pass at a time (its buffers would otherwise
+    /// be held by a pass nobody iterates): making or using another parks this one — its reading
+    /// stops, batches it handed out stay valid — and using a parked pass again resumes it where
+    /// it stood (its next read group is read again).
+    active: Mutex<Weak<Mutex<Cursor>>>,
+    /// The latest pass's figures (`Loader.stats()`).
+    last_stats: Mutex<gpufeed::LoaderStats>,
     raise_on_error: bool,
+}
+
+impl Shared {
+    /// Makes `me` the pass that reads: parks the one that read before, and starts `me`'s
+    /// reading where it stands if it is not reading.
+    fn activate(&self, me: &Arc<Mutex<Cursor>>) -> gpufeed::Result<()> {
+        let before = {
+            let mut a = lock(&self.active);
+            std::mem::replace(&mut *a, Arc::downgrade(me)).upgrade()
+        };
+        if let Some(other) = before.filter(|o| !Arc::ptr_eq(o, me)) {
+            // Dropped outside the cursor's lock: stopping waits for its reads in flight.
+            let parked = lock(&other).inner.take();
+            drop(parked);
+        }
+        let mut c = lock(me);
+        if c.inner.is_some() || c.done {
+            return Ok(());
+        }
+        // An epoch asked ahead is read before any asked after it, so it goes unless it is the
+        // one wanted; a new one is asked after this one.
+        let ahead = lock(&self.ahead).take();
+        let it = match ahead {
+            Some((e, it)) if e == c.epoch && c.next == 0 => it,
+            other => {
+                drop(other);
+                self.loader.epoch_from(c.epoch, c.next)?
+            }
+        };
+        if self.prefetch_next_epoch {
+            *lock(&self.ahead) = Some((c.epoch + 1, self.loader.epoch(c.epoch + 1)?));
+        }
+        c.inner = Some(match &self.images {
+            Some(il) => EpochKind::Images(il.decode_epoch(it)),
+            None => EpochKind::Bytes(it),
+        });
+        Ok(())
+    }
+
+    fn is_active(&self, me: &Arc<Mutex<Cursor>>) -> bool {
+        lock(&self.active)
+            .upgrade()
+            .is_some_and(|a| Arc::ptr_eq(&a, me))
+    }
+}
+
+/// An epoch-by-epoch loader over a dataset.
+#[pyclass(name = "Loader", module = "gpufeed")]
+struct PyLoader {
+    shared: Arc<Shared>,
     settings: Settings,
+    /// The arguments it was made with (rank and world size resolved), to rebuild it elsewhere:
+    /// a pickled loader is made anew in the process that unpickles it.
+    init: Py<PyDict>,
+    /// Made for one DataLoader worker's part of the data (`gpufeed.torch.IterableDataset`).
+    worker_part: std::sync::atomic::AtomicBool,
 }
 
 /// What must match for a saved state to apply.
@@ -176,9 +318,19 @@ fn dataset_options(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<OpenOptions> 
             let name: String = k.extract()?;
             if !DATASET_OPTIONS.iter().any(|o| o.name == name) {
                 let names: Vec<&str> = DATASET_OPTIONS.iter().map(|o| o.name).collect();
+                let hint = LOADER_ARGS
+                    .iter()
+                    .chain(&names)
+                    .map(|n| (edit_distance(&name, n), *n))
+                    .filter(|(d, n)| {
+                        *d <= (n.len() / 3).max(2) || name.starts_with(n) || n.starts_with(&name)
+                    })
+                    .min()
+                    .map_or(String::new(), |(_, n)| format!(" (did you mean {n:?}?)"));
                 return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                    "Loader() got an unexpected keyword argument {name:?}; the dataset options \
-                     are {}",
+                    "Loader() got an unexpected keyword argument {name:?}{hint}; its arguments \
+                     are {}; the dataset options are {}",
+                    LOADER_ARGS.join(", "),
                     names.join(", ")
                 )));
             }
@@ -192,6 +344,22 @@ fn dataset_options(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<OpenOptions> 
     Ok(opts)
 }
 
+/// Levenshtein distance (for "did you mean"; names are short).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 #[pymethods]
 impl PyLoader {
     #[new]
@@ -199,7 +367,7 @@ impl PyLoader {
         paths, batch_size, order="global", seed=0, rank=None, world_size=None, device="cpu",
         prefetch=2, last_batch=None, drop_last=None, verify=true, on_error="raise",
         shuffle_buffer=None, block_bytes=None, open_blocks=None, queue_depth=None,
-        memory_budget=None, prefetch_next_epoch=false, images=None, **dataset
+        memory_budget=None, prefetch_next_epoch=false, images=None, timeout=None, **dataset
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -222,10 +390,11 @@ impl PyLoader {
         queue_depth: Option<u32>,
         memory_budget: Option<u64>,
         prefetch_next_epoch: bool,
-        images: Option<PyRef<'_, PyImages>>,
+        images: Option<&Bound<'_, PyImages>>,
+        timeout: Option<f64>,
         dataset: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let image_spec = images.map(|i| i.spec.clone());
+        let image_spec = images.map(|i| i.get().spec.clone());
         let last = match (last_batch, drop_last) {
             (Some(_), Some(_)) => {
                 return Err(PyValueError::new_err(
@@ -249,7 +418,7 @@ impl PyLoader {
                 *b = block_bytes.unwrap_or(*b);
                 *o = open_blocks.unwrap_or(*o);
             }
-            Order::Global => {}
+            Order::Global | Order::Sequential => {}
         }
         let raise_on_error = match on_error {
             "raise" => true,
@@ -258,6 +427,16 @@ impl PyLoader {
                 return Err(PyValueError::new_err(
                     "on_error must be \"raise\" or \"mark\"",
                 ))
+            }
+        };
+        let timeout = match timeout {
+            None => None,
+            Some(t) if t.is_finite() && t > 0.0 => Some(Duration::from_secs_f64(t)),
+            Some(t) => {
+                return Err(PyValueError::new_err(format!(
+                    "timeout={t}: seconds above 0, or None (the default) to wait as long as \
+                     it takes"
+                )))
             }
         };
         // torch.distributed's environment when not given.
@@ -271,19 +450,20 @@ impl PyLoader {
         };
         let dev = parse_device(device)?;
         // One path (str or os.PathLike), or a sequence of them.
-        let paths: Vec<PathBuf> = match paths.extract::<PathBuf>() {
+        let path_list: Vec<PathBuf> = match paths.extract::<PathBuf>() {
             Ok(p) => vec![p],
             Err(_) => paths
                 .extract()
                 .map_err(|_| PyValueError::new_err("paths: a path, or a list of paths"))?,
         };
-        if paths.is_empty() {
+        if path_list.is_empty() {
             return Err(PyValueError::new_err("paths is empty"));
         }
         let loader = py
             .detach(|| -> gpufeed::Result<Loader> {
-                let ds = Dataset::open_paths(&paths, &opts)?;
+                let ds = Dataset::open_paths(&path_list, &opts)?;
                 let mut b = Loader::builder(ds)
+                    .front_door(FrontDoor::Python)
                     .batch_size(batch_size)
                     .order(ord)
                     .seed(seed)
@@ -298,22 +478,57 @@ impl PyLoader {
                 if let Some(m) = memory_budget {
                     b = b.memory_budget(m);
                 }
+                if let Some(t) = timeout {
+                    b = b.timeout(t);
+                }
                 b.build()
             })
             .map_err(err)?;
         let samples = loader.dataset().len();
-        warn_problems(py, loader.dataset(), &paths)?;
-        let images = match image_spec {
+        let dataset_options = loader.dataset().options().to_json().to_string();
+        warn_problems(py, loader.dataset(), &path_list)?;
+        let images_loader = match image_spec {
             Some(spec) => Some(loader.decode_images(spec).map_err(err)?),
             None => None,
         };
+        // Everything it was made with, rank and world size as resolved here (a copy made from a
+        // pickle in another process reads the same part of the data).
+        let init = PyDict::new(py);
+        init.set_item("paths", paths)?;
+        init.set_item("batch_size", batch_size)?;
+        init.set_item("order", order)?;
+        init.set_item("seed", seed)?;
+        init.set_item("rank", rank)?;
+        init.set_item("world_size", world_size)?;
+        init.set_item("device", device)?;
+        init.set_item("prefetch", prefetch)?;
+        init.set_item("last_batch", last.name())?;
+        init.set_item("verify", verify)?;
+        init.set_item("on_error", on_error)?;
+        init.set_item("shuffle_buffer", shuffle_buffer)?;
+        init.set_item("block_bytes", block_bytes)?;
+        init.set_item("open_blocks", open_blocks)?;
+        init.set_item("queue_depth", queue_depth)?;
+        init.set_item("memory_budget", memory_budget)?;
+        init.set_item("prefetch_next_epoch", prefetch_next_epoch)?;
+        init.set_item("images", images)?;
+        init.set_item("timeout", timeout.map(|t| t.as_secs_f64()))?;
+        if let Some(kw) = dataset {
+            for (k, v) in kw.iter() {
+                init.set_item(k, v)?;
+            }
+        }
         Ok(PyLoader {
-            last_stats: Arc::default(),
-            images,
-            state: Arc::default(),
-            ahead: Mutex::new(None),
-            prefetch_next_epoch,
-            raise_on_error,
+            shared: Arc::new(Shared {
+                images: images_loader,
+                state: Mutex::default(),
+                ahead: Mutex::new(None),
+                prefetch_next_epoch,
+                active: Mutex::new(Weak::new()),
+                last_stats: Mutex::default(),
+                raise_on_error,
+                loader,
+            }),
             settings: Settings {
                 batch_size,
                 order: order.to_string(),
@@ -321,10 +536,11 @@ impl PyLoader {
                 rank,
                 world_size,
                 last_batch: last.name().to_string(),
-                dataset_options: loader.dataset().options().to_json().to_string(),
+                dataset_options,
                 samples,
             },
-            loader,
+            init: init.unbind(),
+            worker_part: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -333,7 +549,7 @@ impl PyLoader {
     #[getter]
     fn dataset_options<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        for (k, v) in self.loader.dataset().options().values() {
+        for (k, v) in self.loader().dataset().options().values() {
             d.set_item(k, v)?;
         }
         Ok(d)
@@ -344,7 +560,7 @@ impl PyLoader {
     /// they cover are not in the dataset. ``problems_total`` counts them all.
     #[getter]
     fn problems<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        self.loader
+        self.loader()
             .dataset()
             .problems()
             .iter()
@@ -361,20 +577,20 @@ impl PyLoader {
 
     #[getter]
     fn problems_total(&self) -> u64 {
-        self.loader.dataset().problems_total()
+        self.loader().dataset().problems_total()
     }
 
     /// What indexing noticed that is not damage (an empty file, files skipped…).
     #[getter]
     fn notes(&self) -> Vec<String> {
-        self.loader.dataset().notes().to_vec()
+        self.loader().dataset().notes().to_vec()
     }
 
     /// Samples recovered by resynchronisation (``tfrecord_recover=True``): their bytes check,
     /// but nothing proves they are records.
     #[getter]
     fn recovered(&self) -> usize {
-        self.loader.dataset().recovered_count()
+        self.loader().dataset().recovered_count()
     }
 
     /// What happens to a rank's last, incomplete batch: "short", "drop" or "pad".
@@ -386,44 +602,91 @@ impl PyLoader {
     /// Samples this rank reads per epoch (padding included).
     #[getter]
     fn samples_per_epoch(&self) -> usize {
-        self.loader.samples_per_epoch()
+        self.loader().samples_per_epoch()
     }
 
     /// Bytes of each of the arena's slots (sized from the dataset and the batch size within
     /// ``memory_budget``), and how many there are.
     #[getter]
     fn slot_bytes(&self) -> (u64, usize) {
-        (self.loader.slot_bytes(), self.loader.slots())
+        (self.loader().slot_bytes(), self.loader().slots())
+    }
+
+    /// Decode threads (``images=`` loaders; 0 otherwise).
+    #[getter]
+    fn decode_threads(&self) -> usize {
+        self.shared.images.as_ref().map_or(0, |il| il.threads())
+    }
+
+    /// The limit on each wait for a batch, in seconds (None: as long as it takes).
+    #[getter]
+    fn timeout(&self) -> Option<f64> {
+        self.loader().timeout().map(|t| t.as_secs_f64())
     }
 
     /// The epoch asked for ahead (``prefetch_next_epoch``), if one is.
     #[getter]
     fn prefetched_epoch(&self) -> Option<u64> {
-        self.ahead
-            .lock()
-            .expect("ahead lock")
-            .as_ref()
-            .map(|(e, _)| *e)
+        lock(&self.shared.ahead).as_ref().map(|(e, _)| *e)
     }
 
     /// The figures of the epoch being iterated (or the last one): samples, bytes, reads per
     /// sample, read amplification, the consumer's waiting split into storage / copy / verify /
     /// decode / other (``stall``, ``bound``), CPU seconds by thread. A dict, for loggers.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let st = self.last_stats.lock().expect("stats lock").clone();
+        let st = lock(&self.shared.last_stats).clone();
         stats_dict(py, &st)
     }
 
-    /// Chooses the epoch the next iteration reads (as with `DistributedSampler.set_epoch`).
-    fn set_epoch(&self, epoch: u64) {
-        let mut s = self.state.lock().expect("state lock");
-        s.epoch = epoch;
-        s.resume = None;
+    /// Chooses the epoch the next pass reads (as ``DistributedSampler.set_epoch``). After
+    /// ``load_state_dict``, setting the saved epoch keeps its resume point (the usual loop
+    /// ``for epoch in range(start, E): loader.set_epoch(epoch)`` resumes where it stopped); any
+    /// other epoch drops it, with a warning. Without ``set_epoch``, each finished pass is
+    /// followed by the next epoch.
+    fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
+        let dropped = {
+            let mut s = lock(&self.shared.state);
+            let dropped = match s.resume {
+                Some(b) if s.chosen && s.epoch != epoch && b > 0 => Some((s.epoch, b)),
+                _ => None,
+            };
+            if s.epoch != epoch || !s.chosen {
+                s.resume = s.resume.filter(|_| s.chosen && s.epoch == epoch);
+            }
+            s.epoch = epoch;
+            s.chosen = true;
+            dropped
+        };
+        if let Some((e, b)) = dropped {
+            let msg = format!(
+                "gpufeed: set_epoch({epoch}) replaces the resume point load_state_dict set \
+                 (epoch {e}, batch {b}): the next pass reads epoch {epoch} from its start. To \
+                 resume, call set_epoch({e}) (or nothing) before iterating."
+            );
+            let msg = std::ffi::CString::new(msg).unwrap_or_default();
+            PyErr::warn(
+                py,
+                &py.get_type::<pyo3::exceptions::PyUserWarning>(),
+                &msg,
+                1,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Refused with what to do: a loader yields batches in an order of its own, so it is not
+    /// a map-style dataset (a ``DataLoader`` given one indexes it).
+    fn __getitem__(&self, _index: &Bound<'_, PyAny>) -> PyResult<()> {
+        Err(pyo3::exceptions::PyTypeError::new_err(
+            "a gpufeed.Loader is iterated, not indexed (it yields whole batches in its own \
+             order): iterate it directly (gpufeed.torch.batches(loader) gives torch tensors), or \
+             give DataLoader gpufeed.torch.IterableDataset(loader) with batch_size=None",
+        ))
     }
 
     /// Batches per epoch for this rank.
     fn __len__(&self) -> usize {
-        self.loader.batches_per_epoch() as usize
+        self.loader().batches_per_epoch() as usize
     }
 
     /// Samples in the dataset (all ranks).
@@ -442,62 +705,41 @@ impl PyLoader {
         self.settings.world_size
     }
 
-    /// The batches of the current epoch (from the resume point after `load_state_dict`).
+    /// A pass over the chosen epoch (from the resume point after ``load_state_dict``). Reading
+    /// starts at once. Another pass made or used while this one is unfinished parks it (its
+    /// reading stops, its batches stay valid); using it again resumes it where it stood.
     fn __iter__(&self, py: Python<'_>) -> PyResult<PyEpoch> {
-        let (epoch, start) = {
-            let mut s = self.state.lock().expect("state lock");
-            let start = s.resume.take().unwrap_or(0);
-            s.iter_epoch = s.epoch;
-            s.yielded = start;
-            (s.epoch, start)
-        };
-        let ahead = self.ahead.lock().expect("ahead lock").take();
-        let prefetch = self.prefetch_next_epoch;
-        let loader = self.loader.clone();
-        // The GIL is released: asking for an epoch plans it, and dropping one asked for ahead
-        // that is not wanted now waits for its reads in flight.
-        let (it, next) = py
-            .detach(move || -> gpufeed::Result<(Epoch, Option<(u64, Epoch)>)> {
-                let it = match ahead {
-                    Some((e, it)) if e == epoch && start == 0 => it,
-                    other => {
-                        drop(other);
-                        loader.epoch_from(epoch, start)?
-                    }
-                };
-                let next = if prefetch {
-                    Some((epoch + 1, loader.epoch(epoch + 1)?))
-                } else {
-                    None
-                };
-                Ok((it, next))
-            })
-            .map_err(err)?;
-        *self.ahead.lock().expect("ahead lock") = next;
-        let it = match &self.images {
-            Some(il) => EpochKind::Images(il.decode_epoch(it)),
-            None => EpochKind::Bytes(it),
-        };
+        if !self.worker_part.load(std::sync::atomic::Ordering::Relaxed) {
+            refuse_in_torch_worker(py)?;
+        }
+        let (epoch, start) = lock(&self.shared.state).begin_pass(self.__len__() as u32);
+        let cursor = Arc::new(Mutex::new(Cursor {
+            epoch,
+            next: start,
+            inner: None,
+            done: false,
+            stats: gpufeed::LoaderStats::default(),
+        }));
+        let shared = self.shared.clone();
+        let c = cursor.clone();
+        // The GIL is released: asking for an epoch plans it, and parking another waits for its
+        // reads in flight.
+        py.detach(move || shared.activate(&c)).map_err(err)?;
         Ok(PyEpoch {
-            last_stats: self.last_stats.clone(),
-            epoch: Mutex::new(it),
-            state: self.state.clone(),
-            dataset: self.loader.dataset().clone(),
-            raise_on_error: self.raise_on_error,
+            cursor,
+            shared: self.shared.clone(),
+            dataset: self.loader().dataset().clone(),
+            warned: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Where iteration stands, for `load_state_dict` (the shape torchdata's
-    /// `StatefulDataLoader` users expect: a plain dict).
+    /// `StatefulDataLoader` users expect: a plain dict). ``epoch`` and ``batch`` are where the
+    /// next pass starts: after the last batch yielded, the next epoch after a finished pass, or
+    /// what ``set_epoch`` / ``load_state_dict`` chose.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.state.lock().expect("state lock");
+        let (epoch, batch) = lock(&self.shared.state).saved_point(self.__len__() as u32);
         let d = PyDict::new(py);
-        // A finished epoch resumes at the start of the next one.
-        let (epoch, batch) = if s.yielded as usize >= self.__len__() {
-            (s.iter_epoch + 1, 0)
-        } else {
-            (s.iter_epoch, s.yielded)
-        };
         d.set_item("epoch", epoch)?;
         d.set_item("batch", batch)?;
         d.set_item("batch_size", self.settings.batch_size)?;
@@ -511,8 +753,9 @@ impl PyLoader {
         Ok(d)
     }
 
-    /// Resumes from `state_dict()`: the next iteration yields exactly the batches an
-    /// uninterrupted run would from there. Settings that change the order must match.
+    /// Resumes from `state_dict()`: the next pass yields exactly the batches an uninterrupted
+    /// run would from there (``set_epoch`` of the saved epoch keeps it). Settings that change
+    /// the order must match.
     fn load_state_dict(&self, state: &Bound<'_, PyDict>) -> PyResult<()> {
         let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
             state
@@ -543,22 +786,94 @@ impl PyLoader {
                 self.__len__()
             )));
         }
-        let mut s = self.state.lock().expect("state lock");
+        let mut s = lock(&self.shared.state);
         s.epoch = get("epoch")?.extract()?;
         s.resume = Some(batch);
+        s.chosen = true;
         Ok(())
+    }
+
+    /// The arguments this loader was made with (rank and world size resolved), as a new dict:
+    /// ``gpufeed.Loader(**loader.init_kwargs())`` makes the same loader again.
+    fn init_kwargs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.init.bind(py).copy()
+    }
+
+    /// Marks this loader as one DataLoader worker's own part of the data (what
+    /// ``gpufeed.torch.IterableDataset`` makes in each worker), so iterating it there is allowed.
+    fn _mark_worker_part(&self) {
+        self.worker_part
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Pickling makes the loader anew on the other side (a spawn-started worker, say) from
+    /// the same arguments, at the same point (``state_dict``); the arena, threads and reads in
+    /// flight are not copied.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let rebuild = py.import("gpufeed")?.getattr("_rebuild_loader")?;
+        let args = PyTuple::new(
+            py,
+            [
+                self.init.bind(py).copy()?.into_any(),
+                self.state_dict(py)?.into_any(),
+            ],
+        )?;
+        PyTuple::new(py, [rebuild, args.into_any()])
     }
 }
 
-/// The batches of one epoch.
-#[pyclass(name = "_Epoch", module = "gpufeed._gpufeed")]
+impl PyLoader {
+    fn loader(&self) -> &Loader {
+        &self.shared.loader
+    }
+}
+
+/// Refuses a pass inside a PyTorch `DataLoader` worker that would read what every other
+/// worker reads (each worker iterates its own copy of the dataset object): say what to do.
+fn refuse_in_torch_worker(py: Python<'_>) -> PyResult<()> {
+    let modules = py.import("sys")?.getattr("modules")?;
+    let Ok(Some(data)) = modules.get_item("torch.utils.data").map(Some).or_else(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyKeyError>(py) {
+            Ok(None)
+        } else {
+            Err(e)
+        }
+    }) else {
+        return Ok(());
+    };
+    let info = data.getattr("get_worker_info")?.call0()?;
+    if info.is_none() {
+        return Ok(());
+    }
+    Err(GpufeedError::new_err(format!(
+        "a gpufeed.Loader is iterated inside a torch DataLoader worker ({}): every worker \
+         would read the whole epoch. gpufeed reads and decodes on its own threads, so iterate \
+         it in the training process (DataLoader(..., num_workers=0) or no DataLoader at all: \
+         gpufeed.torch.batches(loader)); to use workers anyway, wrap it in \
+         gpufeed.torch.IterableDataset(loader), which gives each worker its own part",
+        info.str()?
+    )))
+}
+
+/// One pass over an epoch (``iter(loader)``).
+#[pyclass(name = "_Epoch", module = "gpufeed")]
 struct PyEpoch {
-    epoch: Mutex<EpochKind>,
-    /// The loader's view of the latest epoch's figures (`Loader.stats()`).
-    last_stats: Arc<Mutex<gpufeed::LoaderStats>>,
-    state: Arc<Mutex<State>>,
+    cursor: Arc<Mutex<Cursor>>,
+    shared: Arc<Shared>,
     dataset: Arc<Dataset>,
-    raise_on_error: bool,
+    /// A long wait was warned about in this pass.
+    warned: std::sync::atomic::AtomicBool,
+}
+
+/// What one poll gave.
+enum Polled {
+    Batch(Next),
+    Failed(gpufeed::Error),
+    End,
+    /// Nothing yet; a notice of a long wait blocked on memory, the first time.
+    Waiting(Option<String>),
+    /// Another pass parked this one.
+    Parked,
 }
 
 #[pymethods]
@@ -568,30 +883,107 @@ impl PyEpoch {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        let epoch = &self.epoch;
-        // The GIL is released while the I/O thread fills the next batch (and the decode
-        // threads decode it).
-        let last = &self.last_stats;
-        let next = py.detach(|| {
-            let mut guard = epoch.lock().expect("epoch lock");
-            let (n, st) = match &mut *guard {
-                EpochKind::Bytes(e) => (e.next().map(|r| r.map(Next::Bytes)), e.stats().clone()),
-                EpochKind::Images(e) => (e.next().map(|r| r.map(Next::Images)), e.stats().clone()),
-            };
-            *last.lock().expect("stats lock") = st;
-            n
-        });
-        let b = match next {
-            None => return Ok(None),
-            Some(Err(e)) => return Err(err(e)),
-            Some(Ok(b)) => b,
+        let (shared, cursor) = (&self.shared, &self.cursor);
+        loop {
+            if !shared.is_active(cursor) || lock(cursor).inner.is_none() {
+                if lock(cursor).done {
+                    return Ok(None);
+                }
+                py.detach(|| shared.activate(cursor)).map_err(err)?;
+            }
+            // The GIL is released while the I/O thread fills the next batch (and the decode
+            // threads decode it), in short waits so that Ctrl-C is seen.
+            let polled = py.detach(|| {
+                let mut c = lock(cursor);
+                let c = &mut *c;
+                if c.done {
+                    return Polled::End;
+                }
+                let r = match c.inner.as_mut() {
+                    None => return Polled::Parked,
+                    Some(EpochKind::Bytes(e)) => {
+                        let r = e.poll_next(POLL).map(|o| o.map(|r| r.map(Next::Bytes)));
+                        c.stats = e.stats().clone();
+                        match r {
+                            Poll::Pending => return Polled::Waiting(e.stall_notice()),
+                            Poll::Ready(r) => r,
+                        }
+                    }
+                    Some(EpochKind::Images(e)) => {
+                        let r = e.poll_next(POLL).map(|o| o.map(|r| r.map(Next::Images)));
+                        c.stats = e.stats().clone();
+                        match r {
+                            Poll::Pending => return Polled::Waiting(None),
+                            Poll::Ready(r) => r,
+                        }
+                    }
+                };
+                *lock(&shared.last_stats) = c.stats.clone();
+                match r {
+                    None => {
+                        c.done = true;
+                        c.inner = None;
+                        Polled::End
+                    }
+                    Some(Err(e)) => Polled::Failed(e),
+                    Some(Ok(b)) => {
+                        c.next = b.index() + 1;
+                        let mut s = lock(&shared.state);
+                        s.iter_epoch = c.epoch;
+                        s.yielded = c.next;
+                        Polled::Batch(b)
+                    }
+                }
+            });
+            match polled {
+                Polled::Batch(b) => return self.deliver(py, b).map(Some),
+                Polled::Failed(e) => return Err(err(e)),
+                Polled::End => return Ok(None),
+                Polled::Parked => continue,
+                Polled::Waiting(notice) => {
+                    py.check_signals()?;
+                    if let Some(n) = notice {
+                        if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            let msg =
+                                std::ffi::CString::new(format!("gpufeed: {n}")).unwrap_or_default();
+                            let cat = py.get_type::<pyo3::exceptions::PyUserWarning>();
+                            PyErr::warn(py, &cat, &msg, 1)?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the pass delivered so far (samples, bytes, reads), where the consumer's waiting
+    /// went (``stall``: storage, copy, verify, decode, other; ``bound``: the largest) and CPU
+    /// seconds by thread.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let st = lock(&self.cursor).stats.clone();
+        stats_dict(py, &st)
+    }
+
+    /// The epoch this pass reads.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        lock(&self.cursor).epoch
+    }
+
+    /// The index of the batch this pass yields next.
+    #[getter]
+    fn position(&self) -> u32 {
+        lock(&self.cursor).next
+    }
+}
+
+impl PyEpoch {
+    /// The Python batch for `b`, or the SampleError its bad samples raise (``on_error="raise"``).
+    fn deliver(&self, py: Python<'_>, b: Next) -> PyResult<Py<PyAny>> {
+        let errors: Vec<String> = match &b {
+            Next::Bytes(b) => b.errors().map(|(_, e)| e.report()).collect(),
+            Next::Images(b) => b.errors().map(|(_, e)| e.report()).collect(),
         };
-        let (index, errors): (u32, Vec<String>) = match &b {
-            Next::Bytes(b) => (b.index(), b.errors().map(|(_, e)| e.report()).collect()),
-            Next::Images(b) => (b.index(), b.errors().map(|(_, e)| e.report()).collect()),
-        };
-        self.state.lock().expect("state lock").yielded = index + 1;
-        if self.raise_on_error {
+        if self.shared.raise_on_error {
             if let Some(first) = errors.first() {
                 let more = if errors.len() > 1 {
                     format!(" (and {} more in this batch)", errors.len() - 1)
@@ -601,25 +993,13 @@ impl PyEpoch {
                 return Err(SampleError::new_err(format!("{first}{more}")));
             }
         }
-        Ok(Some(match b {
+        Ok(match b {
             Next::Bytes(b) => Py::new(py, PyBatch::new(b, self.dataset.clone()))?.into_any(),
             Next::Images(b) => Py::new(py, PyImageBatch::new(b, self.dataset.clone()))?.into_any(),
-        }))
-    }
-
-    /// What the epoch delivered so far (samples, bytes, reads), where the consumer's waiting
-    /// went (``stall``: storage, copy, verify, decode, other; ``bound``: the largest) and CPU
-    /// seconds by thread.
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let st = match &*self.epoch.lock().expect("epoch lock") {
-            EpochKind::Bytes(e) => e.stats().clone(),
-            EpochKind::Images(e) => e.stats().clone(),
-        };
-        stats_dict(py, &st)
+        })
     }
 }
 
-/// A `LoaderStats` as a dict (the stall split under "stall").
 fn stats_dict<'py>(py: Python<'py>, st: &gpufeed::LoaderStats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("batches", st.batches)?;
@@ -672,25 +1052,76 @@ enum Next {
     Images(ImageBatch),
 }
 
+impl Next {
+    fn index(&self) -> u32 {
+        match self {
+            Next::Bytes(b) => b.index(),
+            Next::Images(b) => b.index(),
+        }
+    }
+}
+
+/// A dtype given as a string ("float16"), a torch dtype (`torch.float16`, whose str is
+/// "torch.float16"), a numpy dtype (`np.dtype("float16")`) or a numpy scalar type (`np.float16`).
+fn pixel_type(dtype: &Bound<'_, PyAny>) -> PyResult<PixelType> {
+    let name = if let Ok(s) = dtype.extract::<String>() {
+        s
+    } else if let Ok(n) = dtype
+        .getattr("__name__")
+        .and_then(|n| n.extract::<String>())
+    {
+        n // a numpy scalar type
+    } else {
+        dtype.str()?.extract::<String>()?
+    };
+    let bare = name.strip_prefix("torch.").unwrap_or(&name);
+    match bare {
+        "uint8" => Ok(PixelType::U8),
+        "float16" | "half" => Ok(PixelType::F16),
+        "bfloat16" => Ok(PixelType::Bf16),
+        "float32" | "float" => Ok(PixelType::F32),
+        _ => Err(PyValueError::new_err(format!(
+            "dtype {name:?}: \"uint8\", \"float16\", \"bfloat16\" or \"float32\" (a string, a \
+             torch dtype such as torch.float16, or a numpy dtype)"
+        ))),
+    }
+}
+
+/// An output size: one side (a square) or torchvision's `(height, width)`; as (width, height).
+fn image_size(size: &Bound<'_, PyAny>) -> PyResult<(u32, u32)> {
+    if let Ok(side) = size.extract::<u32>() {
+        return Ok((side, side));
+    }
+    match size.extract::<(u32, u32)>() {
+        Ok((h, w)) => Ok((w, h)),
+        Err(_) => Err(PyValueError::new_err(
+            "size: an int (a square) or (height, width), as torchvision takes it",
+        )),
+    }
+}
+
 /// What decoded image batches look like (`Loader(images=Images(...))`).
-#[pyclass(name = "Images", module = "gpufeed._gpufeed", frozen)]
+#[pyclass(name = "Images", module = "gpufeed", frozen)]
 struct PyImages {
     spec: ImageSpec,
+    /// The arguments it was made with (for pickling).
+    init: Py<PyDict>,
 }
 
 #[pymethods]
 impl PyImages {
     #[new]
     #[pyo3(signature = (
-        transform="train", size=224, dtype="float32", layout="nchw", mean=None, std=None,
+        transform="train", size=None, dtype=None, layout="nchw", mean=None, std=None,
         threads=0, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip_p=0.5, resize=None,
         dct_scaling=true, max_pixels=None, prefetch_batches=2
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         transform: &str,
-        size: u32,
-        dtype: &str,
+        size: Option<&Bound<'_, PyAny>>,
+        dtype: Option<&Bound<'_, PyAny>>,
         layout: &str,
         mean: Option<[f32; 3]>,
         std: Option<[f32; 3]>,
@@ -703,9 +1134,27 @@ impl PyImages {
         max_pixels: Option<u64>,
         prefetch_batches: usize,
     ) -> PyResult<Self> {
+        let (w, h) = match size {
+            Some(s) => image_size(s)?,
+            None => (224, 224),
+        };
+        let init = PyDict::new(py);
+        init.set_item("transform", transform)?;
+        init.set_item("size", (h, w))?;
+        init.set_item("layout", layout)?;
+        init.set_item("mean", mean)?;
+        init.set_item("std", std)?;
+        init.set_item("threads", threads)?;
+        init.set_item("scale", scale)?;
+        init.set_item("ratio", ratio)?;
+        init.set_item("flip_p", flip_p)?;
+        init.set_item("resize", resize)?;
+        init.set_item("dct_scaling", dct_scaling)?;
+        init.set_item("max_pixels", max_pixels)?;
+        init.set_item("prefetch_batches", prefetch_batches)?;
         let mut spec = match transform {
             "train" => {
-                let mut s = ImageSpec::train(size);
+                let mut s = ImageSpec::train(w);
                 s.transform = Transform::Train {
                     scale,
                     ratio,
@@ -714,7 +1163,7 @@ impl PyImages {
                 s
             }
             "eval" => {
-                let mut s = ImageSpec::eval(size);
+                let mut s = ImageSpec::eval(w);
                 if let Some(r) = resize {
                     s.transform = Transform::Eval { resize: r };
                 }
@@ -726,17 +1175,12 @@ impl PyImages {
                 )))
             }
         };
+        spec.size = (w, h);
         spec.dtype = match dtype {
-            "uint8" => PixelType::U8,
-            "float16" => PixelType::F16,
-            "bfloat16" => PixelType::Bf16,
-            "float32" => PixelType::F32,
-            d => {
-                return Err(PyValueError::new_err(format!(
-                    "dtype {d:?}: \"uint8\", \"float16\", \"bfloat16\" or \"float32\""
-                )))
-            }
+            Some(d) => pixel_type(d)?,
+            None => PixelType::F32,
         };
+        init.set_item("dtype", spec.dtype.as_str())?;
         spec.layout = match layout {
             "nchw" => Layout::Nchw,
             "nhwc" => Layout::Nhwc,
@@ -760,16 +1204,27 @@ impl PyImages {
         }
         spec.validate()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(PyImages { spec })
+        Ok(PyImages {
+            spec,
+            init: init.unbind(),
+        })
     }
 
     fn __repr__(&self) -> String {
         format!("gpufeed.Images({:?})", self.spec)
     }
+
+    /// Pickled by its arguments.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let rebuild = py.import("gpufeed")?.getattr("_rebuild")?;
+        let cls = py.get_type::<PyImages>();
+        let args = PyTuple::new(py, [cls.into_any(), self.init.bind(py).copy()?.into_any()])?;
+        PyTuple::new(py, [rebuild, args.into_any()])
+    }
 }
 
 /// A batch of decoded images: one tensor (``images``) plus labels, ids and errors.
-#[pyclass(name = "ImageBatch", module = "gpufeed._gpufeed")]
+#[pyclass(name = "ImageBatch", module = "gpufeed")]
 struct PyImageBatch {
     batch: ImageBatch,
     dataset: Arc<Dataset>,
@@ -885,7 +1340,7 @@ impl PyImageBatch {
 }
 
 /// A batch: its samples' bytes as one buffer with offsets and lengths, labels, keys.
-#[pyclass(name = "Batch", module = "gpufeed._gpufeed")]
+#[pyclass(name = "Batch", module = "gpufeed")]
 struct PyBatch {
     batch: Arc<Batch>,
     dataset: Arc<Dataset>,
@@ -1067,7 +1522,7 @@ fn dl_dtype(t: PixelType) -> dlpack::DLDataType {
 }
 
 /// A buffer implementing the DLPack protocol (`__dlpack__`, `__dlpack_device__`).
-#[pyclass(name = "Buffer", module = "gpufeed._gpufeed")]
+#[pyclass(name = "Buffer", module = "gpufeed")]
 struct PyBuffer {
     mem: Mem,
 }

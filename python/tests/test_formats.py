@@ -281,6 +281,8 @@ class Problems(unittest.TestCase):
 
 
 @unittest.skipUnless(DATA and BIN, "GPUFEED_TEST_DATA / GPUFEED_BIN not set (tests/it/python.rs sets them)")
+@unittest.skipUnless(os.path.isdir(os.path.join(DATA, "imagenet-tfrecord")),
+                     "no imagenet-tfrecord set (made where the `tfrecord` package is installed)")
 class TfRecordExamples(unittest.TestCase):
     ROOT = os.path.join(DATA, "imagenet-tfrecord")
 

@@ -244,7 +244,7 @@ struct DecodeArgs {
     /// Where to decode: cpu (cuda comes with the GPU decode stage).
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Decode threads and Pillow worker processes (default: all cores but one).
+    /// Decode threads and Pillow worker processes (default: the decode stage's, this rank's share of the cores).
     #[arg(long)]
     threads: Option<usize>,
     /// Output side in pixels.

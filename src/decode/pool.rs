@@ -7,16 +7,17 @@ use std::alloc::{alloc_zeroed, dealloc, Layout as AllocLayout};
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
+use std::task::Poll;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{ImageDecoder, ImageSpec, Layout, PixelType};
 use crate::batch::Batch;
 use crate::dataset::Dataset;
 use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::loader::{BatchTiming, Epoch, Loader, LoaderStats, StallStats};
+use crate::loader::{BatchTiming, Epoch, FrontDoor, Holders, Loader, LoaderStats, StallStats};
 
 /// Alignment of a batch tensor (a cache line; what vector loads and DLPack consumers like).
 const TENSOR_ALIGN: usize = 64;
@@ -190,13 +191,27 @@ impl Job {
         )
     }
 
-    /// Waits until every sample is done; the failed ones, and the decode CPU seconds.
-    fn wait(&self) -> (Vec<(usize, Error)>, f64) {
+    /// Waits until every sample is done or `until` passes; the failed ones and the decode CPU
+    /// seconds, or `None` if samples are still being decoded.
+    fn wait_until(&self, until: Instant) -> Option<(Vec<(usize, Error)>, f64)> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while st.done < self.len() {
-            st = self.finished.wait(st).unwrap_or_else(|p| p.into_inner());
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            st = self
+                .finished
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
-        (std::mem::take(&mut st.errors), st.cpu_s)
+        Some((std::mem::take(&mut st.errors), st.cpu_s))
+    }
+
+    /// Samples decoded so far.
+    fn done(&self) -> usize {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).done
     }
 }
 
@@ -354,8 +369,13 @@ impl ImageLoader {
     }
 
     /// Decodes an epoch already asked of the underlying loader (one asked ahead, say).
-    pub fn decode_epoch(&self, inner: Epoch) -> ImageEpoch {
+    pub fn decode_epoch(&self, mut inner: Epoch) -> ImageEpoch {
         let batches = inner.batches();
+        // The caller's time limit applies to its own waits for decoded batches; the feeder
+        // waits for the reading as long as it takes (its pace is the consumer's).
+        let timeout = inner.take_timeout();
+        let holders = inner.holders().clone();
+        let (epoch, next) = (inner.epoch(), inner.position());
         let shared = Arc::new(Feed {
             cancelled: Arc::new(AtomicBool::new(false)),
             stats: Mutex::new(LoaderStats::default()),
@@ -386,6 +406,14 @@ impl ImageLoader {
             batches,
             stats: LoaderStats::default(),
             read_seen: StallStats::default(),
+            timeout,
+            door: self.loader.front_door(),
+            holders,
+            threads: self.pool.threads.len(),
+            epoch,
+            next,
+            waiting_since: None,
+            current: None,
         }
     }
 }
@@ -411,7 +439,7 @@ fn feed(
     seed: u64,
 ) {
     loop {
-        let next = inner.next();
+        let next = inner.next_patiently();
         *shared.stats.lock().unwrap_or_else(|p| p.into_inner()) = inner.stats().clone();
         let job = match next {
             None => return,
@@ -458,6 +486,19 @@ pub struct ImageEpoch {
     stats: LoaderStats,
     /// The reading's stall figures at the previous batch (to split this wait like them).
     read_seen: StallStats,
+    /// The caller's limit on one wait for a batch.
+    timeout: Option<Duration>,
+    door: FrontDoor,
+    /// The loader epoch's ledger of who holds the read buffers.
+    holders: Arc<Holders>,
+    threads: usize,
+    epoch: u64,
+    /// The index of the batch to hand out next.
+    next: u32,
+    /// When the wait for the next batch began (polls continue it).
+    waiting_since: Option<Instant>,
+    /// The next batch's job once the feeder queued it, and when it arrived.
+    current: Option<(Arc<Job>, Instant)>,
 }
 
 impl ImageEpoch {
@@ -473,24 +514,93 @@ impl ImageEpoch {
     }
 }
 
-impl Iterator for ImageEpoch {
-    type Item = Result<ImageBatch>;
-
-    fn next(&mut self) -> Option<Result<ImageBatch>> {
-        let t0 = Instant::now();
-        let job = match self.rx.as_ref()?.recv() {
-            Ok(Ok(j)) => j,
-            Ok(Err(e)) => {
-                self.rx = None;
-                return Some(Err(e));
+impl ImageEpoch {
+    /// Waits up to `wait` for the next decoded batch, as [`Epoch::poll_next`] does:
+    /// `Poll::Pending` if it is not ready yet (the wait goes on at the next call), and with a
+    /// timeout, `Ready(Some(Err))` of kind `TimedOut` once one wait passes it (the epoch stays
+    /// usable).
+    pub fn poll_next(&mut self, wait: Duration) -> Poll<Option<Result<ImageBatch>>> {
+        let start = Instant::now();
+        let t0 = *self.waiting_since.get_or_insert(start);
+        let mut until = start + wait;
+        if let Some(t) = self.timeout {
+            until = until.min(t0 + t);
+        }
+        if self.current.is_none() {
+            let Some(rx) = self.rx.as_ref() else {
+                self.waiting_since = None;
+                return Poll::Ready(None);
+            };
+            match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(Ok(j)) => self.current = Some((j, Instant::now())),
+                Ok(Err(e)) => {
+                    self.rx = None;
+                    self.waiting_since = None;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Err(RecvTimeoutError::Timeout) => return self.pending_or_timed_out(t0),
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.rx = None;
+                    self.waiting_since = None;
+                    return Poll::Ready(None);
+                }
             }
-            Err(_) => {
-                self.rx = None;
-                return None;
-            }
+        }
+        let (job, t1) = self.current.clone().expect("a job is current");
+        let Some((failed, cpu_s)) = job.wait_until(until) else {
+            return self.pending_or_timed_out(t0);
         };
-        let t1 = Instant::now();
-        let (failed, cpu_s) = job.wait();
+        self.current = None;
+        self.waiting_since = None;
+        Poll::Ready(Some(Ok(self.hand_out(&job, failed, cpu_s, t0, t1))))
+    }
+
+    fn pending_or_timed_out(&mut self, t0: Instant) -> Poll<Option<Result<ImageBatch>>> {
+        let Some(limit) = self.timeout else {
+            return Poll::Pending;
+        };
+        let waited = t0.elapsed();
+        if waited < limit {
+            return Poll::Pending;
+        }
+        self.waiting_since = None;
+        self.stats.consumer_wait_s += waited.as_secs_f64();
+        self.stats.stall.other_s += waited.as_secs_f64();
+        let what = match &self.current {
+            Some((job, _)) => format!(
+                "its decode has finished {} of its {} samples on {} decode thread(s)",
+                job.done(),
+                job.len(),
+                self.threads
+            ),
+            None => format!(
+                "it is not read yet (the decode stage holds the batches it was handed until \
+                 you take them decoded); {}",
+                self.holders.report(&self.holders.snapshot())
+            ),
+        };
+        Poll::Ready(Some(Err(Error::new(
+            ErrorKind::TimedOut,
+            format!(
+                "no batch for {:.1} s ({} is {:.1} s): epoch {} waits for batch {}: {what}",
+                waited.as_secs_f64(),
+                self.door.timeout(),
+                limit.as_secs_f64(),
+                self.epoch,
+                self.next
+            ),
+        ))))
+    }
+
+    /// The decoded batch of `job`, its wait (from `t0`; queued at `t1`) split by cause.
+    fn hand_out(
+        &mut self,
+        job: &Job,
+        failed: Vec<(usize, Error)>,
+        cpu_s: f64,
+        t0: Instant,
+        t1: Instant,
+    ) -> ImageBatch {
         let t2 = Instant::now();
         // Waiting for the job is decode; waiting for it to be queued is the reading's, split
         // as the reading's own waits were since the last batch.
@@ -533,7 +643,8 @@ impl Iterator for ImageEpoch {
         st.consumer_wait_s = wait;
         st.decode_cpu_s = decode_cpu_s;
         self.stats = st;
-        Some(Ok(ImageBatch {
+        self.next = b.index() + 1;
+        ImageBatch {
             epoch: b.epoch(),
             index: b.index(),
             ids: b.sample_ids().to_vec(),
@@ -545,7 +656,20 @@ impl Iterator for ImageEpoch {
             dtype: self.spec.dtype,
             layout: self.spec.layout,
             timing,
-        }))
+        }
+    }
+}
+
+/// Waits for each batch as long as it takes, unless the loader has a timeout.
+impl Iterator for ImageEpoch {
+    type Item = Result<ImageBatch>;
+
+    fn next(&mut self) -> Option<Result<ImageBatch>> {
+        loop {
+            if let Poll::Ready(r) = self.poll_next(Duration::from_secs(3600)) {
+                return r;
+            }
+        }
     }
 }
 

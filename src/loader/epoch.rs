@@ -1,16 +1,21 @@
 //! The consumer's side of an epoch: groups arrive out of order, batches leave in order.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use crate::batch::{Batch, Memory, SampleSpan};
 use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 
+use super::holders::Holders;
 use super::worker::{check_spans, index_labels, GroupDone, Msg, Retired, Service};
-use super::{BatchTiming, LoaderStats, StallStats};
+use super::{BatchTiming, FrontDoor, LoaderStats, StallStats};
+
+/// How long a consumer waits, with the loader blocked on memory, before it is told who holds it.
+pub(crate) const STALL_NOTICE_AFTER: Duration = Duration::from_secs(30);
 
 /// A group's timeline, kept with each of its batches until handed out.
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +52,15 @@ pub struct Epoch {
     pub(super) io_cpu: Option<(f64, f64)>,
     pub(super) stats: LoaderStats,
     pub(super) failed: bool,
+    /// Who holds the read buffers (for a long wait's report).
+    pub(super) holders: Arc<Holders>,
+    /// The caller's limit on one wait for a batch.
+    pub(super) timeout: Option<Duration>,
+    pub(super) door: FrontDoor,
+    /// When the wait for the next batch began (polls continue it).
+    pub(super) waiting_since: Option<Instant>,
+    /// A long wait was reported this epoch.
+    pub(super) noticed: bool,
 }
 
 impl Epoch {
@@ -60,6 +74,136 @@ impl Epoch {
         &self.stats
     }
 
+    /// The epoch's number.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The index of the batch `next` gives next.
+    pub fn position(&self) -> u32 {
+        self.next
+    }
+
+    /// Waits up to `wait` for the next batch: `Poll::Ready(None)` at the epoch's end,
+    /// `Poll::Pending` if it has not come yet (call again: the wait goes on, and its time counts
+    /// as one wait in the stats and against the timeout). With a
+    /// [`timeout`](super::LoaderBuilder::timeout), a wait that passes it gives
+    /// `Ready(Some(Err))` of kind [`ErrorKind::TimedOut`], naming what holds the read buffers;
+    /// the epoch stays usable. For callers that must stay responsive while waiting (a Python
+    /// binding checking for Ctrl-C, an event loop); the iterator waits as long as it takes.
+    pub fn poll_next(&mut self, wait: Duration) -> Poll<Option<Result<Batch>>> {
+        if self.failed || self.next >= self.batches {
+            return Poll::Ready(None);
+        }
+        let start = Instant::now();
+        let t0 = *self.waiting_since.get_or_insert(start);
+        let c0 = crate::sys::thread_cpu_seconds();
+        let mut until = start + wait;
+        if let Some(t) = self.timeout {
+            until = until.min(t0 + t);
+        }
+        while !self.queue.contains_key(&self.next) {
+            let Some(rx) = self.rx.as_ref() else {
+                return Poll::Ready(None);
+            };
+            let msg = rx.recv_timeout(until.saturating_duration_since(Instant::now()));
+            match msg {
+                Ok(Msg::Group(g)) => self.take_group(g),
+                Ok(Msg::Engine(name)) => self.stats.engine = name,
+                Ok(Msg::Failed(e)) => {
+                    self.failed = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    self.stats.consumer_cpu_s += crate::sys::thread_cpu_seconds() - c0;
+                    if self.timeout.is_some_and(|t| t0.elapsed() >= t) {
+                        self.waiting_since = None;
+                        let waited = t0.elapsed();
+                        self.stats.consumer_wait_s += waited.as_secs_f64();
+                        self.stats.stall.other_s += waited.as_secs_f64();
+                        return Poll::Ready(Some(Err(self.timed_out(waited))));
+                    }
+                    return Poll::Pending;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.failed = true;
+                    return Poll::Ready(Some(Err(Error::new(
+                        ErrorKind::Io,
+                        "the I/O thread ended before the epoch was complete",
+                    ))));
+                }
+            }
+        }
+        self.waiting_since = None;
+        Poll::Ready(Some(Ok(self.hand_out(t0, c0))))
+    }
+
+    /// The error for a wait that passed the caller's timeout.
+    fn timed_out(&self, waited: Duration) -> Error {
+        let s = self.holders.snapshot();
+        Error::new(
+            ErrorKind::TimedOut,
+            format!(
+                "no batch for {:.1} s ({} is {:.1} s): epoch {} waits for batch {}; {}",
+                waited.as_secs_f64(),
+                self.door.timeout(),
+                self.timeout.unwrap_or_default().as_secs_f64(),
+                self.epoch,
+                self.next,
+                self.holders.report(&s)
+            ),
+        )
+    }
+
+    /// Once an epoch, when the consumer has waited 30 s for a batch while
+    /// the loader is blocked on memory (nothing free, nothing being read or copied): what holds
+    /// the read buffers. Not an error: another thread may be about to drop its batches.
+    pub fn stall_notice(&mut self) -> Option<String> {
+        let since = self.waiting_since?;
+        if self.noticed || since.elapsed() < STALL_NOTICE_AFTER {
+            return None;
+        }
+        let s = self.holders.snapshot();
+        if !Holders::blocked_on_memory(&s) {
+            return None;
+        }
+        self.noticed = true;
+        Some(format!(
+            "epoch {} has waited {:.0} s for batch {} and no read can start: {}. The loader \
+             waits on (set {} to make such a wait an error).",
+            self.epoch,
+            since.elapsed().as_secs_f64(),
+            self.next,
+            self.holders.report(&s),
+            self.door.timeout()
+        ))
+    }
+
+    /// Waits for the next batch as long as it takes, with no notice (the decode stage's feeder:
+    /// it holds batches only until the consumer takes decoded ones, so a long wait there is the
+    /// consumer's pace, not a stall).
+    #[cfg(feature = "decode")]
+    pub(crate) fn next_patiently(&mut self) -> Option<Result<Batch>> {
+        loop {
+            if let Poll::Ready(r) = self.poll_next(Duration::from_secs(3600)) {
+                return r;
+            }
+        }
+    }
+
+    /// The ledger of who holds the read buffers, shared with a stage that consumes this epoch.
+    #[cfg(feature = "decode")]
+    pub(crate) fn holders(&self) -> &Arc<Holders> {
+        &self.holders
+    }
+
+    /// Takes the caller's timeout off this epoch (a stage that consumes it applies it to its
+    /// own consumer instead).
+    #[cfg(feature = "decode")]
+    pub(crate) fn take_timeout(&mut self) -> Option<Duration> {
+        self.timeout.take()
+    }
+
     fn take_group(&mut self, g: GroupDone) {
         let GroupDone { meta: mut g, mem } = g;
         let arrived = Instant::now();
@@ -70,6 +214,8 @@ impl Epoch {
             read_s: (g.read_done - g.submitted).as_secs_f64(),
             copy_s: g.copy_done.map_or(0.0, |c| (c - g.read_done).as_secs_f64()),
         };
+        let delivered = g.batches.start.max(self.next)..g.batches.end.max(self.next);
+        self.holders.received(&mem, delivered);
         let first = self.io_cpu.map_or(g.io_cpu_s, |(f, _)| f);
         self.io_cpu = Some((first, g.io_cpu_s));
         self.stats.io_thread_cpu_s = g.io_cpu_s - first;
@@ -121,33 +267,10 @@ impl Epoch {
     }
 }
 
-impl Iterator for Epoch {
-    type Item = Result<Batch>;
-
-    fn next(&mut self) -> Option<Result<Batch>> {
-        if self.failed || self.next >= self.batches {
-            return None;
-        }
-        let t0 = Instant::now();
-        let c0 = crate::sys::thread_cpu_seconds();
-        while !self.queue.contains_key(&self.next) {
-            let msg = self.rx.as_ref()?.recv();
-            match msg {
-                Ok(Msg::Group(g)) => self.take_group(g),
-                Ok(Msg::Engine(name)) => self.stats.engine = name,
-                Ok(Msg::Failed(e)) => {
-                    self.failed = true;
-                    return Some(Err(e));
-                }
-                Err(_) => {
-                    self.failed = true;
-                    return Some(Err(Error::new(
-                        ErrorKind::Io,
-                        "the I/O thread ended before the epoch was complete",
-                    )));
-                }
-            }
-        }
+impl Epoch {
+    /// Takes batch `self.next` out of the queue (it is there), checks it on the host, and
+    /// accounts the wait that began at `t0`.
+    fn hand_out(&mut self, t0: Instant, c0: f64) -> Batch {
         let t1 = Instant::now();
         self.stats.consumer_wait_s += (t1 - t0).as_secs_f64();
         let (mut batch, unchecked, times) = self.queue.remove(&self.next).expect("batch is queued");
@@ -171,13 +294,34 @@ impl Iterator for Epoch {
             copy_s: times.copy_s,
             queue_s: (t1.max(times.arrived) - times.arrived).as_secs_f64(),
         };
+        self.holders.handed_out(&batch.mem);
         self.next = batch.index + 1;
         self.stats.batches += 1;
         self.stats.samples += batch.len() as u64;
         self.stats.padding += batch.padding_count() as u64;
         self.stats.sample_errors += batch.errors().count() as u64;
         self.stats.bytes_delivered += batch.bytes();
-        Some(Ok(batch))
+        batch
+    }
+}
+
+/// Waits for each batch as long as it takes (a slow step or a pause is never an error), unless
+/// the loader has a [`timeout`](super::LoaderBuilder::timeout). A wait with the loader blocked
+/// on memory for 30 s prints, once, who holds the read buffers.
+impl Iterator for Epoch {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        loop {
+            match self.poll_next(Duration::from_secs(1)) {
+                Poll::Ready(r) => return r,
+                Poll::Pending => {
+                    if let Some(n) = self.stall_notice() {
+                        crate::io::notice(&n);
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -22,9 +22,12 @@ use crate::gpu::{cuda, Device, DevicePool, GpuPath};
 use crate::plan::{EpochPlan, LastBatch, Order, PlanConfig};
 
 mod epoch;
+mod holders;
 mod worker;
 
 pub use epoch::Epoch;
+#[cfg(feature = "decode")]
+pub(crate) use holders::Holders;
 
 impl LoaderStats {
     /// Reads issued per sample delivered.
@@ -36,7 +39,41 @@ impl LoaderStats {
         self.bytes_read as f64 / self.bytes_delivered.max(1) as f64
     }
 }
+use holders::{Gauges, HoldersCtx};
 use worker::{EpochJob, Retired, Service, WorkerCtx};
+
+/// The front door a loader was built through: its messages name settings as that door spells
+/// them (Python's `prefetch=`, not the builder's `prefetch_groups`).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FrontDoor {
+    /// The crate's [`LoaderBuilder`].
+    #[default]
+    Rust,
+    /// The Python package's `Loader(...)`.
+    Python,
+    /// The C ABI's `gpufeed_options`.
+    C,
+}
+
+impl FrontDoor {
+    /// How this door spells the read-ahead setting.
+    pub(crate) fn prefetch(self) -> &'static str {
+        match self {
+            FrontDoor::Rust => "LoaderBuilder::prefetch_groups",
+            FrontDoor::Python => "prefetch=",
+            FrontDoor::C => "gpufeed_options.prefetch",
+        }
+    }
+    /// How this door spells the time limit on a wait for a batch.
+    pub(crate) fn timeout(self) -> &'static str {
+        match self {
+            FrontDoor::Rust => "LoaderBuilder::timeout",
+            FrontDoor::Python => "timeout=",
+            FrontDoor::C => "gpufeed_options.timeout_ms",
+        }
+    }
+}
 
 /// Makes the backend the loader's engine reads through (the simulated disk, in tests): called
 /// once per I/O thread, with the number of the first epoch it serves.
@@ -72,6 +109,8 @@ pub struct LoaderBuilder {
     slot_explicit: bool,
     memory_budget_bytes: u64,
     backend: Option<CustomBackend>,
+    timeout: Option<std::time::Duration>,
+    door: FrontDoor,
 }
 
 /// The arena's default memory budget: slots are sized from the dataset within it.
@@ -182,15 +221,36 @@ impl LoaderBuilder {
         self.plan = plan;
         self
     }
+    /// A time limit on each wait for a batch (default none: the loader waits as long as it
+    /// takes, as a trainer may pause for minutes). When a wait passes it, `next` gives an
+    /// [`ErrorKind::TimedOut`] error naming what the batch waits for and who holds the read
+    /// buffers; the epoch stays usable (the next call waits again). As `DataLoader(timeout=)`.
+    pub fn timeout(mut self, limit: std::time::Duration) -> Self {
+        self.timeout = Some(limit);
+        self
+    }
+    /// Names settings in messages as `door` spells them (the Python and C packages set it).
+    #[doc(hidden)]
+    pub fn front_door(mut self, door: FrontDoor) -> Self {
+        self.door = door;
+        self
+    }
 
     /// Checks the settings, sizes the slots and allocates the arena (on a device, also registers
     /// it and allocates the device regions).
     pub fn build(self) -> Result<Loader> {
         self.plan.validate()?;
         if self.prefetch_groups == 0 || self.in_flight_groups == 0 {
-            return Err(invalid(
-                "prefetch_groups and in_flight_groups must be at least 1",
-            ));
+            return Err(invalid(format!(
+                "{} and the groups in flight must be at least 1",
+                self.door.prefetch()
+            )));
+        }
+        if self.timeout == Some(std::time::Duration::ZERO) {
+            return Err(invalid(format!(
+                "{} must be above 0 (leave it unset to wait as long as it takes)",
+                self.door.timeout()
+            )));
         }
         if self.dataset.is_empty() {
             return Err(invalid("the dataset has no samples"));
@@ -280,6 +340,9 @@ impl LoaderBuilder {
             verify_checksums: self.verify_checksums,
             backend: self.backend,
             pid: std::process::id(),
+            timeout: self.timeout,
+            door: self.door,
+            gauges: Arc::default(),
         })
     }
 }
@@ -334,6 +397,11 @@ pub struct Loader {
     /// The process that built it: after `fork`, the child has the arena's memory but neither
     /// the I/O thread nor a ring of its own, so it must build its own loader.
     pid: u32,
+    /// The limit on each wait for a batch, if the caller set one.
+    timeout: Option<std::time::Duration>,
+    door: FrontDoor,
+    /// What the I/O thread is doing (for the reports of a long wait).
+    gauges: Arc<Gauges>,
 }
 
 /// Where the consumer's waiting went. Each wait for a batch is split by what the batch's read
@@ -490,6 +558,8 @@ impl Loader {
             slot_explicit: false,
             memory_budget_bytes: DEFAULT_MEMORY_BUDGET_BYTES,
             backend: None,
+            timeout: None,
+            door: FrontDoor::Rust,
         }
     }
 
@@ -550,6 +620,17 @@ impl Loader {
         &self.plan
     }
 
+    /// The limit on each wait for a batch (`None`: as long as it takes).
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.timeout
+    }
+
+    /// The door the loader was built through.
+    #[cfg(feature = "decode")]
+    pub(crate) fn front_door(&self) -> FrontDoor {
+        self.door
+    }
+
     /// Plans `epoch` without reading (for its figures, or to look at its order).
     pub fn plan_epoch(&self, epoch: u64) -> Result<EpochPlan> {
         EpochPlan::new(self.dataset.samples(), &self.plan, epoch)
@@ -592,6 +673,19 @@ impl Loader {
             sync_channel(self.prefetch_groups as usize + self.in_flight_groups as usize + 1);
         let stop = Arc::new(AtomicBool::new(false));
         let retired = Arc::new(Retired::default());
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let holders = Arc::new(holders::Holders::new(
+            &HoldersCtx {
+                arena: self.arena.clone(),
+                pool: self.gpu.as_ref().map(|g| g.pool.clone()),
+                gauges: self.gauges.clone(),
+                in_flight_groups: self.in_flight_groups,
+                prefetch_groups: self.prefetch_groups,
+                door: self.door,
+            },
+            epoch,
+            sent.clone(),
+        ));
         let mut job = Box::new(EpochJob {
             epoch,
             plan,
@@ -599,6 +693,7 @@ impl Loader {
             stop: stop.clone(),
             tx,
             retired: retired.clone(),
+            sent,
         });
         // The loader's I/O thread, started now if it is not running (or ended on an error).
         let mut service = self.service.lock().unwrap_or_else(|p| p.into_inner());
@@ -614,6 +709,7 @@ impl Loader {
                         gpu: self.gpu.clone(),
                         verify: self.verify_checksums,
                         in_flight_groups: self.in_flight_groups as usize,
+                        gauges: self.gauges.clone(),
                     })?;
                     *service = Some(s.clone());
                     s
@@ -645,6 +741,11 @@ impl Loader {
             io_cpu: None,
             stats: LoaderStats::default(),
             failed: false,
+            holders,
+            timeout: self.timeout,
+            door: self.door,
+            waiting_since: None,
+            noticed: false,
         })
     }
 }

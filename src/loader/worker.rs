@@ -2,7 +2,7 @@
 //! them, hands them to each epoch's consumer.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -17,10 +17,8 @@ use crate::gpu::copy::CopyPipeline;
 use crate::io::{Completion, Engine, FileId, ReadSpec};
 use crate::plan::{EpochPlan, Group};
 
+use super::holders::Gauges;
 use super::{CustomBackend, GpuState};
-
-/// How long the I/O thread waits for the consumer to return a slot before it reports a stall.
-const STALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// What a read group delivers: its batches' samples, their spans in the group's memory, and
 /// the figures for the stats.
@@ -95,6 +93,8 @@ pub(super) struct EpochJob {
     pub(super) stop: Arc<AtomicBool>,
     pub(super) tx: SyncSender<Msg>,
     pub(super) retired: Arc<Retired>,
+    /// Groups handed to `tx` (the consumer's ledger counts those it received).
+    pub(super) sent: Arc<AtomicUsize>,
 }
 
 impl Drop for EpochJob {
@@ -112,6 +112,7 @@ pub(super) struct WorkerCtx {
     pub(super) gpu: Option<Arc<GpuState>>,
     pub(super) verify: bool,
     pub(super) in_flight_groups: usize,
+    pub(super) gauges: Arc<Gauges>,
 }
 
 /// The loader's I/O thread: one engine (one ring), one copy pipeline and the dataset's files
@@ -191,6 +192,8 @@ impl Active {
         self.outstanding -= 1;
         if self.stopped() || self.job.tx.send(Msg::Group(g)).is_err() {
             self.ended = true;
+        } else {
+            self.job.sent.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -268,7 +271,6 @@ impl WorkerCtx {
         let mut in_flight: HashMap<u64, (u64, Group, Instant)> = HashMap::new();
         let mut next_tag = 0u64;
         let mut specs = Vec::new();
-        let mut stalled_since: Option<Instant> = None;
         loop {
             // Epochs asked for; wait for one only when there is nothing else to do.
             if jobs.is_empty()
@@ -320,8 +322,15 @@ impl WorkerCtx {
                 in_flight.insert(next_tag, (a.id, g, Instant::now()));
                 a.next_group += 1;
                 a.outstanding += 1;
-                stalled_since = None;
             }
+            // What the thread is about to wait on, for a consumer's report of a long wait.
+            self.gauges
+                .reading
+                .store(in_flight.len(), Ordering::Relaxed);
+            self.gauges.copying.store(
+                copies.as_ref().map_or(0, |q| q.copying()),
+                Ordering::Relaxed,
+            );
             // Device path: copy filled groups into free regions; hand over finished copies.
             if let Some(q) = copies.as_mut() {
                 let pool = q.pool().clone();
@@ -337,26 +346,17 @@ impl WorkerCtx {
                 })?;
             }
             if in_flight.is_empty() {
-                let copying = copies.as_ref().is_some_and(|q| !q.is_empty());
-                if copying {
-                    // Waiting on a copy or a device region: the pump waited a little.
-                    if copies.as_ref().is_some_and(|q| q.copying() == 0) {
-                        self.stall_check(&mut stalled_since, "device regions", jobs)?;
-                    } else {
-                        stalled_since = None;
-                    }
-                    continue;
+                if copies.as_ref().is_some_and(|q| !q.is_empty()) {
+                    continue; // waiting on a copy or a device region: the pump waited a little
                 }
                 if !jobs.iter().any(|a| a.submitting()) {
                     continue; // retire what is done, then wait for an epoch
                 }
-                // Every slot is with the consumers: wait for one to come back, but never
-                // forever (a consumer that keeps a batch of every group would wait on us).
-                if arena.wait_free(Duration::from_millis(20)) {
-                    stalled_since = None;
-                } else {
-                    self.stall_check(&mut stalled_since, "slots", jobs)?;
-                }
+                // Every slot is with the consumers: wait for one to come back, as long as the
+                // consumer takes (a slow step or a pause is not an error; a consumer waiting
+                // for a batch says who holds the slots, and fails only past its own timeout).
+                // The wait is in short steps so that a stopped epoch or a new one is seen.
+                arena.wait_free(Duration::from_millis(20));
                 continue;
             }
             engine.wait(1)?;
@@ -379,32 +379,6 @@ impl WorkerCtx {
                 }
             }
         }
-    }
-
-    /// After [`STALL_LIMIT`] without progress, fails the epoch that waits (the earliest one
-    /// with groups left to read).
-    fn stall_check(
-        &self,
-        since: &mut Option<Instant>,
-        what: &str,
-        jobs: &mut VecDeque<Active>,
-    ) -> Result<()> {
-        if since.get_or_insert_with(Instant::now).elapsed() > STALL_LIMIT {
-            let e = Error::new(
-                ErrorKind::Busy,
-                format!(
-                    "all {what} are held by batches that were not dropped for {} s; drop batches \
-                     sooner or raise prefetch_groups",
-                    STALL_LIMIT.as_secs()
-                ),
-            );
-            match jobs.iter_mut().find(|a| !a.stopped()) {
-                Some(a) => a.fail(e),
-                None => return Err(e),
-            }
-            *since = None;
-        }
-        Ok(())
     }
 
     /// Turns a completed group into sample spans within its slot.

@@ -45,6 +45,9 @@ pub enum Order {
         /// Blocks open (drawn from) at a time.
         open_blocks: u32,
     },
+    /// No shuffle: the dataset's own order, the same every epoch, each rank a contiguous part
+    /// (evaluation; as `DataLoader(shuffle=False)`). Consecutive samples merge into few reads.
+    Sequential,
 }
 
 impl Order {
@@ -54,20 +57,23 @@ impl Order {
             Order::Global => "global",
             Order::ShardBuffer { .. } => "shard-buffer",
             Order::Block { .. } => "block",
+            Order::Sequential => "sequential",
         }
     }
 
-    /// `global`, `shard-buffer` (buffer 10000) or `block` (8 MiB blocks, 8 open).
+    /// `global`, `shard-buffer` (buffer 10000), `block` (8 MiB blocks, 8 open) or
+    /// `sequential`.
     pub fn parse(s: &str) -> Result<Order> {
         match s {
             "global" => Ok(Order::Global),
+            "sequential" => Ok(Order::Sequential),
             "shard-buffer" => Ok(Order::ShardBuffer { buffer: 10_000 }),
             "block" => Ok(Order::Block {
                 block_bytes: 8 << 20,
                 open_blocks: 8,
             }),
             _ => Err(invalid(format!(
-                "unknown order {s:?}; expected global, shard-buffer or block"
+                "unknown order {s:?}; expected global, shard-buffer, block or sequential"
             ))),
         }
     }
@@ -520,6 +526,7 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
             }
             p
         }
+        Order::Sequential => (0..n as u32).collect(),
     };
     // This rank's part of the stream; positions past its end wrap around to its start (padding,
     // which only `pad` asks for, and which comes last).
@@ -530,7 +537,7 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
     // samples from position `real` on" are exactly the padded ones.
     let (mine_real, _padding) = mine.split_at_mut(real);
     match cfg.order {
-        Order::Global => {}
+        Order::Global | Order::Sequential => {}
         Order::ShardBuffer { buffer } => shuffle_buffer(mine_real, buffer as usize, &mut rng),
         Order::Block { .. } => {
             // Windows of whole batches, each about `open_blocks` blocks: their samples are

@@ -19,9 +19,10 @@ fn dataset(rng: &mut Rng, n: usize, files: u32, max_len: u32) -> Vec<Sample> {
     v
 }
 
-fn modes() -> [Order; 4] {
+fn modes() -> [Order; 5] {
     [
         Order::Global,
+        Order::Sequential,
         Order::ShardBuffer { buffer: 37 },
         Order::Block {
             block_bytes: 20_000,
@@ -158,7 +159,11 @@ fn same_seed_same_order_other_epoch_other_order() {
         };
         let a = epoch_order(&samples, &cfg, 0).unwrap();
         assert_eq!(a, epoch_order(&samples, &cfg, 0).unwrap());
-        if !matches!(order, Order::Block { block_bytes: 1, .. }) {
+        if order == Order::Sequential {
+            // The dataset's own order, whatever the epoch and the seed.
+            assert_eq!(a, (0..2000).collect::<Vec<u32>>());
+            assert_eq!(a, epoch_order(&samples, &cfg, 1).unwrap());
+        } else if !matches!(order, Order::Block { block_bytes: 1, .. }) {
             assert_ne!(a, epoch_order(&samples, &cfg, 1).unwrap(), "{order:?}");
             let other = PlanConfig {
                 seed: 10,

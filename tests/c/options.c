@@ -2,7 +2,9 @@
  * options struct's field names), reads one epoch and prints what it saw, for tests/it/capi.rs:
  *   options KEY=VALUE... -- PATH...
  * prints "options {json}" (the dataset options in effect) and
- * "samples N padding P batches B bytes S". */
+ * "samples N padding P batches B bytes S". With keep=1 every batch is kept until a wait times
+ * out (timeout_ms): "timeout MESSAGE" is printed, the kept batches are freed and the epoch
+ * goes on. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,9 @@ static int fail(const char* what, int32_t st) {
 int main(int argc, char** argv) {
     gpufeed_options o;
     gpufeed_options_default(&o);
+    int keep = 0;
+    gpufeed_batch* kept[4096];
+    uint32_t nkept = 0;
     int i = 1;
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
         char* eq = strchr(argv[i], '=');
@@ -41,6 +46,10 @@ int main(int argc, char** argv) {
         else if (!strcmp(k, "rank")) o.rank = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(k, "world_size")) o.world_size = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(k, "last_batch")) o.last_batch = (uint8_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "order")) o.order = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "prefetch")) o.prefetch = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "timeout_ms")) o.timeout_ms = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "keep")) keep = !strcmp(v, "1");
         else return fprintf(stderr, "unknown option %s\n", k), 2;
     }
     if (i >= argc - 1) return fprintf(stderr, "usage: %s KEY=VALUE... -- PATH...\n", argv[0]), 2;
@@ -63,7 +72,14 @@ int main(int argc, char** argv) {
     uint32_t batches = 0;
     for (;;) {
         gpufeed_batch* b = NULL;
-        if ((st = gpufeed_loader_next(l, &b)) != GPUFEED_OK) return fail("next", st);
+        st = gpufeed_loader_next(l, &b);
+        if (st == GPUFEED_ERR_TIMEOUT) {
+            printf("timeout %s\n", gpufeed_last_error());
+            while (nkept > 0) gpufeed_batch_free(kept[--nkept]);
+            keep = 0;
+            continue;
+        }
+        if (st != GPUFEED_OK) return fail("next", st);
         if (b == NULL) break;
         batches++;
         for (uint32_t j = 0; j < gpufeed_batch_len(b); j++) {
@@ -74,8 +90,10 @@ int main(int argc, char** argv) {
             padding += gpufeed_batch_is_padding(b, j);
             for (uint64_t k = 0; k < len; k++) byte_sum += data[k];
         }
-        gpufeed_batch_free(b);
+        if (keep && nkept < 4096) kept[nkept++] = b;
+        else gpufeed_batch_free(b);
     }
+    while (nkept > 0) gpufeed_batch_free(kept[--nkept]);
     if (samples != gpufeed_loader_samples_per_epoch(l)) {
         fprintf(stderr, "%" PRIu64 " samples, expected %" PRIu64 "\n", samples,
                 gpufeed_loader_samples_per_epoch(l));

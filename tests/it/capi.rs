@@ -419,6 +419,42 @@ fn every_dataset_option_reaches_the_c_options_struct() {
     let per = windows.div_ceil(3);
     assert_eq!(nums[0], per);
     assert_eq!(nums[1], per * 3 - windows, "{nums:?}");
+    // Sequential order (3) reads the same samples; a timeout (opt-in) while every batch is kept
+    // says why in C's own names, and the epoch goes on once they are freed.
+    let mut seq = all.clone();
+    seq.extend([("order", "3"), ("batch_size", "16")]);
+    let (_, nums) = run(&seq, &[&tokens]);
+    assert_eq!(nums[0], windows, "sequential: every sample once");
+    let mut held = seq.clone();
+    held.extend([
+        ("batch_size", "4"),
+        ("prefetch", "1"),
+        ("timeout_ms", "300"),
+        ("keep", "1"),
+    ]);
+    let mut c = Command::new(&exe);
+    for (k, v) in &held {
+        c.arg(format!("{k}={v}"));
+    }
+    let o = c.arg("--").arg(&tokens).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let t = out
+        .lines()
+        .find(|l| l.starts_with("timeout "))
+        .expect("a timeout");
+    assert!(
+        t.contains("gpufeed_options.timeout_ms is 0.3 s")
+            && t.contains("gpufeed_options.prefetch 1")
+            && t.contains("handed out and are still alive"),
+        "{t}"
+    );
+    let last = out.lines().last().unwrap();
+    assert!(last.starts_with(&format!("samples {windows} ")), "{out}");
     // Two files as one dataset (gpufeed_loader_open_paths).
     let second = dir.path().join("val.bin");
     std::fs::write(&second, &words[..4 * 1000]).unwrap();

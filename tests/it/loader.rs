@@ -41,6 +41,7 @@ fn write_shards(dir: &Path, n: usize, shards: usize, max_len: u64, seed: u64) ->
 fn modes() -> Vec<Order> {
     vec![
         Order::Global,
+        Order::Sequential,
         Order::ShardBuffer { buffer: 50 },
         Order::Block {
             block_bytes: 256 << 10,
@@ -720,9 +721,9 @@ fn one_io_thread_serves_epochs_asked_in_advance() {
 
 /// A simulated disk that takes `delay` for every wait on completions: storage slower than the
 /// consumer.
-struct SlowDisk {
-    inner: gpufeed::io::sim::SimBackend,
-    delay: std::time::Duration,
+pub(crate) struct SlowDisk {
+    pub(crate) inner: gpufeed::io::sim::SimBackend,
+    pub(crate) delay: std::time::Duration,
 }
 
 impl gpufeed::io::Backend for SlowDisk {

@@ -3,6 +3,7 @@
 mod capi;
 mod cli;
 mod common;
+mod consumer;
 mod decode;
 mod device;
 mod engine;

@@ -2,6 +2,7 @@
 //! tests (`python/tests/test_loader.py`) over datasets made here. Needs python3 with venv and
 //! PyPI (CI has both); `GPUFEED_SKIP_PYTHON=1` skips it, saying so.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,6 +17,22 @@ fn root() -> PathBuf {
 
 fn content(i: usize, len: usize) -> Vec<u8> {
     (0..len).map(|j| ((i * 7 + j * 13) % 256) as u8).collect()
+}
+
+/// Two shards of `per` samples each in `dir`: sample `i` has key `i`, `content(i, len)` and
+/// `(label, len) = shape(i)`.
+fn two_shards(dir: &Path, per: usize, shape: impl Fn(usize) -> (usize, usize)) {
+    std::fs::create_dir_all(dir).unwrap();
+    for s in 0..2 {
+        let p = dir.join(format!("shard-{s:05}.gpf"));
+        let mut w = ShardWriter::create(&p, 1).unwrap();
+        for i in s * per..(s + 1) * per {
+            let (label, len) = shape(i);
+            w.add(&i.to_string(), label as i64, &[], &content(i, len))
+                .unwrap();
+        }
+        w.finish().unwrap();
+    }
 }
 
 /// `dir/good` (two shards), `dir/corrupt` (the same, one sample damaged), `samples.txt`
@@ -49,22 +66,14 @@ fn make_data(dir: &Path) {
     std::fs::write(&shard, bytes).unwrap();
     let name = shard.file_name().unwrap().to_string_lossy().into_owned();
     std::fs::write(dir.join("corrupt.txt"), format!("{name} {victim}")).unwrap();
+    // 104 samples (13 batches of 8, or of 4 a rank over 2), as bytes and as JPEGs: the slow and
+    // pausing consumers of test_training.py.
+    two_shards(&dir.join("slow-bytes"), 52, |i| {
+        (i % 5, 1 + (i * 7919) % 30_000)
+    });
+    gpufeed::decode::synth::write_image_folder(&dir.join("slow-images"), 104, 7).unwrap();
     // 2,000 small samples in two shards (the last-batch acceptance: batches of 64).
-    std::fs::create_dir_all(dir.join("d2000")).unwrap();
-    for s in 0..2 {
-        let p = dir.join("d2000").join(format!("shard-{s:05}.gpf"));
-        let mut w = ShardWriter::create(&p, 1).unwrap();
-        for i in s * 1000..(s + 1) * 1000 {
-            w.add(
-                &i.to_string(),
-                (i % 10) as i64,
-                &[],
-                &content(i, 1 + i % 97),
-            )
-            .unwrap();
-        }
-        w.finish().unwrap();
-    }
+    two_shards(&dir.join("d2000"), 1000, |i| (i % 10, 1 + i % 97));
 }
 
 /// The ImageNet-style TFRecord set the `tfrecord` package wrote (`make_imagenet_tfrecord.py`)
@@ -160,6 +169,76 @@ fn run(c: &mut Command, what: &str) {
     );
 }
 
+/// `examples/train_images.py` (the numpy backend: no torch in CI) trains two epochs on the
+/// generated JPEGs, is stopped after 6 steps (just after a checkpoint) and run again: it resumes
+/// there, and each epoch sees every image exactly once across the interruption.
+fn train_example_resumes(py: &Path, dir: &Path) {
+    let data = dir.join("data/slow-images");
+    let ckpt = dir.join("train.ckpt");
+    let ids = dir.join("train-ids.jsonl");
+    let example = |extra: &[&str]| {
+        let mut c = Command::new(py);
+        c.arg(root().join("examples/train_images.py"))
+            .arg(&data)
+            .args([
+                "--backend",
+                "numpy",
+                "--epochs",
+                "2",
+                "--batch-size",
+                "8",
+                "--size",
+                "32",
+            ])
+            .args(["--save-every", "3", "--checkpoint"])
+            .arg(&ckpt)
+            .arg("--log-ids")
+            .arg(&ids)
+            .args(extra)
+            .env("GPUFEED_QUIET", "1");
+        c.output().unwrap()
+    };
+    let first = example(&["--stop-after", "6"]);
+    let out = String::from_utf8_lossy(&first.stdout);
+    assert_eq!(
+        first.status.code(),
+        Some(3),
+        "{out}{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(out.contains("stopping after 6 steps"), "{out}");
+    let second = example(&[]);
+    let out = String::from_utf8_lossy(&second.stdout);
+    assert!(
+        second.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert!(out.contains("resuming at epoch 0, batch 6"), "{out}");
+    assert!(out.contains("epoch 1: 104 images"), "{out}");
+    let mut per_epoch: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for line in std::fs::read_to_string(&ids).unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let e = per_epoch.entry(v["epoch"].as_u64().unwrap()).or_default();
+        e.extend(
+            v["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap()),
+        );
+    }
+    assert_eq!(per_epoch.len(), 2, "two epochs");
+    for (e, mut seen) in per_epoch {
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..104).collect::<Vec<_>>(),
+            "epoch {e}: every image once"
+        );
+    }
+}
+
 #[test]
 fn python_package_installs_and_passes_its_tests() {
     if std::env::var_os("GPUFEED_SKIP_PYTHON").is_some() {
@@ -172,13 +251,63 @@ fn python_package_installs_and_passes_its_tests() {
     }
     let dir = disk_dir();
     make_data(&dir.path().join("data"));
+    // The unittest modules to run (all by default; GPUFEED_PY_TESTS narrows them), and the
+    // Python to run them with: a fresh virtualenv with the package pip-installed, unless
+    // GPUFEED_PYTHON names one that has gpufeed already (a developer's, with torch).
+    let modules: Vec<String> = match std::env::var("GPUFEED_PY_TESTS") {
+        Ok(v) => v.split_whitespace().map(String::from).collect(),
+        Err(_) => [
+            "test_loader",
+            "test_formats",
+            "test_images",
+            "test_training",
+        ]
+        .map(String::from)
+        .to_vec(),
+    };
+    let unittests = |py: &Path| {
+        run(
+            Command::new(py)
+                .args(["-m", "unittest", "-v"])
+                .args(&modules)
+                .current_dir(root().join("python/tests"))
+                .env("GPUFEED_TEST_DATA", dir.path().join("data"))
+                .env("GPUFEED_BIN", gpufeed_bin())
+                .env("GPUFEED_QUIET", "1"),
+            "python tests",
+        )
+    };
+    if let Some(py) = std::env::var_os("GPUFEED_PYTHON") {
+        train_example_resumes(Path::new(&py), dir.path());
+        unittests(Path::new(&py));
+        return;
+    }
     let venv = dir.path().join("venv");
     run(
         Command::new("python3").args(["-m", "venv"]).arg(&venv),
         "python3 -m venv",
     );
     let py = venv.join("bin/python");
-    // As a user would: `pip install ./python` (maturin builds the extension).
+    // As a user would: the wheel `scripts/build-wheel.sh` makes, installed by a pip that sees
+    // no Rust toolchain, cmake or NASM (an empty PATH), and may not build gpufeed from source.
+    let wheels = dir.path().join("dist");
+    let built = Command::new(root().join("scripts/build-wheel.sh"))
+        .arg(&wheels)
+        .env("CARGO_TERM_COLOR", "never")
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "scripts/build-wheel.sh:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let wheel = String::from_utf8_lossy(&built.stdout).trim().to_string();
+    assert!(
+        wheel.contains("manylinux") && wheel.ends_with(".whl"),
+        "a manylinux wheel: {wheel}"
+    );
+    let bare = dir.path().join("bare-path");
+    std::fs::create_dir_all(&bare).unwrap();
     run(
         Command::new(&py)
             .args([
@@ -187,13 +316,28 @@ fn python_package_installs_and_passes_its_tests() {
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
+                "--only-binary",
+                "gpufeed",
             ])
-            .arg(root().join("python"))
+            .arg(&wheel)
             // numpy for the tests; the `tfrecord` package (and Pillow for its JPEGs) writes the
             // ImageNet-style TFRecord set, as a user's TensorFlow-era pipeline would have.
-            .args(["numpy", "tfrecord", "Pillow"])
-            .env("CARGO_TERM_COLOR", "never"),
-        "pip install ./python numpy tfrecord Pillow",
+            // mypy checks the type stubs (image batches' `.images` seen without a cast).
+            .args(["numpy", "tfrecord", "Pillow", "mypy"])
+            .env("PATH", &bare),
+        "pip install gpufeed-*.whl numpy tfrecord Pillow mypy (no cargo, cmake or nasm on PATH)",
+    );
+    run(
+        Command::new(&py)
+            .args([
+                "-m",
+                "mypy",
+                "--strict",
+                "--warn-unused-ignores",
+                "--no-incremental",
+            ])
+            .arg(root().join("python/tests/typing_check.py")),
+        "mypy over python/tests/typing_check.py (the stubs)",
     );
     let tfr = dir.path().join("data/imagenet-tfrecord");
     run(
@@ -210,23 +354,10 @@ fn python_package_installs_and_passes_its_tests() {
             .args(["-m", "py_compile"])
             .arg(root().join("examples/train_torch.py"))
             .arg(root().join("examples/train_torch_dataloader.py"))
+            .arg(root().join("examples/train_images.py"))
             .arg(root().join("scripts/bench-python.py")),
         "py_compile examples",
     );
-    run(
-        Command::new(&py)
-            .args([
-                "-m",
-                "unittest",
-                "-v",
-                "test_loader",
-                "test_formats",
-                "test_images",
-            ])
-            .current_dir(root().join("python/tests"))
-            .env("GPUFEED_TEST_DATA", dir.path().join("data"))
-            .env("GPUFEED_BIN", gpufeed_bin())
-            .env("GPUFEED_QUIET", "1"),
-        "python tests",
-    );
+    train_example_resumes(&py, dir.path());
+    unittests(&py);
 }
