@@ -121,12 +121,22 @@ pub fn thread_cpu_seconds() -> f64 {
 
 /// The soft and hard RLIMIT_MEMLOCK in bytes (`u64::MAX` for unlimited).
 pub fn memlock_limit() -> (u64, u64) {
+    rlimit(libc::RLIMIT_MEMLOCK)
+}
+
+/// The soft and hard RLIMIT_NOFILE (`u64::MAX` for unlimited).
+pub fn nofile_limit() -> (u64, u64) {
+    rlimit(libc::RLIMIT_NOFILE)
+}
+
+/// A resource's soft and hard limit (`u64::MAX` for unlimited).
+fn rlimit(resource: libc::__rlimit_resource_t) -> (u64, u64) {
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: valid pointer to an rlimit struct.
-    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
+    unsafe { libc::getrlimit(resource, &mut r) };
     let conv = |v: libc::rlim_t| {
         if v == libc::RLIM_INFINITY {
             u64::MAX
@@ -135,6 +145,32 @@ pub fn memlock_limit() -> (u64, u64) {
         }
     };
     (conv(r.rlim_cur), conv(r.rlim_max))
+}
+
+/// Raises the soft RLIMIT_NOFILE to `soft` (at most the hard limit); the limit in effect after.
+pub fn raise_nofile(soft: u64) -> u64 {
+    let (cur, hard) = nofile_limit();
+    let want = soft.min(hard);
+    if want > cur {
+        let r = libc::rlimit {
+            rlim_cur: want as libc::rlim_t,
+            rlim_max: if hard == u64::MAX {
+                libc::RLIM_INFINITY
+            } else {
+                hard as libc::rlim_t
+            },
+        };
+        // SAFETY: valid pointer to an rlimit struct; raising the soft limit up to the hard one
+        // needs no privilege, and a failure leaves the limit as it was.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+    }
+    nofile_limit().0
+}
+
+/// File descriptors this process has open now (the entries of `/proc/self/fd`; 64 if that
+/// cannot be read).
+pub fn open_fds() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(64, |d| d.count() as u64)
 }
 
 /// An anonymous private mapping, `align`-aligned, that is unmapped on drop.

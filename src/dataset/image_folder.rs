@@ -56,6 +56,11 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
         "folders",
         std::time::Duration::from_secs(2),
     );
+    // Listed here (names, and the entry's type where the file system gives it: no stat) while
+    // stat workers take each class folder's images as soon as it is listed: on a cold disk each
+    // stat waits for an inode read, and overlapping them with each other and with the listing
+    // is what keeps a 100 K-file folder's open time near a plain listing's.
+    let mut statter = Statter::default();
     for (k, class_dir) in class_dirs.into_iter().enumerate() {
         prog.set(k as u64);
         let ft = class_dir
@@ -65,38 +70,52 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
             continue;
         }
         let label = classes.len() as i64;
-        let class = class_dir.file_name().to_string_lossy().into_owned();
+        let mut found = Vec::new();
         for f in list(&class_dir.path())? {
-            let path = f.path();
-            let meta = std::fs::metadata(&path)
-                .map_err(|e| Error::io("cannot stat", e).with_path(path.clone()))?;
-            if !meta.is_file() {
+            if f.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
+            let path = f.path();
             let ext = path
                 .extension()
                 .map(|x| x.to_string_lossy().to_lowercase())
                 .unwrap_or_default();
             if !IMAGE_EXTENSIONS.contains(&ext.as_str()) {
-                *skipped.entry(ext).or_default() += 1;
+                // Counted only if it is a file (torchvision skips the rest silently).
+                if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+                    *skipped.entry(ext).or_default() += 1;
+                }
                 continue;
             }
-            let len = u32::try_from(meta.len())
-                .map_err(|_| invalid("sample file larger than 4 GiB").with_path(path.clone()))?;
-            let file = u32::try_from(files.len()).map_err(|_| invalid("more than 2^32 files"))?;
-            files.push(data_file(&path, meta.len()));
-            samples.push(Sample {
-                file,
-                len,
-                offset: 0,
+            found.push(Found {
+                path,
                 label,
-                crc32c: 0,
+                name: f.file_name(),
             });
-            keys.push(format!("{class}/{}", f.file_name().to_string_lossy()).as_bytes())?;
         }
-        classes.push(class);
+        statter.push(found);
+        classes.push(class_dir.file_name().to_string_lossy().into_owned());
     }
     prog.finish();
+    for (Found { path, label, name }, meta) in statter.finish() {
+        let meta = meta.map_err(|e| Error::io("cannot stat", e).with_path(path.clone()))?;
+        if !meta.is_file() {
+            continue;
+        }
+        let len = u32::try_from(meta.len())
+            .map_err(|_| invalid("sample file larger than 4 GiB").with_path(path.clone()))?;
+        let file = u32::try_from(files.len()).map_err(|_| invalid("more than 2^32 files"))?;
+        files.push(data_file(&path, meta.len()));
+        samples.push(Sample {
+            file,
+            len,
+            offset: 0,
+            label,
+            crc32c: 0,
+        });
+        let class = &classes[label as usize];
+        keys.push(format!("{class}/{}", name.to_string_lossy()).as_bytes())?;
+    }
     let listed = |m: &std::collections::BTreeMap<String, u64>| -> String {
         let v: Vec<String> = m
             .iter()
@@ -158,4 +177,110 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
         notes,
         ..Dataset::empty(Format::ImageFolder, files, samples)
     })
+}
+
+/// An image file listed, before its size is known.
+struct Found {
+    path: std::path::PathBuf,
+    label: i64,
+    name: std::ffi::OsString,
+}
+
+type Stated = Vec<(Found, std::io::Result<std::fs::Metadata>)>;
+type Job = (usize, Vec<Found>);
+type Done = (usize, Stated);
+
+/// Stats listed files on up to [`STAT_THREADS`] worker threads while the caller lists more:
+/// [`push`](Statter::push) hands over one folder's files, [`finish`](Statter::finish) gives every
+/// file with its metadata in the order pushed.
+#[derive(Default)]
+struct Statter {
+    work: Option<std::sync::mpsc::Sender<Job>>,
+    queue: Option<std::sync::Arc<std::sync::Mutex<std::sync::mpsc::Receiver<Job>>>>,
+    done: Option<(
+        std::sync::mpsc::Sender<Done>,
+        std::sync::mpsc::Receiver<Done>,
+    )>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Folders pushed (their order), and those stat'ed here (no thread could start).
+    pushed: usize,
+    inline: Vec<Done>,
+}
+
+/// Stat threads at most: more did not help on a virtio disk (about 0.55 s for 100 K cold inodes
+/// with 16 threads, as with 64; 1.0–1.3 s with one).
+const STAT_THREADS: usize = 16;
+
+fn stat_each(files: Vec<Found>) -> Stated {
+    files
+        .into_iter()
+        .map(|f| {
+            let m = std::fs::metadata(&f.path);
+            (f, m)
+        })
+        .collect()
+}
+
+impl Statter {
+    fn push(&mut self, files: Vec<Found>) {
+        let k = self.pushed;
+        self.pushed += 1;
+        if files.is_empty() {
+            return;
+        }
+        // One more worker per folder pushed, up to the limit (a small folder starts one).
+        if self.threads.len() < STAT_THREADS {
+            self.spawn();
+        }
+        match &self.work {
+            Some(tx) if !self.threads.is_empty() => {
+                if let Err(e) = tx.send((k, files)) {
+                    let (k, files) = e.0;
+                    self.inline.push((k, stat_each(files)));
+                }
+            }
+            _ => self.inline.push((k, stat_each(files))),
+        }
+    }
+
+    /// Starts one more worker (none if the system refuses a thread: the caller stats then).
+    fn spawn(&mut self) {
+        if self.work.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel();
+            self.work = Some(tx);
+            self.queue = Some(std::sync::Arc::new(std::sync::Mutex::new(rx)));
+            self.done = Some(std::sync::mpsc::channel());
+        }
+        let (Some(queue), Some((out, _))) = (self.queue.clone(), self.done.as_ref()) else {
+            return;
+        };
+        let out = out.clone();
+        let t = std::thread::Builder::new()
+            .name("gpufeed-stat".into())
+            .spawn(move || loop {
+                let job = queue.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                let Ok((k, files)) = job else { return };
+                if out.send((k, stat_each(files))).is_err() {
+                    return;
+                }
+            });
+        if let Ok(t) = t {
+            self.threads.push(t);
+        }
+    }
+
+    /// Every file pushed, with its metadata, in the order pushed.
+    fn finish(mut self) -> impl Iterator<Item = (Found, std::io::Result<std::fs::Metadata>)> {
+        self.work = None; // the workers end once the queue is empty
+        let mut parts = std::mem::take(&mut self.inline);
+        if let Some((out, results)) = self.done.take() {
+            drop(out);
+            parts.extend(results.iter());
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        parts.sort_by_key(|(k, _)| *k);
+        parts.into_iter().flat_map(|(_, v)| v)
+    }
 }

@@ -111,7 +111,17 @@ pub struct LoaderBuilder {
     backend: Option<CustomBackend>,
     timeout: Option<std::time::Duration>,
     door: FrontDoor,
+    open_files_max: Option<u32>,
 }
+
+/// The most files the I/O thread keeps open at once (io_uring's fixed-file table, as the
+/// engine sizes it). A dataset of more files (an ImageFolder of 1.28 M images) is read with the
+/// least recently used closed as others are opened.
+pub const OPEN_FILES_MAX: u32 = 65536;
+
+/// File descriptors left to the rest of the process when gpufeed sizes its open files from the
+/// `RLIMIT_NOFILE` soft limit.
+const FDS_RESERVED: u64 = 256;
 
 /// The arena's default memory budget: slots are sized from the dataset within it.
 pub const DEFAULT_MEMORY_BUDGET_BYTES: u64 = 4 << 30;
@@ -229,6 +239,15 @@ impl LoaderBuilder {
         self.timeout = Some(limit);
         self
     }
+    /// Files kept open at most (default: every file of the dataset, up to [`OPEN_FILES_MAX`]
+    /// and what the open-file limit allows — the soft `RLIMIT_NOFILE` is raised toward the hard
+    /// one if that is needed). With fewer than the dataset's files, each is opened when a read
+    /// group needs it and the least recently used one with no read in flight is closed: an
+    /// ImageFolder of any size reads this way, one `open` per file per epoch.
+    pub fn open_files_max(mut self, n: u32) -> Self {
+        self.open_files_max = Some(n);
+        self
+    }
     /// Names settings in messages as `door` spells them (the Python and C packages set it).
     #[doc(hidden)]
     pub fn front_door(mut self, door: FrontDoor) -> Self {
@@ -256,12 +275,6 @@ impl LoaderBuilder {
             return Err(invalid("the dataset has no samples"));
         }
         let files = self.dataset.files().len();
-        if files > 65536 {
-            return Err(invalid(format!(
-                "the dataset has {files} files; the engine opens at most 65536 at once: pack it \
-                 into shards (`gpufeed pack`)"
-            )));
-        }
         let slots = self.prefetch_groups + self.in_flight_groups;
         let mut plan = self.plan.clone();
         if !self.slot_explicit {
@@ -285,10 +298,15 @@ impl LoaderBuilder {
         }
         plan.reads_per_group_max = reads_per_job;
         let slot_bytes = (plan.group_bytes_max as usize).next_multiple_of(4096);
+        // Every file of the groups in flight, and of the one being submitted, must be open.
+        let group_files = (plan.batch_size as u64 * plan.window_batches as u64)
+            .saturating_mul(self.in_flight_groups as u64 + 1)
+            .min(files as u64);
+        let open_files = open_files(files as u64, group_files, self.open_files_max)?;
         let engine = EngineConfig {
             slot_bytes,
             slots,
-            files_max: files as u32,
+            files_max: open_files,
             reads_per_job_max: reads_per_job,
             reads_in_flight_max: reads_per_job.saturating_mul(self.in_flight_groups),
             ..self.engine.clone()
@@ -345,6 +363,40 @@ impl LoaderBuilder {
             gauges: Arc::default(),
         })
     }
+}
+
+/// How many files the I/O thread may keep open: the dataset's, at most `asked` (or
+/// [`OPEN_FILES_MAX`]) and what `RLIMIT_NOFILE` leaves (its soft limit raised toward the hard one
+/// if the dataset needs more); an error if that is fewer than one step's `group_files`.
+fn open_files(files: u64, group_files: u64, asked: Option<u32>) -> Result<u32> {
+    let want = files.min(asked.unwrap_or(OPEN_FILES_MAX).min(OPEN_FILES_MAX) as u64);
+    if let Some(n) = asked {
+        if (n as u64) < group_files {
+            return Err(invalid(format!(
+                "open_files_max {n} is below the {group_files} files the read groups in flight \
+                 may need at once (batch size × batches per group × (groups in flight + 1))"
+            )));
+        }
+    }
+    let in_use = crate::sys::open_fds();
+    let mut soft = crate::sys::nofile_limit().0;
+    if soft < in_use + want + FDS_RESERVED {
+        soft = crate::sys::raise_nofile(in_use + want + FDS_RESERVED);
+    }
+    let allowed = soft.saturating_sub(in_use + FDS_RESERVED);
+    if allowed < group_files {
+        let hard = crate::sys::nofile_limit().1;
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "the read groups in flight may need {group_files} files open at once, and the \
+                 open-file limit leaves {allowed} (soft limit {soft}, hard {hard}, {in_use} open \
+                 now): raise `ulimit -n`, use smaller batches, or pack the dataset into shards \
+                 (`gpufeed pack`)"
+            ),
+        ));
+    }
+    Ok(want.min(allowed).max(1) as u32)
 }
 
 /// What a device loader holds for its whole life: the arena's CUDA registration (page-locked
@@ -560,6 +612,7 @@ impl Loader {
             backend: None,
             timeout: None,
             door: FrontDoor::Rust,
+            open_files_max: None,
         }
     }
 

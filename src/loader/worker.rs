@@ -261,14 +261,10 @@ impl WorkerCtx {
         let ds = &*self.dataset;
         let mut next_id = 0u64;
         jobs.push_back(self.activate(first, next_id, &path));
-        let files: Vec<FileId> = ds
-            .files()
-            .iter()
-            .map(|f| engine.open(&f.path))
-            .collect::<Result<_>>()?;
+        let mut files = OpenFiles::new(ds.files().len(), self.engine.files_max as usize);
         let arena = engine.arena().clone();
-        // By engine tag: the epoch (its id) and the group.
-        let mut in_flight: HashMap<u64, (u64, Group, Instant)> = HashMap::new();
+        // By engine tag: the epoch (its id), the group, and its reads whose file did not open.
+        let mut in_flight: HashMap<u64, (u64, Group, Instant, Unopened)> = HashMap::new();
         let mut next_tag = 0u64;
         let mut specs = Vec::new();
         loop {
@@ -308,18 +304,26 @@ impl WorkerCtx {
                 let Some(slot) = arena.take() else { break };
                 let g = a.job.plan.group(ds.samples(), a.next_group);
                 specs.clear();
-                specs.extend(g.reads.iter().map(|r| ReadSpec {
-                    file: files[r.file as usize],
-                    offset: r.offset,
-                    len: r.len,
-                    buf_offset: r.buf_offset as usize,
-                }));
+                let mut unopened = Unopened::default();
+                let pinned = files.pin();
+                for (k, r) in g.reads.iter().enumerate() {
+                    match files.get(&mut engine, ds, r.file, pinned) {
+                        Ok(file) => specs.push(ReadSpec {
+                            file,
+                            offset: r.offset,
+                            len: r.len,
+                            buf_offset: r.buf_offset as usize,
+                        }),
+                        // Its samples fail, named; the group's other reads go on.
+                        Err(e) => unopened.0.push((k as u32, Err(e))),
+                    }
+                }
                 next_tag += 1;
                 engine.submit(slot, &specs, next_tag).map_err(|r| {
                     arena.put(r.slot);
                     r.error
                 })?;
-                in_flight.insert(next_tag, (a.id, g, Instant::now()));
+                in_flight.insert(next_tag, (a.id, g, Instant::now(), unopened));
                 a.next_group += 1;
                 a.outstanding += 1;
             }
@@ -361,12 +365,13 @@ impl WorkerCtx {
             }
             engine.wait(1)?;
             while let Some(c) = engine.pop() {
-                let (id, g, submitted) = in_flight.remove(&c.user_data).expect("a group per job");
+                let (id, g, submitted, unopened) =
+                    in_flight.remove(&c.user_data).expect("a group per job");
                 let Some(a) = jobs.iter_mut().find(|a| a.id == id) else {
                     arena.put(c.slot);
                     continue;
                 };
-                let f = self.filled(&a.job.plan, g, c, submitted);
+                let f = self.filled(&a.job.plan, g, c, submitted, &unopened);
                 match copies.as_mut() {
                     Some(q) => {
                         let f = self.checked(f);
@@ -382,7 +387,14 @@ impl WorkerCtx {
     }
 
     /// Turns a completed group into sample spans within its slot.
-    fn filled(&self, plan: &EpochPlan, g: Group, c: Completion, submitted: Instant) -> Filled {
+    fn filled(
+        &self,
+        plan: &EpochPlan,
+        g: Group,
+        c: Completion,
+        submitted: Instant,
+        unopened: &Unopened,
+    ) -> Filled {
         let read_done = Instant::now();
         let ds = &*self.dataset;
         let first = plan.batch_range(g.batches.start).start;
@@ -393,7 +405,11 @@ impl WorkerCtx {
         let mut read_errors: HashMap<u32, Arc<Error>> = HashMap::new();
         for (&id, p) in ids.iter().zip(&g.scatter) {
             let s = ds.sample(id as usize);
-            let span = match &outcomes[p.read as usize] {
+            let outcome = match unopened.submitted_index(p.read) {
+                Ok(k) => &outcomes[k],
+                Err(e) => e,
+            };
+            let span = match outcome {
                 Ok(r) => {
                     let start = r.start + p.offset_in_read as usize;
                     let end = start + s.len as usize;
@@ -502,4 +518,134 @@ pub(super) fn check_spans(
 /// The index's label of each sample.
 pub(super) fn index_labels<'a>(ds: &'a Dataset, ids: &'a [u32]) -> impl Iterator<Item = i64> + 'a {
     ids.iter().map(|&i| ds.sample(i as usize).label)
+}
+
+/// A group's reads whose file could not be opened (sorted by read index): they were not
+/// submitted, so the engine's outcomes skip them.
+#[derive(Default)]
+struct Unopened(Vec<(u32, crate::io::ReadOutcome)>);
+
+impl Unopened {
+    /// Where read `read` of the group is among the submitted ones, or why it was not submitted
+    /// (as a failed read's outcome).
+    fn submitted_index(&self, read: u32) -> std::result::Result<usize, &crate::io::ReadOutcome> {
+        if self.0.is_empty() {
+            return Ok(read as usize);
+        }
+        match self.0.binary_search_by_key(&read, |(k, _)| *k) {
+            Ok(i) => Err(&self.0[i].1),
+            Err(before) => Ok(read as usize - before),
+        }
+    }
+}
+
+/// The dataset's files the engine has open, at most `cap`: all of them when they fit (opened as
+/// first needed, then open for the loader's life), else the most recently used — a file is
+/// opened when a group needs it and the least recently used one with no read in flight is
+/// closed (an ImageFolder of 1.28 M files: one `open` per file per epoch, as any small-file
+/// loader makes).
+struct OpenFiles {
+    ids: Vec<Option<FileId>>,
+    /// When each dataset file was last used (0: never).
+    used: Vec<u64>,
+    /// (stamp, file) in order of use, oldest first; an entry whose stamp is not the file's last
+    /// is stale and skipped. Kept only when files may have to be closed.
+    order: std::collections::VecDeque<(u64, u32)>,
+    open: usize,
+    cap: usize,
+    clock: u64,
+}
+
+impl OpenFiles {
+    fn new(files: usize, cap: usize) -> OpenFiles {
+        OpenFiles {
+            ids: vec![None; files],
+            used: vec![0; files],
+            order: std::collections::VecDeque::new(),
+            open: 0,
+            cap: cap.max(1),
+            clock: 0,
+        }
+    }
+
+    fn evicts(&self) -> bool {
+        self.cap < self.ids.len()
+    }
+
+    /// A mark: files used from here on (the group being submitted) are not closed.
+    fn pin(&self) -> u64 {
+        self.clock + 1
+    }
+
+    /// Dataset file `f`, opened if it is not; files used since `pinned` stay open.
+    fn get(&mut self, engine: &mut Engine, ds: &Dataset, f: u32, pinned: u64) -> Result<FileId> {
+        self.clock += 1;
+        self.used[f as usize] = self.clock;
+        if self.evicts() {
+            self.order.push_back((self.clock, f));
+            if self.order.len() > 4 * self.cap + 1024 {
+                self.compact();
+            }
+        }
+        if let Some(id) = self.ids[f as usize] {
+            return Ok(id);
+        }
+        if self.open >= self.cap {
+            self.close_one(engine, pinned)?;
+        }
+        let id = engine.open(&ds.files()[f as usize].path)?;
+        self.ids[f as usize] = Some(id);
+        self.open += 1;
+        Ok(id)
+    }
+
+    /// Closes the least recently used open file with no read in flight, not used since
+    /// `pinned`.
+    fn close_one(&mut self, engine: &mut Engine, pinned: u64) -> Result<()> {
+        let mut busy = Vec::new();
+        let closed = loop {
+            let Some((stamp, f)) = self.order.pop_front() else {
+                break false;
+            };
+            if stamp != self.used[f as usize] || stamp >= pinned {
+                if stamp >= pinned && stamp == self.used[f as usize] {
+                    busy.push((stamp, f));
+                }
+                continue;
+            }
+            let Some(id) = self.ids[f as usize] else {
+                continue;
+            };
+            match engine.close(id) {
+                Ok(()) => {
+                    self.ids[f as usize] = None;
+                    self.open -= 1;
+                    break true;
+                }
+                // Reads of it are in flight: it stays, as recently used as it was.
+                Err(_) => busy.push((stamp, f)),
+            }
+        };
+        for e in busy.into_iter().rev() {
+            self.order.push_front(e);
+        }
+        if closed {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "all {} open files are in use by reads in flight (open_files_max is too low \
+                     for the read groups in flight)",
+                    self.cap
+                ),
+            ))
+        }
+    }
+
+    /// Drops the stale entries of `order`.
+    fn compact(&mut self) {
+        let used = &self.used;
+        self.order.retain(|&(stamp, f)| used[f as usize] == stamp);
+    }
 }

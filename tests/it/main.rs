@@ -8,6 +8,7 @@ mod decode;
 mod device;
 mod engine;
 mod fallback;
+mod files;
 mod formats;
 mod fuzzed;
 mod gpu;
