@@ -278,8 +278,8 @@ fn python_package_installs_and_passes_its_tests() {
         )
     };
     if let Some(py) = std::env::var_os("GPUFEED_PYTHON") {
-        train_example_resumes(Path::new(&py), dir.path());
         unittests(Path::new(&py));
+        train_example_resumes(Path::new(&py), dir.path());
         return;
     }
     let venv = dir.path().join("venv");
