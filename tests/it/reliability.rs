@@ -203,15 +203,26 @@ fn pack_into_a_full_disk_fails_cleanly_and_a_rerun_finishes() {
 /// Runs `gpufeed pack SRC OUT` and sends it `signal` once two shards are finished in the
 /// staging folder; its exit status.
 fn pack_killed_midway(src_dir: &Path, out: &Path, signal: i32) -> std::process::ExitStatus {
-    let mut child = gpufeed()
-        .arg("pack")
+    use std::os::unix::process::CommandExt;
+    let mut cmd = gpufeed();
+    cmd.arg("pack")
         .arg(src_dir)
         .arg(out)
         .args(["--shard-size", "256K", "--threads", "1"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::null());
+    // A test run started in the background by a shell inherits SIGINT ignored (POSIX shells
+    // ignore it for asynchronous commands), and so would the pack: give it the default action,
+    // as a pack run from a terminal has.
+    // SAFETY: between fork and exec only `signal(2)` runs, which is async-signal-safe and
+    // touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
     let t0 = Instant::now();
     let staged = out.join(STAGING);
     loop {
