@@ -13,7 +13,8 @@
 struct gf_dim3 {
     unsigned int x, y, z;
 };
-static gf_dim3 blockIdx, blockDim, threadIdx, gridDim;
+/* One set per thread: the simulated device launches kernels from several threads at once. */
+static thread_local gf_dim3 blockIdx, blockDim, threadIdx, gridDim;
 
 /* Every block and thread in turn. */
 #define gf_launch(grid_x, grid_y, block_x, call)                                               \

@@ -74,6 +74,15 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// The device region holding the bytes (`None` for a host batch).
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    pub(crate) fn device_region(&self) -> Option<&Arc<DeviceRegion>> {
+        match &self.mem {
+            Memory::Device(d) => Some(d),
+            Memory::Host(_) => None,
+        }
+    }
+
     /// How long the consumer waited for this batch and why, and its read group's timeline.
     pub fn timing(&self) -> &crate::loader::BatchTiming {
         &self.timing

@@ -130,6 +130,7 @@ pub mod decode;
 pub mod dlpack;
 pub mod error;
 pub mod gpu;
+pub mod image;
 pub mod io;
 pub mod loader;
 pub mod plan;

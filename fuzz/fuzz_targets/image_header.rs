@@ -1,4 +1,4 @@
-//! The decode stage's image header parser (`dataset::image::info`: JPEG SOF and Adobe
+//! The decode stage's image header parser (`image::info`: JPEG SOF and Adobe
 //! markers, PNG IHDR, WebP VP8/VP8L/VP8X), the structural check `gpufeed verify` runs
 //! (`image::check`), and the 16-byte image record of shard format version 2.
 //!
@@ -6,7 +6,7 @@
 //! prefix that holds it), the rest is the image's first bytes; its first 16 bytes are also
 //! parsed as an image record.
 #![no_main]
-use gpufeed::dataset::image::{check, info, sniff, ImageInfo, ImageKind};
+use gpufeed::image::{check, info, sniff, ImageInfo, ImageKind};
 use gpufeed_fuzz::{Budget, Counting};
 
 #[global_allocator]
@@ -35,16 +35,16 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         );
         assert_eq!(
             x.kind == ImageKind::Other,
-            !matches!(kind, Some("jpeg" | "png" | "webp"))
+            !kind.is_some_and(|k| k.decodable())
         );
     }
     // A JPEG or PNG that `check` accepts has a header `info` reads, with a width (JPEG's
     // height may be 0: a DNL marker defines it later). `check` reads only WebP's RIFF size.
-    if let (Some(k @ ("jpeg" | "png")), Some(Ok(()))) = (kind, &checked) {
+    if let (Some(k @ (ImageKind::Jpeg | ImageKind::Png)), Some(Ok(()))) = (kind, &checked) {
         let x = found.unwrap_or_else(|| panic!("check accepts this {k} but info finds no header"));
         assert!(x.width > 0, "check accepts a {k} that info sizes {x:?}");
         assert!(
-            k == "jpeg" || x.height > 0,
+            k == ImageKind::Jpeg || x.height > 0,
             "check accepts a PNG that info sizes {x:?}"
         );
     }

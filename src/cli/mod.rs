@@ -1069,7 +1069,7 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
     labels.sort_unstable();
     labels.dedup();
     let images = if a.images || ds.has_image_info() {
-        Some(crate::dataset::image::Summary::of(ds.image_info()?))
+        Some(crate::image::Summary::of(ds.image_info()?))
     } else {
         None
     };

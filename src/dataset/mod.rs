@@ -13,7 +13,8 @@
 
 mod detect;
 pub mod example;
-pub mod image;
+/// Image formats: moved to [`crate::image`] (shared with the decode stage); kept here by name.
+pub use crate::image;
 pub mod image_folder;
 mod options;
 pub mod pack;

@@ -4,9 +4,9 @@ use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use super::image::ImageInfo;
 use super::{data_file, Dataset, Format, Sample, Strings};
 use crate::error::{shared_path, Error, ErrorKind, Result};
+use crate::image::ImageInfo;
 
 /// The first 8 bytes of every shard.
 pub const MAGIC: &[u8; 8] = b"GPFSHARD";
@@ -438,7 +438,7 @@ impl ShardWriter {
         self.blob.extend_from_slice(meta);
         // The image record: read from the header bytes (all zero for a non-image).
         self.blob
-            .extend_from_slice(&super::image::info(bytes).unwrap_or_default().encode());
+            .extend_from_slice(&crate::image::info(bytes).unwrap_or_default().encode());
         self.entries.push(Entry {
             offset: self.pos,
             len,

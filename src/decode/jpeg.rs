@@ -166,8 +166,8 @@ impl Turbo {
     pub fn header(&mut self, data: &[u8]) -> Result<JpegHeader, JpegError> {
         // TurboJPEG accepts a stream of tables only and then reports the previous image's
         // dimensions: a frame header must be there.
-        let (fw, fh) = crate::dataset::image::info(data)
-            .filter(|i| i.kind == crate::dataset::image::ImageKind::Jpeg)
+        let (fw, fh) = crate::image::info(data)
+            .filter(|i| i.kind == crate::image::ImageKind::Jpeg)
             .map(|i| (i.width, i.height))
             .ok_or_else(|| {
                 JpegError::Fatal("no frame header before the scan: not a JPEG image".into())

@@ -13,10 +13,12 @@ use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::device::{route, DeviceStage, DeviceTensor, RouteCounts};
 use super::{ImageDecoder, ImageSpec, Layout, PixelType};
 use crate::batch::Batch;
 use crate::dataset::Dataset;
 use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::gpu::kernels::GfSample;
 use crate::loader::{BatchTiming, Epoch, FrontDoor, Holders, Loader, LoaderStats, StallStats};
 
 /// Alignment of a batch tensor (a cache line; what vector loads and DLPack consumers like).
@@ -89,10 +91,33 @@ impl Drop for Tensor {
     }
 }
 
+/// Where a batch's tensor is made.
+#[derive(Clone)]
+enum Target {
+    /// Host memory: each sample decoded and resampled on the CPU straight into its place.
+    Host(Arc<Tensor>),
+    /// Device memory: each sample decoded whole (the hardware decoder, or the CPU stage for
+    /// what it refuses), then one resize launch writes the tensor.
+    Device(Arc<DeviceOut>),
+}
+
+/// An image decoded whole: width, height, packed 8-bit RGB.
+type Decoded = (u32, u32, Vec<u8>);
+
+/// A device batch's tensor and what its samples went through.
+struct DeviceOut {
+    tensor: DeviceTensor,
+    stage: Arc<DeviceStage>,
+    /// Each sample's checksum error, from the device's crc32c over the group.
+    crc: Vec<Option<Error>>,
+    /// Each sample decoded whole: width, height, packed RGB (the decoder's output buffer).
+    decoded: Mutex<Vec<Option<Decoded>>>,
+}
+
 /// A batch being decoded.
 struct Job {
     batch: Batch,
-    tensor: Arc<Tensor>,
+    target: Target,
     spec: Arc<ImageSpec>,
     dataset: Arc<Dataset>,
     seed: u64,
@@ -107,6 +132,8 @@ struct Job {
 #[derive(Default)]
 struct JobState {
     done: usize,
+    /// Every sample is done and the tensor written (device: the resize launch has run).
+    complete: bool,
     errors: Vec<(usize, Error)>,
     /// CPU seconds the decode threads spent on this batch.
     cpu_s: f64,
@@ -129,9 +156,14 @@ impl Job {
             let err = if self.cancelled.load(Ordering::Relaxed) {
                 None
             } else {
-                // SAFETY: `i` came from `next.fetch_add`, so this thread alone holds it.
-                let dst = unsafe { self.tensor.sample_mut(i, per) };
-                self.decode_one(i, dec, dst)
+                match &self.target {
+                    Target::Host(t) => {
+                        // SAFETY: `i` came from `next.fetch_add`, so this thread alone holds it.
+                        let dst = unsafe { t.sample_mut(i, per) };
+                        self.decode_one(i, dec, dst)
+                    }
+                    Target::Device(d) => self.decode_whole(i, dec, d),
+                }
             };
             let cpu = crate::sys::thread_cpu_seconds() - c0;
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -140,10 +172,103 @@ impl Job {
                 st.errors.push((i, e));
             }
             st.done += 1;
-            if st.done == self.len() {
-                self.finished.notify_all();
+            if st.done < self.len() {
+                continue;
+            }
+            if let Target::Device(d) = &self.target {
+                // The last sample is in: the resize launch, outside the lock.
+                drop(st);
+                let c0 = crate::sys::thread_cpu_seconds();
+                let failed = self.resize(d);
+                let cpu = crate::sys::thread_cpu_seconds() - c0;
+                st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                st.cpu_s += cpu;
+                if let Err(e) = failed {
+                    // Every sample's image is lost with the launch.
+                    let mut had: Vec<bool> = vec![false; self.len()];
+                    for (k, _) in &st.errors {
+                        had[*k] = true;
+                    }
+                    for (k, h) in had.into_iter().enumerate() {
+                        if !h {
+                            st.errors.push((k, e.clone()));
+                        }
+                    }
+                }
+            }
+            st.complete = true;
+            self.finished.notify_all();
+        }
+    }
+
+    /// Device path: sample `i` decoded whole into the job's decoded images, routed as the
+    /// GPU routes it (the simulated device: the CPU stage stands in for nvJPEG). Its checksum
+    /// was checked on the device when the job was made.
+    fn decode_whole(
+        &self,
+        i: usize,
+        dec: &mut Result<ImageDecoder, String>,
+        d: &DeviceOut,
+    ) -> Option<Error> {
+        let id = self.batch.sample_ids()[i];
+        if let Some(e) = &d.crc[i] {
+            d.stage.counted(None);
+            return Some(e.clone());
+        }
+        let mut data = Vec::new();
+        if let Err(e) = DeviceStage::sample_bytes(&self.batch, i, &mut data) {
+            d.stage.counted(None);
+            return Some(e);
+        }
+        let way = route(crate::image::info(&data).as_ref());
+        let dec = match dec {
+            Ok(d) => d,
+            Err(e) => {
+                d.stage.counted(None);
+                return Some(self.decode_error(id, e.clone()));
+            }
+        };
+        let mut px = Vec::new();
+        match dec.decode_rgb(&self.spec, &data, &mut px) {
+            Ok((w, h)) => {
+                d.stage.counted(Some(way));
+                d.decoded.lock().unwrap_or_else(|p| p.into_inner())[i] = Some((w, h, px));
+                None
+            }
+            Err(reason) => {
+                d.stage.counted(None);
+                Some(self.decode_error(id, reason))
             }
         }
+    }
+
+    /// Device path, once every sample is decoded: the decoded images packed into one buffer
+    /// and the resize kernel launched once over the batch, writing the output tensor (a
+    /// failed sample's `valid` is 0: zeros).
+    fn resize(&self, d: &DeviceOut) -> Result<()> {
+        let decoded = std::mem::take(&mut *d.decoded.lock().unwrap_or_else(|p| p.into_inner()));
+        if self.cancelled.load(Ordering::Relaxed) {
+            return Ok(()); // nobody will see this batch
+        }
+        let ids = self.batch.sample_ids();
+        let mut staging = Vec::new();
+        let mut samples = Vec::with_capacity(decoded.len());
+        for (i, img) in decoded.into_iter().enumerate() {
+            samples.push(match img {
+                Some((w, h, px)) => {
+                    let g =
+                        self.spec
+                            .geometry(self.seed, self.batch.epoch(), ids[i] as u64, (w, h));
+                    let s = GfSample::new(&g, staging.len() as u64, (w, h));
+                    staging.extend_from_slice(&px);
+                    s
+                }
+                None => GfSample::default(), // valid = 0
+            });
+        }
+        let len = d.tensor.len();
+        let mut out = d.tensor.bytes();
+        crate::gpu::host_kernels::resize(&staging, &samples, &d.stage.emit, &mut out[..len])
     }
 
     fn decode_one(
@@ -175,27 +300,30 @@ impl Job {
             },
             Err(e) => e.clone(),
         };
+        Some(self.decode_error(id, reason))
+    }
+
+    /// The error of sample `id` that could not be decoded for `reason`.
+    fn decode_error(&self, id: u32, reason: String) -> Error {
         let s = self.dataset.sample(id as usize);
-        Some(
-            Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "sample {} ({}): cannot decode: {reason}",
-                    id,
-                    self.dataset.key(id as usize)
-                ),
-            )
-            .with_path(self.dataset.files()[s.file as usize].path.clone())
-            .with_range(s.offset, s.len as u64)
-            .with_sample(id as u64),
+        Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "sample {} ({}): cannot decode: {reason}",
+                id,
+                self.dataset.key(id as usize)
+            ),
         )
+        .with_path(self.dataset.files()[s.file as usize].path.clone())
+        .with_range(s.offset, s.len as u64)
+        .with_sample(id as u64)
     }
 
     /// Waits until every sample is done or `until` passes; the failed ones and the decode CPU
     /// seconds, or `None` if samples are still being decoded.
     fn wait_until(&self, until: Instant) -> Option<(Vec<(usize, Error)>, f64)> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        while st.done < self.len() {
+        while !st.complete && self.len() > 0 {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return None;
@@ -289,6 +417,14 @@ impl Pool {
                 }
             };
             job.work(&mut dec);
+            // A job fully claimed leaves the queue now, not at the next wake-up: it holds its
+            // tensor (a device job, one of the pool's), which must return once its batch goes.
+            self.queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .jobs
+                .retain(|j| j.next.load(Ordering::Relaxed) < j.len());
+            drop(job);
         }
     }
 
@@ -309,6 +445,8 @@ pub struct ImageLoader {
     loader: Loader,
     spec: Arc<ImageSpec>,
     pool: Arc<PoolHandle>,
+    /// The device side, for a loader whose batches are in device memory.
+    device: Option<Arc<DeviceStage>>,
 }
 
 impl std::fmt::Debug for ImageLoader {
@@ -321,22 +459,42 @@ impl std::fmt::Debug for ImageLoader {
 }
 
 impl Loader {
-    /// This loader's batches decoded and transformed by `spec` on the CPU (a host loader
-    /// only, so far: the GPU decode stage is its own issue). Starts the decode threads.
+    /// This loader's batches decoded and transformed by `spec`, on the loader's device: on the
+    /// host, by the CPU stage into host tensors; on the simulated device, by the device
+    /// pipeline (checksums by the crc32c kernel, each image decoded whole — the CPU stage
+    /// standing in for nvJPEG — then one resize launch per batch into an output tensor from a
+    /// pool made here), whose tensors equal the CPU stage's with `dct_scaling` off within the
+    /// kernel's tolerance. Starts the decode threads.
+    ///
+    /// On a CUDA device this is an `Unsupported` error for now: the pipeline's CUDA half
+    /// (nvJPEG's batched decode and the kernel launches) waits on a GPU to be joined.
     pub fn decode_images(&self, spec: ImageSpec) -> Result<ImageLoader> {
         spec.validate()?;
-        if self.is_device() {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                "decode_images runs on the CPU and needs a host loader (Device::Host); GPU \
-                 decoding is not built yet",
-            ));
-        }
+        let device = match self.device_pool() {
+            None => None,
+            Some(p) if p.is_simulated() => Some(Arc::new(DeviceStage::sim(
+                &spec,
+                self.plan_config().batch_size as usize,
+                // The batches decoded ahead, the one being handed out, and two held by the
+                // consumer.
+                spec.prefetch_batches + 3,
+                self.verifies_checksums(),
+            )?)),
+            Some(_) => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    "decoding images into CUDA memory is not joined yet (the pipeline runs on \
+                     the simulated device; nvJPEG's batched decode and the kernel launches \
+                     wait on a GPU): decode on the host (Device::Host) and copy the tensors",
+                ))
+            }
+        };
         let spec = Arc::new(spec);
         Ok(ImageLoader {
             loader: self.clone(),
             pool: Arc::new(Pool::start(&spec)?),
             spec,
+            device,
         })
     }
 }
@@ -357,6 +515,24 @@ impl ImageLoader {
         self.pool.threads.len()
     }
 
+    /// Whether image batches are in device memory.
+    pub fn is_device(&self) -> bool {
+        self.device.is_some()
+    }
+
+    /// Device path: images by decoder route since this loader was made (`None` on the host).
+    pub fn routes(&self) -> Option<RouteCounts> {
+        self.device.as_ref().map(|d| d.counters.snapshot())
+    }
+
+    /// Device path: (free, total) output tensors of the pool made with this loader (`None` on
+    /// the host). All are free when no batch is held and no epoch is running.
+    pub fn output_tensors(&self) -> Option<(usize, usize)> {
+        self.device
+            .as_ref()
+            .map(|d| (d.outputs.free_tensors(), d.outputs.tensors()))
+    }
+
     /// The image batches of `epoch`, from the first.
     pub fn epoch(&self, epoch: u64) -> Result<ImageEpoch> {
         self.epoch_from(epoch, 0)
@@ -365,7 +541,11 @@ impl ImageLoader {
     /// The image batches of `epoch` from batch `start` (resuming): the same tensors an
     /// uninterrupted epoch gives from there.
     pub fn epoch_from(&self, epoch: u64, start: u32) -> Result<ImageEpoch> {
-        Ok(self.decode_epoch(self.loader.epoch_from(epoch, start)?))
+        // On the device path the crc32c kernel verifies what the I/O thread would.
+        let inner = self
+            .loader
+            .epoch_checked(epoch, start, self.device.is_some())?;
+        Ok(self.decode_epoch(inner))
     }
 
     /// Decodes an epoch already asked of the underlying loader (one asked ahead, say).
@@ -385,9 +565,20 @@ impl ImageLoader {
             let (spec, pool, shared) = (self.spec.clone(), self.pool.clone(), shared.clone());
             let dataset = self.loader.dataset().clone();
             let seed = self.loader.plan_config().seed;
+            let device = self.device.clone();
             std::thread::Builder::new()
                 .name("gpufeed-decode-feed".into())
-                .spawn(move || feed(inner, tx, &spec, &pool, &shared, dataset, seed))
+                .spawn(move || {
+                    let ctx = FeedCtx {
+                        spec: &spec,
+                        pool: &pool,
+                        shared: &shared,
+                        dataset,
+                        seed,
+                        device,
+                    };
+                    feed(inner, tx, &ctx)
+                })
         };
         let (rx, feeder) = match feeder {
             Ok(h) => (Some(rx), Some(h)),
@@ -429,15 +620,24 @@ struct Feed {
 /// it to the consumer through `tx` (bounded: `prefetch_batches` jobs ahead). Ends at the epoch's
 /// end, on an error (sent), or when the consumer is gone; dropping `inner` then waits for its
 /// reads.
-fn feed(
-    mut inner: Epoch,
-    tx: SyncSender<Result<Arc<Job>>>,
-    spec: &Arc<ImageSpec>,
-    pool: &PoolHandle,
-    shared: &Feed,
+struct FeedCtx<'a> {
+    spec: &'a Arc<ImageSpec>,
+    pool: &'a PoolHandle,
+    shared: &'a Feed,
     dataset: Arc<Dataset>,
     seed: u64,
-) {
+    device: Option<Arc<DeviceStage>>,
+}
+
+fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
+    let FeedCtx {
+        spec,
+        pool,
+        shared,
+        ref dataset,
+        seed,
+        ref device,
+    } = *ctx;
     loop {
         let next = inner.next_patiently();
         *shared.stats.lock().unwrap_or_else(|p| p.into_inner()) = inner.stats().clone();
@@ -449,10 +649,27 @@ fn feed(
             }
             Some(Ok(batch)) => {
                 let bytes = batch.len() * spec.sample_elems() * spec.dtype.size();
-                Tensor::new(bytes).map(|t| {
+                let target = match device {
+                    None => Tensor::new(bytes).map(|t| Target::Host(Arc::new(t))),
+                    Some(stage) => {
+                        // Flat memory: a tensor of the pool, waiting while the consumer holds
+                        // them all; the checksums by the device's crc32c over the group.
+                        let Some(tensor) = stage.outputs.take(bytes, &shared.cancelled) else {
+                            return;
+                        };
+                        let crc = stage.check_crcs(&batch, dataset);
+                        Ok(Target::Device(Arc::new(DeviceOut {
+                            tensor,
+                            stage: stage.clone(),
+                            crc,
+                            decoded: Mutex::new((0..batch.len()).map(|_| None).collect()),
+                        })))
+                    }
+                };
+                target.map(|target| {
                     Arc::new(Job {
                         batch,
-                        tensor: Arc::new(t),
+                        target,
                         spec: spec.clone(),
                         dataset: dataset.clone(),
                         seed,
@@ -651,7 +868,7 @@ impl ImageEpoch {
             labels: b.labels().to_vec(),
             padding: b.padding_mask(),
             errors,
-            tensor: job.tensor.clone(),
+            tensor: job.target.clone(),
             size: self.spec.size,
             dtype: self.spec.dtype,
             layout: self.spec.layout,
@@ -729,7 +946,7 @@ pub struct ImageBatch {
     labels: Vec<i64>,
     padding: Vec<bool>,
     errors: Vec<Option<Arc<Error>>>,
-    tensor: Arc<Tensor>,
+    tensor: Target,
     size: (u32, u32),
     dtype: PixelType,
     layout: Layout,
@@ -791,16 +1008,36 @@ impl ImageBatch {
         let s = self.shape();
         [s[1] * s[2] * s[3], s[2] * s[3], s[3], 1]
     }
-    /// The tensor's bytes (little-endian elements).
+    /// The tensor's bytes (little-endian elements) for a host batch; empty for a device
+    /// batch (see [`to_host`](Self::to_host)).
     pub fn bytes(&self) -> &[u8] {
-        self.tensor.bytes()
+        match &self.tensor {
+            Target::Host(t) => t.bytes(),
+            Target::Device(_) => &[],
+        }
     }
-    /// The tensor as elements of `T`, or `None` if `T` is not its type.
+    /// Whether the tensor is in device memory (a CUDA or simulated device).
+    pub fn is_device(&self) -> bool {
+        matches!(self.tensor, Target::Device(_))
+    }
+    /// A copy of the tensor's bytes in host memory, wherever it is (for checks and tests: a
+    /// device batch's copy waits for it).
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        Ok(match &self.tensor {
+            Target::Host(t) => t.bytes().to_vec(),
+            Target::Device(d) => d.tensor.bytes()[..d.tensor.len()].to_vec(),
+        })
+    }
+    /// The tensor as elements of `T`, or `None` if `T` is not its type or the tensor is in
+    /// device memory.
     pub fn view<T: Element>(&self) -> Option<&[T]> {
         if T::TYPE != self.dtype {
             return None;
         }
-        let b = self.tensor.bytes();
+        let Target::Host(t) = &self.tensor else {
+            return None;
+        };
+        let b = t.bytes();
         let n = b.len() / std::mem::size_of::<T>();
         if n == 0 {
             return Some(&[]);
@@ -809,9 +1046,13 @@ impl ImageBatch {
         // pattern is a valid u8, f32, f16 or bf16; it is immutable while the batch lives.
         Some(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<T>(), n) })
     }
-    /// The address of the tensor's first byte (stable while any clone lives).
+    /// The address of the tensor's first byte in host memory (stable while any clone lives);
+    /// null for a device batch.
     pub fn as_ptr(&self) -> *const u8 {
-        self.tensor.ptr.as_ptr()
+        match &self.tensor {
+            Target::Host(t) => t.ptr.as_ptr(),
+            Target::Device(_) => std::ptr::null(),
+        }
     }
     /// Sample `i`'s error, if it could not be delivered (its image is zero-filled).
     pub fn error(&self, i: usize) -> Option<&Error> {
@@ -826,7 +1067,10 @@ impl ImageBatch {
     }
     /// A value keeping the tensor's memory alive (for DLPack exports).
     pub fn keep_alive(&self) -> Box<dyn std::any::Any + Send> {
-        Box::new(self.tensor.clone())
+        match &self.tensor {
+            Target::Host(t) => Box::new(t.clone()),
+            Target::Device(d) => Box::new(d.clone()),
+        }
     }
 }
 

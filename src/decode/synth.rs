@@ -65,6 +65,24 @@ pub fn pixels(seed: u64, i: u64, channels: u32) -> (Vec<u8>, (u32, u32)) {
     (px, (w, h))
 }
 
+/// Encodes `px` (`size`, `o.channels` per pixel) with libjpeg-turbo as `o` says (for tests
+/// that need a kind the set's mix does not hold, e.g. 4:1:1).
+pub fn encode(px: &[u8], size: (u32, u32), o: &EncodeOptions) -> Result<Vec<u8>> {
+    let need = size.0 as usize * size.1 as usize * o.channels as usize;
+    if px.len() != need {
+        return Err(crate::error::invalid(format!(
+            "{} bytes of pixels for {}x{}x{}",
+            px.len(),
+            size.0,
+            size.1,
+            o.channels
+        )));
+    }
+    let mut t = Turbo::compressor().map_err(|e| crate::error::invalid(e.to_string()))?;
+    t.encode(px, size, o)
+        .map_err(|e| crate::error::invalid(format!("encoding: {e}")))
+}
+
 /// Image `i` of the set, encoded.
 pub fn jpeg(seed: u64, i: u64) -> Result<Vec<u8>> {
     let k = kind_of(i);

@@ -141,6 +141,11 @@ impl DevicePool {
         })
     }
 
+    /// Whether the regions are the simulated device's (host memory).
+    pub fn is_simulated(&self) -> bool {
+        self.sim.is_some()
+    }
+
     /// Regions in the pool.
     pub fn regions(&self) -> usize {
         self.mem.len()
@@ -277,6 +282,22 @@ impl DeviceRegion {
         }
         *lock(&self.consumer) = Some(stream);
         Ok(())
+    }
+
+    /// Whether the region is in the simulated device's host memory.
+    pub fn is_simulated(&self) -> bool {
+        matches!(self.pool.mem[self.index], Mem::Sim { .. })
+    }
+
+    /// The simulated device's bytes of the region (`None` on CUDA): what a kernel launched by
+    /// the simulator reads. The copy into it has completed (the region is handed out only
+    /// then), and nothing writes it while a batch views it.
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    pub(crate) fn sim_bytes(&self) -> Option<MutexGuard<'_, Vec<u8>>> {
+        match &self.pool.mem[self.index] {
+            Mem::Sim { bytes } => Some(lock(bytes)),
+            Mem::Cuda { .. } => None,
+        }
     }
 
     /// Copies the region's bytes to the host (synchronously; for checks and tests).

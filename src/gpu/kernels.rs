@@ -116,59 +116,6 @@ const _: () = assert!(std::mem::size_of::<GfSample>() == 64);
 const _: () = assert!(std::mem::size_of::<GfEmit>() == 40);
 const _: () = assert!(std::mem::size_of::<GfSpan>() == 16);
 
-#[cfg(feature = "decode")]
-impl GfSample {
-    /// The kernel's parameters for a sample of geometry `g` whose decoded image (`w` × `h`,
-    /// packed RGB) starts at byte `src` of the source buffer.
-    pub fn new(g: &crate::decode::Geometry, src: u64, (w, h): (u32, u32)) -> GfSample {
-        GfSample {
-            src,
-            src_w: w,
-            src_h: h,
-            src_pitch: w * 3,
-            full_w: g.full.0,
-            full_h: g.full.1,
-            win_x: g.window_origin.0,
-            win_y: g.window_origin.1,
-            flip: u32::from(g.flip),
-            r#box: [
-                g.src[0] as f32,
-                g.src[1] as f32,
-                g.src[2] as f32,
-                g.src[3] as f32,
-            ],
-            valid: 1,
-            reserved: 0,
-        }
-    }
-}
-
-#[cfg(feature = "decode")]
-impl GfEmit {
-    /// The output description of `spec`.
-    pub fn new(spec: &crate::decode::ImageSpec) -> GfEmit {
-        use crate::decode::{Layout, PixelType};
-        let k = |c: usize| 1.0 / (255.0 * spec.std[c]);
-        let b = |c: usize| -spec.mean[c] / spec.std[c];
-        GfEmit {
-            out_w: spec.size.0,
-            out_h: spec.size.1,
-            dtype: match spec.dtype {
-                PixelType::U8 => 0,
-                PixelType::F16 => 1,
-                PixelType::Bf16 => 2,
-                PixelType::F32 => 3,
-            },
-            layout: match spec.layout {
-                Layout::Nchw => 0,
-                Layout::Nhwc => 1,
-            },
-            scale: [k(0), k(1), k(2)],
-            bias: [b(0), b(1), b(2)],
-        }
-    }
-}
-
 /// Whether NVRTC (`libnvrtc.so`) loads: cudarc panics on first use otherwise.
 pub fn nvrtc_present() -> bool {
     // SAFETY: loads (and drops) the library by name; no symbol is called.

@@ -15,6 +15,7 @@
 pub mod copy;
 pub mod cuda;
 pub mod cufile;
+pub mod host_kernels;
 pub mod kernels;
 pub mod nvjpeg;
 

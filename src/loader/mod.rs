@@ -616,6 +616,17 @@ impl Loader {
         }
     }
 
+    /// The device regions batches are delivered in (`None` for a host loader).
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    pub(crate) fn device_pool(&self) -> Option<&Arc<DevicePool>> {
+        self.gpu.as_ref().map(|g| &g.pool)
+    }
+
+    /// Whether samples' checksums are verified (where the format carries them).
+    pub fn verifies_checksums(&self) -> bool {
+        self.verify_checksums
+    }
+
     /// Whether batches are delivered in device memory (a CUDA or simulated device).
     pub fn is_device(&self) -> bool {
         self.gpu.is_some()
@@ -697,6 +708,18 @@ impl Loader {
     /// The batches of `epoch` from batch `start`: exactly the batches an uninterrupted epoch
     /// yields from there (resuming after a restart).
     pub fn epoch_from(&self, epoch: u64, start: u32) -> Result<Epoch> {
+        self.epoch_checked(epoch, start, false)
+    }
+
+    /// [`epoch_from`](Self::epoch_from), where with `device_checksums` the caller verifies the
+    /// checksums of an unframed format's samples on the device (the device image stage's
+    /// crc32c kernel), so the I/O thread does not read them on the host.
+    pub(crate) fn epoch_checked(
+        &self,
+        epoch: u64,
+        start: u32,
+        device_checksums: bool,
+    ) -> Result<Epoch> {
         if std::process::id() != self.pid {
             // Threads do not survive fork: the I/O thread (and its ring) exist only in the
             // parent, so an epoch asked for here would wait for ever. Say so at once.
@@ -747,6 +770,10 @@ impl Loader {
             tx,
             retired: retired.clone(),
             sent,
+            verify_on_host: self.verify_checksums
+                && !(device_checksums
+                    && self.gpu.is_some()
+                    && self.dataset.frame() == crate::dataset::Frame::None),
         });
         // The loader's I/O thread, started now if it is not running (or ended on an error).
         let mut service = self.service.lock().unwrap_or_else(|p| p.into_inner());
@@ -760,7 +787,6 @@ impl Loader {
                         dataset: self.dataset.clone(),
                         engine: self.engine.clone(),
                         gpu: self.gpu.clone(),
-                        verify: self.verify_checksums,
                         in_flight_groups: self.in_flight_groups as usize,
                         gauges: self.gauges.clone(),
                     })?;

@@ -95,6 +95,9 @@ pub(super) struct EpochJob {
     pub(super) retired: Arc<Retired>,
     /// Groups handed to `tx` (the consumer's ledger counts those it received).
     pub(super) sent: Arc<AtomicUsize>,
+    /// Whether this thread verifies checksums of the epoch's device groups (the device image
+    /// stage verifies those of unframed formats with a kernel instead).
+    pub(super) verify_on_host: bool,
 }
 
 impl Drop for EpochJob {
@@ -110,7 +113,6 @@ pub(super) struct WorkerCtx {
     pub(super) dataset: Arc<Dataset>,
     pub(super) engine: EngineConfig,
     pub(super) gpu: Option<Arc<GpuState>>,
-    pub(super) verify: bool,
     pub(super) in_flight_groups: usize,
     pub(super) gauges: Arc<Gauges>,
 }
@@ -374,7 +376,7 @@ impl WorkerCtx {
                 let f = self.filled(&a.job.plan, g, c, submitted, &unopened);
                 match copies.as_mut() {
                     Some(q) => {
-                        let f = self.checked(f);
+                        let f = self.checked(f, a.job.verify_on_host);
                         q.push(f.slot, f.used, (id, f.meta));
                     }
                     None => a.deliver(GroupDone {
@@ -467,7 +469,7 @@ impl WorkerCtx {
 
     /// Checks frames and checksums on this thread (device path: the consumer never sees the
     /// host bytes).
-    fn checked(&self, mut f: Filled) -> Filled {
+    fn checked(&self, mut f: Filled, verify: bool) -> Filled {
         let bytes = self.arena.bytes(&f.slot);
         check_spans(
             &self.dataset,
@@ -475,7 +477,7 @@ impl WorkerCtx {
             &f.meta.ids,
             &mut f.meta.spans,
             &mut f.meta.labels,
-            self.verify,
+            verify,
         );
         f
     }

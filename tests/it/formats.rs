@@ -928,7 +928,7 @@ shard(sys.argv[1] + "/v2.gpf", 2, 1, samples)
 
 #[test]
 fn shards_of_version_1_and_2_written_by_the_spec_read_with_their_image_records() {
-    use gpufeed::dataset::image::{ColorSpace, ImageKind, Subsampling};
+    use gpufeed::image::{ColorSpace, ImageKind, Subsampling};
     let Some(mut py) = python() else { return };
     let dir = disk_dir();
     let st = py

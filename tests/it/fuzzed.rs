@@ -2,8 +2,8 @@
 //! test: the input as found (minimised by libFuzzer), less the target's mode byte, and what
 //! should have happened.
 
-use gpufeed::dataset::image::{check, info};
 use gpufeed::dataset::OpenOptions;
+use gpufeed::image::{check, info, ImageKind};
 
 /// `image_header`: a JPEG frame header with zero components made `info` index an empty
 /// component list (a panic reachable from `gpufeed pack` and `Dataset::image_info`).
@@ -16,7 +16,7 @@ fn jpeg_frame_header_without_components_is_no_image() {
         0x12, 0x34,
     ];
     assert_eq!(info(b), None);
-    assert!(check(b, "jpeg").is_err());
+    assert!(check(b, ImageKind::Jpeg).is_err());
 }
 
 /// `args`: `label_ext` of only dots became the empty extension, which `values()` then wrote
@@ -60,10 +60,12 @@ fn jpeg_frame_header_length_must_match_its_components() {
         0xff, 0xda, 0x00, 0x0c, 0x03, 0x01, 0x00, 0x02, 0x11, 0x03, 0x11,
     ]);
     b.extend_from_slice(&[0x00, 0x3f, 0x00, 0x12, 0x34, 0xff, 0xd9]);
-    assert!(check(&b, "jpeg").unwrap_err().contains("component count"));
+    assert!(check(&b, ImageKind::Jpeg)
+        .unwrap_err()
+        .contains("component count"));
     assert_eq!(info(&b), None);
     b[11] = 3; // the count the length says
-    assert_eq!(check(&b, "jpeg"), Ok(()));
+    assert_eq!(check(&b, ImageKind::Jpeg), Ok(()));
     let x = info(&b).unwrap();
     assert_eq!((x.width, x.height), (3, 1));
 }

@@ -6,6 +6,7 @@ mod common;
 mod consumer;
 mod decode;
 mod device;
+mod device_images;
 mod engine;
 mod fallback;
 mod files;

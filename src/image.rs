@@ -1,37 +1,41 @@
-//! Is an image sample what its name claims? A structural check without decoding: the magic
-//! bytes, a header that parses (dimensions above zero), and the end marker (JPEG EOI, PNG IEND,
-//! RIFF size), so a truncated JPEG, an HTML page saved as `.jpg` or an empty file is found by
-//! `gpufeed verify` before training is. Nothing here allocates; every offset is checked.
+//! What gpufeed knows of image formats, in one place for the dataset (records, `verify`,
+//! `inspect`) and the decode stage (routing a sample to its decoder): the kind a sample's
+//! first bytes show ([`sniff`]) or its name claims ([`kind_of_extension`]), its header
+//! ([`info`], the 16-byte record of shard format version 2), and a structural check without
+//! decoding ([`check`]: the magic bytes, a header that parses, the end marker — JPEG EOI, PNG
+//! IEND, RIFF size), so a truncated JPEG, an HTML page saved as `.jpg` or an empty file is
+//! found by `gpufeed verify` before training is. Nothing here allocates; every offset is
+//! checked.
 
 #![forbid(unsafe_code)]
 
 /// The image kind a file extension claims (lower case, without the dot).
-pub fn kind_of_extension(ext: &str) -> Option<&'static str> {
+pub fn kind_of_extension(ext: &str) -> Option<ImageKind> {
     Some(match ext {
-        "jpg" | "jpeg" => "jpeg",
-        "png" => "png",
-        "webp" => "webp",
-        "bmp" => "bmp",
-        "ppm" | "pgm" => "pnm",
-        "tif" | "tiff" => "tiff",
+        "jpg" | "jpeg" => ImageKind::Jpeg,
+        "png" => ImageKind::Png,
+        "webp" => ImageKind::Webp,
+        "bmp" => ImageKind::Bmp,
+        "ppm" | "pgm" => ImageKind::Pnm,
+        "tif" | "tiff" => ImageKind::Tiff,
         _ => return None,
     })
 }
 
-/// The image kind the first bytes show, if any.
-pub fn sniff(b: &[u8]) -> Option<&'static str> {
+/// The image kind the first bytes show, if any (never `None` or `Other` inside the option).
+pub fn sniff(b: &[u8]) -> Option<ImageKind> {
     if b.starts_with(&[0xff, 0xd8, 0xff]) {
-        Some("jpeg")
+        Some(ImageKind::Jpeg)
     } else if b.starts_with(b"\x89PNG\r\n\x1a\n") {
-        Some("png")
+        Some(ImageKind::Png)
     } else if b.len() >= 12 && &b[..4] == b"RIFF" && &b[8..12] == b"WEBP" {
-        Some("webp")
+        Some(ImageKind::Webp)
     } else if b.starts_with(b"BM") {
-        Some("bmp")
+        Some(ImageKind::Bmp)
     } else if b.starts_with(b"P5") || b.starts_with(b"P6") {
-        Some("pnm")
+        Some(ImageKind::Pnm)
     } else if b.starts_with(b"II*\0") || b.starts_with(b"MM\0*") {
-        Some("tiff")
+        Some(ImageKind::Tiff)
     } else {
         None
     }
@@ -39,7 +43,7 @@ pub fn sniff(b: &[u8]) -> Option<&'static str> {
 
 /// Checks `b` as an image of `kind` (from [`kind_of_extension`] or [`sniff`]); the error says
 /// what is wrong in a few words.
-pub fn check(b: &[u8], kind: &str) -> Result<(), String> {
+pub fn check(b: &[u8], kind: ImageKind) -> Result<(), String> {
     if b.is_empty() {
         return Err("empty file, not an image".into());
     }
@@ -62,9 +66,9 @@ pub fn check(b: &[u8], kind: &str) -> Result<(), String> {
         });
     }
     match kind {
-        "jpeg" => jpeg(b),
-        "png" => png(b),
-        "webp" => webp(b),
+        ImageKind::Jpeg => jpeg(b),
+        ImageKind::Png => png(b),
+        ImageKind::Webp => webp(b),
         _ => Ok(()), // the magic is all we check for the rarer kinds
     }
 }
@@ -208,34 +212,38 @@ mod tests {
     #[test]
     fn whole_images_pass_and_damaged_ones_say_why() {
         let j = jpeg_bytes();
-        assert_eq!(check(&j, "jpeg"), Ok(()));
+        assert_eq!(check(&j, ImageKind::Jpeg), Ok(()));
         let mut trailing = j.clone();
         trailing.extend(b"camera trailer");
-        assert_eq!(check(&trailing, "jpeg"), Ok(()));
+        assert_eq!(check(&trailing, ImageKind::Jpeg), Ok(()));
         for cut in 0..j.len() - 1 {
-            assert!(check(&j[..cut], "jpeg").is_err(), "cut at {cut}");
+            assert!(check(&j[..cut], ImageKind::Jpeg).is_err(), "cut at {cut}");
         }
-        assert!(check(b"<!DOCTYPE html><html>", "jpeg")
+        assert!(check(b"<!DOCTYPE html><html>", ImageKind::Jpeg)
             .unwrap_err()
             .contains("starts with \"<!DOCTYPE html><\""));
-        assert!(check(b"", "jpeg").unwrap_err().contains("empty"));
+        assert!(check(b"", ImageKind::Jpeg).unwrap_err().contains("empty"));
         let p = png_bytes();
-        assert_eq!(check(&p, "png"), Ok(()));
-        assert!(check(&p, "jpeg").unwrap_err().contains("holds png"));
+        assert_eq!(check(&p, ImageKind::Png), Ok(()));
+        assert!(check(&p, ImageKind::Jpeg)
+            .unwrap_err()
+            .contains("holds png"));
         for cut in 8..p.len() - 8 {
-            assert!(check(&p[..cut], "png").is_err(), "cut at {cut}");
+            assert!(check(&p[..cut], ImageKind::Png).is_err(), "cut at {cut}");
         }
         let mut w = b"RIFF".to_vec();
         w.extend(20u32.to_le_bytes());
         w.extend(b"WEBPVP8 ");
         w.extend([0u8; 12]);
-        assert_eq!(check(&w, "webp"), Ok(()));
-        assert!(check(&w[..20], "webp").unwrap_err().contains("truncated"));
+        assert_eq!(check(&w, ImageKind::Webp), Ok(()));
+        assert!(check(&w[..20], ImageKind::Webp)
+            .unwrap_err()
+            .contains("truncated"));
         // Every single-byte change: a verdict, never a panic.
         for i in 0..j.len() {
             let mut m = j.clone();
             m[i] ^= 0xff;
-            let _ = check(&m, "jpeg");
+            let _ = check(&m, ImageKind::Jpeg);
         }
     }
 }
@@ -273,8 +281,42 @@ pub enum ImageKind {
     Png,
     /// WebP.
     Webp,
-    /// BMP, PNM, TIFF: recognised by their signature only.
+    /// An image of another kind (in a record: BMP, PNM and TIFF are all `Other`).
     Other,
+    /// BMP (recognised by its signature only).
+    Bmp,
+    /// PNM: PGM or PPM (recognised by its signature only).
+    Pnm,
+    /// TIFF (recognised by its signature only).
+    Tiff,
+}
+
+impl ImageKind {
+    /// The kind's name in messages: `jpeg`, `png`, `webp`, `bmp`, `pnm`, `tiff`, `other`,
+    /// `none`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ImageKind::None => "none",
+            ImageKind::Jpeg => "jpeg",
+            ImageKind::Png => "png",
+            ImageKind::Webp => "webp",
+            ImageKind::Other => "other",
+            ImageKind::Bmp => "bmp",
+            ImageKind::Pnm => "pnm",
+            ImageKind::Tiff => "tiff",
+        }
+    }
+
+    /// Whether gpufeed's decode stage decodes this kind (JPEG, PNG, WebP).
+    pub fn decodable(self) -> bool {
+        matches!(self, ImageKind::Jpeg | ImageKind::Png | ImageKind::Webp)
+    }
+}
+
+impl std::fmt::Display for ImageKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// The colour space of stored pixels.
@@ -339,7 +381,11 @@ impl ImageInfo {
         let mut b = [0u8; Self::RECORD_BYTES];
         b[0..4].copy_from_slice(&self.width.to_le_bytes());
         b[4..8].copy_from_slice(&self.height.to_le_bytes());
-        b[8] = self.kind as u8;
+        // The record knows the kinds gpufeed decodes; the rest are `Other` (4).
+        b[8] = match self.kind {
+            ImageKind::Bmp | ImageKind::Pnm | ImageKind::Tiff => ImageKind::Other as u8,
+            k => k as u8,
+        };
         b[9] = self.colorspace as u8;
         b[10] = self.subsampling as u8;
         b[11] = u8::from(self.progressive);
@@ -394,9 +440,9 @@ impl ImageInfo {
 /// an image gpufeed recognises or its header is not within `b`.
 pub fn info(b: &[u8]) -> Option<ImageInfo> {
     match sniff(b)? {
-        "jpeg" => jpeg_info(b),
-        "png" => png_info(b),
-        "webp" => webp_info(b),
+        ImageKind::Jpeg => jpeg_info(b),
+        ImageKind::Png => png_info(b),
+        ImageKind::Webp => webp_info(b),
         _ => Some(ImageInfo {
             kind: ImageKind::Other,
             ..ImageInfo::default()

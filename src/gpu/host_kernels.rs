@@ -1,0 +1,197 @@
+//! gpufeed's kernels on the host, for the simulated device: the same `kernels/*.cu` sources
+//! the GPU runs, compiled by build.rs for the CPU through `kernels/host_shim.h` (feature `sim`
+//! with a C++ compiler at build time; other builds say so when a launch is asked). Each launch checks every bound the kernel relies on
+//! first — the kernels themselves trust their parameters, as on the device.
+
+use super::kernels::{GfEmit, GfSample, GfSpan};
+use crate::error::{invalid, Result};
+#[cfg(not(gf_host_kernels))]
+use crate::error::{Error, ErrorKind};
+
+#[cfg(gf_host_kernels)]
+unsafe extern "C" {
+    fn gf_host_resize(
+        grid_x: u32,
+        grid_y: u32,
+        block_x: u32,
+        src: *const u8,
+        samples: *const GfSample,
+        emit: *const GfEmit,
+        out: *mut u8,
+    );
+    fn gf_host_crc32c(
+        grid_x: u32,
+        block_x: u32,
+        data: *const u8,
+        spans: *const GfSpan,
+        n: u32,
+        out: *mut u32,
+    );
+}
+
+/// Threads per block, as the CUDA launches use.
+pub const BLOCK: u32 = 128;
+
+/// Whether this build carries the host kernels.
+pub fn available() -> bool {
+    cfg!(gf_host_kernels)
+}
+
+#[cfg(not(gf_host_kernels))]
+fn unavailable() -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        "the simulated device's kernels are not in this build (feature `sim` with a C++ \
+         compiler at build time: install g++ and rebuild)",
+    )
+}
+
+/// Bytes of one element of `emit`'s type.
+pub fn elem_bytes(emit: &GfEmit) -> usize {
+    match emit.dtype {
+        0 => 1,
+        3 => 4,
+        _ => 2,
+    }
+}
+
+/// Runs `gf_resize` over `samples` (images in `src`) into `out`, the batch tensor.
+pub fn resize(src: &[u8], samples: &[GfSample], emit: &GfEmit, out: &mut [u8]) -> Result<()> {
+    let pixels = emit.out_w as u64 * emit.out_h as u64;
+    let want = samples.len() as u64 * 3 * pixels * elem_bytes(emit) as u64;
+    if out.len() as u64 != want || emit.dtype > 3 || emit.layout > 1 {
+        return Err(invalid(format!(
+            "resize launch: a {}-byte output for {} samples of {}x{} (type {}, layout {})",
+            out.len(),
+            samples.len(),
+            emit.out_w,
+            emit.out_h,
+            emit.dtype,
+            emit.layout
+        )));
+    }
+    for (i, s) in samples.iter().enumerate().filter(|(_, s)| s.valid != 0) {
+        let end = s.src as u128
+            + (s.src_h as u128).saturating_sub(1) * s.src_pitch as u128
+            + s.src_w as u128 * 3;
+        if s.src_pitch < s.src_w.saturating_mul(3) || end > src.len() as u128 {
+            return Err(invalid(format!(
+                "resize launch: sample {i}'s {}x{} image at byte {} (pitch {}) is outside the \
+                 {}-byte source",
+                s.src_w,
+                s.src_h,
+                s.src,
+                s.src_pitch,
+                src.len()
+            )));
+        }
+    }
+    if samples.is_empty() || pixels == 0 {
+        return Ok(());
+    }
+    let grid_x = u32::try_from(pixels.div_ceil(BLOCK as u64))
+        .map_err(|_| invalid("resize launch: output too large"))?;
+    let grid_y =
+        u32::try_from(samples.len()).map_err(|_| invalid("resize launch: too many samples"))?;
+    #[cfg(gf_host_kernels)]
+    {
+        // SAFETY: every valid sample's rows lie inside `src` (checked above; the kernel clamps
+        // its taps to the image), `out` holds exactly the tensor the grid writes (checked),
+        // and the slices outlive the call, which returns when every thread has run.
+        unsafe {
+            gf_host_resize(
+                grid_x,
+                grid_y,
+                BLOCK,
+                src.as_ptr(),
+                samples.as_ptr(),
+                emit,
+                out.as_mut_ptr(),
+            )
+        };
+        Ok(())
+    }
+    #[cfg(not(gf_host_kernels))]
+    {
+        let _ = (grid_x, grid_y);
+        Err(unavailable())
+    }
+}
+
+/// Runs `gf_crc32c` over `spans` of `data`: one crc32c per span.
+pub fn crc32c(data: &[u8], spans: &[GfSpan]) -> Result<Vec<u32>> {
+    for (i, s) in spans.iter().enumerate() {
+        if s.offset as u128 + s.len as u128 > data.len() as u128 {
+            return Err(invalid(format!(
+                "crc32c launch: span {i} ({} bytes at {}) is outside the {}-byte group",
+                s.len,
+                s.offset,
+                data.len()
+            )));
+        }
+    }
+    let n = u32::try_from(spans.len()).map_err(|_| invalid("crc32c launch: too many spans"))?;
+    let mut out = vec![0u32; spans.len()];
+    if n == 0 {
+        return Ok(out);
+    }
+    #[cfg(gf_host_kernels)]
+    {
+        // SAFETY: every span lies inside `data` (checked), `out` holds one u32 per span, and
+        // the slices outlive the call.
+        unsafe {
+            gf_host_crc32c(
+                n.div_ceil(64),
+                64,
+                data.as_ptr(),
+                spans.as_ptr(),
+                n,
+                out.as_mut_ptr(),
+            )
+        };
+        Ok(out)
+    }
+    #[cfg(not(gf_host_kernels))]
+    {
+        let _ = &mut out;
+        Err(unavailable())
+    }
+}
+
+#[cfg(all(test, gf_host_kernels))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_crc32c_kernel_is_crc32c_and_bounds_are_checked() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+        let spans = [
+            GfSpan {
+                offset: 0,
+                len: 0,
+                reserved: 0,
+            },
+            GfSpan {
+                offset: 5,
+                len: 4000,
+                reserved: 0,
+            },
+            GfSpan {
+                offset: 9000,
+                len: 1000,
+                reserved: 0,
+            },
+        ];
+        let got = crc32c(&data, &spans).unwrap();
+        for (s, c) in spans.iter().zip(got) {
+            let r = s.offset as usize..s.offset as usize + s.len as usize;
+            assert_eq!(c, crate::util::crc32c(&data[r]));
+        }
+        let past = GfSpan {
+            offset: 9000,
+            len: 1001,
+            reserved: 0,
+        };
+        assert!(crc32c(&data, &[past]).is_err());
+    }
+}

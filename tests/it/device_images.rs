@@ -1,0 +1,429 @@
+//! The device image pipeline without a GPU (issue 23): a loader on the simulated device decodes
+//! through the same pipeline a GPU runs — checksums by the `crc32c.cu` kernel over the group in
+//! (simulated) device memory, each image decoded whole (libjpeg-turbo standing in for nvJPEG,
+//! the CPU stage for what the hardware decoder refuses), one `resize.cu` launch per batch into
+//! an output tensor from a pool made with the loader — the kernels being the exact `.cu`
+//! sources built for the host. Its tensors must equal the CPU stage's (with DCT scaling off, as
+//! the GPU decodes at full size) within the kernel tests' tolerance, for every order, 1–3
+//! ranks, a resume and a drop mid-epoch, on a set holding every kind of image the routing
+//! tells apart, broken ones and a sample whose checksum fails.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gpufeed::decode::synth::{self, EncodeOptions};
+use gpufeed::decode::{ImageLoader, ImageSpec, Layout, PixelType, RouteCounts};
+use gpufeed::gpu::SimDevice;
+use gpufeed::{Dataset, Device, Loader, Order};
+
+use crate::common::disk_dir;
+
+/// Whether this build has the simulated device's kernels (a C++ compiler at build time).
+fn kernels() -> bool {
+    if gpufeed::gpu::host_kernels::available() {
+        return true;
+    }
+    eprintln!("skipped: the host kernels are not built (no C++ compiler when building)");
+    false
+}
+
+/// The image set: generated JPEGs of the synthetic mix (baseline 4:2:0, gray, CMYK,
+/// progressive, 4:4:4, 4:2:2, restart markers), a 4:4:0 and a 4:1:1 JPEG, PNGs and a WebP
+/// written by the image-rs encoders, and four broken files; packed into format-v2 shards
+/// (crc32c per sample), then one good sample's bytes changed in its shard. Returns the packed
+/// directory, the expected routes and the keys that must fail.
+struct Set {
+    packed: PathBuf,
+    routes: RouteCounts,
+    failing: Vec<String>,
+}
+
+fn write(p: &Path, b: &[u8]) {
+    std::fs::write(p, b).unwrap();
+}
+
+fn png(px: &[u8], (w, h): (u32, u32), color: png::ColorType) -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let mut e = png::Encoder::new(&mut out, w, h);
+        e.set_color(color);
+        e.set_depth(png::BitDepth::Eight);
+        let mut wr = e.write_header().unwrap();
+        wr.write_image_data(px).unwrap();
+    }
+    out
+}
+
+fn make_set(root: &Path) -> Set {
+    let src = root.join("src");
+    let c = src.join("c0");
+    std::fs::create_dir_all(&c).unwrap();
+    let mut routes = RouteCounts::default();
+    for i in 0..40u64 {
+        let k = synth::kind_of(i);
+        if k.channels == 4 || k.progressive {
+            routes.cpu += 1;
+        } else {
+            routes.hardware += 1;
+        }
+        write(
+            &c.join(format!("{i:04}-synth.jpg")),
+            &synth::jpeg(7, i).unwrap(),
+        );
+    }
+    for (name, sub, hw) in [("4-4-0", "4:4:0", true), ("4-1-1", "4:1:1", false)] {
+        let (px, size) = synth::pixels(9, 3, 3);
+        let o = EncodeOptions {
+            quality: 85,
+            channels: 3,
+            subsampling: sub,
+            progressive: false,
+            restart_rows: 0,
+        };
+        write(
+            &c.join(format!("{name}.jpg")),
+            &synth::encode(&px, size, &o).unwrap(),
+        );
+        if hw {
+            routes.hardware += 1;
+        } else {
+            routes.cpu += 1;
+        }
+    }
+    let (px, size) = synth::pixels(9, 4, 3);
+    write(&c.join("rgb.png"), &png(&px, size, png::ColorType::Rgb));
+    let (px, size) = synth::pixels(9, 5, 2);
+    write(
+        &c.join("gray-alpha.png"),
+        &png(&px, size, png::ColorType::GrayscaleAlpha),
+    );
+    let (px, size) = synth::pixels(9, 6, 3);
+    let mut webp = Vec::new();
+    image_webp::WebPEncoder::new(&mut webp)
+        .encode(&px, size.0, size.1, image_webp::ColorType::Rgb8)
+        .unwrap();
+    write(&c.join("lossless.webp"), &webp);
+    routes.cpu += 3;
+    // Broken: truncated, garbage after a JPEG signature, HTML, a header above the pixel limit.
+    let good = synth::jpeg(7, 0).unwrap();
+    write(&c.join("bad-truncated.jpg"), &good[..good.len() * 6 / 10]);
+    let mut garbage = vec![0xff, 0xd8, 0xff, 0xe0];
+    garbage.extend((0..4000u32).map(|i| (i * 7919 % 251) as u8));
+    write(&c.join("bad-garbage.jpg"), &garbage);
+    write(&c.join("bad-html.jpg"), b"<html><body>404</body></html>");
+    let mut huge = good.clone();
+    let sof = huge.windows(2).position(|w| w == [0xff, 0xc0]).unwrap();
+    huge[sof + 5..sof + 9].copy_from_slice(&[0xea, 0x60, 0xea, 0x60]);
+    write(&c.join("bad-huge.jpg"), &huge);
+    routes.failed += 4;
+
+    let packed = root.join("packed");
+    let ds = Dataset::open(&src).unwrap();
+    gpufeed::dataset::pack::pack(
+        &ds,
+        &packed,
+        &gpufeed::dataset::pack::PackOptions {
+            shard_bytes: 400_000,
+            progress: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // One good sample's bytes changed in its shard after packing: its crc32c fails.
+    let p = Dataset::open(&packed).unwrap();
+    assert!(p.has_checksums(), "packed shards carry crc32c");
+    let id = (0..p.len())
+        .find(|&i| p.key(i).ends_with("0010-synth.jpg"))
+        .unwrap();
+    let s = p.sample(id);
+    let path = p.files()[s.file as usize].path.clone();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[(s.offset + s.len as u64 / 2) as usize] ^= 0x5a;
+    write(&path, &bytes);
+    routes.failed += 1;
+    routes.hardware -= 1; // 0010 is baseline 4:2:0
+    let mut failing: Vec<String> = [
+        "bad-truncated.jpg",
+        "bad-garbage.jpg",
+        "bad-html.jpg",
+        "bad-huge.jpg",
+        "0010-synth.jpg",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    failing.sort();
+    Set {
+        packed,
+        routes,
+        failing,
+    }
+}
+
+/// Tensors by sample id (bytes), and the failed samples' file names with their messages.
+type Collected = (BTreeMap<u32, Vec<u8>>, Vec<(String, String)>);
+
+fn collect(il: &ImageLoader, epoch: u64, start: u32, device: bool) -> Collected {
+    let ds = il.loader().dataset().clone();
+    let (mut tensors, mut errors) = (BTreeMap::new(), Vec::new());
+    for b in il.epoch_from(epoch, start).unwrap() {
+        let b = b.unwrap();
+        assert_eq!(b.is_device(), device);
+        let all = b.to_host().unwrap();
+        if device {
+            assert!(b.bytes().is_empty() && b.view::<u8>().is_none());
+        }
+        let per = all.len() / b.len();
+        for (i, id) in b.sample_ids().iter().enumerate() {
+            let t = all[i * per..(i + 1) * per].to_vec();
+            if let Some(e) = b.error(i) {
+                assert!(t.iter().all(|&v| v == 0), "a failed sample is zero-filled");
+                let key = ds.key(*id as usize).to_string();
+                errors.push((key.rsplit('/').next().unwrap().to_string(), e.to_string()));
+            }
+            assert!(tensors.insert(*id, t).is_none(), "sample {id} twice");
+        }
+    }
+    errors.sort();
+    (tensors, errors)
+}
+
+/// Largest and mean |device − CPU| in levels (0–255) over every element.
+fn compare(a: &[u8], b: &[u8], spec: &ImageSpec) -> (f32, f64) {
+    let level = |out: &[u8], i: usize, c: usize| -> f32 {
+        let v = match spec.dtype {
+            PixelType::U8 => return out[i] as f32,
+            PixelType::F32 => f32::from_le_bytes(out[i * 4..i * 4 + 4].try_into().unwrap()),
+            PixelType::F16 => half::f16::from_le_bytes([out[i * 2], out[i * 2 + 1]]).to_f32(),
+            PixelType::Bf16 => half::bf16::from_le_bytes([out[i * 2], out[i * 2 + 1]]).to_f32(),
+        };
+        (v * spec.std[c] + spec.mean[c]) * 255.0
+    };
+    let (w, h) = spec.size;
+    let n = (3 * w * h) as usize;
+    assert_eq!(a.len(), n * spec.dtype.size());
+    let (mut worst, mut sum) = (0f32, 0f64);
+    for e in 0..n {
+        let c = match spec.layout {
+            Layout::Nchw => e / (w * h) as usize,
+            Layout::Nhwc => e % 3,
+        };
+        let d = (level(a, e, c) - level(b, e, c)).abs();
+        worst = worst.max(d);
+        sum += d as f64;
+    }
+    (worst, sum / n as f64)
+}
+
+/// Whether every output tensor is back in the pool within a second (a decode thread lets go
+/// of its job just after finishing it).
+fn all_back(il: &ImageLoader) -> bool {
+    let t0 = std::time::Instant::now();
+    loop {
+        let (free, all) = il.output_tensors().unwrap();
+        if free == all {
+            return true;
+        }
+        if t0.elapsed().as_secs() >= 1 {
+            eprintln!("{free} of {all} output tensors free");
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn loader(
+    ds: &Arc<Dataset>,
+    order: Order,
+    rank: u32,
+    world: u32,
+    dev: Option<&SimDevice>,
+) -> Loader {
+    let mut b = Loader::builder(ds.clone())
+        .batch_size(5)
+        .order(order)
+        .seed(21)
+        .rank(rank, world);
+    if let Some(d) = dev {
+        b = b.device(Device::Simulated(d.clone()));
+    }
+    b.build().unwrap()
+}
+
+#[test]
+fn device_image_batches_equal_the_cpu_stage_on_the_simulated_device() {
+    if !kernels() {
+        return;
+    }
+    let dir = disk_dir();
+    let set = make_set(dir.path());
+    let ds = Arc::new(Dataset::open(&set.packed).unwrap());
+    let n = ds.len();
+    assert_eq!(n, 40 + 2 + 3 + 4);
+    // The kernel tests' limits in levels: u8 may round the other way at .5; f16 adds ±½ ulp.
+    let specs = [
+        (ImageSpec::train(40).dtype(PixelType::F16), 0.25f32),
+        (
+            ImageSpec::eval(32)
+                .dtype(PixelType::U8)
+                .layout(Layout::Nhwc),
+            1.0,
+        ),
+    ];
+    let orders = [
+        Order::Global,
+        Order::ShardBuffer { buffer: 16 },
+        Order::Block {
+            block_bytes: 256 << 10,
+            open_blocks: 2,
+        },
+        Order::Sequential,
+    ];
+    for (spec, limit) in &specs {
+        let mut spec = spec.clone().threads(2);
+        spec.dct_scaling = false; // the device decodes at full size
+        let cpu = loader(&ds, Order::Global, 0, 1, None)
+            .decode_images(spec.clone())
+            .unwrap();
+        assert!(!cpu.is_device() && cpu.routes().is_none());
+        let (want, want_errors) = collect(&cpu, 3, 0, false);
+        assert_eq!(want.len(), n);
+        let names: Vec<&String> = want_errors.iter().map(|(k, _)| k).collect();
+        assert_eq!(names, set.failing.iter().collect::<Vec<_>>());
+
+        let (mut worst, mut mean_max) = (0f32, 0f64);
+        for (oi, order) in orders.iter().enumerate() {
+            for world in 1..=3u32 {
+                let mut union = BTreeMap::new();
+                let mut errors = Vec::new();
+                for rank in 0..world {
+                    let sim = SimDevice::new(oi as u64 * 10 + world as u64 + rank as u64);
+                    let l = loader(&ds, *order, rank, world, Some(&sim));
+                    let il = l.decode_images(spec.clone()).unwrap();
+                    assert!(il.is_device());
+                    let (t, e) = collect(&il, 3, 0, true);
+                    for (id, v) in t {
+                        assert!(union.insert(id, v).is_none(), "sample {id} on two ranks");
+                    }
+                    errors.extend(e);
+                    // Everything back: tensors, slots, regions; the copies were sound.
+                    assert!(all_back(&il), "an output tensor did not return");
+                    assert_eq!(l.free_slots(), l.slots());
+                    let (free, all) = l.free_device_regions().unwrap();
+                    assert_eq!(free, all);
+                    let st = &sim.stats;
+                    assert_eq!(
+                        st.source_changed.load(std::sync::atomic::Ordering::Relaxed),
+                        0
+                    );
+                    assert_eq!(
+                        st.region_in_use.load(std::sync::atomic::Ordering::Relaxed),
+                        0
+                    );
+                }
+                assert_eq!(union.len(), n, "{order:?} {world} ranks: every sample once");
+                errors.sort();
+                let names: Vec<&String> = errors.iter().map(|(k, _)| k).collect();
+                assert_eq!(names, set.failing.iter().collect::<Vec<_>>(), "{order:?}");
+                for (id, got) in &union {
+                    let (w, m) = compare(got, &want[id], &spec);
+                    assert!(
+                        w <= *limit,
+                        "{order:?} {world} ranks, sample {} ({:?}): {w} levels from the CPU stage",
+                        id,
+                        ds.key(*id as usize)
+                    );
+                    worst = worst.max(w);
+                    mean_max = mean_max.max(m);
+                }
+                // The checksum failure was found by the device's kernel, and says so.
+                let crc = &errors
+                    .iter()
+                    .find(|(k, _)| k == "0010-synth.jpg")
+                    .unwrap()
+                    .1;
+                assert!(
+                    crc.contains("device's crc32c") && crc.contains("0010-synth.jpg"),
+                    "{crc}"
+                );
+            }
+        }
+        eprintln!(
+            "{:?} {:?}: device vs CPU stage, worst {worst:.4} levels, largest per-sample mean {mean_max:.5}",
+            spec.dtype, spec.layout
+        );
+    }
+}
+
+#[test]
+fn the_device_pipeline_routes_resumes_drops_and_keeps_memory_flat() {
+    if !kernels() {
+        return;
+    }
+    let dir = disk_dir();
+    let set = make_set(dir.path());
+    let ds = Arc::new(Dataset::open(&set.packed).unwrap());
+    let n = ds.len();
+    let mut spec = ImageSpec::train(32).dtype(PixelType::F32).threads(2);
+    spec.dct_scaling = false;
+    let sim = SimDevice::new(5);
+    let l = loader(&ds, Order::Global, 0, 1, Some(&sim));
+    let il = l.decode_images(spec.clone()).unwrap();
+    let tensors = il.output_tensors().unwrap().1;
+    assert_eq!(tensors, spec.prefetch_batches + 3);
+
+    // Three epochs: every sample once each, the pool never grows, all back after each.
+    let first = collect(&il, 0, 0, true);
+    assert_eq!(first.0.len(), n);
+    for epoch in 1..3 {
+        assert_eq!(collect(&il, epoch, 0, true).0.len(), n);
+        assert!(all_back(&il), "flat: the same pool, all back");
+    }
+    // Routing: by kind, counted once per decoded image; every readable sample's crc checked.
+    let r = il.routes().unwrap();
+    let e = set.routes;
+    assert_eq!(
+        (r.hardware, r.cpu, r.failed),
+        (3 * e.hardware, 3 * e.cpu, 3 * e.failed),
+        "routes over 3 epochs: {r:?}, one epoch should be {e:?}"
+    );
+    // The four broken files are read fine (their bytes are what the shard holds): all checked.
+    assert_eq!(r.crc_checked, 3 * n as u64);
+
+    // Resumed at batch 4: the rest of the epoch, the same tensors.
+    let (rest, _) = collect(&il, 0, 4, true);
+    assert_eq!(rest.len(), n - 4 * 5);
+    for (id, t) in &rest {
+        assert_eq!(&first.0[id], t, "sample {id} differs after a resume");
+    }
+    // Dropped mid-epoch with batches held and decodes in flight: everything comes back.
+    {
+        let mut ep = il.epoch(1).unwrap();
+        let a = ep.next().unwrap().unwrap();
+        let b = ep.next().unwrap().unwrap();
+        assert!(a.is_device() && b.len() == 5);
+        drop(ep);
+        assert!(
+            il.output_tensors().unwrap().0 <= tensors - 2,
+            "held batches keep theirs"
+        );
+    }
+    assert!(all_back(&il));
+    assert_eq!(l.free_slots(), l.slots());
+    let (free, all) = l.free_device_regions().unwrap();
+    assert_eq!(free, all);
+    // A consumer holding every tensor is waited for, not failed: drop one and the epoch goes on.
+    let mut ep = il.epoch(2).unwrap();
+    let mut held = Vec::new();
+    for _ in 0..tensors {
+        held.push(ep.next().unwrap().unwrap());
+    }
+    assert!(matches!(
+        ep.poll_next(std::time::Duration::from_millis(300)),
+        std::task::Poll::Pending
+    ));
+    held.clear();
+    let rest: usize = ep.map(|b| b.unwrap().len()).sum();
+    assert_eq!(rest + tensors * 5, n);
+}
