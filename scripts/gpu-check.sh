@@ -50,6 +50,7 @@ for l in sys.stdin:
     # The Python package as a wheel (abi3: any CPython >= 3.9), its GPU tests and bench script.
     python3 -m pip wheel --quiet --no-deps --wheel-dir "$SHIP" ./python
     cp python/tests/test_gpu.py python/tests/test_images.py scripts/bench-python.py "$SHIP/"
+    # (bench decode finds scripts/bench-decode-{pil,tv}.py in the carried tree: GPUFEED_ROOT.)
     # nvJPEG 13.0 (4 MB, from the nvidia-nvjpeg wheel) in case the GPU machine's image lacks it.
     venv=target/ci-cuda-venv
     [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
@@ -236,6 +237,54 @@ for w in dict.fromkeys(r['workload'] for r in rows):
         if p in get:
             parts.append(f"{o['gib_per_s'] / get[p]['gib_per_s']:.2f}x {p} [target {t}] at {o['cpu_s_per_gib'] / max(get[p]['cpu_s_per_gib'], 1e-12):.2f}x its CPU/GiB")
     print(f"{w}: ours = " + "; ".join(parts))
+EOF
+fi
+if [[ $bench == 1 ]]; then
+    # Decoded images on the GPU: torchvision's own GPU path (decode_jpeg(device="cuda") on lists
+    # + transforms.v2 on the device, scripts/bench-decode-tv.py) beside gpufeed's CPU stage, and
+    # gpufeed's device pipeline where its CUDA half is joined (issue 23: targets >= 1.5x tv's
+    # images/s at 224x224 f16, <= 0.33 CPU-s per 1000 images).
+    note "== gpufeed bench decode --device cuda"
+    dn=2000; [[ $quick == 1 ]] && dn=500
+    export GPUFEED_ROOT="$PWD"
+    dargs=(--device cuda --dir "$work/decode" --images "$dn" --size 224 --dtype float16
+        --batch 128 --python python3 --json)
+    if "$SHIP/gpufeed" bench decode "${dargs[@]}" --rounds 3 \
+        --rows tv-train,gpufeed-train,tv-eval,gpufeed-eval \
+        > "$out/bench-decode.jsonl" 2> "$out/bench-decode.err"; then
+        :
+    else
+        note "FAIL  bench decode (see $out/bench-decode.err)"; tail -20 "$out/bench-decode.err"; status=1
+    fi
+    if "$SHIP/gpufeed" bench decode "${dargs[@]}" --rounds 3 \
+        --rows gpufeed-device-train,gpufeed-device-eval \
+        >> "$out/bench-decode.jsonl" 2> "$out/bench-decode-device.err"; then
+        :
+    elif grep -q "not joined yet" "$out/bench-decode-device.err"; then
+        note "PENDING  gpufeed-device rows: the CUDA half of the device pipeline is not joined yet"
+    else
+        note "FAIL  bench decode, device rows (see $out/bench-decode-device.err)"
+        tail -20 "$out/bench-decode-device.err"; status=1
+    fi
+    python3 - "$out/bench-decode.jsonl" <<'EOF' | tee -a "$summary"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "row" in r]
+by = {}
+for r in rows:
+    by.setdefault(r["row"], []).append(r)
+med = {}
+print(f"{'row':<22} {'images/s':>10} {'CPU-s/1000':>11}  (median of rounds)")
+for name, rs in by.items():
+    ips = statistics.median(r["images_per_s"] for r in rs)
+    cpu = statistics.median(r["cpu_s_per_1000"] for r in rs)
+    med[name] = (ips, cpu)
+    print(f"{name:<22} {ips:>10.1f} {cpu:>11.3f}")
+for m in ("train", "eval"):
+    d, t = med.get(f"gpufeed-device-{m}"), med.get(f"tv-{m}")
+    if d and t:
+        print(f"{m}: gpufeed device / torchvision GPU = {d[0] / t[0]:.2f}x images/s [target >= 1.5]; "
+              f"gpufeed {d[1]:.3f} CPU-s/1000 [target <= 0.33]")
 EOF
 fi
 if [[ $bench == 1 && ! -d "$work/pysite/gpufeed" ]]; then

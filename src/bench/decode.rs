@@ -2,7 +2,10 @@
 //! (the training and the evaluation transform, end to end from files through the loader), for
 //! decode alone, and for the same work done as torchvision's CPU transforms do it (Pillow
 //! decode, Pillow resize with antialias, normalise in numpy) in as many worker processes as
-//! gpufeed has decode threads — every row alternated round by round in one run.
+//! gpufeed has decode threads — every row alternated round by round in one run. With a device
+//! (`--device sim|cuda`), gpufeed's device pipeline (`gpufeed-device-*`) and torchvision's own
+//! GPU path (`tv-*`: `decode_jpeg(device=)` on lists plus `transforms.v2` on the device,
+//! `scripts/bench-decode-tv.py`) join the rows.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -35,12 +38,16 @@ pub struct DecodeBenchSpec {
     pub batch: u32,
     /// Rounds; every row runs once per round, in turn.
     pub rounds: u32,
-    /// Rows: gpufeed-train, gpufeed-eval, gpufeed-decode, pil-train, pil-eval, pil-decode.
+    /// Rows: any of [`ROWS`].
     pub rows: Vec<String>,
-    /// The Python with Pillow and numpy for the pil rows (`scripts/bench-decode.sh` makes it).
+    /// The Python with Pillow and numpy for the pil rows (`scripts/bench-decode.sh` makes it),
+    /// and torch + torchvision for the tv rows.
     pub python: Option<PathBuf>,
     /// The Pillow pipeline script.
     pub script: PathBuf,
+    /// Where the device rows decode: `sim` (the simulated device) or `cuda` (device 0); `cpu`
+    /// has no device rows.
+    pub device: String,
     /// A simulated trainer's step per batch (gpufeed's transform rows): with it, the rows say
     /// whether the decode stage keeps up and what limits it.
     pub step: std::time::Duration,
@@ -71,15 +78,37 @@ pub struct DecodeBenchRow {
     pub verdict: Option<String>,
 }
 
-/// Every row name, in the default order.
-pub const ROWS: [&str; 6] = [
+/// Every row name, in the default order: the CPU rows (gpufeed's CPU stage and Pillow), then
+/// the device rows (gpufeed's device pipeline and torchvision on the device).
+pub const ROWS: [&str; 10] = [
     "gpufeed-train",
     "pil-train",
     "gpufeed-eval",
     "pil-eval",
     "gpufeed-decode",
     "pil-decode",
+    "gpufeed-device-train",
+    "tv-train",
+    "gpufeed-device-eval",
+    "tv-eval",
 ];
+
+/// The rows `gpufeed bench decode --device DEVICE` runs by default: for `cpu` the CPU rows;
+/// with a device, the device rows and gpufeed's CPU stage beside them.
+pub fn default_rows(device: &str) -> Vec<String> {
+    let r: &[&str] = match device {
+        "cpu" => &ROWS[..6],
+        _ => &[
+            "gpufeed-device-train",
+            "tv-train",
+            "gpufeed-train",
+            "gpufeed-device-eval",
+            "tv-eval",
+            "gpufeed-eval",
+        ],
+    };
+    r.iter().map(|s| s.to_string()).collect()
+}
 
 /// Runs the bench; `each` sees every row as it finishes.
 pub fn run_decode_bench(
@@ -103,18 +132,43 @@ pub fn run_decode_bench(
     if ds.is_empty() {
         return Err(invalid(format!("{} holds no samples", spec.dir.display())));
     }
-    let wants_pil = spec.rows.iter().any(|r| r.starts_with("pil-"));
-    if wants_pil && spec.python.is_none() {
+    let wants_py = spec
+        .rows
+        .iter()
+        .any(|r| r.starts_with("pil-") || r.starts_with("tv-"));
+    if wants_py && spec.python.is_none() {
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            "the pil rows need a Python with Pillow and numpy: run scripts/bench-decode.sh \
-             (it makes one), give --python, or leave the pil rows out with --rows",
+            "the pil rows need a Python with Pillow and numpy, the tv rows one with torch and \
+             torchvision: run scripts/bench-decode.sh (it makes one), give --python, or leave \
+             those rows out with --rows",
         ));
     }
     let loader = Loader::builder(ds.clone())
         .batch_size(spec.batch)
         .seed(1)
         .build()?;
+    let device = match spec.device.as_str() {
+        _ if !spec.rows.iter().any(|r| r.starts_with("gpufeed-device-")) => None,
+        "sim" => Some(crate::gpu::Device::Simulated(crate::gpu::SimDevice::new(1))),
+        "cuda" => Some(crate::gpu::Device::Cuda(0)),
+        d => {
+            return Err(invalid(format!(
+                "the gpufeed-device rows need --device sim or cuda, not {d}"
+            )))
+        }
+    };
+    let device_loader = match device {
+        Some(d) => Some(
+            Loader::builder(ds.clone())
+                .batch_size(spec.batch)
+                .seed(1)
+                .device(d)
+                .build()?,
+        ),
+        None => None,
+    };
+    let on_device = || device_loader.as_ref().expect("made for the device rows");
     let mut out = Vec::new();
     for round in 0..spec.rounds {
         for row in &spec.rows {
@@ -122,6 +176,13 @@ pub fn run_decode_bench(
                 "gpufeed-train" => ours(&loader, spec, ImageSpec::train(spec.size), row, round)?,
                 "gpufeed-eval" => ours(&loader, spec, ImageSpec::eval(spec.size), row, round)?,
                 "gpufeed-decode" => decode_alone(&ds, spec, row, round)?,
+                "gpufeed-device-train" => {
+                    ours(on_device(), spec, ImageSpec::train(spec.size), row, round)?
+                }
+                "gpufeed-device-eval" => {
+                    ours(on_device(), spec, ImageSpec::eval(spec.size), row, round)?
+                }
+                "tv-train" | "tv-eval" => tv(spec, &row["tv-".len()..], row, round)?,
                 _ => pil(spec, &row["pil-".len()..], row, round)?,
             };
             each(&r);
@@ -223,6 +284,43 @@ fn decode_alone(
     ))
 }
 
+/// torchvision's GPU path on `--device` (the CPU when the device is simulated): the tv script.
+fn tv(spec: &DecodeBenchSpec, mode: &str, row: &str, round: u32) -> Result<DecodeBenchRow> {
+    let py = spec.python.as_deref().expect("checked above");
+    let script = spec.script.with_file_name("bench-decode-tv.py");
+    let device = if spec.device == "cuda" { "cuda" } else { "cpu" };
+    let out = Command::new(py)
+        .arg(&script)
+        .args(["--dir".as_ref(), spec.dir.as_os_str()])
+        .args(["--mode", mode])
+        .args(["--device", device])
+        .args(["--size", &spec.size.to_string()])
+        .args(["--dtype", spec.dtype.as_str()])
+        .args(["--batch", &spec.batch.to_string()])
+        .args(["--seed", &round.to_string()])
+        .output()
+        .map_err(|e| Error::io("cannot run the torchvision pipeline", e).with_path(py))?;
+    if !out.status.success() {
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "the torchvision pipeline failed ({}): {}",
+                script.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    let p: PilOut = serde_json::from_slice(&out.stdout).map_err(|e| {
+        invalid(format!(
+            "the torchvision pipeline printed no result ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        ))
+    })?;
+    Ok(row_of(
+        row, round, p.images, p.seconds, p.cpu_s, 1, p.errors,
+    ))
+}
+
 #[derive(serde::Deserialize)]
 struct PilOut {
     images: u64,
@@ -304,7 +402,7 @@ fn row_of(
 /// The table row for a result.
 pub fn table_row(r: &DecodeBenchRow) -> String {
     format!(
-        "{:<15} round {:>2}  {:>7} images  {:>8.1} images/s  {:>6.2} CPU-s/1000  {} threads{}",
+        "{:<20} round {:>2}  {:>7} images  {:>8.1} images/s  {:>6.2} CPU-s/1000  {} threads{}",
         r.row,
         r.round,
         r.images,
@@ -323,15 +421,17 @@ pub fn table_row(r: &DecodeBenchRow) -> String {
         .unwrap_or_default()
 }
 
-/// Ratios of gpufeed's rows to Pillow's, per round: (row pair, images/s ratio, CPU ratio).
+/// Ratios of gpufeed's rows to their peers', per round (gpufeed-X to pil-X, gpufeed-device-X
+/// to tv-X): (row pair, images/s ratio, CPU ratio).
 pub fn ratios(rows: &[DecodeBenchRow]) -> Vec<(String, u32, f64, f64)> {
     let mut v = Vec::new();
     for r in rows.iter().filter(|r| r.row.starts_with("gpufeed-")) {
         let mode = &r.row["gpufeed-".len()..];
-        if let Some(p) = rows
-            .iter()
-            .find(|p| p.round == r.round && p.row == format!("pil-{mode}"))
-        {
+        let peer = match mode.strip_prefix("device-") {
+            Some(m) => format!("tv-{m}"),
+            None => format!("pil-{mode}"),
+        };
+        if let Some(p) = rows.iter().find(|p| p.round == r.round && p.row == peer) {
             v.push((
                 mode.to_string(),
                 r.round,

@@ -226,7 +226,9 @@ enum BenchWhich {
     Gpu(GpuArgs),
     /// Decoded image batches: gpufeed's CPU decode stage (training and evaluation transforms,
     /// and decode alone) against the same work as torchvision's CPU transforms do it (Pillow +
-    /// numpy, as many worker processes as decode threads), alternated round by round.
+    /// numpy, as many worker processes as decode threads); with --device sim|cuda, the device
+    /// pipeline against torchvision's decode_jpeg(device=) + transforms.v2 on the device;
+    /// alternated round by round.
     #[cfg(feature = "decode")]
     Decode(DecodeArgs),
 }
@@ -241,7 +243,8 @@ struct DecodeArgs {
     /// Images in the generated set.
     #[arg(long, default_value_t = 2000)]
     images: u64,
-    /// Where to decode: cpu (cuda comes with the GPU decode stage).
+    /// Where the device rows decode: cpu (no device rows), sim (the simulated device: a build
+    /// with `--features sim`; its figures are not a GPU's) or cuda (device 0).
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Decode threads and Pillow worker processes (default: the decode stage's, this rank's share of the cores).
@@ -874,9 +877,9 @@ fn bench_load(a: LoadArgs) -> Result<()> {
 fn bench_decode(a: DecodeArgs) -> Result<()> {
     use crate::bench::decode::{ratios, run_decode_bench, table_row, DecodeBenchSpec, ROWS};
     use crate::decode::{Layout, PixelType};
-    if a.device != "cpu" {
+    if !["cpu", "sim", "cuda"].contains(&a.device.as_str()) {
         return Err(crate::error::invalid(format!(
-            "--device {}: only cpu so far (GPU decoding is not built yet)",
+            "--device {}: cpu, sim (the simulated device; a build with --features sim) or cuda",
             a.device
         )));
     }
@@ -904,13 +907,16 @@ fn bench_decode(a: DecodeArgs) -> Result<()> {
         .threads
         .unwrap_or_else(|| crate::decode::ImageSpec::train(a.size).thread_count());
     let rows = if a.rows.is_empty() {
-        let mut r: Vec<String> = ROWS.iter().map(|s| s.to_string()).collect();
-        if a.python.is_none() {
+        let mut r = crate::bench::decode::default_rows(&a.device);
+        if a.python.is_none()
+            && r.iter()
+                .any(|r| r.starts_with("pil-") || r.starts_with("tv-"))
+        {
             crate::io::notice(
-                "no --python with Pillow and numpy: the pil rows are left out \
-                 (scripts/bench-decode.sh runs them all)",
+                "no --python (Pillow and numpy; torch and torchvision for the tv rows): the \
+                 pil and tv rows are left out (scripts/bench-decode.sh runs them all)",
             );
-            r.retain(|r| !r.starts_with("pil-"));
+            r.retain(|r| !r.starts_with("pil-") && !r.starts_with("tv-"));
         }
         r
     } else {
@@ -928,6 +934,7 @@ fn bench_decode(a: DecodeArgs) -> Result<()> {
         rows,
         python: a.python.clone(),
         script: crate::bench::decode::default_script(),
+        device: a.device.clone(),
         step: std::time::Duration::try_from_secs_f64(a.step_ms / 1e3).map_err(|_| {
             crate::error::invalid(format!("--step-ms {} is not a number ≥ 0", a.step_ms))
         })?,
@@ -952,16 +959,17 @@ fn bench_decode(a: DecodeArgs) -> Result<()> {
         let mut bars = Vec::new();
         for row in ROWS {
             if let Some(v) = median(row) {
-                let (who, mode) = row.split_once('-').expect("who-mode");
+                let (who, mode) = row.rsplit_once('-').expect("who-mode");
                 bars.push(crate::bench::plot::Bar {
                     group: mode.into(),
-                    label: if who == "pil" {
-                        "Pillow + numpy".into()
-                    } else {
-                        "gpufeed".into()
+                    label: match who {
+                        "pil" => "Pillow + numpy".into(),
+                        "tv" => "torchvision".into(),
+                        "gpufeed-device" => "gpufeed (device)".into(),
+                        _ => "gpufeed".into(),
                     },
                     value: v,
-                    baseline: who == "pil",
+                    baseline: who == "pil" || who == "tv",
                 });
             }
         }
@@ -984,7 +992,12 @@ fn bench_decode(a: DecodeArgs) -> Result<()> {
     } else {
         for (m, round, ips, cpu) in rs {
             outln!(
-                "gpufeed/pil {m:<6} round {round:>2}: {ips:.2}x images/s at {cpu:.2}x CPU per image"
+                "gpufeed/{} {m:<6} round {round:>2}: {ips:.2}x images/s at {cpu:.2}x CPU per image",
+                if m.starts_with("device-") {
+                    "tv"
+                } else {
+                    "pil"
+                }
             );
         }
     }

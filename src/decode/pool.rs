@@ -220,7 +220,15 @@ impl Job {
             d.stage.counted(None);
             return Some(e);
         }
-        let way = route(crate::image::info(&data).as_ref());
+        // Routed by the image's record (format v2 shards carry them; other formats had their
+        // headers read once when the image loader was made), as the GPU routes without
+        // reading the bytes on the host.
+        let info = self
+            .dataset
+            .image_info()
+            .ok()
+            .and_then(|v| v.get(id as usize).copied());
+        let way = route(info.as_ref());
         let dec = match dec {
             Ok(d) => d,
             Err(e) => {
@@ -230,6 +238,22 @@ impl Job {
         };
         let mut px = Vec::new();
         match dec.decode_rgb(&self.spec, &data, &mut px) {
+            Ok((w, h))
+                if info.is_some_and(|r| {
+                    r.width > 0 && r.height > 0 && (r.width, r.height) != (w, h)
+                }) =>
+            {
+                // The output buffers are sized from the records: one that lies is an error.
+                let r = info.expect("checked");
+                d.stage.counted(None);
+                Some(self.decode_error(
+                    id,
+                    format!(
+                        "it decodes as {w}x{h} but its image record says {}x{}",
+                        r.width, r.height
+                    ),
+                ))
+            }
             Ok((w, h)) => {
                 d.stage.counted(Some(way));
                 d.decoded.lock().unwrap_or_else(|p| p.into_inner())[i] = Some((w, h, px));
@@ -470,6 +494,11 @@ impl Loader {
     /// (nvJPEG's batched decode and the kernel launches) waits on a GPU to be joined.
     pub fn decode_images(&self, spec: ImageSpec) -> Result<ImageLoader> {
         spec.validate()?;
+        if self.is_device() {
+            // The device pipeline routes and sizes by the image records: read now, once, for
+            // a format that does not carry them (a progress line on a large folder).
+            self.dataset().image_info()?;
+        }
         let device = match self.device_pool() {
             None => None,
             Some(p) if p.is_simulated() => Some(Arc::new(DeviceStage::sim(

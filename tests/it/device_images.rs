@@ -427,3 +427,51 @@ fn the_device_pipeline_routes_resumes_drops_and_keeps_memory_flat() {
     let rest: usize = ep.map(|b| b.unwrap().len()).sum();
     assert_eq!(rest + tensors * 5, n);
 }
+
+/// `gpufeed bench decode --device sim` runs the device rows beside the CPU stage and reports
+/// each with parseable JSON; the device rows' figures are the simulator's (not a GPU's).
+#[test]
+fn bench_decode_runs_the_device_rows_on_the_simulated_device() {
+    if !kernels() {
+        return;
+    }
+    let dir = disk_dir();
+    let out = std::process::Command::new(crate::common::gpufeed_bin())
+        .args([
+            "bench", "decode", "--device", "sim", "--images", "24", "--size", "32",
+        ])
+        .args(["--rounds", "1", "--batch", "8", "--threads", "2", "--json"])
+        .args([
+            "--rows",
+            "gpufeed-device-train,gpufeed-train,gpufeed-device-eval",
+        ])
+        .arg("--dir")
+        .arg(dir.path().join("set"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("row").is_some())
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r["row"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "gpufeed-device-train",
+            "gpufeed-train",
+            "gpufeed-device-eval"
+        ]
+    );
+    for r in &rows {
+        assert_eq!(r["images"], 24, "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["images_per_s"].as_f64().unwrap() > 0.0);
+    }
+}
