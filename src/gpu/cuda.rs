@@ -130,6 +130,27 @@ impl Context {
         Ok(Arc::new(Context { inner, ordinal }))
     }
 
+    /// The device's compute capability as an architecture number (90 for sm_90).
+    pub fn arch(&self) -> Result<u32> {
+        let (major, minor) = self
+            .inner
+            .compute_capability()
+            .map_err(driver("cuDeviceGetAttribute"))?;
+        Ok((major * 10 + minor) as u32)
+    }
+
+    /// Loads `cubin` (for this device's architecture) and finds `entry` in it.
+    pub fn load_kernel(&self, cubin: Vec<u8>, entry: &str) -> Result<LoadedKernel> {
+        let module = self
+            .inner
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(driver("cuModuleLoadData"))?;
+        let func = module
+            .load_function(entry)
+            .map_err(driver("cuModuleGetFunction"))?;
+        Ok(LoadedKernel { func })
+    }
+
     /// Makes this context current on the calling thread.
     pub fn bind(&self) -> Result<()> {
         self.inner
@@ -252,6 +273,52 @@ impl Event {
     /// The raw `CUevent` (for DLPack consumers; this event stays its owner).
     pub fn raw(&self) -> u64 {
         self.inner.cu_event() as u64
+    }
+}
+
+/// A kernel's entry point in a module loaded on a device (the module stays loaded while this
+/// lives).
+#[derive(Debug, Clone)]
+pub struct LoadedKernel {
+    func: cudarc::driver::CudaFunction,
+}
+
+impl LoadedKernel {
+    /// Launches the kernel on `stream` over a `grid` of blocks of `block` threads.
+    ///
+    /// # Safety
+    /// `params` must hold one pointer per kernel parameter, in order, each to a value of the
+    /// parameter's exact type (read during this call); every device address among those
+    /// values must be valid for everything the kernel reads or writes through it, and stay
+    /// allocated and unused by other writers until work recorded on `stream` after this call
+    /// has completed.
+    pub unsafe fn launch(
+        &self,
+        grid: (u32, u32),
+        block: u32,
+        params: &mut [*mut c_void],
+        stream: &Stream,
+    ) -> Result<()> {
+        // SAFETY: forwarded under the caller's guarantees; the function's module is alive
+        // (held by `func`), the stream is ours and live; no shared memory, no extra options.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    self.func.cu_function(),
+                    grid.0,
+                    grid.1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    0,
+                    stream.inner.cu_stream(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel",
+        )
     }
 }
 

@@ -30,7 +30,7 @@ unsafe extern "C" {
 }
 
 /// Threads per block, as the CUDA launches use.
-pub const BLOCK: u32 = 128;
+pub const BLOCK: u32 = super::kernels::BLOCK;
 
 /// Whether this build carries the host kernels.
 pub fn available() -> bool {

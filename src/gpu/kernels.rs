@@ -254,3 +254,103 @@ pub fn cubin_cached(
     }
     Ok((cubin, false))
 }
+
+/// The kernels loaded on one device: compiled by NVRTC for its architecture (or read from the
+/// disk cache), loaded once, launched on the caller's streams.
+#[derive(Debug)]
+pub struct DeviceKernels {
+    resize: super::cuda::LoadedKernel,
+    crc32c: super::cuda::LoadedKernel,
+}
+
+/// Threads per block of every launch.
+pub const BLOCK: u32 = 128;
+
+impl DeviceKernels {
+    /// Compiles (or finds in [`cache_dir`]) and loads every kernel on `ctx`'s device.
+    pub fn load(ctx: &super::cuda::Context) -> Result<DeviceKernels> {
+        ctx.bind()?;
+        let arch = ctx.arch()?;
+        let extra = format!("drv{}", super::cuda::driver_version()?);
+        let dir = cache_dir();
+        let load = |k: &Kernel| -> Result<super::cuda::LoadedKernel> {
+            let (cubin, _) = cubin_cached(k, arch, &extra, dir.as_deref())?;
+            ctx.load_kernel(cubin, k.entry)
+        };
+        Ok(DeviceKernels {
+            resize: load(&RESIZE)?,
+            crc32c: load(&CRC32C)?,
+        })
+    }
+
+    /// `gf_resize` over `n` samples on `stream`: the images at device address `src`, the
+    /// `n` [`GfSample`]s at `samples`, writing the batch tensor at `out`.
+    ///
+    /// # Safety
+    /// `samples` must hold `n` valid `GfSample`s whose images lie inside the allocation at
+    /// `src` (each `src + pitch × (h − 1) + 3w` within it), `out` must hold `n × 3 × out_w ×
+    /// out_h` elements of `emit`'s type, and all three must stay allocated, and `samples`
+    /// and `src` unchanged, until work recorded on `stream` after this call has completed.
+    pub unsafe fn resize(
+        &self,
+        stream: &super::cuda::Stream,
+        src: u64,
+        samples: u64,
+        n: u32,
+        emit: &GfEmit,
+        out: u64,
+    ) -> Result<()> {
+        let pixels = emit.out_w as u64 * emit.out_h as u64;
+        if n == 0 || pixels == 0 {
+            return Ok(());
+        }
+        let grid_x = u32::try_from(pixels.div_ceil(BLOCK as u64))
+            .map_err(|_| crate::error::invalid("resize launch: output too large"))?;
+        let (mut src, mut samples, mut emit, mut out) = (src, samples, *emit, out);
+        let mut params = [
+            (&raw mut src).cast(),
+            (&raw mut samples).cast(),
+            (&raw mut emit).cast(),
+            (&raw mut out).cast(),
+        ];
+        // SAFETY: one pointer per parameter of `gf_resize(const u8*, const gf_sample*,
+        // gf_emit, u8*)`, to values of those types (device addresses are u64; `GfEmit` is the
+        // `#[repr(C)]` twin of `gf_emit`), read during the call; the caller vouches for the
+        // memory behind the addresses.
+        unsafe { self.resize.launch((grid_x, n), BLOCK, &mut params, stream) }
+    }
+
+    /// `gf_crc32c` over `n` spans on `stream`: the group at device address `data`, the `n`
+    /// [`GfSpan`]s at `spans`, one u32 per span written at `out`.
+    ///
+    /// # Safety
+    /// `spans` must hold `n` spans inside the allocation at `data`, `out` room for `n` u32s,
+    /// all staying allocated (and `data`, `spans` unchanged) until work recorded on `stream`
+    /// after this call has completed.
+    pub unsafe fn crc32c(
+        &self,
+        stream: &super::cuda::Stream,
+        data: u64,
+        spans: u64,
+        n: u32,
+        out: u64,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (mut data, mut spans, mut n2, mut out) = (data, spans, n, out);
+        let mut params = [
+            (&raw mut data).cast(),
+            (&raw mut spans).cast(),
+            (&raw mut n2).cast(),
+            (&raw mut out).cast(),
+        ];
+        // SAFETY: one pointer per parameter of `gf_crc32c(const u8*, const gf_span*, u32,
+        // u32*)`, to values of those types, read during the call; the caller vouches for the
+        // memory.
+        unsafe {
+            self.crc32c
+                .launch((n.div_ceil(64), 1), 64, &mut params, stream)
+        }
+    }
+}

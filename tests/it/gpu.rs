@@ -223,3 +223,108 @@ fn cufile_and_io_uring_paths_give_identical_bytes() {
     }
     assert_eq!(checked, n);
 }
+
+/// The kernels NVRTC compiled for this GPU, loaded and launched, give what the same sources
+/// built for the host give (the simulated device's kernels): crc32c bit for bit, the resize
+/// within 0.01 levels in f32 (the same arithmetic, `--fmad=false` on both sides).
+#[test]
+fn the_kernels_on_the_gpu_equal_the_host_kernels() {
+    use gpufeed::decode::{ImageSpec, PixelType, RgbDecoder};
+    use gpufeed::gpu::host_kernels;
+    use gpufeed::gpu::kernels::{DeviceKernels, GfEmit, GfSample, GfSpan};
+    let Some(()) = gpu() else { return };
+    if !host_kernels::available() {
+        eprintln!("skipped: this build has no host kernels to compare with");
+        return;
+    }
+    let ctx = gpufeed::gpu::context(0).unwrap();
+    let k = DeviceKernels::load(&ctx).unwrap_or_else(|e| panic!("{}", e.report()));
+    let stream = Stream::new(&ctx).unwrap();
+    fn pod<T: Copy>(v: &[T]) -> Vec<u8> {
+        let n = std::mem::size_of_val(v);
+        let mut out = vec![0u8; n];
+        // SAFETY: plain `#[repr(C)]` structs without padding (sizes asserted in the crate)
+        // read as bytes; `out` holds exactly `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr().cast::<u8>(), out.as_mut_ptr(), n) };
+        out
+    }
+    let upload = |b: &[u8]| {
+        let mut d = DeviceBuffer::new(&ctx, b.len().max(1)).unwrap();
+        d.write(0, b).unwrap();
+        d
+    };
+
+    // crc32c of 200 spans of a 300 KB group.
+    let mut r = Rng::new(40);
+    let data: Vec<u8> = (0..300_000).map(|_| r.next_u64() as u8).collect();
+    let spans: Vec<GfSpan> = (0..200)
+        .map(|_| {
+            let len = r.below(5000) as u32;
+            GfSpan {
+                offset: r.below((data.len() - len as usize) as u64),
+                len,
+                reserved: 0,
+            }
+        })
+        .collect();
+    let (dd, ds, dout) = (
+        upload(&data),
+        upload(&pod(&spans)),
+        DeviceBuffer::new(&ctx, spans.len() * 4).unwrap(),
+    );
+    // SAFETY: the spans lie inside `dd` (drawn so), `dout` holds one u32 per span, and all
+    // three live until the stream is synchronised below.
+    unsafe { k.crc32c(&stream, dd.ptr(), ds.ptr(), 200, dout.ptr()) }.unwrap();
+    stream.synchronize().unwrap();
+    let mut got = vec![0u8; spans.len() * 4];
+    dout.read(0, &mut got).unwrap();
+    let want = host_kernels::crc32c(&data, &spans).unwrap();
+    for (i, w) in want.iter().enumerate() {
+        let g = u32::from_le_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
+        assert_eq!(g, *w, "span {i}");
+    }
+
+    // The fused resize over 12 decoded JPEGs of every kind, one failed.
+    let mut dec = RgbDecoder::new().unwrap();
+    let (mut src, mut samples) = (Vec::new(), Vec::new());
+    let spec = ImageSpec::train(56).dtype(PixelType::F32);
+    for i in 0..12 {
+        let j = gpufeed::decode::synth::jpeg(3, i).unwrap();
+        let mut px = Vec::new();
+        let size = dec.decode(&j, &mut px).unwrap();
+        let g = spec.geometry(1, 2, i, size);
+        samples.push(GfSample::new(&g, src.len() as u64, size));
+        src.extend_from_slice(&px);
+    }
+    samples[5].valid = 0;
+    let emit = GfEmit::new(&spec);
+    let out_len = samples.len() * spec.sample_elems() * 4;
+    let (dsrc, dsam, dout) = (
+        upload(&src),
+        upload(&pod(&samples)),
+        DeviceBuffer::new(&ctx, out_len).unwrap(),
+    );
+    // SAFETY: every image lies inside `dsrc` (packed above), `dout` holds the whole tensor,
+    // and the buffers live until the stream is synchronised below.
+    unsafe { k.resize(&stream, dsrc.ptr(), dsam.ptr(), 12, &emit, dout.ptr()) }.unwrap();
+    stream.synchronize().unwrap();
+    let mut got = vec![0u8; out_len];
+    dout.read(0, &mut got).unwrap();
+    let mut want = vec![0u8; out_len];
+    host_kernels::resize(&src, &samples, &emit, &mut want).unwrap();
+    let (mut worst, mut exact) = (0f32, 0usize);
+    for (g, w) in got.chunks_exact(4).zip(want.chunks_exact(4)) {
+        let (g, w) = (
+            f32::from_le_bytes(g.try_into().unwrap()),
+            f32::from_le_bytes(w.try_into().unwrap()),
+        );
+        worst = worst.max((g - w).abs() * 255.0 * 0.229);
+        exact += usize::from(g.to_bits() == w.to_bits());
+    }
+    eprintln!(
+        "resize on the GPU vs the host kernels: worst {worst:.5} levels, {exact} of {} elements \
+         bit-exact",
+        out_len / 4
+    );
+    assert!(worst <= 0.01, "{worst} levels");
+}
