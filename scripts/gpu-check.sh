@@ -59,6 +59,11 @@ for l in sys.stdin:
     mkdir -p "$SHIP/lib"
     cp "$venv"/lib/python3*/site-packages/nvidia/cu13/lib/libnvjpeg.so.13 "$SHIP/lib/" 2>/dev/null ||
         echo "warning: no libnvjpeg.so.13 to ship" >&2
+    # The kernels compiled here for sm_80 and sm_90 (NVRTC needs no GPU; libnvrtc is too large
+    # to carry): the GPU machine loads them from this cache when it has no NVRTC of its own.
+    LD_LIBRARY_PATH="$(ls -d "$PWD/$venv"/lib/python3*/site-packages/nvidia/cu13/lib | head -1)" \
+        cargo run --release -q --example kernel_cache -- "$SHIP/kernels" 80 90 ||
+        echo "warning: no prebuilt kernels to ship" >&2
     git rev-parse HEAD > "$SHIP/commit" 2>/dev/null || true
     du -sh "$SHIP"
     echo "shipped to $SHIP: gpufeed, it (integration tests), unit, $(basename "$SHIP"/gpufeed-*.whl); commit $(cat "$SHIP/commit" 2>/dev/null)"
@@ -90,6 +95,8 @@ mkdir -p "$work"
 out="${OUT:-$work/out}"
 mkdir -p "$out"
 export GPUFEED_BIN="$PWD/$SHIP/gpufeed" GPUFEED_TEST_TMPDIR="$work/tmp" GPUFEED_QUIET=1
+# Kernels: compiled by this machine's NVRTC if it has one, else the CUBINs shipped in $SHIP.
+export GPUFEED_KERNEL_CACHE="$PWD/$SHIP/kernels"
 # nvJPEG: the machine's if it has one, else the one shipped in $SHIP/lib.
 if ! ldconfig -p 2>/dev/null | grep -q 'libnvjpeg\.so\.13' && [[ -e "$SHIP/lib/libnvjpeg.so.13" ]]; then
     export GPUFEED_NVJPEG="$PWD/$SHIP/lib/libnvjpeg.so.13"
@@ -242,8 +249,9 @@ fi
 if [[ $bench == 1 ]]; then
     # Decoded images on the GPU: torchvision's own GPU path (decode_jpeg(device="cuda") on lists
     # + transforms.v2 on the device, scripts/bench-decode-tv.py) beside gpufeed's CPU stage, and
-    # gpufeed's device pipeline where its CUDA half is joined (issue 23: targets >= 1.5x tv's
-    # images/s at 224x224 f16, <= 0.33 CPU-s per 1000 images).
+    # gpufeed's device pipeline (issue 23: targets >= 1.5x tv's images/s at 224x224 f16, <= 0.33
+    # CPU-s per 1000 images; until nvJPEG's batched decode is joined every image takes the CPU
+    # route, so the CPU figure is not expected to meet its target yet).
     note "== gpufeed bench decode --device cuda"
     dn=2000; [[ $quick == 1 ]] && dn=500
     export GPUFEED_ROOT="$PWD"
@@ -260,8 +268,6 @@ if [[ $bench == 1 ]]; then
         --rows gpufeed-device-train,gpufeed-device-eval \
         >> "$out/bench-decode.jsonl" 2> "$out/bench-decode-device.err"; then
         :
-    elif grep -q "not joined yet" "$out/bench-decode-device.err"; then
-        note "PENDING  gpufeed-device rows: the CUDA half of the device pipeline is not joined yet"
     else
         note "FAIL  bench decode, device rows (see $out/bench-decode-device.err)"
         tail -20 "$out/bench-decode-device.err"; status=1

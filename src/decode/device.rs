@@ -56,14 +56,15 @@ impl GfEmit {
     }
 }
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::batch::Batch;
 use crate::dataset::{Dataset, Frame};
 use crate::error::{Error, ErrorKind, Result};
-use crate::gpu::kernels::GfSpan;
+use crate::gpu::cuda::{Context, DeviceBuffer, Stream};
+use crate::gpu::kernels::{DeviceKernels, GfSpan};
+use crate::gpu::{DevicePool, DeviceRegion};
 use crate::image::{ColorSpace, ImageInfo, ImageKind, Subsampling};
 
 /// Which decoder a sample goes to on the device path.
@@ -133,151 +134,137 @@ impl Counters {
     }
 }
 
-/// Locks `m`, recovering from poisoning (plain bookkeeping and buffers a panic cannot leave
-/// half-valid: a tensor is rewritten whole before it is handed out again).
+/// Locks `m`, recovering from poisoning (scratch buffers a panic cannot leave half-valid:
+/// each is rewritten before it is read).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The output tensors of a device image loader, allocated once when it is made: a batch
-/// takes one and gives it back when its last clone is dropped. On the simulated device they
-/// are host memory standing in for device memory.
-pub(crate) struct OutputPool {
-    bufs: Vec<Mutex<Vec<u8>>>,
-    free: Mutex<Vec<usize>>,
-    cv: Condvar,
+/// Plain `#[repr(C)]` structs as bytes, for uploads.
+fn pod_bytes<T: Copy>(v: &[T]) -> Vec<u8> {
+    let n = std::mem::size_of_val(v);
+    let mut out = vec![0u8; n];
+    // SAFETY: only called with the kernels' parameter structs (`GfSample`, `GfSpan`): plain
+    // integers and floats, no padding (their sizes are asserted in gpu::kernels); `out` holds
+    // exactly `n` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr().cast::<u8>(), out.as_mut_ptr(), n) };
+    out
 }
 
-impl OutputPool {
-    pub(crate) fn sim(tensors: usize, bytes: usize) -> Result<Arc<OutputPool>> {
-        let mut bufs = Vec::new();
-        for _ in 0..tensors {
-            let mut v = Vec::new();
-            v.try_reserve_exact(bytes).map_err(|_| {
-                Error::new(
-                    ErrorKind::Busy,
-                    format!("out of memory allocating a {bytes}-byte output tensor"),
-                )
-            })?;
-            v.resize(bytes, 0);
-            bufs.push(Mutex::new(v));
-        }
-        Ok(Arc::new(OutputPool {
-            bufs,
-            free: Mutex::new((0..tensors).rev().collect()),
-            cv: Condvar::new(),
-        }))
-    }
-
-    /// Tensors in the pool.
-    pub(crate) fn tensors(&self) -> usize {
-        self.bufs.len()
-    }
-
-    /// Tensors not held by a batch or a decode in progress.
-    pub(crate) fn free_tensors(&self) -> usize {
-        lock(&self.free).len()
-    }
-
-    /// A free tensor, waiting as long as the consumer holds them all (its pace), or `None`
-    /// once `cancelled`.
-    pub(crate) fn take(
-        self: &Arc<Self>,
-        len: usize,
-        cancelled: &AtomicBool,
-    ) -> Option<DeviceTensor> {
-        let mut f = lock(&self.free);
-        loop {
-            if cancelled.load(Ordering::Relaxed) {
-                return None;
-            }
-            if let Some(index) = f.pop() {
-                return Some(DeviceTensor {
-                    pool: self.clone(),
-                    index,
-                    len,
-                });
-            }
-            f = self
-                .cv
-                .wait_timeout(f, Duration::from_millis(20))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
+/// The CUDA side of a device image stage: the kernels loaded on the device, the stream the
+/// stage enqueues on, and per output region the device scratch of the job writing it.
+struct CudaSide {
+    ctx: Arc<Context>,
+    kernels: DeviceKernels,
+    stream: Stream,
+    scratch: Vec<Mutex<Scratch>>,
 }
 
-/// One output tensor of the pool, back to it when dropped.
-pub(crate) struct DeviceTensor {
-    pool: Arc<OutputPool>,
-    index: usize,
-    len: usize,
+/// A job's device scratch, kept with its output region (one job writes a region at a time):
+/// the crc spans and results, the resize parameters, and the decoded images (grown to the
+/// largest batch seen, then reused: flat after the first epoch).
+struct Scratch {
+    spans: DeviceBuffer,
+    crcs: DeviceBuffer,
+    samples: DeviceBuffer,
+    staging: Option<DeviceBuffer>,
 }
 
-impl DeviceTensor {
-    /// The tensor's bytes (the simulated device's memory).
-    pub(crate) fn bytes(&self) -> MutexGuard<'_, Vec<u8>> {
-        lock(&self.pool.bufs[self.index])
-    }
-
-    /// Bytes the batch uses.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-}
-
-impl Drop for DeviceTensor {
-    fn drop(&mut self) {
-        lock(&self.pool.free).push(self.index);
-        self.pool.cv.notify_one();
-    }
-}
-
-/// What a device image loader shares across its epochs: the output tensors, the counts by
-/// route, and whether the device verifies checksums.
+/// What a device image loader shares across its epochs: the output tensors (device regions
+/// of a pool made with it, with their ready and release events), the counts by route, whether
+/// the device verifies checksums, and on CUDA the kernels, a stream and the scratch.
 pub(crate) struct DeviceStage {
-    pub(crate) outputs: Arc<OutputPool>,
+    pub(crate) outputs: Arc<DevicePool>,
     pub(crate) counters: Counters,
     /// crc32c of unframed samples on the device (the loader verifies, the format has them).
     pub(crate) verify: bool,
     pub(crate) emit: GfEmit,
+    /// Whether JPEGs the hardware decoder takes go to it (the simulated device's stand-in);
+    /// on CUDA not yet: nvJPEG's batched decode is not joined, so every image takes the CPU
+    /// route and is counted there.
+    hardware_decoder: bool,
+    cuda: Option<CudaSide>,
 }
 
 impl DeviceStage {
-    /// The stage of a loader on the simulated device whose batches hold up to `batch_size`
-    /// samples of `spec`; `tensors` output tensors.
-    pub(crate) fn sim(
+    /// The stage of an image loader on the device of `regions` (the loader's device regions:
+    /// simulated or CUDA) whose batches hold up to `batch_size` samples of `spec`, with
+    /// `tensors` output tensors.
+    pub(crate) fn new(
+        regions: &DevicePool,
         spec: &ImageSpec,
         batch_size: usize,
         tensors: usize,
         verify: bool,
     ) -> Result<DeviceStage> {
-        if !crate::gpu::host_kernels::available() {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                "the simulated device's kernels are not in this build (feature `sim` with a \
-                 C++ compiler at build time)",
-            ));
-        }
         let per = spec.sample_elems() * spec.dtype.size();
+        let bytes = per.saturating_mul(batch_size);
+        let Some(ctx) = regions.ctx.clone() else {
+            if !crate::gpu::host_kernels::available() {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    "the simulated device's kernels are not in this build (feature `sim` with \
+                     a C++ compiler at build time)",
+                ));
+            }
+            let sim = crate::gpu::SimDevice::new(0);
+            return Ok(DeviceStage {
+                outputs: DevicePool::sim(&sim, tensors, bytes),
+                counters: Counters::default(),
+                verify,
+                emit: GfEmit::new(spec),
+                hardware_decoder: true,
+                cuda: None,
+            });
+        };
+        ctx.bind()?;
+        let kernels = DeviceKernels::load(&ctx)?;
+        let stream = Stream::new(&ctx)?;
+        let outputs = DevicePool::cuda(&ctx, tensors, bytes)?;
+        let scratch = (0..tensors)
+            .map(|_| {
+                Ok(Mutex::new(Scratch {
+                    spans: DeviceBuffer::new(&ctx, batch_size * std::mem::size_of::<GfSpan>())?,
+                    crcs: DeviceBuffer::new(&ctx, batch_size * 4)?,
+                    samples: DeviceBuffer::new(&ctx, batch_size * std::mem::size_of::<GfSample>())?,
+                    staging: None,
+                }))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(DeviceStage {
-            outputs: OutputPool::sim(tensors, per.saturating_mul(batch_size))?,
+            outputs,
             counters: Counters::default(),
             verify,
             emit: GfEmit::new(spec),
+            hardware_decoder: false,
+            cuda: Some(CudaSide {
+                ctx,
+                kernels,
+                stream,
+                scratch,
+            }),
         })
     }
 
+    /// The route sample `info` takes here (see [`DeviceStage::hardware_decoder`]).
+    pub(crate) fn route_of(&self, info: Option<&ImageInfo>) -> Route {
+        match route(info) {
+            Route::Hardware if self.hardware_decoder => Route::Hardware,
+            _ => Route::Cpu,
+        }
+    }
+
     /// Runs the crc32c kernel over the samples of `batch` (its group already in device
-    /// memory) and returns, for each sample, the error of a checksum that does not match.
-    pub(crate) fn check_crcs(&self, batch: &Batch, ds: &Dataset) -> Vec<Option<Error>> {
+    /// memory; on CUDA with the scratch of output region `out`) and returns, for each sample,
+    /// the error of a checksum that does not match.
+    pub(crate) fn check_crcs(&self, batch: &Batch, ds: &Dataset, out: usize) -> Vec<Option<Error>> {
         let n = batch.len();
-        let mut out: Vec<Option<Error>> = (0..n).map(|_| None).collect();
+        let mut errs: Vec<Option<Error>> = (0..n).map(|_| None).collect();
         if !(self.verify && ds.has_checksums() && ds.frame() == Frame::None) {
-            return out;
+            return errs;
         }
         let Some(region) = batch.device_region() else {
-            return out;
+            return errs;
         };
         let mut spans = Vec::new();
         let mut which = Vec::new();
@@ -291,12 +278,14 @@ impl DeviceStage {
                 which.push(i);
             }
         }
-        let crcs = match region.sim_bytes() {
-            Some(bytes) => crate::gpu::host_kernels::crc32c(&bytes, &spans),
-            None => Err(Error::new(
-                ErrorKind::Unsupported,
-                "crc32c on a CUDA device is not joined yet",
-            )),
+        let crcs = match &self.cuda {
+            None => match region.sim_bytes() {
+                Some(bytes) => crate::gpu::host_kernels::crc32c(&bytes, &spans),
+                None => Err(crate::error::invalid(
+                    "a CUDA region on the simulated device",
+                )),
+            },
+            Some(c) => self.crcs_on_cuda(c, region, &spans, out),
         };
         let ids = batch.sample_ids();
         match crcs {
@@ -307,7 +296,7 @@ impl DeviceStage {
                 for (k, i) in which.into_iter().enumerate() {
                     let id = ids[i] as usize;
                     if c[k] != ds.sample(id).crc32c {
-                        out[i] = Some(ds.sample_error(
+                        errs[i] = Some(ds.sample_error(
                             id,
                             Error::new(
                                 ErrorKind::InvalidInput,
@@ -322,29 +311,141 @@ impl DeviceStage {
             }
             Err(e) => {
                 for i in which {
-                    out[i] = Some(e.clone());
+                    errs[i] = Some(e.clone());
                 }
             }
         }
-        out
+        errs
     }
 
-    /// The compressed bytes of sample `i` of `batch` (from the simulated device's memory), or
-    /// its error.
+    /// The crc32c kernel on CUDA: the spans up, one launch on the stage's stream (after the
+    /// group's copy), the results down. The stage's stream is waited for here, on the feeder
+    /// thread: the batch's samples cannot be judged before.
+    fn crcs_on_cuda(
+        &self,
+        c: &CudaSide,
+        region: &DeviceRegion,
+        spans: &[GfSpan],
+        out: usize,
+    ) -> Result<Vec<u32>> {
+        if spans.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = spans.len();
+        c.ctx.bind()?;
+        let mut sc = lock(&c.scratch[out]);
+        // Nothing of a previous job still reads this scratch: its launches were waited for
+        // (crc) or the region's ready event was (resize), before the region came back.
+        sc.spans.write(0, &pod_bytes(spans))?;
+        // SAFETY: the stage's stream lives as long as the stage, which the job holding the
+        // batch (and so the region) keeps alive: the release event recorded on it at the
+        // region's drop is valid.
+        unsafe { region.wait_on(c.stream.raw())? };
+        // SAFETY: every span lies inside the group (the loader's spans index its region, and
+        // the region holds the group's bytes); `spans` and `crcs` hold `n` entries; the stream
+        // is synchronised below before any of them changes.
+        unsafe {
+            c.kernels.crc32c(
+                &c.stream,
+                region.ptr(),
+                sc.spans.ptr(),
+                n as u32,
+                sc.crcs.ptr(),
+            )?
+        };
+        c.stream.synchronize()?;
+        let mut raw = vec![0u8; n * 4];
+        sc.crcs.read(0, &mut raw)?;
+        Ok(raw
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect())
+    }
+
+    /// The compressed bytes of sample `i` of `batch` (copied down from the device for the CPU
+    /// route), or its error.
     pub(crate) fn sample_bytes(batch: &Batch, i: usize, into: &mut Vec<u8>) -> Result<()> {
         let r = batch.sample_range(i).map_err(|e| e.clone())?;
         let region = batch
             .device_region()
             .ok_or_else(|| crate::error::invalid("a host batch in the device image stage"))?;
-        let bytes = region.sim_bytes().ok_or_else(|| {
-            Error::new(
-                ErrorKind::Unsupported,
-                "the CUDA device image pipeline is not joined yet",
-            )
-        })?;
         into.clear();
-        into.extend_from_slice(&bytes[r]);
-        Ok(())
+        into.resize(r.len(), 0);
+        region.read_range(r.start, into)
+    }
+
+    /// One launch of the resize kernel over a batch: `staging` (the decoded images, packed as
+    /// `samples` say) into output region `out`, whose bytes are `len`.
+    pub(crate) fn resize(
+        &self,
+        out: usize,
+        len: usize,
+        staging: &[u8],
+        samples: &[GfSample],
+    ) -> Result<()> {
+        let Some(c) = &self.cuda else {
+            let mut bytes = self
+                .outputs
+                .sim_region(out)
+                .ok_or_else(|| crate::error::invalid("a CUDA region on the simulated device"))?;
+            return crate::gpu::host_kernels::resize(
+                staging,
+                samples,
+                &self.emit,
+                &mut bytes[..len],
+            );
+        };
+        // The same bounds the host launch checks, before the device trusts them.
+        let per = 3
+            * self.emit.out_w as usize
+            * self.emit.out_h as usize
+            * crate::gpu::host_kernels::elem_bytes(&self.emit);
+        if len != samples.len() * per || len > self.outputs.region_bytes() {
+            return Err(crate::error::invalid("resize launch: output size mismatch"));
+        }
+        for s in samples.iter().filter(|s| s.valid != 0) {
+            let end = s.src as u128
+                + (s.src_h as u128).saturating_sub(1) * s.src_pitch as u128
+                + s.src_w as u128 * 3;
+            if end > staging.len() as u128 {
+                return Err(crate::error::invalid(
+                    "resize launch: an image outside the staging",
+                ));
+            }
+        }
+        c.ctx.bind()?;
+        // What the previous write of this region read (its scratch) may change only after it.
+        self.outputs.wait_written(out)?;
+        let mut sc = lock(&c.scratch[out]);
+        let need = staging.len().max(1);
+        if sc.staging.as_ref().is_none_or(|b| b.len() < need) {
+            sc.staging = None; // its last reader completed (waited for above)
+            sc.staging = Some(DeviceBuffer::new(&c.ctx, need.next_multiple_of(1 << 20))?);
+        }
+        let Scratch {
+            samples: dsam,
+            staging: dst,
+            ..
+        } = &mut *sc;
+        let dst = dst.as_mut().expect("allocated above");
+        dst.write(0, staging)?;
+        dsam.write(0, &pod_bytes(samples))?;
+        self.outputs.before_write(out, &c.stream)?;
+        // SAFETY: every valid sample's image lies inside the staging buffer (checked above),
+        // the output region holds `len` bytes = n samples of the emitted type (checked), the
+        // scratch stays with region `out` and is not changed before this launch completes
+        // (the next writer of `out` waits for its ready event first, recorded next).
+        unsafe {
+            c.kernels.resize(
+                &c.stream,
+                dst.ptr(),
+                dsam.ptr(),
+                samples.len() as u32,
+                &self.emit,
+                self.outputs.ptr(out),
+            )?
+        };
+        self.outputs.after_write(out, &c.stream)
     }
 
     pub(crate) fn counted(&self, route: Option<Route>) {

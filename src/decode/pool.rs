@@ -13,12 +13,13 @@ use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::device::{route, DeviceStage, DeviceTensor, RouteCounts};
+use super::device::{DeviceStage, RouteCounts};
 use super::{ImageDecoder, ImageSpec, Layout, PixelType};
 use crate::batch::Batch;
 use crate::dataset::Dataset;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::gpu::kernels::GfSample;
+use crate::gpu::DeviceRegion;
 use crate::loader::{BatchTiming, Epoch, FrontDoor, Holders, Loader, LoaderStats, StallStats};
 
 /// Alignment of a batch tensor (a cache line; what vector loads and DLPack consumers like).
@@ -106,7 +107,8 @@ type Decoded = (u32, u32, Vec<u8>);
 
 /// A device batch's tensor and what its samples went through.
 struct DeviceOut {
-    tensor: DeviceTensor,
+    /// The output tensor: a region of the stage's pool, with its ready event.
+    tensor: DeviceRegion,
     stage: Arc<DeviceStage>,
     /// Each sample's checksum error, from the device's crc32c over the group.
     crc: Vec<Option<Error>>,
@@ -228,7 +230,7 @@ impl Job {
             .image_info()
             .ok()
             .and_then(|v| v.get(id as usize).copied());
-        let way = route(info.as_ref());
+        let way = d.stage.route_of(info.as_ref());
         let dec = match dec {
             Ok(d) => d,
             Err(e) => {
@@ -290,9 +292,8 @@ impl Job {
                 None => GfSample::default(), // valid = 0
             });
         }
-        let len = d.tensor.len();
-        let mut out = d.tensor.bytes();
-        crate::gpu::host_kernels::resize(&staging, &samples, &d.stage.emit, &mut out[..len])
+        d.stage
+            .resize(d.tensor.index(), d.tensor.len(), &staging, &samples)
     }
 
     fn decode_one(
@@ -484,14 +485,15 @@ impl std::fmt::Debug for ImageLoader {
 
 impl Loader {
     /// This loader's batches decoded and transformed by `spec`, on the loader's device: on the
-    /// host, by the CPU stage into host tensors; on the simulated device, by the device
-    /// pipeline (checksums by the crc32c kernel, each image decoded whole — the CPU stage
-    /// standing in for nvJPEG — then one resize launch per batch into an output tensor from a
-    /// pool made here), whose tensors equal the CPU stage's with `dct_scaling` off within the
-    /// kernel's tolerance. Starts the decode threads.
+    /// host, by the CPU stage into host tensors; on a device (CUDA or simulated), by the device
+    /// pipeline — checksums by the crc32c kernel over the group in device memory, each image
+    /// decoded whole, then one resize launch per batch into an output tensor from a pool made
+    /// here, with a ready event — whose tensors equal the CPU stage's with `dct_scaling` off
+    /// within the kernel's tolerance. Starts the decode threads.
     ///
-    /// On a CUDA device this is an `Unsupported` error for now: the pipeline's CUDA half
-    /// (nvJPEG's batched decode and the kernel launches) waits on a GPU to be joined.
+    /// On the simulated device the hardware decoder's stand-in is libjpeg-turbo; on CUDA every
+    /// image takes the CPU route for now (nvJPEG's batched decode is not joined: see
+    /// [`ImageLoader::routes`]).
     pub fn decode_images(&self, spec: ImageSpec) -> Result<ImageLoader> {
         spec.validate()?;
         if self.is_device() {
@@ -501,7 +503,8 @@ impl Loader {
         }
         let device = match self.device_pool() {
             None => None,
-            Some(p) if p.is_simulated() => Some(Arc::new(DeviceStage::sim(
+            Some(p) => Some(Arc::new(DeviceStage::new(
+                p,
                 &spec,
                 self.plan_config().batch_size as usize,
                 // The batches decoded ahead, the one being handed out, and two held by the
@@ -509,14 +512,6 @@ impl Loader {
                 spec.prefetch_batches + 3,
                 self.verifies_checksums(),
             )?)),
-            Some(_) => {
-                return Err(Error::new(
-                    ErrorKind::Unsupported,
-                    "decoding images into CUDA memory is not joined yet (the pipeline runs on \
-                     the simulated device; nvJPEG's batched decode and the kernel launches \
-                     wait on a GPU): decode on the host (Device::Host) and copy the tensors",
-                ))
-            }
         };
         let spec = Arc::new(spec);
         Ok(ImageLoader {
@@ -559,7 +554,7 @@ impl ImageLoader {
     pub fn output_tensors(&self) -> Option<(usize, usize)> {
         self.device
             .as_ref()
-            .map(|d| (d.outputs.free_tensors(), d.outputs.tensors()))
+            .map(|d| (d.outputs.free_regions(), d.outputs.regions()))
     }
 
     /// The image batches of `epoch`, from the first.
@@ -683,10 +678,11 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
                     Some(stage) => {
                         // Flat memory: a tensor of the pool, waiting while the consumer holds
                         // them all; the checksums by the device's crc32c over the group.
-                        let Some(tensor) = stage.outputs.take(bytes, &shared.cancelled) else {
+                        let Some(r) = stage.outputs.take_waiting(&shared.cancelled) else {
                             return;
                         };
-                        let crc = stage.check_crcs(&batch, dataset);
+                        let tensor = stage.outputs.region(r, bytes);
+                        let crc = stage.check_crcs(&batch, dataset, r);
                         Ok(Target::Device(Arc::new(DeviceOut {
                             tensor,
                             stage: stage.clone(),
@@ -1049,12 +1045,48 @@ impl ImageBatch {
     pub fn is_device(&self) -> bool {
         matches!(self.tensor, Target::Device(_))
     }
+    /// The tensor's CUDA device address (`None` on the host or the simulated device).
+    pub fn device_ptr(&self) -> Option<u64> {
+        match &self.tensor {
+            Target::Device(d) if d.tensor.device().is_some() => Some(d.tensor.ptr()),
+            _ => None,
+        }
+    }
+    /// The CUDA device holding the tensor (`None` on the host or the simulated device).
+    pub fn device(&self) -> Option<u32> {
+        match &self.tensor {
+            Target::Device(d) => d.tensor.device(),
+            Target::Host(_) => None,
+        }
+    }
+    /// The event recorded after the kernel that wrote the tensor (`None` unless on CUDA): a
+    /// consumer's stream waits on it ([`wait_on`](Self::wait_on)) rather than the host.
+    pub fn ready_event(&self) -> Option<u64> {
+        match &self.tensor {
+            Target::Device(d) => d.tensor.ready_event(),
+            Target::Host(_) => None,
+        }
+    }
+    /// Makes `stream` wait for the tensor to be written, and orders the tensor's reuse after
+    /// the work enqueued on `stream` before the last clone of this batch is dropped (nothing
+    /// to do on the host or the simulated device).
+    ///
+    /// # Safety
+    /// As [`Batch::wait_on`](crate::Batch::wait_on): `stream` must be a live `CUstream` of the
+    /// device's primary context (or 0, 1, 2) and stay live until the batch is dropped.
+    pub unsafe fn wait_on(&self, stream: u64) -> Result<()> {
+        match &self.tensor {
+            // SAFETY: forwarded under the caller's guarantees.
+            Target::Device(d) => unsafe { d.tensor.wait_on(stream) },
+            Target::Host(_) => Ok(()),
+        }
+    }
     /// A copy of the tensor's bytes in host memory, wherever it is (for checks and tests: a
     /// device batch's copy waits for it).
     pub fn to_host(&self) -> Result<Vec<u8>> {
         Ok(match &self.tensor {
             Target::Host(t) => t.bytes().to_vec(),
-            Target::Device(d) => d.tensor.bytes()[..d.tensor.len()].to_vec(),
+            Target::Device(d) => d.tensor.to_host()?,
         })
     }
     /// The tensor as elements of `T`, or `None` if `T` is not its type or the tensor is in

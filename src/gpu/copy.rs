@@ -146,6 +146,11 @@ impl DevicePool {
         self.sim.is_some()
     }
 
+    /// Bytes of each region.
+    pub fn region_bytes(&self) -> usize {
+        self.region_bytes
+    }
+
     /// Regions in the pool.
     pub fn regions(&self) -> usize {
         self.mem.len()
@@ -170,6 +175,62 @@ impl DevicePool {
                 .0;
         }
         f.pop()
+    }
+
+    /// A free region, waiting in 20 ms steps as long as the consumer holds them all (its
+    /// pace), or `None` once `cancelled`.
+    pub(crate) fn take_waiting(&self, cancelled: &AtomicBool) -> Option<usize> {
+        loop {
+            if cancelled.load(Ordering::Relaxed) {
+                return None;
+            }
+            if let Some(r) = self.take_timeout(Duration::from_millis(20)) {
+                return Some(r);
+            }
+        }
+    }
+
+    /// Orders a write of region `r` by work on `stream` after what its last consumer enqueued
+    /// before dropping its batch (the release event), as the copy stage does.
+    pub(crate) fn before_write(&self, r: usize, stream: &Stream) -> Result<()> {
+        if let Mem::Cuda {
+            released,
+            release_pending,
+            ..
+        } = &self.mem[r]
+        {
+            if release_pending.swap(false, Ordering::AcqRel) {
+                stream.wait(released)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the end of a write of region `r` enqueued on `stream`: its ready event, which a
+    /// consumer's stream waits on and the next writer synchronises on.
+    pub(crate) fn after_write(&self, r: usize, stream: &Stream) -> Result<()> {
+        match &self.mem[r] {
+            Mem::Cuda { ready, .. } => ready.record(stream),
+            Mem::Sim { .. } => Ok(()),
+        }
+    }
+
+    /// Waits (on the host) until the last write recorded into region `r` has completed, so
+    /// what that write read may be changed.
+    pub(crate) fn wait_written(&self, r: usize) -> Result<()> {
+        match &self.mem[r] {
+            Mem::Cuda { ready, .. } => ready.synchronize(),
+            Mem::Sim { .. } => Ok(()),
+        }
+    }
+
+    /// The simulated device's bytes of region `r` (`None` on CUDA), for a simulated kernel to
+    /// write; the caller holds the region (taken, being written).
+    pub(crate) fn sim_region(&self, r: usize) -> Option<MutexGuard<'_, Vec<u8>>> {
+        match &self.mem[r] {
+            Mem::Sim { bytes } => Some(lock(bytes)),
+            Mem::Cuda { .. } => None,
+        }
     }
 
     pub(crate) fn put_back(&self, r: usize) {
@@ -282,6 +343,36 @@ impl DeviceRegion {
         }
         *lock(&self.consumer) = Some(stream);
         Ok(())
+    }
+
+    /// The region's index in its pool.
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Copies `dst.len()` bytes from `offset` of the region to the host, synchronously, once
+    /// the region's copy (or write) has completed; for the samples the CPU decodes.
+    pub(crate) fn read_range(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let end = offset
+            .checked_add(dst.len())
+            .filter(|&e| e <= self.used)
+            .ok_or_else(|| {
+                crate::error::invalid(format!(
+                    "{} bytes at {offset} lie past the {} bytes of a device region",
+                    dst.len(),
+                    self.used
+                ))
+            })?;
+        match &self.pool.mem[self.index] {
+            Mem::Cuda { buf, ready, .. } => {
+                ready.synchronize()?;
+                buf.read(offset, dst)
+            }
+            Mem::Sim { bytes } => {
+                dst.copy_from_slice(&lock(bytes)[offset..end]);
+                Ok(())
+            }
+        }
     }
 
     /// Whether the region is in the simulated device's host memory.

@@ -206,6 +206,19 @@ pub fn compile_cubin(name: &str, source: &str, arch: u32) -> Result<Vec<u8>> {
     out
 }
 
+/// A CUBIN in `dir` of kernel `name` for `sm_{arch}` compiled from the source whose crc32c
+/// is `crc`, by any NVRTC for any driver.
+fn prebuilt(dir: &Path, name: &str, arch: u32, crc: u32) -> Option<Vec<u8>> {
+    let (head, tail) = (format!("{name}-sm{arch}-"), format!("-{crc:08x}.cubin"));
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let file = e.file_name().to_string_lossy().into_owned();
+        (file.starts_with(&head) && file.ends_with(&tail))
+            .then(|| std::fs::read(e.path()).ok())
+            .flatten()
+            .filter(|b| b.starts_with(b"\x7fELF"))
+    })
+}
+
 /// Where compiled kernels are kept: `GPUFEED_KERNEL_CACHE`, else `$XDG_CACHE_HOME/gpufeed`, else
 /// `~/.cache/gpufeed`.
 pub fn cache_dir() -> Option<PathBuf> {
@@ -229,11 +242,21 @@ pub fn cubin_cached(
     dir: Option<&Path>,
 ) -> Result<(Vec<u8>, bool)> {
     let source = k.full_source();
+    let crc = crate::util::crc32c(source.as_bytes());
+    if !nvrtc_present() {
+        // No compiler here (a GPU machine without the CUDA toolkit): a CUBIN of this exact
+        // source and architecture compiled elsewhere (`scripts/gpu-check.sh build` ships
+        // them) is taken whatever NVRTC and driver built it; loading it says if the driver
+        // cannot run it.
+        return dir
+            .and_then(|d| prebuilt(d, k.name, arch, crc))
+            .map(|b| (b, true))
+            .ok_or_else(no_nvrtc);
+    }
     let (major, minor) = nvrtc_version()?;
     let key = format!(
-        "{}-sm{arch}-nvrtc{major}.{minor}-{extra}-{:08x}.cubin",
-        k.name,
-        crate::util::crc32c(source.as_bytes())
+        "{}-sm{arch}-nvrtc{major}.{minor}-{extra}-{crc:08x}.cubin",
+        k.name
     );
     if let Some(d) = dir {
         if let Ok(b) = std::fs::read(d.join(&key)) {
@@ -352,5 +375,32 @@ impl DeviceKernels {
             self.crc32c
                 .launch((n.div_ceil(64), 1), 64, &mut params, stream)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prebuilt_cubin_is_found_by_kernel_arch_and_source_only() {
+        let dir = std::env::temp_dir().join(format!("gpufeed-prebuilt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let elf = b"\x7fELF and the rest".to_vec();
+        std::fs::write(
+            dir.join("resize-sm90-nvrtc13.0-prebuilt-0000abcd.cubin"),
+            &elf,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("resize-sm80-nvrtc13.0-prebuilt-0000abcd.cubin"),
+            b"x",
+        )
+        .unwrap();
+        assert_eq!(prebuilt(&dir, "resize", 90, 0xabcd), Some(elf));
+        assert_eq!(prebuilt(&dir, "resize", 90, 0xabce), None, "another source");
+        assert_eq!(prebuilt(&dir, "crc32c", 90, 0xabcd), None, "another kernel");
+        assert_eq!(prebuilt(&dir, "resize", 80, 0xabcd), None, "not an ELF");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

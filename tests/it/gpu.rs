@@ -328,3 +328,19 @@ fn the_kernels_on_the_gpu_equal_the_host_kernels() {
     );
     assert!(worst <= 0.01, "{worst} levels");
 }
+
+/// The device image pipeline on CUDA: the simulated device's test bodies, on the GPU.
+#[test]
+fn device_image_batches_equal_the_cpu_stage_on_cuda() {
+    let Some(()) = gpu() else { return };
+    crate::device_images::device_batches_equal_the_cpu_stage(crate::device_images::On::Cuda);
+}
+
+/// Routing, resume, a drop mid-epoch and flat memory on CUDA.
+#[test]
+fn the_device_pipeline_on_cuda_routes_resumes_drops_and_stays_flat() {
+    let Some(()) = gpu() else { return };
+    crate::device_images::device_pipeline_routes_resumes_drops_and_stays_flat(
+        crate::device_images::On::Cuda,
+    );
+}
