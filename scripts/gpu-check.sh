@@ -265,7 +265,7 @@ if [[ $bench == 1 ]]; then
         note "FAIL  bench decode (see $out/bench-decode.err)"; tail -20 "$out/bench-decode.err"; status=1
     fi
     if "$SHIP/gpufeed" bench decode "${dargs[@]}" --rounds 3 \
-        --rows gpufeed-device-train,gpufeed-device-eval \
+        --rows gpufeed-device-train,gpufeed-nohw-train,gpufeed-device-eval \
         >> "$out/bench-decode.jsonl" 2> "$out/bench-decode-device.err"; then
         :
     else

@@ -80,7 +80,7 @@ pub struct DecodeBenchRow {
 
 /// Every row name, in the default order: the CPU rows (gpufeed's CPU stage and Pillow), then
 /// the device rows (gpufeed's device pipeline and torchvision on the device).
-pub const ROWS: [&str; 10] = [
+pub const ROWS: [&str; 12] = [
     "gpufeed-train",
     "pil-train",
     "gpufeed-eval",
@@ -91,6 +91,8 @@ pub const ROWS: [&str; 10] = [
     "tv-train",
     "gpufeed-device-eval",
     "tv-eval",
+    "gpufeed-nohw-train",
+    "gpufeed-nohw-eval",
 ];
 
 /// The rows `gpufeed bench decode --device DEVICE` runs by default: for `cpu` the CPU rows;
@@ -101,6 +103,7 @@ pub fn default_rows(device: &str) -> Vec<String> {
         _ => &[
             "gpufeed-device-train",
             "tv-train",
+            "gpufeed-nohw-train",
             "gpufeed-train",
             "gpufeed-device-eval",
             "tv-eval",
@@ -149,7 +152,13 @@ pub fn run_decode_bench(
         .seed(1)
         .build()?;
     let device = match spec.device.as_str() {
-        _ if !spec.rows.iter().any(|r| r.starts_with("gpufeed-device-")) => None,
+        _ if !spec
+            .rows
+            .iter()
+            .any(|r| r.starts_with("gpufeed-device-") || r.starts_with("gpufeed-nohw-")) =>
+        {
+            None
+        }
         "sim" => Some(crate::gpu::Device::Simulated(crate::gpu::SimDevice::new(1))),
         "cuda" => Some(crate::gpu::Device::Cuda(0)),
         d => {
@@ -181,6 +190,15 @@ pub fn run_decode_bench(
                 }
                 "gpufeed-device-eval" => {
                     ours(on_device(), spec, ImageSpec::eval(spec.size), row, round)?
+                }
+                "gpufeed-nohw-train" | "gpufeed-nohw-eval" => {
+                    let mut image = if row.ends_with("train") {
+                        ImageSpec::train(spec.size)
+                    } else {
+                        ImageSpec::eval(spec.size)
+                    };
+                    image.hardware_decoder = false;
+                    ours(on_device(), spec, image, row, round)?
                 }
                 "tv-train" | "tv-eval" => tv(spec, &row["tv-".len()..], row, round)?,
                 _ => pil(spec, &row["pil-".len()..], row, round)?,
@@ -427,7 +445,10 @@ pub fn ratios(rows: &[DecodeBenchRow]) -> Vec<(String, u32, f64, f64)> {
     let mut v = Vec::new();
     for r in rows.iter().filter(|r| r.row.starts_with("gpufeed-")) {
         let mode = &r.row["gpufeed-".len()..];
-        let peer = match mode.strip_prefix("device-") {
+        let peer = match mode
+            .strip_prefix("device-")
+            .or_else(|| mode.strip_prefix("nohw-"))
+        {
             Some(m) => format!("tv-{m}"),
             None => format!("pil-{mode}"),
         };

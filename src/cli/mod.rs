@@ -993,7 +993,7 @@ fn bench_decode(a: DecodeArgs) -> Result<()> {
         for (m, round, ips, cpu) in rs {
             outln!(
                 "gpufeed/{} {m:<6} round {round:>2}: {ips:.2}x images/s at {cpu:.2}x CPU per image",
-                if m.starts_with("device-") {
+                if m.starts_with("device-") || m.starts_with("nohw-") {
                     "tv"
                 } else {
                     "pil"

@@ -64,6 +64,7 @@ use crate::dataset::{Dataset, Frame};
 use crate::error::{Error, ErrorKind, Result};
 use crate::gpu::cuda::{Context, DeviceBuffer, Stream};
 use crate::gpu::kernels::{DeviceKernels, GfSpan};
+use crate::gpu::nvjpeg::BatchDecoder;
 use crate::gpu::{DevicePool, DeviceRegion};
 use crate::image::{ColorSpace, ImageInfo, ImageKind, Subsampling};
 
@@ -158,6 +159,40 @@ struct CudaSide {
     kernels: DeviceKernels,
     stream: Stream,
     scratch: Vec<Mutex<Scratch>>,
+    /// nvJPEG's batched decode on the JPEG engines, reading bitstreams in device memory
+    /// (`None`: no engines, no nvJPEG, or turned off by the spec).
+    nvjpeg: Option<Mutex<BatchDecoder>>,
+}
+
+/// An image of a device batch that the hardware decoder writes: its sample, where it goes in
+/// the staging buffer, its size (from its record).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HardwareImage {
+    pub(crate) sample: usize,
+    pub(crate) staging: usize,
+    pub(crate) size: (u32, u32),
+}
+
+/// nvJPEG's batched decoder on the JPEG engines with bitstreams in device memory, its buffers
+/// allocated for `batch` images as large as the largest hardware-route record; or why not.
+fn hardware_decoder(batch: usize, records: &[ImageInfo]) -> Result<BatchDecoder> {
+    let lib = crate::gpu::nvjpeg::load()?;
+    let mut d = BatchDecoder::new(&lib, crate::gpu::nvjpeg::backend::HARDWARE_DEVICE)?;
+    let (engines, _) = d.handle().hardware_decoder_info()?;
+    if engines == 0 {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            "this GPU has no JPEG engines",
+        ));
+    }
+    let (w, h) = records
+        .iter()
+        .filter(|r| route(Some(r)) == Route::Hardware)
+        .fold((0, 0), |(w, h), r| (w.max(r.width), h.max(r.height)));
+    if w > 0 && h > 0 {
+        d.pre_allocate(batch, w, h)?;
+    }
+    Ok(d)
 }
 
 /// A job's device scratch, kept with its output region (one job writes a region at a time):
@@ -193,6 +228,7 @@ impl DeviceStage {
     pub(crate) fn new(
         regions: &DevicePool,
         spec: &ImageSpec,
+        records: &[ImageInfo],
         batch_size: usize,
         tensors: usize,
         verify: bool,
@@ -213,7 +249,7 @@ impl DeviceStage {
                 counters: Counters::default(),
                 verify,
                 emit: GfEmit::new(spec),
-                hardware_decoder: true,
+                hardware_decoder: spec.hardware_decoder,
                 cuda: None,
             });
         };
@@ -231,19 +267,41 @@ impl DeviceStage {
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
+        let nvjpeg = if spec.hardware_decoder {
+            match hardware_decoder(batch_size, records) {
+                Ok(d) => Some(Mutex::new(d)),
+                Err(e) => {
+                    crate::io::notice(&format!(
+                        "the hardware JPEG decoder is not used ({}): every image is decoded \
+                         on the CPU and copied in",
+                        e.report()
+                    ));
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(DeviceStage {
             outputs,
             counters: Counters::default(),
             verify,
             emit: GfEmit::new(spec),
-            hardware_decoder: false,
+            hardware_decoder: nvjpeg.is_some(),
             cuda: Some(CudaSide {
                 ctx,
                 kernels,
                 stream,
                 scratch,
+                nvjpeg,
             }),
         })
+    }
+
+    /// Whether the hardware route decodes on the device (CUDA with nvJPEG), rather than by the
+    /// simulated device's stand-in on the decode threads.
+    pub(crate) fn decodes_on_device(&self) -> bool {
+        self.cuda.as_ref().is_some_and(|c| c.nvjpeg.is_some())
     }
 
     /// The route sample `info` takes here (see [`DeviceStage::hardware_decoder`]).
@@ -375,13 +433,17 @@ impl DeviceStage {
     }
 
     /// One launch of the resize kernel over a batch: `staging` (the decoded images, packed as
-    /// `samples` say) into output region `out`, whose bytes are `len`.
+    /// `samples` say; on CUDA the `hw` images are first decoded into their places by the JPEG
+    /// engines, from `batch`'s group in device memory) into output region `out`, whose bytes
+    /// are `len`.
     pub(crate) fn resize(
         &self,
         out: usize,
         len: usize,
         staging: &[u8],
         samples: &[GfSample],
+        hw: &[HardwareImage],
+        batch: &Batch,
     ) -> Result<()> {
         let Some(c) = &self.cuda else {
             let mut bytes = self
@@ -430,6 +492,9 @@ impl DeviceStage {
         let dst = dst.as_mut().expect("allocated above");
         dst.write(0, staging)?;
         dsam.write(0, &pod_bytes(samples))?;
+        if !hw.is_empty() {
+            self.decode_hardware(c, batch, hw, dst)?;
+        }
         self.outputs.before_write(out, &c.stream)?;
         // SAFETY: every valid sample's image lies inside the staging buffer (checked above),
         // the output region holds `len` bytes = n samples of the emitted type (checked), the
@@ -446,6 +511,57 @@ impl DeviceStage {
             )?
         };
         self.outputs.after_write(out, &c.stream)
+    }
+
+    /// nvJPEG's batched decode of `hw` on the stage's stream, after the group's copy: each
+    /// bitstream read where it lies in the group's device region, each image written at its
+    /// place in `staging`.
+    fn decode_hardware(
+        &self,
+        c: &CudaSide,
+        batch: &Batch,
+        hw: &[HardwareImage],
+        staging: &DeviceBuffer,
+    ) -> Result<()> {
+        let nv = c
+            .nvjpeg
+            .as_ref()
+            .ok_or_else(|| crate::error::invalid("hardware images without a hardware decoder"))?;
+        let region = batch
+            .device_region()
+            .ok_or_else(|| crate::error::invalid("a host batch in the device image stage"))?;
+        let mut data = Vec::with_capacity(hw.len());
+        let mut lengths = Vec::with_capacity(hw.len());
+        let mut dst = Vec::with_capacity(hw.len());
+        for h in hw {
+            let r = batch.sample_range(h.sample).map_err(|e| e.clone())?;
+            let bytes = h.size.0 as usize * h.size.1 as usize * 3;
+            if r.end > region.len() || h.staging + bytes > staging.len() {
+                return Err(crate::error::invalid(
+                    "hardware decode: a bitstream or an image outside its buffer",
+                ));
+            }
+            data.push((region.ptr() + r.start as u64) as *const u8);
+            lengths.push(r.len());
+            dst.push(crate::gpu::nvjpeg::NvjpegImage {
+                channel: [
+                    (staging.ptr() + h.staging as u64) as *mut u8,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                ],
+                pitch: [h.size.0 as usize * 3, 0, 0, 0],
+            });
+        }
+        // SAFETY: the stage's stream outlives the region's batch (see `crcs_on_cuda`).
+        unsafe { region.wait_on(c.stream.raw())? };
+        // SAFETY: each bitstream lies inside the group's device region (checked), which stays
+        // allocated and unchanged until the stream passes the release event recorded when the
+        // batch goes (after this work); each output lies inside the staging buffer (checked)
+        // at the pitch of its record's width, and the staging buffer is not changed or freed
+        // before the region's ready event (recorded after the resize that follows) is waited
+        // for.
+        unsafe { lock(nv).decode(&data, &lengths, &mut dst, c.stream.raw()) }
     }
 
     pub(crate) fn counted(&self, route: Option<Route>) {

@@ -13,7 +13,7 @@ use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::device::{DeviceStage, RouteCounts};
+use super::device::{DeviceStage, HardwareImage, Route, RouteCounts};
 use super::{ImageDecoder, ImageSpec, Layout, PixelType};
 use crate::batch::Batch;
 use crate::dataset::Dataset;
@@ -102,8 +102,12 @@ enum Target {
     Device(Arc<DeviceOut>),
 }
 
-/// An image decoded whole: width, height, packed 8-bit RGB.
-type Decoded = (u32, u32, Vec<u8>);
+/// A device sample's image: decoded whole on the CPU (width, height, packed 8-bit RGB), or
+/// left to the hardware decoder (its size from the image record).
+enum Decoded {
+    Pixels(u32, u32, Vec<u8>),
+    Hardware(u32, u32),
+}
 
 /// A device batch's tensor and what its samples went through.
 struct DeviceOut {
@@ -181,10 +185,13 @@ impl Job {
                 // The last sample is in: the resize launch, outside the lock.
                 drop(st);
                 let c0 = crate::sys::thread_cpu_seconds();
-                let failed = self.resize(d);
+                let failed = self.resize(d, dec);
                 let cpu = crate::sys::thread_cpu_seconds() - c0;
                 st = self.state.lock().unwrap_or_else(|p| p.into_inner());
                 st.cpu_s += cpu;
+                if let Ok(lost) = &failed {
+                    st.errors.extend(lost.iter().cloned());
+                }
                 if let Err(e) = failed {
                     // Every sample's image is lost with the launch.
                     let mut had: Vec<bool> = vec![false; self.len()];
@@ -231,6 +238,18 @@ impl Job {
             .ok()
             .and_then(|v| v.get(id as usize).copied());
         let way = d.stage.route_of(info.as_ref());
+        if way == Route::Hardware && d.stage.decodes_on_device() {
+            // The JPEG engines decode it with the batch, straight from device memory, into a
+            // buffer sized from its record (checked against the pixel limit first).
+            let r = info.expect("the hardware route needs a record");
+            if let Err(reason) = super::cpu::check_pixels(r.width, r.height, self.spec.max_pixels) {
+                d.stage.counted(None);
+                return Some(self.decode_error(id, reason));
+            }
+            d.decoded.lock().unwrap_or_else(|p| p.into_inner())[i] =
+                Some(Decoded::Hardware(r.width, r.height));
+            return None;
+        }
         let dec = match dec {
             Ok(d) => d,
             Err(e) => {
@@ -258,7 +277,8 @@ impl Job {
             }
             Ok((w, h)) => {
                 d.stage.counted(Some(way));
-                d.decoded.lock().unwrap_or_else(|p| p.into_inner())[i] = Some((w, h, px));
+                d.decoded.lock().unwrap_or_else(|p| p.into_inner())[i] =
+                    Some(Decoded::Pixels(w, h, px));
                 None
             }
             Err(reason) => {
@@ -269,31 +289,106 @@ impl Job {
     }
 
     /// Device path, once every sample is decoded: the decoded images packed into one buffer
-    /// and the resize kernel launched once over the batch, writing the output tensor (a
-    /// failed sample's `valid` is 0: zeros).
-    fn resize(&self, d: &DeviceOut) -> Result<()> {
+    /// (room left for those the hardware decoder writes), the hardware decoder run over its
+    /// images, and the resize kernel launched once over the batch, writing the output tensor
+    /// (a failed sample's `valid` is 0: zeros). If the hardware decode fails, its images are
+    /// decoded on the CPU instead; those that fail there too are returned with their errors.
+    fn resize(
+        &self,
+        d: &DeviceOut,
+        dec: &mut Result<ImageDecoder, String>,
+    ) -> Result<Vec<(usize, Error)>> {
         let decoded = std::mem::take(&mut *d.decoded.lock().unwrap_or_else(|p| p.into_inner()));
         if self.cancelled.load(Ordering::Relaxed) {
-            return Ok(()); // nobody will see this batch
+            return Ok(Vec::new()); // nobody will see this batch
         }
         let ids = self.batch.sample_ids();
         let mut staging = Vec::new();
         let mut samples = Vec::with_capacity(decoded.len());
+        let mut hw = Vec::new();
         for (i, img) in decoded.into_iter().enumerate() {
-            samples.push(match img {
-                Some((w, h, px)) => {
-                    let g =
-                        self.spec
-                            .geometry(self.seed, self.batch.epoch(), ids[i] as u64, (w, h));
-                    let s = GfSample::new(&g, staging.len() as u64, (w, h));
-                    staging.extend_from_slice(&px);
-                    s
+            let (w, h) = match &img {
+                Some(Decoded::Pixels(w, h, _) | Decoded::Hardware(w, h)) => (*w, *h),
+                None => {
+                    samples.push(GfSample::default()); // valid = 0
+                    continue;
                 }
-                None => GfSample::default(), // valid = 0
-            });
+            };
+            let g = self
+                .spec
+                .geometry(self.seed, self.batch.epoch(), ids[i] as u64, (w, h));
+            samples.push(GfSample::new(&g, staging.len() as u64, (w, h)));
+            match img {
+                Some(Decoded::Pixels(_, _, px)) => staging.extend_from_slice(&px),
+                _ => {
+                    hw.push(HardwareImage {
+                        sample: i,
+                        staging: staging.len(),
+                        size: (w, h),
+                    });
+                    staging.resize(staging.len() + w as usize * h as usize * 3, 0);
+                }
+            }
         }
-        d.stage
-            .resize(d.tensor.index(), d.tensor.len(), &staging, &samples)
+        let (r, len) = (d.tensor.index(), d.tensor.len());
+        let first = d.stage.resize(r, len, &staging, &samples, &hw, &self.batch);
+        match first {
+            Ok(()) => {
+                for _ in &hw {
+                    d.stage.counted(Some(Route::Hardware));
+                }
+                Ok(Vec::new())
+            }
+            Err(e) if !hw.is_empty() => {
+                crate::io::notice(&format!(
+                    "the hardware JPEG decoder failed on a batch ({}); its {} images are \
+                     decoded on the CPU",
+                    e.report(),
+                    hw.len()
+                ));
+                let mut lost = Vec::new();
+                let mut data = Vec::new();
+                let mut px = Vec::new();
+                for h in &hw {
+                    let id = ids[h.sample];
+                    let got = DeviceStage::sample_bytes(&self.batch, h.sample, &mut data)
+                        .map_err(|e| e.to_string())
+                        .and_then(|()| match dec {
+                            Ok(dec) => dec.decode_rgb(&self.spec, &data, &mut px),
+                            Err(e) => Err(e.clone()),
+                        });
+                    match got {
+                        Ok(size) if size == h.size => {
+                            staging[h.staging..h.staging + px.len()].copy_from_slice(&px);
+                            d.stage.counted(Some(Route::Cpu));
+                        }
+                        Ok((w, hh)) => {
+                            samples[h.sample].valid = 0;
+                            d.stage.counted(None);
+                            lost.push((
+                                h.sample,
+                                self.decode_error(
+                                    id,
+                                    format!(
+                                        "it decodes as {w}x{hh} but its image record says {}x{}",
+                                        h.size.0, h.size.1
+                                    ),
+                                ),
+                            ));
+                        }
+                        Err(reason) => {
+                            samples[h.sample].valid = 0;
+                            d.stage.counted(None);
+                            lost.push((h.sample, self.decode_error(id, reason)));
+                        }
+                    }
+                }
+                d.stage
+                    .resize(r, len, &staging, &samples, &[], &self.batch)?;
+                Ok(lost)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn decode_one(
@@ -506,6 +601,7 @@ impl Loader {
             Some(p) => Some(Arc::new(DeviceStage::new(
                 p,
                 &spec,
+                self.dataset().image_info()?,
                 self.plan_config().batch_size as usize,
                 // The batches decoded ahead, the one being handed out, and two held by the
                 // consumer.

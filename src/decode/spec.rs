@@ -53,7 +53,11 @@ pub struct ImageSpec {
     pub max_pixels: u64,
     /// Decode at 1/2, 1/4 or 1/8 scale in the DCT domain when the crop is still at least four
     /// times the output then (much less work, within its own stated tolerance: DECISIONS).
+    /// The CPU stage only: the device decodes whole images.
     pub dct_scaling: bool,
+    /// Device path: baseline JPEGs go to the GPU's hardware JPEG decoder (nvJPEG) where it has
+    /// one; off, every image takes the CPU route (for comparisons).
+    pub hardware_decoder: bool,
 }
 
 /// `GPUFEED_DECODE_THREADS`, if set: a positive count, or an error naming the variable.
@@ -126,6 +130,7 @@ impl ImageSpec {
             prefetch_batches: 2,
             max_pixels: 64 << 20,
             dct_scaling: true,
+            hardware_decoder: true,
         }
     }
 

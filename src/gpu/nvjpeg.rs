@@ -283,3 +283,122 @@ impl Drop for NvJpegHandle {
         let _ = unsafe { (self.lib.fns.destroy)(self.raw) };
     }
 }
+
+/// `NVJPEG_OUTPUT_RGBI`: interleaved 8-bit RGB, one plane.
+pub const OUTPUT_RGBI: c_int = 5;
+/// `NVJPEG_CSS_444`: the largest buffers a pre-allocation can ask for.
+pub const CSS_444: c_int = 0;
+
+/// nvJPEG's batched decode (`nvjpegDecodeBatched`) on one backend: a handle and its decode
+/// state, used by one thread at a time.
+pub struct BatchDecoder {
+    handle: NvJpegHandle,
+    state: State,
+    backend: i32,
+}
+
+// SAFETY: the handle and state are used only through `&mut self` (one thread at a time); nvJPEG
+// allows a state to move between threads.
+unsafe impl Send for BatchDecoder {}
+
+impl std::fmt::Debug for BatchDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchDecoder")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BatchDecoder {
+    /// A decoder on `backend` (e.g. [`backend::HARDWARE_DEVICE`]: the JPEG engines, reading
+    /// bitstreams in device memory), upsampling chroma with interpolation as libjpeg-turbo.
+    pub fn new(lib: &Arc<NvJpeg>, backend: i32) -> Result<BatchDecoder> {
+        let handle = NvJpegHandle::new(lib, backend, FLAGS_UPSAMPLING_WITH_INTERPOLATION)?;
+        let mut state: State = std::ptr::null_mut();
+        // SAFETY: a live handle; `state` is writable.
+        let s = unsafe { (lib.fns.state_create)(handle.raw, &mut state) };
+        check(s, "nvjpegJpegStateCreate")?;
+        Ok(BatchDecoder {
+            handle,
+            state,
+            backend,
+        })
+    }
+
+    /// The handle (for [`NvJpegHandle::hardware_decoder_info`]).
+    pub fn handle(&self) -> &NvJpegHandle {
+        &self.handle
+    }
+
+    /// Allocates the internal buffers for batches of up to `batch` images of up to
+    /// `width` × `height` up front (`nvjpegDecodeBatchedPreAllocate`), so decoding allocates
+    /// nothing later.
+    pub fn pre_allocate(&mut self, batch: usize, width: u32, height: u32) -> Result<()> {
+        let f = &self.handle.lib.fns;
+        // SAFETY: a live handle and state; plain values.
+        let s = unsafe {
+            (f.batched_pre_allocate)(
+                self.handle.raw,
+                self.state,
+                batch as c_int,
+                width as c_int,
+                height as c_int,
+                CSS_444,
+                OUTPUT_RGBI,
+            )
+        };
+        check(s, "nvjpegDecodeBatchedPreAllocate")
+    }
+
+    /// Decodes `data.len()` JPEGs into interleaved RGB at `dst` on `stream`
+    /// (`nvjpegDecodeBatchedInitialize` for this count, then `nvjpegDecodeBatched`).
+    ///
+    /// # Safety
+    /// `data[i]` must point to `lengths[i]` bytes of a JPEG — in device memory for the
+    /// `*_DEVICE` backends, host memory otherwise — and each `dst[i].channel[0]` to device
+    /// memory holding `height × pitch[0]` bytes with `pitch[0] >= 3 × width`, all staying valid
+    /// and unchanged until work recorded on `stream` (a `CUstream` of the current context)
+    /// after this call has completed.
+    pub unsafe fn decode(
+        &mut self,
+        data: &[*const u8],
+        lengths: &[usize],
+        dst: &mut [NvjpegImage],
+        stream: u64,
+    ) -> Result<()> {
+        let n = data.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if lengths.len() != n || dst.len() != n {
+            return Err(crate::error::invalid("nvJPEG batch: mismatched lengths"));
+        }
+        let f = &self.handle.lib.fns;
+        // SAFETY: a live handle and state; one CPU thread (this one) for the host parts.
+        let s = unsafe {
+            (f.batched_initialize)(self.handle.raw, self.state, n as c_int, 1, OUTPUT_RGBI)
+        };
+        check(s, "nvjpegDecodeBatchedInitialize")?;
+        // SAFETY: the arrays hold `n` entries each (checked), and the caller vouches for the
+        // memory they point to and for the stream.
+        let s = unsafe {
+            (f.decode_batched)(
+                self.handle.raw,
+                self.state,
+                data.as_ptr(),
+                lengths.as_ptr(),
+                dst.as_mut_ptr(),
+                stream as CudaStream,
+            )
+        };
+        check(s, "nvjpegDecodeBatched")
+    }
+}
+
+impl Drop for BatchDecoder {
+    fn drop(&mut self) {
+        // SAFETY: created by nvjpegJpegStateCreate on this handle, destroyed once before the
+        // handle (a field, dropped after this body); errors are not panicked on.
+        let _ = unsafe { (self.handle.lib.fns.state_destroy)(self.state) };
+    }
+}

@@ -344,8 +344,19 @@ pub(crate) fn device_batches_equal_the_cpu_stage(on: On) {
                 assert_eq!(names, set.failing.iter().collect::<Vec<_>>(), "{order:?}");
                 for (id, got) in &union {
                     let (w, m) = compare(got, &want[id], &spec);
+                    // On CUDA the JPEG engines decode baseline JPEGs with their own IDCT and
+                    // upsampling: a decoder's difference, not the kernel's, bounded loosely
+                    // here (a first guess until a GPU run measures it) and reported.
+                    let (limit, mean_limit) = match on {
+                        On::Sim => (*limit, f64::from(*limit)),
+                        On::Cuda => (limit.max(32.0), 1.5),
+                    };
                     assert!(
-                        w <= *limit,
+                        m <= mean_limit,
+                        "{order:?} {world} ranks, sample {id}: mean {m} levels from the CPU stage"
+                    );
+                    assert!(
+                        w <= limit,
                         "{order:?} {world} ranks, sample {} ({:?}): {w} levels from the CPU stage",
                         id,
                         ds.key(*id as usize)
@@ -401,12 +412,9 @@ pub(crate) fn device_pipeline_routes_resumes_drops_and_stays_flat(on: On) {
         assert!(all_back(&il), "flat: the same pool, all back");
     }
     // Routing: by kind, counted once per decoded image; every readable sample's crc checked.
-    // On CUDA nvJPEG's batched decode is not joined yet: every image takes the CPU route.
+    // On CUDA too: the GPUs gpufeed is checked on (H100, H200) have JPEG engines.
     let r = il.routes().unwrap();
-    let mut e = set.routes;
-    if on == On::Cuda {
-        e.cpu += std::mem::take(&mut e.hardware);
-    }
+    let e = set.routes;
     assert_eq!(
         (r.hardware, r.cpu, r.failed),
         (3 * e.hardware, 3 * e.cpu, 3 * e.failed),
@@ -414,6 +422,18 @@ pub(crate) fn device_pipeline_routes_resumes_drops_and_stays_flat(on: On) {
     );
     // The four broken files are read fine (their bytes are what the shard holds): all checked.
     assert_eq!(r.crc_checked, 3 * n as u64);
+
+    // The hardware decoder off: every image takes the CPU route, and the tensors are the same.
+    let mut cpu_only = spec.clone();
+    cpu_only.hardware_decoder = false;
+    let il2 = l.decode_images(cpu_only).unwrap();
+    assert_eq!(collect(&il2, 0, 0, true).0, first.0);
+    let r2 = il2.routes().unwrap();
+    assert_eq!(
+        (r2.hardware, r2.cpu, r2.failed),
+        (0, e.hardware + e.cpu, e.failed)
+    );
+    drop(il2);
 
     // Resumed at batch 4: the rest of the epoch, the same tensors.
     let (rest, _) = collect(&il, 0, 4, true);
