@@ -604,8 +604,14 @@ pub unsafe extern "C" fn gpufeed_batch_sample(
         let i = i as usize;
         let (sample, device) = match b {
             GpufeedBatch::Bytes(b) => (b.sample(i), b.is_device()),
+            GpufeedBatch::Images(b) if b.is_device() => {
+                return invalid(
+                    "this image batch is in device memory: use gpufeed_batch_to_dlpack and \
+                     gpufeed_batch_sample_range",
+                )
+            }
             GpufeedBatch::Images(b) => {
-                let per = b.bytes().len() / b.len();
+                let per = image_bytes(b);
                 let r = match b.error(i) {
                     Some(e) => Err(e),
                     None => Ok(&b.bytes()[i * per..(i + 1) * per]),
@@ -659,6 +665,12 @@ pub unsafe extern "C" fn gpufeed_batch_is_padding(b: *const GpufeedBatch, i: u32
         .map_or(0, |b| u8::from(b.is_padding(i as usize)))
 }
 
+/// Bytes of one image of a decoded batch (its tensor's row).
+fn image_bytes(b: &ImageBatch) -> usize {
+    let s = b.shape();
+    s[1] * s[2] * s[3] * b.dtype().size()
+}
+
 /// Sample `i`'s index in the dataset (`UINT32_MAX` when out of range).
 ///
 /// # Safety
@@ -694,7 +706,7 @@ pub unsafe extern "C" fn gpufeed_batch_sample_range(
         let range = match b {
             GpufeedBatch::Bytes(b) => b.sample_range(i as usize),
             GpufeedBatch::Images(b) => {
-                let per = b.bytes().len() / b.len();
+                let per = image_bytes(b);
                 match b.error(i as usize) {
                     Some(e) => Err(e),
                     None => Ok(i as usize * per..(i as usize + 1) * per),
@@ -721,7 +733,8 @@ pub unsafe extern "C" fn gpufeed_batch_sample_range(
 /// The batch's memory as a DLPack tensor: for compressed samples a 1-D uint8 tensor (host:
 /// kDLCPU; CUDA: kDLCUDA, after the batch's copy — make your stream wait first with the device
 /// API) that sample ranges index into; for decoded images the image tensor, [N, 3, H, W] or
-/// [N, H, W, 3] of the dtype asked for (host). The tensor keeps the memory alive until its
+/// [N, H, W, 3] of the dtype asked for (host, or kDLCUDA on a CUDA loader: written by the
+/// device pipeline's resize launch, which a stream must wait for as for a byte batch). The tensor keeps the memory alive until its
 /// deleter is called, even after `gpufeed_batch_free`.
 ///
 /// # Safety
@@ -749,14 +762,25 @@ pub unsafe extern "C" fn gpufeed_batch_to_dlpack(
                     PixelType::Bf16 => dlpack::BFLOAT16,
                     PixelType::F32 => dlpack::FLOAT32,
                 };
-                let cpu = DLDevice {
-                    device_type: dlpack::KDL_CPU,
-                    device_id: 0,
+                let (device, data) = match im.device_ptr() {
+                    Some(p) => (
+                        DLDevice {
+                            device_type: dlpack::KDL_CUDA,
+                            device_id: im.device().unwrap_or(0) as i32,
+                        },
+                        p as *mut c_void,
+                    ),
+                    None => (
+                        DLDevice {
+                            device_type: dlpack::KDL_CPU,
+                            device_id: 0,
+                        },
+                        im.as_ptr() as *mut c_void,
+                    ),
                 };
-                let data = im.as_ptr() as *mut c_void;
                 // SAFETY: the owner keeps the tensor's memory (the shape's product of elements
                 // at `data`) alive until the deleter runs.
-                let t = unsafe { dlpack::export_nd(im.keep_alive(), data, cpu, dtype, &shape) };
+                let t = unsafe { dlpack::export_nd(im.keep_alive(), data, device, dtype, &shape) };
                 // SAFETY: writable per the contract.
                 unsafe { out.write(t) };
                 return GPUFEED_OK;
@@ -859,7 +883,8 @@ pub unsafe extern "C" fn gpufeed_images_default(out: *mut GpufeedImages) -> i32 
 }
 
 /// From the next `gpufeed_loader_start_epoch` on, batches are decoded images (the CPU decode
-/// stage; host loaders only): `gpufeed_batch_to_dlpack` gives the image tensor,
+/// stage on a host loader; the device pipeline on a CUDA one, into device memory):
+/// `gpufeed_batch_to_dlpack` gives the image tensor,
 /// `gpufeed_batch_sample` one image's bytes, and a sample that could not be decoded is
 /// zero-filled and reported as `GPUFEED_ERR_SAMPLE` with its file and reason.
 ///

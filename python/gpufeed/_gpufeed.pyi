@@ -127,7 +127,8 @@ class ImageBatch:
     def __len__(self) -> int: ...
     @property
     def images(self) -> Buffer:
-        """The tensor (DLPack, host memory): ``torch.from_dlpack(batch.images)``, no copy."""
+        """The tensor (DLPack; host memory, or device memory with ``device="cuda"``):
+        ``torch.from_dlpack(batch.images)``, no copy."""
     @property
     def labels(self) -> Buffer: ...
     @property
@@ -143,6 +144,9 @@ class ImageBatch:
     def keys(self) -> List[str]: ...
     @property
     def shape(self) -> List[int]: ...
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda:N"."""
     @property
     def epoch(self) -> int: ...
     @property

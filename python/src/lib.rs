@@ -1257,9 +1257,10 @@ impl PyImageBatch {
         self.batch.len()
     }
 
-    /// The images: one host tensor, [N, 3, H, W] (nchw) or [N, H, W, 3] (nhwc), of the
-    /// dtype asked for; ``torch.from_dlpack(batch.images)`` views it without a copy. A sample
-    /// that failed is zeros (``failed``, ``errors``).
+    /// The images: one tensor, [N, 3, H, W] (nchw) or [N, H, W, 3] (nhwc), of the dtype asked
+    /// for, in host memory or — with ``device="cuda"`` — decoded on the GPU into device
+    /// memory; ``torch.from_dlpack(batch.images)`` views it without a copy (on the GPU, torch's
+    /// current stream waits for it). A sample that failed is zeros (``failed``, ``errors``).
     #[getter]
     fn images(&self) -> PyBuffer {
         PyBuffer {
@@ -1319,6 +1320,15 @@ impl PyImageBatch {
     #[getter]
     fn shape(&self) -> Vec<usize> {
         self.batch.shape().to_vec()
+    }
+
+    /// Where the tensor is: ``"cpu"`` or ``"cuda:N"``.
+    #[getter]
+    fn device(&self) -> String {
+        match self.batch.device() {
+            Some(n) => format!("cuda:{n}"),
+            None => "cpu".to_string(),
+        }
     }
 
     /// How long the consumer waited for this batch and why (``stall``), and its read group's
@@ -1547,7 +1557,17 @@ impl PyBuffer {
             }
             Mem::I64(v) => (v.as_ptr() as u64, v.len(), HOST),
             Mem::U8(v) => (v.as_ptr() as u64, v.len(), HOST),
-            Mem::Images(b) => (b.as_ptr() as u64, b.shape().iter().product(), HOST),
+            Mem::Images(b) => match b.device_ptr() {
+                Some(p) => (
+                    p,
+                    b.shape().iter().product(),
+                    DLDevice {
+                        device_type: dlpack::KDL_CUDA,
+                        device_id: b.device().unwrap_or(0) as i32,
+                    },
+                ),
+                None => (b.as_ptr() as u64, b.shape().iter().product(), HOST),
+            },
         }
     }
 }
@@ -1618,7 +1638,17 @@ impl PyBuffer {
             }
             Mem::I64(v) => (Box::new(v.clone()), dlpack::INT64),
             Mem::U8(v) => (Box::new(v.clone()), dlpack::UINT8),
-            Mem::Images(b) => (b.keep_alive(), dl_dtype(b.dtype())),
+            Mem::Images(b) => {
+                if dev.device_type == dlpack::KDL_CUDA {
+                    match stream {
+                        Some(-1) => {}
+                        // SAFETY: as for a byte batch above: the consumer's stream outlives
+                        // its use of the tensor, which keeps the batch's tensor alive.
+                        s => unsafe { b.wait_on(s.unwrap_or(1) as u64) }.map_err(err)?,
+                    }
+                }
+                (b.keep_alive(), dl_dtype(b.dtype()))
+            }
         };
         let t = match &self.mem {
             Mem::Images(b) => {

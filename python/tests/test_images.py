@@ -116,6 +116,30 @@ class ImageTests(unittest.TestCase):
         self.assertEqual(tuple(t.shape), (8, 3, 32, 32))
         self.assertEqual(t.data_ptr(), batch.images.ptr)
 
+    def test_cuda_images_are_device_tensors_close_to_the_host_ones(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        if not torch.cuda.is_available():
+            self.skipTest("no CUDA GPU")
+        spec = dict(transform="eval", size=48, dtype="uint8", dct_scaling=False)
+        host = gpufeed.Loader(self.root, batch_size=8, images=gpufeed.Images(**spec))
+        dev = gpufeed.Loader(self.root, batch_size=8, device="cuda", images=gpufeed.Images(**spec))
+        n = 0
+        for h, d in zip(host, dev):
+            self.assertEqual(d.device, "cuda:0")
+            self.assertEqual(d.images.__dlpack_device__(), (2, 0))
+            t = torch.from_dlpack(d.images)
+            self.assertEqual(t.device.type, "cuda")
+            self.assertEqual(list(t.shape), h.shape)
+            want = torch.from_dlpack(h.images).to(torch.float32)
+            diff = (t.cpu().to(torch.float32) - want).abs()
+            # The JPEG engines' IDCT and upsampling are not libjpeg-turbo's: a few levels.
+            self.assertLessEqual(float(diff.mean()), 1.5)
+            n += len(d)
+        self.assertEqual(n, 24)
+
     def test_a_broken_image_is_marked_and_named(self):
         with tempfile.TemporaryDirectory() as d:
             make_folder(d, n=6, classes=1)
