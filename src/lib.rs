@@ -18,7 +18,8 @@
 //!                     ▼
 //!                   Loader → Batch (host slot or device region; DLPack for Python and C)
 //!                     ▼
-//!                   decode (nvJPEG, CUDA kernels, CPU twins)           [not built yet]
+//!                   decode::ImageLoader (the CPU stage on the host; on a device: crc32c
+//!                       kernel, nvJPEG or the CPU per image, one resize launch per batch)
 //! ```
 //!
 //! ## An epoch

@@ -179,6 +179,7 @@ impl DevicePool {
 
     /// A free region, waiting in 20 ms steps as long as the consumer holds them all (its
     /// pace), or `None` once `cancelled`.
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
     pub(crate) fn take_waiting(&self, cancelled: &AtomicBool) -> Option<usize> {
         loop {
             if cancelled.load(Ordering::Relaxed) {
@@ -192,6 +193,7 @@ impl DevicePool {
 
     /// Orders a write of region `r` by work on `stream` after what its last consumer enqueued
     /// before dropping its batch (the release event), as the copy stage does.
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
     pub(crate) fn before_write(&self, r: usize, stream: &Stream) -> Result<()> {
         if let Mem::Cuda {
             released,
@@ -208,6 +210,7 @@ impl DevicePool {
 
     /// Marks the end of a write of region `r` enqueued on `stream`: its ready event, which a
     /// consumer's stream waits on and the next writer synchronises on.
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
     pub(crate) fn after_write(&self, r: usize, stream: &Stream) -> Result<()> {
         match &self.mem[r] {
             Mem::Cuda { ready, .. } => ready.record(stream),
@@ -217,6 +220,7 @@ impl DevicePool {
 
     /// Waits (on the host) until the last write recorded into region `r` has completed, so
     /// what that write read may be changed.
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
     pub(crate) fn wait_written(&self, r: usize) -> Result<()> {
         match &self.mem[r] {
             Mem::Cuda { ready, .. } => ready.synchronize(),
@@ -226,6 +230,7 @@ impl DevicePool {
 
     /// The simulated device's bytes of region `r` (`None` on CUDA), for a simulated kernel to
     /// write; the caller holds the region (taken, being written).
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
     pub(crate) fn sim_region(&self, r: usize) -> Option<MutexGuard<'_, Vec<u8>>> {
         match &self.mem[r] {
             Mem::Sim { bytes } => Some(lock(bytes)),
@@ -346,12 +351,14 @@ impl DeviceRegion {
     }
 
     /// The region's index in its pool.
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
     pub(crate) fn index(&self) -> usize {
         self.index
     }
 
     /// Copies `dst.len()` bytes from `offset` of the region to the host, synchronously, once
     /// the region's copy (or write) has completed; for the samples the CPU decodes.
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
     pub(crate) fn read_range(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let end = offset
             .checked_add(dst.len())
