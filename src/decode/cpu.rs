@@ -5,6 +5,7 @@
 use super::jpeg::{JpegError, JpegHeader, Turbo};
 use super::other;
 use super::resample::{self, Geometry, Scratch, Source};
+use super::spec::check_pixels;
 use super::ImageSpec;
 use crate::error::{invalid, Result};
 use crate::image::{sniff, ImageKind};
@@ -144,18 +145,6 @@ pub(crate) struct ImageDecoder {
     scratch: Scratch,
     /// The filter of the image being decoded (its buffers reused from image to image).
     plan: resample::Plan,
-}
-
-/// The per-sample error for an image whose header declares more than `max` pixels: checked
-/// before any buffer is sized from it.
-pub(super) fn check_pixels(w: u32, h: u32, max: u64) -> Result<(), String> {
-    let pixels = w as u64 * h as u64;
-    if pixels > max {
-        return Err(format!(
-            "{w}x{h} is {pixels} pixels, above the limit of {max}"
-        ));
-    }
-    Ok(())
 }
 
 /// DCT-domain scaling by 1/d is used only when the box is still this many times the output

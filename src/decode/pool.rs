@@ -242,7 +242,8 @@ impl Job {
             // The JPEG engines decode it with the batch, straight from device memory, into a
             // buffer sized from its record (checked against the pixel limit first).
             let r = info.expect("the hardware route needs a record");
-            if let Err(reason) = super::cpu::check_pixels(r.width, r.height, self.spec.max_pixels) {
+            if let Err(reason) = super::spec::check_pixels(r.width, r.height, self.spec.max_pixels)
+            {
                 d.stage.counted(None);
                 return Some(self.decode_error(id, reason));
             }

@@ -243,3 +243,15 @@ impl ImageSpec {
         }
     }
 }
+
+/// The per-sample error for an image whose header declares more than `max` pixels: checked
+/// before any buffer is sized from it.
+pub(super) fn check_pixels(w: u32, h: u32, max: u64) -> Result<(), String> {
+    let pixels = w as u64 * h as u64;
+    if pixels > max {
+        return Err(format!(
+            "{w}x{h} is {pixels} pixels, above the limit of {max}"
+        ));
+    }
+    Ok(())
+}
