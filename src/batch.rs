@@ -70,7 +70,7 @@ pub struct Batch {
     pub(crate) padding_from: usize,
     pub(crate) spans: Vec<SampleSpan>,
     pub(crate) mem: Memory,
-    pub(crate) timing: crate::loader::BatchTiming,
+    pub(crate) timing: crate::stats::BatchTiming,
 }
 
 impl Batch {
@@ -84,7 +84,7 @@ impl Batch {
     }
 
     /// How long the consumer waited for this batch and why, and its read group's timeline.
-    pub fn timing(&self) -> &crate::loader::BatchTiming {
+    pub fn timing(&self) -> &crate::stats::BatchTiming {
         &self.timing
     }
 

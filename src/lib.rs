@@ -136,6 +136,7 @@ pub mod io;
 pub mod loader;
 pub mod plan;
 pub mod rng;
+mod stats;
 // Helpers; some serve only the command line and its benchmarks.
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) mod sys;

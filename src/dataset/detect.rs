@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Format, OpenOptions};
+use super::{strip_ext, with_suffix, Format, OpenOptions};
 use crate::error::{invalid, Error, Result};
 
 /// Extensions that name each format's files.
@@ -49,7 +49,7 @@ pub(crate) fn detect(path: &Path, opts: &OpenOptions) -> Result<(Format, Vec<Pat
         return Ok((f, vec![path.to_path_buf()]));
     }
     // A pack that did not finish here: its shards (if any landed) are not the dataset.
-    super::pack::check_no_staging(path)?;
+    super::shard::check_no_staging(path)?;
     // A named format searches the whole tree; detection looks at the top level only (class
     // folders are ImageFolder's, which refuses trees holding other formats).
     let mut files = Vec::new();
@@ -164,16 +164,4 @@ fn sniff(path: &Path) -> Result<Format> {
          tokens, megatron); flat token files always need --format tokens",
     )
     .with_path(path.to_path_buf()))
-}
-
-/// `p` with `suffix` appended to its file name.
-pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
-    let mut s = p.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
-/// `p` without its extension.
-pub(crate) fn strip_ext(p: &Path) -> PathBuf {
-    p.with_extension("")
 }

@@ -30,6 +30,18 @@ use std::sync::Arc;
 use crate::error::{invalid, shared_path, Error, Result};
 pub use options::{OptionDoc, DATASET_OPTIONS};
 
+/// `p` with `suffix` appended to its file name.
+pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// `p` without its extension.
+pub(crate) fn strip_ext(p: &Path) -> PathBuf {
+    p.with_extension("")
+}
+
 /// One sample: where its bytes are, its label, and the crc32c of its bytes if the format has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {

@@ -50,25 +50,7 @@ pub struct PackSummary {
     pub bytes: u64,
 }
 
-/// The folder inside the output directory where `pack` writes its shards until every one is
-/// finished. While it exists, the directory's shards are not to be trusted as a whole.
-pub const STAGING: &str = ".gpufeed-pack.partial";
-
-/// An error if `dir` holds a pack's staging folder (a pack still running, killed, or
-/// failed without cleaning up): its shards may be a part of the dataset.
-pub fn check_no_staging(dir: &Path) -> Result<()> {
-    let staging = dir.join(STAGING);
-    if staging.exists() {
-        return Err(invalid(format!(
-            "an unfinished `gpufeed pack` left {}: the shards in this directory may be only \
-             part of the dataset; rerun the pack (it starts over), or delete that folder to \
-             read what is there",
-            staging.display()
-        ))
-        .with_path(dir.to_path_buf()));
-    }
-    Ok(())
-}
+pub use super::shard::{check_no_staging, STAGING};
 
 /// Packs every sample of `src` (in its order) into `out_dir/shard-NNNNN.gpf`, through the
 /// staging folder ([`STAGING`]); shards named `shard-NNNNN.gpf` that an earlier, larger pack

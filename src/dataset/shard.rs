@@ -5,7 +5,7 @@ use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::{data_file, Dataset, Format, Sample, Strings};
-use crate::error::{shared_path, Error, ErrorKind, Result};
+use crate::error::{invalid, shared_path, Error, ErrorKind, Result};
 use crate::image::ImageInfo;
 
 /// The first 8 bytes of every shard.
@@ -299,13 +299,13 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
     let mut dirs: Vec<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
     dirs.dedup();
     for d in dirs {
-        if d.file_name().is_some_and(|n| n == super::pack::STAGING) {
+        if d.file_name().is_some_and(|n| n == STAGING) {
             return Err(crate::error::invalid(
                 "this shard is in an unfinished pack's staging folder: rerun the pack",
             )
             .with_path(d.to_path_buf()));
         }
-        super::pack::check_no_staging(if d.as_os_str().is_empty() {
+        check_no_staging(if d.as_os_str().is_empty() {
             Path::new(".")
         } else {
             d
@@ -537,6 +537,26 @@ pub fn verify(path: &Path, mut progress: impl FnMut(u64)) -> Result<(u64, Vec<Er
         progress(e.len as u64);
     }
     Ok((idx.entries.len() as u64, bad))
+}
+
+/// The folder inside the output directory where `pack` writes its shards until every one is
+/// finished. While it exists, the directory's shards are not to be trusted as a whole.
+pub const STAGING: &str = ".gpufeed-pack.partial";
+
+/// An error if `dir` holds a pack's staging folder (a pack still running, killed, or
+/// failed without cleaning up): its shards may be a part of the dataset.
+pub fn check_no_staging(dir: &Path) -> Result<()> {
+    let staging = dir.join(STAGING);
+    if staging.exists() {
+        return Err(invalid(format!(
+            "an unfinished `gpufeed pack` left {}: the shards in this directory may be only \
+             part of the dataset; rerun the pack (it starts over), or delete that folder to \
+             read what is there",
+            staging.display()
+        ))
+        .with_path(dir.to_path_buf()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

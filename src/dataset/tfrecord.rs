@@ -12,7 +12,7 @@
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use super::detect::with_suffix;
+use super::with_suffix;
 use super::{index_files, Builder, Dataset, Format, Frame, Sample, Window};
 use crate::error::{invalid, Error, Result};
 

@@ -17,8 +17,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::detect::{strip_ext, with_suffix};
-use super::{Builder, Dataset, Format, Sample};
+use super::{strip_ext, with_suffix, Builder, Dataset, Format, Sample};
 use crate::error::{invalid, Error, Result};
 
 /// Width of the tokens in a flat token file.

@@ -25,20 +25,11 @@ mod epoch;
 mod holders;
 mod worker;
 
+pub use crate::stats::{BatchTiming, LoaderStats, StallStats};
 pub use epoch::Epoch;
 #[cfg(feature = "decode")]
 pub(crate) use holders::Holders;
 
-impl LoaderStats {
-    /// Reads issued per sample delivered.
-    pub fn reads_per_sample(&self) -> f64 {
-        self.reads as f64 / self.samples.max(1) as f64
-    }
-    /// Bytes read per byte delivered.
-    pub fn read_amplification(&self) -> f64 {
-        self.bytes_read as f64 / self.bytes_delivered.max(1) as f64
-    }
-}
 use holders::{Gauges, HoldersCtx};
 use worker::{EpochJob, Retired, Service, WorkerCtx};
 
@@ -454,141 +445,6 @@ pub struct Loader {
     door: FrontDoor,
     /// What the I/O thread is doing (for the reports of a long wait).
     gauges: Arc<Gauges>,
-}
-
-/// Where the consumer's waiting went. Each wait for a batch is split by what the batch's read
-/// group was doing meanwhile: its reads (or the reads ahead of it) not done — `storage`; its
-/// copy to the device not done — `copy`; the consumer checking frames and checksums — `verify`;
-/// the decode threads not done with it — `decode`; anything else (thread hand-offs, a slot held
-/// by the consumer, ordering) — `other`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-pub struct StallStats {
-    /// Waiting for reads.
-    pub storage_s: f64,
-    /// Waiting for the host → device copy.
-    pub copy_s: f64,
-    /// Checking frames and checksums on the consumer's thread.
-    pub verify_s: f64,
-    /// Waiting for decode.
-    pub decode_s: f64,
-    /// The rest.
-    pub other_s: f64,
-}
-
-impl StallStats {
-    /// All of it.
-    pub fn total_s(&self) -> f64 {
-        self.storage_s + self.copy_s + self.verify_s + self.decode_s + self.other_s
-    }
-
-    /// Adds `o`.
-    pub fn add(&mut self, o: &StallStats) {
-        self.storage_s += o.storage_s;
-        self.copy_s += o.copy_s;
-        self.verify_s += o.verify_s;
-        self.decode_s += o.decode_s;
-        self.other_s += o.other_s;
-    }
-
-    /// `self − o`, each part at least 0 (for the part of a running total since a snapshot).
-    pub fn since(&self, o: &StallStats) -> StallStats {
-        StallStats {
-            storage_s: (self.storage_s - o.storage_s).max(0.0),
-            copy_s: (self.copy_s - o.copy_s).max(0.0),
-            verify_s: (self.verify_s - o.verify_s).max(0.0),
-            decode_s: (self.decode_s - o.decode_s).max(0.0),
-            other_s: (self.other_s - o.other_s).max(0.0),
-        }
-    }
-
-    /// The part that took the most: "storage", "copy", "verify", "decode" or "other".
-    pub fn bound(&self) -> &'static str {
-        [
-            ("storage", self.storage_s),
-            ("copy", self.copy_s),
-            ("verify", self.verify_s),
-            ("decode", self.decode_s),
-            ("other", self.other_s),
-        ]
-        .into_iter()
-        .fold(("other", -1.0), |a, b| if b.1 > a.1 { b } else { a })
-        .0
-    }
-
-    /// Splits the wait `[t0, t1]` by the group's timeline: reads until `read_done`, then the
-    /// copy until `copy_done`; `verify_s` (after `t1`) is added as given.
-    pub(crate) fn of_wait(
-        t0: std::time::Instant,
-        t1: std::time::Instant,
-        read_done: std::time::Instant,
-        copy_done: Option<std::time::Instant>,
-        verify_s: f64,
-    ) -> StallStats {
-        let span = |a: std::time::Instant, b: std::time::Instant| {
-            let (a, b) = (a.max(t0), b.min(t1));
-            if b > a {
-                (b - a).as_secs_f64()
-            } else {
-                0.0
-            }
-        };
-        let storage_s = span(t0, read_done);
-        let copy_s = copy_done.map_or(0.0, |c| span(read_done, c));
-        let total = (t1 - t0).as_secs_f64();
-        StallStats {
-            storage_s,
-            copy_s,
-            verify_s,
-            decode_s: 0.0,
-            other_s: (total - storage_s - copy_s).max(0.0),
-        }
-    }
-}
-
-/// One batch's timings: how long the consumer waited for it (and why), and its read group's
-/// own timeline.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-pub struct BatchTiming {
-    /// The consumer's wait for this batch, split by cause (its total).
-    pub stall: StallStats,
-    /// The group's reads: submitted → last completion.
-    pub read_s: f64,
-    /// The group's host → device copy (0 on the host).
-    pub copy_s: f64,
-    /// From the group's arrival to this batch being handed out.
-    pub queue_s: f64,
-}
-
-/// What an epoch delivered so far.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct LoaderStats {
-    /// Batches handed out.
-    pub batches: u64,
-    /// Samples handed out (padding included).
-    pub samples: u64,
-    /// Samples delivered as padding (repeats that even out ranks, `LastBatch::Pad`).
-    pub padding: u64,
-    /// Samples handed out as errors.
-    pub sample_errors: u64,
-    /// Bytes of samples delivered.
-    pub bytes_delivered: u64,
-    /// Bytes read from files (aligned, with the gaps coalescing read through).
-    pub bytes_read: u64,
-    /// Reads issued (after coalescing).
-    pub reads: u64,
-    /// Time the consumer spent waiting for the next batch.
-    pub consumer_wait_s: f64,
-    /// The consumer's time in `next` (waiting and checking), split by cause.
-    pub stall: StallStats,
-    /// CPU seconds of the loader's I/O thread while it read this epoch (its groups from the
-    /// first handed over to the last; the thread also serves neighbouring epochs).
-    pub io_thread_cpu_s: f64,
-    /// CPU seconds of the consumer's thread inside `next` (frame and checksum checks).
-    pub consumer_cpu_s: f64,
-    /// CPU seconds of the decode threads on this epoch's samples (decoded epochs).
-    pub decode_cpu_s: f64,
-    /// Engine kind that served the reads (after fallbacks).
-    pub engine: String,
 }
 
 impl Loader {
