@@ -224,10 +224,10 @@ impl Job {
             d.stage.counted(None);
             return Some(e.clone());
         }
-        let mut data = Vec::new();
-        if let Err(e) = DeviceStage::sample_bytes(&self.batch, i, &mut data) {
+        if let Err(e) = self.batch.sample_range(i) {
+            // Already an error (read, frame): zero-filled, the error stays.
             d.stage.counted(None);
-            return Some(e);
+            return Some(e.clone());
         }
         // Routed by the image's record (format v2 shards carry them; other formats had their
         // headers read once when the image loader was made), as the GPU routes without
@@ -250,6 +250,13 @@ impl Job {
             d.decoded.lock().unwrap_or_else(|p| p.into_inner())[i] =
                 Some(Decoded::Hardware(r.width, r.height));
             return None;
+        }
+        // The CPU route: the compressed bytes down from the device (a copy of them, on the
+        // simulated device), decoded whole here.
+        let mut data = Vec::new();
+        if let Err(e) = DeviceStage::sample_bytes(&self.batch, i, &mut data) {
+            d.stage.counted(None);
+            return Some(e);
         }
         let dec = match dec {
             Ok(d) => d,
@@ -587,9 +594,10 @@ impl Loader {
     /// here, with a ready event — whose tensors equal the CPU stage's with `dct_scaling` off
     /// within the kernel's tolerance. Starts the decode threads.
     ///
-    /// On the simulated device the hardware decoder's stand-in is libjpeg-turbo; on CUDA every
-    /// image takes the CPU route for now (nvJPEG's batched decode is not joined: see
-    /// [`ImageLoader::routes`]).
+    /// Images go to the GPU's JPEG engines (nvJPEG's batched decode, bitstreams read in device
+    /// memory) or, for what those refuse, to the CPU ([`ImageLoader::routes`] counts them); on
+    /// the simulated device the engines' stand-in is libjpeg-turbo. The CUDA side has not run
+    /// on a GPU yet.
     pub fn decode_images(&self, spec: ImageSpec) -> Result<ImageLoader> {
         spec.validate()?;
         if self.is_device() {
