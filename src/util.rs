@@ -499,6 +499,13 @@ mod tests {
     }
 }
 
+/// Locks `m`, recovering from poisoning: for locks that guard plain bookkeeping (or buffers
+/// rewritten whole before they are read) which a panic elsewhere cannot leave half-valid, and
+/// that `Drop` takes, where a panic must not happen.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// crc32c (Castagnoli, as iSCSI and TFRecord use it) of `data`.
 pub fn crc32c(data: &[u8]) -> u32 {
     crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32

@@ -304,85 +304,70 @@ fn decode_alone(
 
 /// torchvision's GPU path on `--device` (the CPU when the device is simulated): the tv script.
 fn tv(spec: &DecodeBenchSpec, mode: &str, row: &str, round: u32) -> Result<DecodeBenchRow> {
-    let py = spec.python.as_deref().expect("checked above");
     let script = spec.script.with_file_name("bench-decode-tv.py");
     let device = if spec.device == "cuda" { "cuda" } else { "cpu" };
-    let out = Command::new(py)
-        .arg(&script)
-        .args(["--dir".as_ref(), spec.dir.as_os_str()])
-        .args(["--mode", mode])
-        .args(["--device", device])
-        .args(["--size", &spec.size.to_string()])
-        .args(["--dtype", spec.dtype.as_str()])
-        .args(["--batch", &spec.batch.to_string()])
-        .args(["--seed", &round.to_string()])
-        .output()
-        .map_err(|e| Error::io("cannot run the torchvision pipeline", e).with_path(py))?;
-    if !out.status.success() {
-        return Err(Error::new(
-            ErrorKind::Io,
-            format!(
-                "the torchvision pipeline failed ({}): {}",
-                script.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        ));
-    }
-    let p: PilOut = serde_json::from_slice(&out.stdout).map_err(|e| {
-        invalid(format!(
-            "the torchvision pipeline printed no result ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        ))
-    })?;
+    let args = ["--mode", mode, "--device", device];
+    let p = run_peer(spec, &script, "torchvision", &args, round)?;
     Ok(row_of(
         row, round, p.images, p.seconds, p.cpu_s, 1, p.errors,
     ))
 }
 
+/// What a peer script prints: one JSON object.
 #[derive(serde::Deserialize)]
-struct PilOut {
+struct PeerOut {
     images: u64,
     seconds: f64,
     cpu_s: f64,
     errors: u64,
 }
 
-fn pil(spec: &DecodeBenchSpec, mode: &str, row: &str, round: u32) -> Result<DecodeBenchRow> {
+/// Runs the peer pipeline `script` (called `what` in errors) with the spec's set, size, dtype,
+/// batch and the round's seed, plus `args`, and reads its result.
+fn run_peer(
+    spec: &DecodeBenchSpec,
+    script: &std::path::Path,
+    what: &str,
+    args: &[&str],
+    round: u32,
+) -> Result<PeerOut> {
     let py = spec.python.as_deref().expect("checked above");
     let out = Command::new(py)
-        .arg(&spec.script)
+        .arg(script)
         .args(["--dir".as_ref(), spec.dir.as_os_str()])
-        .args(["--mode", mode])
-        .args(["--workers", &spec.threads.to_string()])
+        .args(args)
         .args(["--size", &spec.size.to_string()])
         .args(["--dtype", spec.dtype.as_str()])
-        .args([
-            "--layout",
-            match spec.layout {
-                Layout::Nchw => "nchw",
-                Layout::Nhwc => "nhwc",
-            },
-        ])
         .args(["--batch", &spec.batch.to_string()])
         .args(["--seed", &round.to_string()])
         .output()
-        .map_err(|e| Error::io("cannot run the Pillow pipeline", e).with_path(py))?;
+        .map_err(|e| Error::io(format!("cannot run the {what} pipeline"), e).with_path(py))?;
     if !out.status.success() {
         return Err(Error::new(
             ErrorKind::Io,
             format!(
-                "the Pillow pipeline failed ({}): {}",
-                spec.script.display(),
+                "the {what} pipeline failed ({}): {}",
+                script.display(),
                 String::from_utf8_lossy(&out.stderr).trim()
             ),
         ));
     }
-    let p: PilOut = serde_json::from_slice(&out.stdout).map_err(|e| {
+    serde_json::from_slice(&out.stdout).map_err(|e| {
         invalid(format!(
-            "the Pillow pipeline printed no result ({e}): {}",
+            "the {what} pipeline printed no result ({e}): {}",
             String::from_utf8_lossy(&out.stdout)
         ))
-    })?;
+    })
+}
+
+fn pil(spec: &DecodeBenchSpec, mode: &str, row: &str, round: u32) -> Result<DecodeBenchRow> {
+    let workers = spec.threads.to_string();
+    let layout = match spec.layout {
+        Layout::Nchw => "nchw",
+        Layout::Nhwc => "nhwc",
+    };
+    let args = ["--mode", mode, "--workers", &workers, "--layout", layout];
+    let p = run_peer(spec, &spec.script, "Pillow", &args, round)?;
     Ok(row_of(
         row,
         round,

@@ -57,16 +57,17 @@ impl GfEmit {
 }
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use crate::batch::Batch;
 use crate::dataset::{Dataset, Frame};
 use crate::error::{Error, ErrorKind, Result};
 use crate::gpu::cuda::{Context, DeviceBuffer, Stream};
-use crate::gpu::kernels::{DeviceKernels, GfSpan};
+use crate::gpu::kernels::{as_bytes, check_spans, DeviceKernels, GfSpan};
 use crate::gpu::nvjpeg::BatchDecoder;
 use crate::gpu::{DevicePool, DeviceRegion};
 use crate::image::{ColorSpace, ImageInfo, ImageKind, Subsampling};
+use crate::util::lock;
 
 /// Which decoder a sample goes to on the device path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -135,23 +136,6 @@ impl Counters {
     }
 }
 
-/// Locks `m`, recovering from poisoning (scratch buffers a panic cannot leave half-valid:
-/// each is rewritten before it is read).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Plain `#[repr(C)]` structs as bytes, for uploads.
-fn pod_bytes<T: Copy>(v: &[T]) -> Vec<u8> {
-    let n = std::mem::size_of_val(v);
-    let mut out = vec![0u8; n];
-    // SAFETY: only called with the kernels' parameter structs (`GfSample`, `GfSpan`): plain
-    // integers and floats, no padding (their sizes are asserted in gpu::kernels); `out` holds
-    // exactly `n` bytes.
-    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr().cast::<u8>(), out.as_mut_ptr(), n) };
-    out
-}
-
 /// The CUDA side of a device image stage: the kernels loaded on the device, the stream the
 /// stage enqueues on, and per output region the device scratch of the job writing it.
 struct CudaSide {
@@ -193,6 +177,18 @@ fn hardware_decoder(batch: usize, records: &[ImageInfo]) -> Result<BatchDecoder>
         d.pre_allocate(batch, w, h)?;
     }
     Ok(d)
+}
+
+impl Drop for CudaSide {
+    fn drop(&mut self) {
+        // The scratch (staging, resize parameters) and nvJPEG's state are freed with this side:
+        // the last batches' nvJPEG decodes and resize launches may still read or write them
+        // on the stage's stream, which device memory's stream-ordered free does not wait for.
+        let _ = self.ctx.bind();
+        if self.stream.synchronize().is_err() {
+            let _ = self.ctx.synchronize();
+        }
+    }
 }
 
 /// A job's device scratch, kept with its output region (one job writes a region at a time):
@@ -390,18 +386,19 @@ impl DeviceStage {
             return Ok(Vec::new());
         }
         let n = spans.len();
+        check_spans(region.len(), spans)?;
         c.ctx.bind()?;
         let mut sc = lock(&c.scratch[out]);
         // Nothing of a previous job still reads this scratch: its launches were waited for
         // (crc) or the region's ready event was (resize), before the region came back.
-        sc.spans.write(0, &pod_bytes(spans))?;
+        sc.spans.write(0, as_bytes(spans))?;
         // SAFETY: the stage's stream lives as long as the stage, which the job holding the
         // batch (and so the region) keeps alive: the release event recorded on it at the
         // region's drop is valid.
         unsafe { region.wait_on(c.stream.raw())? };
-        // SAFETY: every span lies inside the group (the loader's spans index its region, and
-        // the region holds the group's bytes); `spans` and `crcs` hold `n` entries; the stream
-        // is synchronised below before any of them changes.
+        // SAFETY: every span lies inside the group's region (checked above); the scratch's
+        // `spans` and `crcs` hold `batch_size >= n` entries; the stream is synchronised below
+        // before any of them changes, and the region lives (its batch is held) until then.
         unsafe {
             c.kernels.crc32c(
                 &c.stream,
@@ -458,22 +455,11 @@ impl DeviceStage {
             );
         };
         // The same bounds the host launch checks, before the device trusts them.
-        let per = 3
-            * self.emit.out_w as usize
-            * self.emit.out_h as usize
-            * crate::gpu::host_kernels::elem_bytes(&self.emit);
-        if len != samples.len() * per || len > self.outputs.region_bytes() {
-            return Err(crate::error::invalid("resize launch: output size mismatch"));
-        }
-        for s in samples.iter().filter(|s| s.valid != 0) {
-            let end = s.src as u128
-                + (s.src_h as u128).saturating_sub(1) * s.src_pitch as u128
-                + s.src_w as u128 * 3;
-            if end > staging.len() as u128 {
-                return Err(crate::error::invalid(
-                    "resize launch: an image outside the staging",
-                ));
-            }
+        crate::gpu::kernels::check_resize(staging.len(), samples, &self.emit, len)?;
+        if len > self.outputs.region_bytes() {
+            return Err(crate::error::invalid(
+                "resize launch: output larger than its region",
+            ));
         }
         c.ctx.bind()?;
         // What the previous write of this region read (its scratch) may change only after it.
@@ -491,7 +477,7 @@ impl DeviceStage {
         } = &mut *sc;
         let dst = dst.as_mut().expect("allocated above");
         dst.write(0, staging)?;
-        dsam.write(0, &pod_bytes(samples))?;
+        dsam.write(0, as_bytes(samples))?;
         if !hw.is_empty() {
             self.decode_hardware(c, batch, hw, dst)?;
         }

@@ -120,6 +120,12 @@ struct DeviceOut {
     decoded: Mutex<Vec<Option<Decoded>>>,
 }
 
+/// The reason of an image that decodes to another size than its record says (the device
+/// path sizes its buffers from the records).
+fn record_mismatch((w, h): (u32, u32), (rw, rh): (u32, u32)) -> String {
+    format!("it decodes as {w}x{h} but its image record says {rw}x{rh}")
+}
+
 /// A batch being decoded.
 struct Job {
     batch: Batch,
@@ -275,13 +281,7 @@ impl Job {
                 // The output buffers are sized from the records: one that lies is an error.
                 let r = info.expect("checked");
                 d.stage.counted(None);
-                Some(self.decode_error(
-                    id,
-                    format!(
-                        "it decodes as {w}x{h} but its image record says {}x{}",
-                        r.width, r.height
-                    ),
-                ))
+                Some(self.decode_error(id, record_mismatch((w, h), (r.width, r.height))))
             }
             Ok((w, h)) => {
                 d.stage.counted(Some(way));
@@ -375,13 +375,7 @@ impl Job {
                             d.stage.counted(None);
                             lost.push((
                                 h.sample,
-                                self.decode_error(
-                                    id,
-                                    format!(
-                                        "it decodes as {w}x{hh} but its image record says {}x{}",
-                                        h.size.0, h.size.1
-                                    ),
-                                ),
+                                self.decode_error(id, record_mismatch((w, hh), h.size)),
                             ));
                         }
                         Err(reason) => {

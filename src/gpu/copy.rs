@@ -22,12 +22,7 @@ use super::cuda::{self, Context, DeviceBuffer, Event, Stream};
 use crate::buf::{Arena, Slot};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rng::Rng;
-
-/// Locks `m`, recovering from poisoning: these locks guard plain bookkeeping that a panic
-/// elsewhere cannot leave half-written, and they are taken in `Drop`, which must not panic.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::util::lock;
 
 /// A simulated device, for tests: host memory, copies that complete late and out of order.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 //! with a C++ compiler at build time; other builds say so when a launch is asked). Each launch checks every bound the kernel relies on
 //! first — the kernels themselves trust their parameters, as on the device.
 
-use super::kernels::{GfEmit, GfSample, GfSpan};
+use super::kernels::{check_resize, check_spans, GfEmit, GfSample, GfSpan};
 use crate::error::{invalid, Result};
 #[cfg(not(gf_host_kernels))]
 use crate::error::{Error, ErrorKind};
@@ -46,46 +46,10 @@ fn unavailable() -> Error {
     )
 }
 
-/// Bytes of one element of `emit`'s type.
-pub fn elem_bytes(emit: &GfEmit) -> usize {
-    match emit.dtype {
-        0 => 1,
-        3 => 4,
-        _ => 2,
-    }
-}
-
 /// Runs `gf_resize` over `samples` (images in `src`) into `out`, the batch tensor.
 pub fn resize(src: &[u8], samples: &[GfSample], emit: &GfEmit, out: &mut [u8]) -> Result<()> {
+    check_resize(src.len(), samples, emit, out.len())?;
     let pixels = emit.out_w as u64 * emit.out_h as u64;
-    let want = samples.len() as u64 * 3 * pixels * elem_bytes(emit) as u64;
-    if out.len() as u64 != want || emit.dtype > 3 || emit.layout > 1 {
-        return Err(invalid(format!(
-            "resize launch: a {}-byte output for {} samples of {}x{} (type {}, layout {})",
-            out.len(),
-            samples.len(),
-            emit.out_w,
-            emit.out_h,
-            emit.dtype,
-            emit.layout
-        )));
-    }
-    for (i, s) in samples.iter().enumerate().filter(|(_, s)| s.valid != 0) {
-        let end = s.src as u128
-            + (s.src_h as u128).saturating_sub(1) * s.src_pitch as u128
-            + s.src_w as u128 * 3;
-        if s.src_pitch < s.src_w.saturating_mul(3) || end > src.len() as u128 {
-            return Err(invalid(format!(
-                "resize launch: sample {i}'s {}x{} image at byte {} (pitch {}) is outside the \
-                 {}-byte source",
-                s.src_w,
-                s.src_h,
-                s.src,
-                s.src_pitch,
-                src.len()
-            )));
-        }
-    }
     if samples.is_empty() || pixels == 0 {
         return Ok(());
     }
@@ -120,16 +84,7 @@ pub fn resize(src: &[u8], samples: &[GfSample], emit: &GfEmit, out: &mut [u8]) -
 
 /// Runs `gf_crc32c` over `spans` of `data`: one crc32c per span.
 pub fn crc32c(data: &[u8], spans: &[GfSpan]) -> Result<Vec<u32>> {
-    for (i, s) in spans.iter().enumerate() {
-        if s.offset as u128 + s.len as u128 > data.len() as u128 {
-            return Err(invalid(format!(
-                "crc32c launch: span {i} ({} bytes at {}) is outside the {}-byte group",
-                s.len,
-                s.offset,
-                data.len()
-            )));
-        }
-    }
+    check_spans(data.len(), spans)?;
     let n = u32::try_from(spans.len()).map_err(|_| invalid("crc32c launch: too many spans"))?;
     let mut out = vec![0u32; spans.len()];
     if n == 0 {

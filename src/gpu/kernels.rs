@@ -116,6 +116,86 @@ const _: () = assert!(std::mem::size_of::<GfSample>() == 64);
 const _: () = assert!(std::mem::size_of::<GfEmit>() == 40);
 const _: () = assert!(std::mem::size_of::<GfSpan>() == 16);
 
+/// The kernel parameter structs: `#[repr(C)]`, plain integers and floats, no padding.
+pub trait KernelParam: Copy + sealed::Sealed {}
+impl KernelParam for GfSample {}
+impl KernelParam for GfSpan {}
+impl KernelParam for GfEmit {}
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::GfSample {}
+    impl Sealed for super::GfSpan {}
+    impl Sealed for super::GfEmit {}
+}
+
+/// `v`'s bytes as the kernel reads them (for an upload), without a copy.
+pub fn as_bytes<T: KernelParam>(v: &[T]) -> &[u8] {
+    // SAFETY: `T` is one of the `#[repr(C)]` parameter structs, made of u32/u64/f32 fields
+    // with no padding (their sizes are asserted above), so every byte is initialised; the
+    // slice covers exactly `v`'s memory and borrows it.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+impl GfEmit {
+    /// Bytes of one output element (`dtype`: 0 u8, 1 f16, 2 bf16, 3 f32).
+    pub fn elem_bytes(&self) -> usize {
+        match self.dtype {
+            0 => 1,
+            3 => 4,
+            _ => 2,
+        }
+    }
+}
+
+/// Checks what `gf_resize` trusts before it is launched, on the host or a device: an output
+/// of exactly `samples.len()` tensors of `emit`'s size and type, and every valid sample's
+/// rows inside the `src_len`-byte source.
+pub fn check_resize(
+    src_len: usize,
+    samples: &[GfSample],
+    emit: &GfEmit,
+    out_len: usize,
+) -> Result<()> {
+    let pixels = emit.out_w as u64 * emit.out_h as u64;
+    let want = samples.len() as u64 * 3 * pixels * emit.elem_bytes() as u64;
+    if out_len as u64 != want || emit.dtype > 3 || emit.layout > 1 {
+        return Err(crate::error::invalid(format!(
+            "resize launch: a {out_len}-byte output for {} samples of {}x{} (type {}, layout {})",
+            samples.len(),
+            emit.out_w,
+            emit.out_h,
+            emit.dtype,
+            emit.layout
+        )));
+    }
+    for (i, s) in samples.iter().enumerate().filter(|(_, s)| s.valid != 0) {
+        let end = s.src as u128
+            + (s.src_h as u128).saturating_sub(1) * s.src_pitch as u128
+            + s.src_w as u128 * 3;
+        if s.src_pitch < s.src_w.saturating_mul(3) || end > src_len as u128 {
+            return Err(crate::error::invalid(format!(
+                "resize launch: sample {i}'s {}x{} image at byte {} (pitch {}) is outside the \
+                 {src_len}-byte source",
+                s.src_w, s.src_h, s.src, s.src_pitch
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks what `gf_crc32c` trusts: every span inside the `data_len`-byte group.
+pub fn check_spans(data_len: usize, spans: &[GfSpan]) -> Result<()> {
+    for (i, s) in spans.iter().enumerate() {
+        if s.offset as u128 + s.len as u128 > data_len as u128 {
+            return Err(crate::error::invalid(format!(
+                "crc32c launch: span {i} ({} bytes at {}) is outside the {data_len}-byte group",
+                s.len, s.offset
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Whether NVRTC (`libnvrtc.so`) loads: cudarc panics on first use otherwise.
 pub fn nvrtc_present() -> bool {
     // SAFETY: loads (and drops) the library by name; no symbol is called.

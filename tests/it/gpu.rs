@@ -231,7 +231,7 @@ fn cufile_and_io_uring_paths_give_identical_bytes() {
 fn the_kernels_on_the_gpu_equal_the_host_kernels() {
     use gpufeed::decode::{ImageSpec, PixelType, RgbDecoder};
     use gpufeed::gpu::host_kernels;
-    use gpufeed::gpu::kernels::{DeviceKernels, GfEmit, GfSample, GfSpan};
+    use gpufeed::gpu::kernels::{as_bytes, DeviceKernels, GfEmit, GfSample, GfSpan};
     let Some(()) = gpu() else { return };
     if !host_kernels::available() {
         eprintln!("skipped: this build has no host kernels to compare with");
@@ -240,14 +240,6 @@ fn the_kernels_on_the_gpu_equal_the_host_kernels() {
     let ctx = gpufeed::gpu::context(0).unwrap();
     let k = DeviceKernels::load(&ctx).unwrap_or_else(|e| panic!("{}", e.report()));
     let stream = Stream::new(&ctx).unwrap();
-    fn pod<T: Copy>(v: &[T]) -> Vec<u8> {
-        let n = std::mem::size_of_val(v);
-        let mut out = vec![0u8; n];
-        // SAFETY: plain `#[repr(C)]` structs without padding (sizes asserted in the crate)
-        // read as bytes; `out` holds exactly `n` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr().cast::<u8>(), out.as_mut_ptr(), n) };
-        out
-    }
     let upload = |b: &[u8]| {
         let mut d = DeviceBuffer::new(&ctx, b.len().max(1)).unwrap();
         d.write(0, b).unwrap();
@@ -269,7 +261,7 @@ fn the_kernels_on_the_gpu_equal_the_host_kernels() {
         .collect();
     let (dd, ds, dout) = (
         upload(&data),
-        upload(&pod(&spans)),
+        upload(as_bytes(&spans)),
         DeviceBuffer::new(&ctx, spans.len() * 4).unwrap(),
     );
     // SAFETY: the spans lie inside `dd` (drawn so), `dout` holds one u32 per span, and all
@@ -301,7 +293,7 @@ fn the_kernels_on_the_gpu_equal_the_host_kernels() {
     let out_len = samples.len() * spec.sample_elems() * 4;
     let (dsrc, dsam, dout) = (
         upload(&src),
-        upload(&pod(&samples)),
+        upload(as_bytes(&samples)),
         DeviceBuffer::new(&ctx, out_len).unwrap(),
     );
     // SAFETY: every image lies inside `dsrc` (packed above), `dout` holds the whole tensor,
