@@ -31,7 +31,8 @@ extern "C" {
 typedef struct gpufeed_loader gpufeed_loader;
 typedef struct gpufeed_batch gpufeed_batch;
 
-/* Options of gpufeed_loader_open; fill with gpufeed_options_default first. The dataset options
+/* Options of gpufeed_loader_open; fill with gpufeed_options_default first (the loader settings'
+ * defaults, as gpufeed_loader_settings and `gpufeed bench load --help` name them). The dataset options
  * (format ... stride) are named as the CLI's --format ... --stride and Python's keyword arguments
  * (`gpufeed inspect --help` documents each): NULL, or 0, keeps the default. */
 typedef struct gpufeed_options {
@@ -59,6 +60,13 @@ typedef struct gpufeed_options {
     uint8_t strict; /* nonzero: refuse a dataset in which indexing found any problem */
     uint64_t memory_budget; /* bytes the arena may take; 0: the default (4 GiB) */
     uint64_t timeout_ms; /* limit on each wait in gpufeed_loader_next; 0: none (the default) */
+    /* From here on, 0 keeps the default (which gpufeed_options_default writes). */
+    uint32_t in_flight; /* read groups being read at once */
+    uint32_t queue_depth; /* reads in flight in the engine */
+    uint32_t shuffle_buffer; /* order shard-buffer: samples in the shuffle buffer */
+    uint32_t open_blocks; /* order block: blocks drawn from at a time */
+    uint64_t block_bytes; /* order block: bytes of consecutive samples per block */
+    uint32_t open_files_max; /* files kept open at most; 0: every file, within the fd limit */
 } gpufeed_options;
 
 /* last_batch: SHORT delivers every sample exactly once (the last batch may be short); DROP drops
@@ -136,6 +144,10 @@ int32_t gpufeed_options_default(gpufeed_options* out);
 int32_t gpufeed_loader_open(const char* path, const gpufeed_options* opts, gpufeed_loader** out);
 int32_t gpufeed_loader_open_paths(const char** paths, uint32_t n, const gpufeed_options* opts, gpufeed_loader** out);
 const char* gpufeed_loader_dataset_options(const gpufeed_loader* l);
+/* The loader settings in effect as JSON (names of gpufeed.LOADER_SETTINGS; text values, null
+ * when unset); gpufeed_options_default fills the struct from that table, RANK and WORLD_SIZE
+ * from the environment when set. */
+const char* gpufeed_loader_settings(const gpufeed_loader* l);
 uint64_t gpufeed_loader_samples_per_epoch(const gpufeed_loader* l);
 uint64_t gpufeed_loader_problems(const gpufeed_loader* l);
 const char* gpufeed_loader_problem(const gpufeed_loader* l, uint64_t i);

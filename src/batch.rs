@@ -51,8 +51,7 @@ static ON_DEVICE: std::sync::LazyLock<Error> = std::sync::LazyLock::new(|| {
     )
 });
 
-/// Where one sample's bytes are in its region, or why it has none.
-pub(crate) type SampleSpan = Result<Range<usize>, Arc<Error>>;
+pub(crate) use crate::dataset::SampleSpan;
 
 /// A batch of samples, in host memory or in device memory.
 ///
@@ -62,28 +61,29 @@ pub(crate) type SampleSpan = Result<Range<usize>, Arc<Error>>;
 /// memory from the loader and eventually stalls it). A device batch carries the event its copy
 /// recorded: [`wait_on`](Batch::wait_on) makes a stream wait for it without blocking the host.
 pub struct Batch {
+    pub(crate) meta: BatchMeta,
+    pub(crate) spans: Vec<SampleSpan>,
+    pub(crate) mem: Memory,
+}
+
+/// What every batch says about itself, bytes ([`Batch`]) or decoded images
+/// ([`ImageBatch`](crate::decode::ImageBatch)): its epoch and place, its samples' dataset ids,
+/// labels and padding, and how long it took. Both batches dereference to it, so
+/// `batch.epoch()`, `batch.labels()`… are the same methods on either.
+#[derive(Debug, Clone)]
+pub struct BatchMeta {
     pub(crate) epoch: u64,
     pub(crate) index: u32,
     pub(crate) ids: Vec<u32>,
     pub(crate) labels: Vec<i64>,
     /// Samples from this position on are padding.
     pub(crate) padding_from: usize,
-    pub(crate) spans: Vec<SampleSpan>,
-    pub(crate) mem: Memory,
     pub(crate) timing: crate::stats::BatchTiming,
 }
 
-impl Batch {
-    /// The device region holding the bytes (`None` for a host batch).
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
-    pub(crate) fn device_region(&self) -> Option<&Arc<DeviceRegion>> {
-        match &self.mem {
-            Memory::Device(d) => Some(d),
-            Memory::Host(_) => None,
-        }
-    }
-
-    /// How long the consumer waited for this batch and why, and its read group's timeline.
+impl BatchMeta {
+    /// How long the consumer waited for this batch and why (decode included, for images), and
+    /// its read group's timeline.
     pub fn timing(&self) -> &crate::stats::BatchTiming {
         &self.timing
     }
@@ -120,7 +120,7 @@ impl Batch {
         i >= self.padding_from
     }
 
-    /// One flag per sample: [`is_padding`](Batch::is_padding).
+    /// One flag per sample: [`is_padding`](BatchMeta::is_padding).
     pub fn padding_mask(&self) -> Vec<bool> {
         (0..self.len()).map(|i| self.is_padding(i)).collect()
     }
@@ -133,6 +133,24 @@ impl Batch {
     /// Label of each sample (−1 when none).
     pub fn labels(&self) -> &[i64] {
         &self.labels
+    }
+}
+
+impl std::ops::Deref for Batch {
+    type Target = BatchMeta;
+    fn deref(&self) -> &BatchMeta {
+        &self.meta
+    }
+}
+
+impl Batch {
+    /// The device region holding the bytes (`None` for a host batch).
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    pub(crate) fn device_region(&self) -> Option<&Arc<DeviceRegion>> {
+        match &self.mem {
+            Memory::Device(d) => Some(d),
+            Memory::Host(_) => None,
+        }
     }
 
     /// The bytes of sample `i` of the batch, or the error that made them unavailable (it names
@@ -272,9 +290,9 @@ impl Batch {
 impl std::fmt::Debug for Batch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batch")
-            .field("epoch", &self.epoch)
-            .field("index", &self.index)
-            .field("samples", &self.ids.len())
+            .field("epoch", &self.meta.epoch)
+            .field("index", &self.meta.index)
+            .field("samples", &self.meta.ids.len())
             .field("errors", &self.errors().count())
             .finish()
     }

@@ -602,7 +602,7 @@ pub struct Summary {
     /// By the longer side: (at most this many pixels, images).
     pub longer_side: Vec<(u32, u64)>,
     /// Largest width × height.
-    pub max_pixels: u64,
+    pub pixels_max: u64,
     /// Mean width and height.
     pub mean_size: (f64, f64),
 }
@@ -638,7 +638,7 @@ impl Summary {
                     .position(|&e| long <= e)
                     .expect("last edge is max");
                 s.longer_side[k].1 += 1;
-                s.max_pixels = s.max_pixels.max(i.width as u64 * i.height as u64);
+                s.pixels_max = s.pixels_max.max(i.width as u64 * i.height as u64);
                 sw += i.width as f64;
                 sh += i.height as f64;
                 n += 1;
@@ -667,7 +667,7 @@ impl Summary {
             self.not_images,
             self.mean_size.0,
             self.mean_size.1,
-            self.max_pixels as f64 / 1e6
+            self.pixels_max as f64 / 1e6
         );
         let cs = self
             .colorspaces

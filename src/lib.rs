@@ -143,7 +143,7 @@ pub(crate) mod sys;
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub(crate) mod util;
 
-pub use batch::Batch;
+pub use batch::{Batch, BatchMeta};
 pub use config::{EngineConfig, EngineKind};
 pub use dataset::Dataset;
 pub use error::{Error, ErrorKind, Result};

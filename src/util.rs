@@ -5,6 +5,17 @@ use std::time::{Duration, Instant};
 
 use crate::error::{invalid, Result};
 
+/// Named text values (`None`: absent) as a JSON object of strings and nulls: how the dataset
+/// options and the loader settings are shown at every door.
+pub(crate) fn values_json(values: Vec<(&'static str, Option<String>)>) -> serde_json::Value {
+    serde_json::Value::Object(
+        values
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.map_or(serde_json::Value::Null, Into::into)))
+            .collect(),
+    )
+}
+
 /// Parses a size like `4096`, `4K`, `128k`, `1M`, `4G`, `2KiB`, `1.5G` (binary units).
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();

@@ -16,6 +16,7 @@ use gpufeed::decode::{
     ImageBatch, ImageEpoch, ImageLoader, ImageSpec, Layout, PixelType, Transform,
 };
 use gpufeed::dlpack;
+use gpufeed::loader::LoaderSettings;
 use gpufeed::{Batch, Dataset, Device, Epoch, ErrorKind, LastBatch, Loader, Order};
 
 /// Status codes (`gpufeed_status` in the header).
@@ -65,6 +66,19 @@ pub struct GpufeedOptions {
     /// A limit on each wait for a batch in `gpufeed_loader_next`, in milliseconds (0: none,
     /// the default: the loader waits as long as the consumer takes).
     pub timeout_ms: u64,
+    /// From here on, 0 keeps the default (which `gpufeed_options_default` writes). Read groups
+    /// being read at once, at most.
+    pub in_flight: u32,
+    /// Reads in flight in the engine.
+    pub queue_depth: u32,
+    /// Order shard-buffer: samples in the shuffle buffer.
+    pub shuffle_buffer: u32,
+    /// Order block: blocks drawn from at a time.
+    pub open_blocks: u32,
+    /// Order block: bytes of consecutive samples per block.
+    pub block_bytes: u64,
+    /// Files kept open at most (0: every file of the dataset, within the open-file limit).
+    pub open_files_max: u32,
 }
 
 /// `last_batch` values (`GPUFEED_LAST_BATCH_*` in the header).
@@ -82,6 +96,8 @@ pub struct GpufeedLoader {
     epoch: Option<CEpoch>,
     /// The dataset options in effect, as JSON (returned by `gpufeed_loader_dataset_options`).
     options_json: CString,
+    /// The loader settings in effect, as JSON (`gpufeed_loader_settings`).
+    settings_json: CString,
     /// The problems indexing kept, as text (returned by `gpufeed_loader_problem`).
     problems: Vec<CString>,
 }
@@ -114,7 +130,7 @@ impl GpufeedBatch {
     fn is_padding(&self, i: usize) -> bool {
         match self {
             GpufeedBatch::Bytes(b) => b.is_padding(i),
-            GpufeedBatch::Images(b) => b.padding_mask()[i],
+            GpufeedBatch::Images(b) => b.is_padding(i),
         }
     }
 }
@@ -209,19 +225,39 @@ pub extern "C" fn gpufeed_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// The options `gpufeed_options_default` writes.
-fn defaults() -> GpufeedOptions {
+/// The options `gpufeed_options_default` writes: the loader settings' table (with `RANK` and
+/// `WORLD_SIZE` from the environment, as torchrun sets them) and every dataset option at its
+/// default.
+fn defaults() -> gpufeed::Result<GpufeedOptions> {
+    LoaderSettings::from_env().map(|s| options_from(&s))
+}
+
+/// The options struct holding the loader settings `s` and the dataset options' defaults.
+fn options_from(s: &LoaderSettings) -> GpufeedOptions {
+    let order = match s.order {
+        Order::Global => 0,
+        Order::ShardBuffer { .. } => 1,
+        Order::Block { .. } => 2,
+        Order::Sequential => 3,
+    };
     GpufeedOptions {
-        batch_size: 256,
-        order: 0,
-        seed: 0,
-        rank: 0,
-        world_size: 1,
-        device: -1,
-        prefetch: 2,
+        batch_size: s.batch_size,
+        order,
+        seed: s.seed,
+        rank: s.rank,
+        world_size: s.world_size,
+        device: match s.device {
+            Device::Cuda(i) => i as i32,
+            _ => -1,
+        },
+        prefetch: s.prefetch,
         drop_last: 0,
-        verify: 1,
-        last_batch: GPUFEED_LAST_BATCH_SHORT,
+        verify: s.verify.into(),
+        last_batch: match s.last_batch {
+            LastBatch::Short => GPUFEED_LAST_BATCH_SHORT,
+            LastBatch::Drop => GPUFEED_LAST_BATCH_DROP,
+            LastBatch::Pad => GPUFEED_LAST_BATCH_PAD,
+        },
         format: std::ptr::null(),
         payload: std::ptr::null(),
         label_ext: std::ptr::null(),
@@ -234,13 +270,95 @@ fn defaults() -> GpufeedOptions {
         seq_len: 0,
         stride: 0,
         strict: 0,
-        memory_budget: 0,
-        timeout_ms: 0,
+        memory_budget: s.memory_budget,
+        timeout_ms: s.timeout.map_or(0, |t| t.as_millis().max(1) as u64),
+        in_flight: s.in_flight,
+        queue_depth: s.queue_depth,
+        shuffle_buffer: s.shuffle_buffer,
+        open_blocks: s.open_blocks,
+        block_bytes: s.block_bytes,
+        open_files_max: s.open_files_max.unwrap_or(0),
     }
 }
 
-/// Default options: batches of 256, global order, seed 0, rank 0 of 1, host memory, prefetch 2,
-/// a short last batch, checksums verified, every dataset option at its default.
+/// The loader settings of `o` through the table every front door shares (the struct's values as
+/// given: `gpufeed_options_default` read the environment).
+fn loader_settings(o: &GpufeedOptions) -> gpufeed::Result<LoaderSettings> {
+    let mut s = LoaderSettings::default();
+    let order = match o.order {
+        0 => "global",
+        1 => "shard-buffer",
+        2 => "block",
+        3 => "sequential",
+        n => {
+            return Err(gpufeed::Error::new(
+                ErrorKind::InvalidInput,
+                format!("unknown order {n} (0 global, 1 shard-buffer, 2 block, 3 sequential)"),
+            ))
+        }
+    };
+    let last = match (o.drop_last, o.last_batch) {
+        (d, _) if d != 0 => "drop",
+        (_, GPUFEED_LAST_BATCH_SHORT) => "short",
+        (_, GPUFEED_LAST_BATCH_DROP) => "drop",
+        (_, GPUFEED_LAST_BATCH_PAD) => "pad",
+        (_, n) => {
+            return Err(gpufeed::Error::new(
+                ErrorKind::InvalidInput,
+                format!("unknown last_batch {n} (0 short, 1 drop, 2 pad)"),
+            ))
+        }
+    };
+    let device = match o.device {
+        d if d < 0 => "cpu".to_string(),
+        d => format!("cuda:{d}"),
+    };
+    let mut given: Vec<(&str, String)> = vec![
+        ("batch_size", o.batch_size.to_string()),
+        ("order", order.to_string()),
+        ("seed", o.seed.to_string()),
+        ("rank", o.rank.to_string()),
+        ("world_size", o.world_size.to_string()),
+        ("device", device),
+        ("prefetch", o.prefetch.to_string()),
+        ("last_batch", last.to_string()),
+        ("verify", (o.verify != 0).to_string()),
+    ];
+    // 0: the default.
+    let optional = [
+        ("in_flight", o.in_flight as u64),
+        ("queue_depth", o.queue_depth as u64),
+        ("shuffle_buffer", o.shuffle_buffer as u64),
+        ("open_blocks", o.open_blocks as u64),
+        ("block_bytes", o.block_bytes),
+        ("memory_budget", o.memory_budget),
+        ("open_files_max", o.open_files_max as u64),
+    ];
+    given.extend(
+        optional
+            .into_iter()
+            .filter(|(_, v)| *v != 0)
+            .map(|(k, v)| (k, v.to_string())),
+    );
+    if o.timeout_ms != 0 {
+        given.push(("timeout", format!("{}ms", o.timeout_ms)));
+    }
+    for (k, v) in given {
+        s.set(k, &v).map_err(|e| {
+            gpufeed::Error::new(
+                ErrorKind::InvalidInput,
+                format!("gpufeed_options.{}", e.message()),
+            )
+        })?;
+    }
+    Ok(s)
+}
+
+/// Default options: the loader settings' defaults (gpufeed.LOADER_SETTINGS, `gpufeed bench
+/// load --help`: batches of 256, global order, seed 0, host memory, prefetch 2, in flight 2, a
+/// short last batch, checksums verified, QD 128, a 4 GiB budget), `rank` and `world_size` from
+/// `RANK` and `WORLD_SIZE` when set (else 0 of 1), every dataset option at its default. An
+/// unreadable `RANK` or `WORLD_SIZE` is an error (the defaults without them are written).
 ///
 /// # Safety
 /// `out` must be null or point to writable memory for one `gpufeed_options`.
@@ -249,9 +367,13 @@ pub unsafe extern "C" fn gpufeed_options_default(out: *mut GpufeedOptions) -> i3
     if out.is_null() {
         return invalid("options pointer is null");
     }
+    let (o, status) = match defaults() {
+        Ok(o) => (o, GPUFEED_OK),
+        Err(e) => (options_from(&LoaderSettings::default()), status_of(&e)),
+    };
     // SAFETY: non-null and writable for one options struct per the contract.
-    unsafe { out.write(defaults()) };
-    GPUFEED_OK
+    unsafe { out.write(o) };
+    status
 }
 
 /// The dataset options of `o` through the table every front door shares.
@@ -345,60 +467,29 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
             list.push(std::path::PathBuf::from(s));
         }
         let o = if opts.is_null() {
-            defaults()
+            match defaults() {
+                Ok(o) => o,
+                Err(e) => return status_of(&e),
+            }
         } else {
             // SAFETY: non-null, and a valid options struct per the contract (a plain copy).
             unsafe { *opts }
         };
-        let order = match o.order {
-            0 => Order::Global,
-            1 => Order::parse("shard-buffer").expect("known"),
-            2 => Order::parse("block").expect("known"),
-            3 => Order::Sequential,
-            n => {
-                return invalid(&format!(
-                    "unknown order {n} (0 global, 1 shard-buffer, 2 block, 3 sequential)"
-                ))
-            }
-        };
-        let last = match (o.drop_last, o.last_batch) {
-            (d, _) if d != 0 => LastBatch::Drop,
-            (_, GPUFEED_LAST_BATCH_SHORT) => LastBatch::Short,
-            (_, GPUFEED_LAST_BATCH_DROP) => LastBatch::Drop,
-            (_, GPUFEED_LAST_BATCH_PAD) => LastBatch::Pad,
-            (_, n) => return invalid(&format!("unknown last_batch {n} (0 short, 1 drop, 2 pad)")),
-        };
-        let device = match o.device {
-            d if d < 0 => Device::Host,
-            d => Device::Cuda(d as u32),
-        };
-        // SAFETY: the strings of `o` are NUL-terminated per the contract.
-        let built = unsafe { dataset_options(&o) }
-            .and_then(|opts| Dataset::open_paths(&list, &opts))
-            .and_then(|ds| {
-                let budget = match o.memory_budget {
-                    0 => gpufeed::loader::DEFAULT_MEMORY_BUDGET_BYTES,
-                    b => b,
-                };
-                let b = Loader::builder(ds).front_door(gpufeed::loader::FrontDoor::C);
-                let b = match o.timeout_ms {
-                    0 => b,
-                    ms => b.timeout(std::time::Duration::from_millis(ms)),
-                };
-                b.memory_budget(budget)
-                    .batch_size(o.batch_size)
-                    .order(order)
-                    .seed(o.seed)
-                    .rank(o.rank, o.world_size)
-                    .last_batch(last)
-                    .prefetch_groups(o.prefetch)
-                    .verify_checksums(o.verify != 0)
-                    .device(device)
-                    .build()
-            });
+        let built = loader_settings(&o).and_then(|settings| {
+            // SAFETY: the strings of `o` are NUL-terminated per the contract.
+            unsafe { dataset_options(&o) }
+                .and_then(|opts| Dataset::open_paths(&list, &opts))
+                .and_then(|ds| {
+                    Loader::builder(ds)
+                        .front_door(gpufeed::loader::FrontDoor::C)
+                        .settings(&settings)
+                        .build()
+                })
+        });
         match built {
             Ok(loader) => {
                 let json = loader.dataset().options().to_json().to_string();
+                let settings_json = loader.settings().to_json().to_string();
                 let problems = loader
                     .dataset()
                     .problems()
@@ -410,6 +501,7 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
                     images: None,
                     epoch: None,
                     options_json: CString::new(json).unwrap_or_default(),
+                    settings_json: CString::new(settings_json).unwrap_or_default(),
                     problems,
                 });
                 // SAFETY: writable per the contract.
@@ -430,6 +522,18 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
 pub unsafe extern "C" fn gpufeed_loader_dataset_options(l: *const GpufeedLoader) -> *const c_char {
     // SAFETY: valid or null per the contract.
     unsafe { l.as_ref() }.map_or(std::ptr::null(), |l| l.options_json.as_ptr())
+}
+
+/// The loader settings in effect, as a JSON object of text values (null: unset): the names of
+/// gpufeed.LOADER_SETTINGS, as Python's `Loader.settings` and `gpufeed bench load --json` give
+/// them; valid until the loader is closed. Null for a null loader.
+///
+/// # Safety
+/// `l` must be null or a loader from `gpufeed_loader_open` not yet closed.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_settings(l: *const GpufeedLoader) -> *const c_char {
+    // SAFETY: valid or null per the contract.
+    unsafe { l.as_ref() }.map_or(std::ptr::null(), |l| l.settings_json.as_ptr())
 }
 
 /// How many problems indexing found (a damaged header, an index line past its file…): the

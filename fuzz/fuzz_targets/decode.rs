@@ -36,7 +36,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         Layout::Nchw
     };
     let mut spec = spec.dtype(dtype).layout(layout);
-    spec.max_pixels = MAX_PIXELS;
+    spec.pixels_max = MAX_PIXELS;
     // One decoder per input: each run starts from the same state (libFuzzer replays alone).
     let mut dec = SampleDecoder::new(spec).expect("a valid spec");
     let mut out = vec![0xa5u8; dec.sample_bytes()];

@@ -34,6 +34,7 @@ interrupted run had not yet yielded, then the following epochs.
 
 from ._gpufeed import (
     DATASET_OPTIONS,
+    LOADER_SETTINGS,
     Batch,
     Buffer,
     DatasetWarning,
@@ -61,6 +62,7 @@ def _rebuild_loader(kwargs, state):
 
 __all__ = [
     "DATASET_OPTIONS",
+    "LOADER_SETTINGS",
     "Batch",
     "Buffer",
     "DatasetWarning",

@@ -175,7 +175,11 @@ class Loader(Generic[_B]):
     ``paths``: a dataset (packed shards, WebDataset tars, TFRecords, a Megatron prefix, token
     files, an ImageFolder directory) or a list of its files. ``order``: "global", "block",
     "shard-buffer" or "sequential" (no shuffle, the same every epoch: evaluation).
-    ``rank`` / ``world_size`` default to ``RANK`` / ``WORLD_SIZE``.
+    Every setting (``batch_size`` … ``open_files_max``) is one of ``gpufeed.LOADER_SETTINGS``,
+    the table the C options struct and the CLI's flags follow too: ``None`` means its default
+    there (batches of 256, prefetch 2, in flight 2, queue depth 128, a 4 GiB memory budget…);
+    sizes may be written ``"4G"``. ``rank`` / ``world_size`` default to ``RANK`` /
+    ``WORLD_SIZE``.
     ``device``: "cpu", "cuda" (``LOCAL_RANK``) or "cuda:N". ``last_batch``: "short" (default:
     every sample exactly once, the last batch may be short), "drop", or "pad" (every rank the
     same number of samples, repeats flagged in ``Batch.padding``); ``drop_last=True`` is the
@@ -208,25 +212,27 @@ class Loader(Generic[_B]):
     def __init__(
         self: "Loader[Batch]",
         paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
-        batch_size: int,
-        order: str = "global",
-        seed: int = 0,
+        batch_size: Optional[int] = None,
+        order: Optional[str] = None,
+        seed: Optional[int] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
-        device: str = "cpu",
-        prefetch: int = 2,
+        device: Optional[str] = None,
+        prefetch: Optional[int] = None,
         last_batch: Optional[str] = None,
         drop_last: Optional[bool] = None,
-        verify: bool = True,
-        on_error: str = "raise",
+        verify: Optional[bool] = None,
+        on_error: Optional[str] = None,
         shuffle_buffer: Optional[int] = None,
-        block_bytes: Optional[int] = None,
+        block_bytes: Optional[Union[int, str]] = None,
         open_blocks: Optional[int] = None,
         queue_depth: Optional[int] = None,
-        memory_budget: Optional[int] = None,
-        prefetch_next_epoch: bool = False,
+        memory_budget: Optional[Union[int, str]] = None,
+        prefetch_next_epoch: Optional[bool] = None,
         images: None = None,
         timeout: Optional[float] = None,
+        in_flight: Optional[int] = None,
+        open_files_max: Optional[int] = None,
         *,
         format: Optional[str] = None,
         payload: Optional[Union[str, Sequence[str]]] = None,
@@ -245,26 +251,28 @@ class Loader(Generic[_B]):
     def __init__(
         self: "Loader[ImageBatch]",
         paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
-        batch_size: int,
-        order: str = "global",
-        seed: int = 0,
+        batch_size: Optional[int] = None,
+        order: Optional[str] = None,
+        seed: Optional[int] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
-        device: str = "cpu",
-        prefetch: int = 2,
+        device: Optional[str] = None,
+        prefetch: Optional[int] = None,
         last_batch: Optional[str] = None,
         drop_last: Optional[bool] = None,
-        verify: bool = True,
-        on_error: str = "raise",
+        verify: Optional[bool] = None,
+        on_error: Optional[str] = None,
         shuffle_buffer: Optional[int] = None,
-        block_bytes: Optional[int] = None,
+        block_bytes: Optional[Union[int, str]] = None,
         open_blocks: Optional[int] = None,
         queue_depth: Optional[int] = None,
-        memory_budget: Optional[int] = None,
-        prefetch_next_epoch: bool = False,
+        memory_budget: Optional[Union[int, str]] = None,
+        prefetch_next_epoch: Optional[bool] = None,
         *,
         images: Images,
         timeout: Optional[float] = None,
+        in_flight: Optional[int] = None,
+        open_files_max: Optional[int] = None,
         format: Optional[str] = None,
         payload: Optional[Union[str, Sequence[str]]] = None,
         label_ext: Optional[str] = None,
@@ -287,6 +295,12 @@ class Loader(Generic[_B]):
     def notes(self) -> List[str]: ...
     @property
     def recovered(self) -> int: ...
+    @property
+    def settings(self) -> Dict[str, Optional[str]]:
+        """The loader settings in effect, as text (None: unset): the names of
+        :data:`LOADER_SETTINGS`, as the C ABI's ``gpufeed_loader_settings`` and ``gpufeed bench
+        load --json`` give them."""
+        ...
     @property
     def dataset_options(self) -> Dict[str, Optional[str]]:
         """The dataset options in effect (as ``gpufeed inspect --json`` prints them)."""
@@ -333,4 +347,7 @@ class Loader(Generic[_B]):
 def gpu_available() -> Tuple[bool, str]: ...
 
 DATASET_OPTIONS: Dict[str, Tuple[str, str]]
+#: The loader settings ``Loader`` takes: name → (default, unit, help); the C options struct and
+#: the CLI's flags follow the same table. ``None`` for an argument means its default.
+LOADER_SETTINGS: Dict[str, Tuple[str, str, str]]
 """Every dataset option ``Loader`` takes: name -> (default, help)."""

@@ -17,8 +17,8 @@ use gpufeed::decode::{
     ImageBatch, ImageEpoch, ImageLoader, ImageSpec, Layout, PixelType, Transform,
 };
 use gpufeed::dlpack::{self, DLDevice, DLManagedTensor};
-use gpufeed::loader::FrontDoor;
-use gpufeed::{Batch, Dataset, Device, Epoch, LastBatch, Loader, Order};
+use gpufeed::loader::{FrontDoor, LoaderSettings, OnError, LOADER_SETTINGS};
+use gpufeed::{Batch, Dataset, Epoch, Loader};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyIndexError, PyValueError};
 use pyo3::prelude::*;
@@ -47,30 +47,35 @@ fn err(e: gpufeed::Error) -> PyErr {
     GpufeedError::new_err(e.report())
 }
 
-/// The keyword arguments `Loader` takes besides the dataset options (kept in step with the
+/// The keyword arguments `Loader` takes besides the dataset options: the loader settings of
+/// the table every door shares, and the Python door's own (kept in step with the
 /// `#[pyo3(signature)]` below by a Python test that reads the signature).
-const LOADER_ARGS: &[&str] = &[
-    "paths",
-    "batch_size",
-    "order",
-    "seed",
-    "rank",
-    "world_size",
-    "device",
-    "prefetch",
-    "last_batch",
-    "drop_last",
-    "verify",
-    "on_error",
-    "shuffle_buffer",
-    "block_bytes",
-    "open_blocks",
-    "queue_depth",
-    "memory_budget",
-    "prefetch_next_epoch",
-    "images",
-    "timeout",
-];
+fn loader_args() -> Vec<&'static str> {
+    let mut v = vec!["paths"];
+    v.extend(LOADER_SETTINGS.iter().map(|s| s.name));
+    v.extend(["drop_last", "images"]);
+    v
+}
+
+/// A setting's Python value as the text `LoaderSettings::set` takes: str, bool, int or float.
+fn setting_text(name: &str, v: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(yes) = v.cast::<pyo3::types::PyBool>() {
+        return Ok(yes.is_true().to_string());
+    }
+    if let Ok(s) = v.extract::<String>() {
+        return Ok(s);
+    }
+    if let Ok(i) = v.extract::<i64>() {
+        return Ok(i.to_string());
+    }
+    if let Ok(f) = v.extract::<f64>() {
+        return Ok(f.to_string());
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "{name}: expected a string, a number or a bool, not {}",
+        v.get_type().name()?
+    )))
+}
 
 /// How long one wait for a batch lasts before Python gets the GIL back (to see Ctrl-C).
 const POLL: Duration = Duration::from_millis(100);
@@ -227,30 +232,6 @@ struct Settings {
     samples: usize,
 }
 
-fn env_u32(name: &str) -> PyResult<Option<u32>> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| PyValueError::new_err(format!("{name}={v:?} is not an integer"))),
-        Err(_) => Ok(None),
-    }
-}
-
-fn parse_device(device: &str) -> PyResult<Device> {
-    match device {
-        "cpu" => Ok(Device::Host),
-        "cuda" => Ok(Device::Cuda(env_u32("LOCAL_RANK")?.unwrap_or(0))),
-        d => match d.strip_prefix("cuda:").map(str::parse::<u32>) {
-            Some(Ok(i)) => Ok(Device::Cuda(i)),
-            _ => Err(PyValueError::new_err(format!(
-                "device {device:?}: expected \"cpu\", \"cuda\" or \"cuda:N\""
-            ))),
-        },
-    }
-}
-
 /// Tells a Python user, without being asked, that indexing lost samples: one
 /// `gpufeed.DatasetWarning` per dataset opened, with the count and the first few problems.
 fn warn_problems(py: Python<'_>, ds: &Dataset, paths: &[PathBuf]) -> PyResult<()> {
@@ -318,7 +299,8 @@ fn dataset_options(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<OpenOptions> 
             let name: String = k.extract()?;
             if !DATASET_OPTIONS.iter().any(|o| o.name == name) {
                 let names: Vec<&str> = DATASET_OPTIONS.iter().map(|o| o.name).collect();
-                let hint = LOADER_ARGS
+                let args = loader_args();
+                let hint = args
                     .iter()
                     .chain(&names)
                     .map(|n| (edit_distance(&name, n), *n))
@@ -330,7 +312,7 @@ fn dataset_options(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<OpenOptions> 
                 return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                     "Loader() got an unexpected keyword argument {name:?}{hint}; its arguments \
                      are {}; the dataset options are {}",
-                    LOADER_ARGS.join(", "),
+                    args.join(", "),
                     names.join(", ")
                 )));
             }
@@ -364,91 +346,83 @@ fn edit_distance(a: &str, b: &str) -> usize {
 impl PyLoader {
     #[new]
     #[pyo3(signature = (
-        paths, batch_size, order="global", seed=0, rank=None, world_size=None, device="cpu",
-        prefetch=2, last_batch=None, drop_last=None, verify=true, on_error="raise",
+        paths, batch_size=None, order=None, seed=None, rank=None, world_size=None, device=None,
+        prefetch=None, last_batch=None, drop_last=None, verify=None, on_error=None,
         shuffle_buffer=None, block_bytes=None, open_blocks=None, queue_depth=None,
-        memory_budget=None, prefetch_next_epoch=false, images=None, timeout=None, **dataset
+        memory_budget=None, prefetch_next_epoch=None, images=None, timeout=None, in_flight=None,
+        open_files_max=None, **dataset
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         paths: &Bound<'_, PyAny>,
-        batch_size: u32,
-        order: &str,
-        seed: u64,
-        rank: Option<u32>,
-        world_size: Option<u32>,
-        device: &str,
-        prefetch: u32,
-        last_batch: Option<&str>,
+        batch_size: Option<&Bound<'_, PyAny>>,
+        order: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
+        rank: Option<&Bound<'_, PyAny>>,
+        world_size: Option<&Bound<'_, PyAny>>,
+        device: Option<&Bound<'_, PyAny>>,
+        prefetch: Option<&Bound<'_, PyAny>>,
+        last_batch: Option<&Bound<'_, PyAny>>,
         drop_last: Option<bool>,
-        verify: bool,
-        on_error: &str,
-        shuffle_buffer: Option<u32>,
-        block_bytes: Option<u64>,
-        open_blocks: Option<u32>,
-        queue_depth: Option<u32>,
-        memory_budget: Option<u64>,
-        prefetch_next_epoch: bool,
+        verify: Option<&Bound<'_, PyAny>>,
+        on_error: Option<&Bound<'_, PyAny>>,
+        shuffle_buffer: Option<&Bound<'_, PyAny>>,
+        block_bytes: Option<&Bound<'_, PyAny>>,
+        open_blocks: Option<&Bound<'_, PyAny>>,
+        queue_depth: Option<&Bound<'_, PyAny>>,
+        memory_budget: Option<&Bound<'_, PyAny>>,
+        prefetch_next_epoch: Option<&Bound<'_, PyAny>>,
         images: Option<&Bound<'_, PyImages>>,
-        timeout: Option<f64>,
+        timeout: Option<&Bound<'_, PyAny>>,
+        in_flight: Option<&Bound<'_, PyAny>>,
+        open_files_max: Option<&Bound<'_, PyAny>>,
         dataset: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let image_spec = images.map(|i| i.get().spec.clone());
-        let last = match (last_batch, drop_last) {
+        // The settings through the table every door shares, over torchrun's RANK/WORLD_SIZE.
+        let given = [
+            ("batch_size", batch_size),
+            ("order", order),
+            ("seed", seed),
+            ("rank", rank),
+            ("world_size", world_size),
+            ("device", device),
+            ("prefetch", prefetch),
+            ("in_flight", in_flight),
+            ("last_batch", last_batch),
+            ("verify", verify),
+            ("on_error", on_error),
+            ("shuffle_buffer", shuffle_buffer),
+            ("block_bytes", block_bytes),
+            ("open_blocks", open_blocks),
+            ("queue_depth", queue_depth),
+            ("memory_budget", memory_budget),
+            ("timeout", timeout),
+            ("open_files_max", open_files_max),
+            ("prefetch_next_epoch", prefetch_next_epoch),
+        ];
+        let value_err = |e: gpufeed::Error| PyValueError::new_err(e.message().to_string());
+        let mut settings = LoaderSettings::from_env().map_err(value_err)?;
+        for (name, v) in given {
+            if let Some(v) = v.filter(|v| !v.is_none()) {
+                settings
+                    .set(name, &setting_text(name, v)?)
+                    .map_err(value_err)?;
+            }
+        }
+        match (last_batch.filter(|v| !v.is_none()), drop_last) {
             (Some(_), Some(_)) => {
                 return Err(PyValueError::new_err(
                     "give last_batch or drop_last (its alias), not both",
                 ))
             }
-            (Some(l), None) => {
-                LastBatch::parse(l).map_err(|e| PyValueError::new_err(e.to_string()))?
-            }
-            (None, Some(true)) => LastBatch::Drop,
-            (None, _) => LastBatch::Short,
-        };
-        let opts = dataset_options(dataset)?;
-        let mut ord = Order::parse(order).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        match &mut ord {
-            Order::ShardBuffer { buffer } => *buffer = shuffle_buffer.unwrap_or(*buffer),
-            Order::Block {
-                block_bytes: b,
-                open_blocks: o,
-            } => {
-                *b = block_bytes.unwrap_or(*b);
-                *o = open_blocks.unwrap_or(*o);
-            }
-            Order::Global | Order::Sequential => {}
+            (None, Some(d)) => settings
+                .set("last_batch", if d { "drop" } else { "short" })
+                .map_err(value_err)?,
+            _ => {}
         }
-        let raise_on_error = match on_error {
-            "raise" => true,
-            "mark" => false,
-            _ => {
-                return Err(PyValueError::new_err(
-                    "on_error must be \"raise\" or \"mark\"",
-                ))
-            }
-        };
-        let timeout = match timeout {
-            None => None,
-            Some(t) if t.is_finite() && t > 0.0 => Some(Duration::from_secs_f64(t)),
-            Some(t) => {
-                return Err(PyValueError::new_err(format!(
-                    "timeout={t}: seconds above 0, or None (the default) to wait as long as \
-                     it takes"
-                )))
-            }
-        };
-        // torch.distributed's environment when not given.
-        let world_size = match world_size {
-            Some(w) => w,
-            None => env_u32("WORLD_SIZE")?.unwrap_or(1),
-        };
-        let rank = match rank {
-            Some(r) => r,
-            None => env_u32("RANK")?.unwrap_or(0),
-        };
-        let dev = parse_device(device)?;
+        let opts = dataset_options(dataset)?;
         // One path (str or os.PathLike), or a sequence of them.
         let path_list: Vec<PathBuf> = match paths.extract::<PathBuf>() {
             Ok(p) => vec![p],
@@ -462,26 +436,10 @@ impl PyLoader {
         let loader = py
             .detach(|| -> gpufeed::Result<Loader> {
                 let ds = Dataset::open_paths(&path_list, &opts)?;
-                let mut b = Loader::builder(ds)
+                Loader::builder(ds)
                     .front_door(FrontDoor::Python)
-                    .batch_size(batch_size)
-                    .order(ord)
-                    .seed(seed)
-                    .rank(rank, world_size)
-                    .last_batch(last)
-                    .prefetch_groups(prefetch)
-                    .verify_checksums(verify)
-                    .device(dev);
-                if let Some(q) = queue_depth {
-                    b = b.queue_depth(q);
-                }
-                if let Some(m) = memory_budget {
-                    b = b.memory_budget(m);
-                }
-                if let Some(t) = timeout {
-                    b = b.timeout(t);
-                }
-                b.build()
+                    .settings(&settings)
+                    .build()
             })
             .map_err(err)?;
         let samples = loader.dataset().len();
@@ -495,24 +453,13 @@ impl PyLoader {
         // pickle in another process reads the same part of the data).
         let init = PyDict::new(py);
         init.set_item("paths", paths)?;
-        init.set_item("batch_size", batch_size)?;
-        init.set_item("order", order)?;
-        init.set_item("seed", seed)?;
-        init.set_item("rank", rank)?;
-        init.set_item("world_size", world_size)?;
-        init.set_item("device", device)?;
-        init.set_item("prefetch", prefetch)?;
-        init.set_item("last_batch", last.name())?;
-        init.set_item("verify", verify)?;
-        init.set_item("on_error", on_error)?;
-        init.set_item("shuffle_buffer", shuffle_buffer)?;
-        init.set_item("block_bytes", block_bytes)?;
-        init.set_item("open_blocks", open_blocks)?;
-        init.set_item("queue_depth", queue_depth)?;
-        init.set_item("memory_budget", memory_budget)?;
-        init.set_item("prefetch_next_epoch", prefetch_next_epoch)?;
+        for (k, v) in given {
+            init.set_item(k, v)?;
+        }
+        init.set_item("rank", settings.rank)?;
+        init.set_item("world_size", settings.world_size)?;
+        init.set_item("last_batch", settings.last_batch.name())?;
         init.set_item("images", images)?;
-        init.set_item("timeout", timeout.map(|t| t.as_secs_f64()))?;
         if let Some(kw) = dataset {
             for (k, v) in kw.iter() {
                 init.set_item(k, v)?;
@@ -523,25 +470,37 @@ impl PyLoader {
                 images: images_loader,
                 state: Mutex::default(),
                 ahead: Mutex::new(None),
-                prefetch_next_epoch,
+                prefetch_next_epoch: settings.prefetch_next_epoch,
                 active: Mutex::new(Weak::new()),
                 last_stats: Mutex::default(),
-                raise_on_error,
+                raise_on_error: settings.on_error == OnError::Raise,
                 loader,
             }),
             settings: Settings {
-                batch_size,
-                order: order.to_string(),
-                seed,
-                rank,
-                world_size,
-                last_batch: last.name().to_string(),
+                batch_size: settings.batch_size,
+                order: settings.order.name().to_string(),
+                seed: settings.seed,
+                rank: settings.rank,
+                world_size: settings.world_size,
+                last_batch: settings.last_batch.name().to_string(),
                 dataset_options,
                 samples,
             },
             init: init.unbind(),
             worker_part: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The loader settings in effect (the defaults and ``RANK``/``WORLD_SIZE`` filled in): the
+    /// names and values of ``gpufeed.LOADER_SETTINGS``, as text (None: unset), as the C ABI's
+    /// ``gpufeed_loader_settings`` and ``gpufeed bench load --json`` print them.
+    #[getter]
+    fn settings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in self.loader().settings().values() {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
     }
 
     /// The dataset options in effect (format detected, defaults filled in): the same names
@@ -1200,7 +1159,7 @@ impl PyImages {
         spec.dct_scaling = dct_scaling;
         spec.prefetch_batches = prefetch_batches;
         if let Some(m) = max_pixels {
-            spec.max_pixels = m;
+            spec.pixels_max = m;
         }
         spec.validate()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -1811,5 +1770,12 @@ fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
         table.set_item(o.name, (o.default, o.help))?;
     }
     m.add("DATASET_OPTIONS", table)?;
+    // The loader settings: name → (default, unit, help), the table the C options struct and
+    // the CLI's flags follow too.
+    let table = PyDict::new(m.py());
+    for o in LOADER_SETTINGS {
+        table.set_item(o.name, (o.default, o.unit, o.help))?;
+    }
+    m.add("LOADER_SETTINGS", table)?;
     Ok(())
 }

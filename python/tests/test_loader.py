@@ -181,10 +181,6 @@ class LoaderTests(unittest.TestCase):
         self.assertTrue("CUDA" in str(c.exception) or "GPU" in str(c.exception))
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 @unittest.skipUnless(DATA, "GPUFEED_TEST_DATA is not set (tests/it/python.rs sets it)")
 class StatsTests(unittest.TestCase):
     def test_stats_say_where_the_waiting_went(self):
@@ -285,3 +281,67 @@ class ThreadTests(unittest.TestCase):
         got = self._two_threads(l)
         for k in range(2):
             self.assertEqual(sorted(got[k]), sorted(want), f"thread {k}")
+
+
+@unittest.skipUnless(DATA, "GPUFEED_TEST_DATA is not set (tests/it/python.rs sets it)")
+class Settings(unittest.TestCase):
+    """Python's door to the loader settings' table (the Rust, C and CLI doors are held to it
+    by tests/it/capi.rs)."""
+
+    def setUp(self):
+        self.env = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE") if k in os.environ}
+
+    def tearDown(self):
+        os.environ.update(self.env)
+
+    def test_every_setting_has_the_tables_default(self):
+        l = gpufeed.Loader(os.path.join(DATA, "good"))
+        want = {k: (None if d == "none" else d) for k, (d, _unit, _help) in gpufeed.LOADER_SETTINGS.items()}
+        self.assertEqual(l.settings, want)
+        self.assertEqual(want["batch_size"], "256")
+        # Every setting is an argument of Loader, None meaning the default.
+        import inspect
+
+        params = inspect.signature(gpufeed.Loader).parameters
+        for name in gpufeed.LOADER_SETTINGS:
+            self.assertIn(name, params)
+            self.assertIsNone(params[name].default, name)
+
+    def test_every_setting_given_reaches_the_loader(self):
+        given = dict(
+            batch_size=16, order="block", seed=9, rank=1, world_size=2, prefetch=3, in_flight=4,
+            last_batch="pad", verify=False, on_error="mark", shuffle_buffer=77,
+            block_bytes="64K", open_blocks=3, queue_depth=16, memory_budget=64 << 20,
+            timeout=2.5, open_files_max=4, prefetch_next_epoch=True,
+        )
+        untested = set(gpufeed.LOADER_SETTINGS) - set(given)
+        self.assertEqual(untested, {"device"}, "a CUDA device needs a GPU")
+        l = gpufeed.Loader(os.path.join(DATA, "good"), **given)
+        s = l.settings
+        self.assertEqual(s["block_bytes"], "65536")
+        self.assertEqual(s["timeout"], "2.5")
+        self.assertEqual(s["verify"], "false")
+        for k, v in given.items():
+            if k not in ("block_bytes", "verify", "prefetch_next_epoch"):
+                self.assertEqual(s[k], str(v), k)
+        self.assertEqual(s["prefetch_next_epoch"], "true")
+        # A pickled loader is made anew with the same settings.
+        import pickle
+
+        self.assertEqual(pickle.loads(pickle.dumps(l)).settings, s)
+        # torchrun's environment, and the errors of the table.
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = "1", "2"
+        try:
+            self.assertEqual(gpufeed.Loader(os.path.join(DATA, "good")).settings["rank"], "1")
+        finally:
+            del os.environ["RANK"], os.environ["WORLD_SIZE"]
+        with self.assertRaises(ValueError) as c:
+            gpufeed.Loader(os.path.join(DATA, "good"), queue_depth=5000)
+        self.assertIn("queue_depth must be in 1..=4096", str(c.exception))
+        with self.assertRaises(ValueError) as c:
+            gpufeed.Loader(os.path.join(DATA, "good"), timeout=0)
+        self.assertIn("timeout", str(c.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

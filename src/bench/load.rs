@@ -38,6 +38,8 @@ pub struct LoadBenchResult {
     pub checksums_verified: bool,
     /// Fraction of the loader's arena backed by huge pages (packed modes).
     pub arena_huge_pages: Option<f64>,
+    /// The loader settings of the loader modes (rank 0's; `LoaderSettings::to_json`).
+    pub settings: Option<serde_json::Value>,
     /// The dataset's format ("image-folder" for small-files).
     pub format: &'static str,
     /// Consecutive epochs run (loader modes: each next epoch asked for when the one before
@@ -265,6 +267,7 @@ pub fn run_small_files(
         engine: format!("{} threads, open/read/close", threads),
         checksums_verified: false,
         arena_huge_pages: None,
+        settings: None,
         format: "image-folder",
         epochs: 1,
         epoch_samples_per_s: Vec::new(),
@@ -284,16 +287,10 @@ pub fn run_small_files(
 /// Settings of the packed modes.
 #[derive(Debug, Clone)]
 pub struct PackedSpec {
-    pub batch_size: u32,
-    pub queue_depth: u32,
-    pub seed: u64,
+    /// The loader settings (the CLI's flags; the mode's order and the ranks are the bench's).
+    /// The memory budget is shared by the consumers.
+    pub settings: crate::loader::LoaderSettings,
     pub engine: EngineKind,
-    /// Check every sample's crc32c on the consumer thread (the loader's default).
-    pub verify: bool,
-    /// What happens to the last, incomplete batch.
-    pub last_batch: crate::plan::LastBatch,
-    /// The loader's memory budget.
-    pub memory_budget: u64,
     /// Consecutive epochs to run (at least 1).
     pub epochs: u32,
     /// A simulated trainer's step: each batch is held this long before the next is asked for.
@@ -386,15 +383,12 @@ pub fn run_packed(
     let loaders: Vec<Loader> = (0..gpus)
         .map(|r| {
             Loader::builder(ds.clone())
-                .batch_size(spec.batch_size)
+                .settings(&spec.settings)
+                .front_door(crate::loader::FrontDoor::Cli)
                 .order(order)
-                .seed(spec.seed)
                 .rank(r, gpus)
-                .queue_depth(spec.queue_depth)
                 .engine_kind(spec.engine)
-                .verify_checksums(spec.verify)
-                .last_batch(spec.last_batch)
-                .memory_budget(spec.memory_budget / gpus as u64)
+                .memory_budget(spec.settings.memory_budget / gpus as u64)
                 .build()
         })
         .collect::<Result<_>>()?;
@@ -453,7 +447,8 @@ pub fn run_packed(
         index_correlation: Some(q.index_correlation),
         sample_errors: st.sample_errors,
         engine: st.engine,
-        checksums_verified: spec.verify && loader.dataset().has_checksums(),
+        checksums_verified: spec.settings.verify && loader.dataset().has_checksums(),
+        settings: Some(loader.settings().to_json()),
         arena_huge_pages: match loader.huge_page_bytes() {
             (Some(h), len) => Some(h as f64 / len.max(1) as f64),
             (None, _) => None,

@@ -130,7 +130,7 @@ pub fn run_tokio_uring_bench(spec: &IoBenchSpec) -> Result<IoBenchResult> {
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu = sys::process_cpu_seconds() - cpu0;
     if let Some(e) = figures.iter().find_map(|f| f.error.clone()) {
-        return Err(Error::new(crate::ErrorKind::Io, e).with_path(spec.file.clone()));
+        return Err(Error::new(crate::error::ErrorKind::Io, e).with_path(spec.file.clone()));
     }
     let mut hist = Histogram::default();
     let (mut reads, mut bytes, mut bytes_read) = (0u64, 0u64, 0u64);

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::bench::io::{table_header, table_row};
 use crate::bench::{ensure_file, run_io_bench, IoBenchResult, IoBenchSpec, Pattern, SubmitPolicy};
 use crate::config::EngineKind;
+use crate::config::{FrontDoor, LoaderSettings, LOADER_SETTINGS};
 use crate::dataset::{OpenOptions, DATASET_OPTIONS};
 use crate::error::Result;
 use crate::util::{parse_size, SizeMix, IMAGENET_MIX};
@@ -167,6 +168,91 @@ impl DatasetArgs {
     }
 }
 
+/// The loader settings a command takes: the flags are made from [`LOADER_SETTINGS`] (those the
+/// CLI door takes), the table Python's keyword arguments and the C options struct follow too.
+#[derive(Debug, Clone, Default)]
+struct LoaderArgs {
+    /// (setting name, value) for every flag given.
+    given: Vec<(&'static str, String)>,
+}
+
+/// Flags that were spelt otherwise before the table: (setting, old flag).
+const LOADER_FLAG_ALIASES: &[(&str, &str)] = &[("batch_size", "batch"), ("queue_depth", "qd")];
+
+impl clap::FromArgMatches for LoaderArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+        let mut a = LoaderArgs::default();
+        a.update_from_arg_matches(m)?;
+        Ok(a)
+    }
+
+    fn update_from_arg_matches(
+        &mut self,
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<(), clap::Error> {
+        for o in LOADER_SETTINGS.iter().filter(|o| o.at(FrontDoor::Cli)) {
+            if let Some(v) = m.get_one::<String>(o.name) {
+                self.given.retain(|(k, _)| *k != o.name);
+                self.given.push((o.name, v.clone()));
+            }
+        }
+        if m.get_flag("no_verify") {
+            self.given.retain(|(k, _)| *k != "verify");
+            self.given.push(("verify", "false".into()));
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for LoaderArgs {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        for o in LOADER_SETTINGS.iter().filter(|o| o.at(FrontDoor::Cli)) {
+            let mut arg = clap::Arg::new(o.name)
+                .long(o.flag)
+                .value_name("VALUE")
+                .help_heading("Loader settings")
+                .help(format!(
+                    "{}{} [default: {}]",
+                    o.help,
+                    if o.unit.is_empty() || o.unit.contains(' ') {
+                        String::new()
+                    } else {
+                        format!(" ({})", o.unit)
+                    },
+                    o.default
+                ));
+            for (_, old) in LOADER_FLAG_ALIASES.iter().filter(|(n, _)| *n == o.name) {
+                arg = arg.visible_alias(*old);
+            }
+            cmd = cmd.arg(arg);
+        }
+        cmd.arg(
+            clap::Arg::new("no_verify")
+                .long("no-verify")
+                .action(clap::ArgAction::SetTrue)
+                .help_heading("Loader settings")
+                .help("--verify false"),
+        )
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl LoaderArgs {
+    /// The settings the flags give, over the table's defaults and the environment's.
+    fn settings(&self) -> Result<LoaderSettings> {
+        let mut s = LoaderSettings::from_env()?;
+        for (k, v) in &self.given {
+            s.set(k, v).map_err(|e| {
+                crate::error::invalid(format!("--{}: {}", k.replace('_', "-"), e.message()))
+            })?;
+        }
+        Ok(s)
+    }
+}
+
 /// Paths as one line of text.
 fn show_paths(paths: &[PathBuf]) -> String {
     let v: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
@@ -196,7 +282,7 @@ fn report_problems(ds: &crate::dataset::Dataset, json: bool) {
     }
 }
 
-fn error_json(e: &crate::Error) -> serde_json::Value {
+fn error_json(e: &crate::error::Error) -> serde_json::Value {
     serde_json::json!({
         "error": e.report(),
         "path": e.path().map(|p| p.display().to_string()),
@@ -343,35 +429,18 @@ struct LoadArgs {
         value_delimiter = ','
     )]
     modes: Vec<String>,
-    /// Samples per batch.
-    #[arg(long, default_value_t = 256)]
-    batch: u32,
-    /// Reads in flight in the engine.
-    #[arg(long, default_value_t = 128)]
-    qd: u32,
     /// Threads of the small-files baseline.
     #[arg(long, default_value_t = 8)]
     threads: usize,
     /// Shard size of the generated packed copy.
     #[arg(long, default_value = "256M", value_parser = size_arg)]
     shard_size: u64,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Do not check the packed samples' crc32c (the loader checks them by default).
-    #[arg(long)]
-    no_verify: bool,
     /// Run the loader modes (global, block, shard-buffer) over this dataset instead of
     /// DIR/packed: any format gpufeed reads (tars, TFRecords, shards, a Megatron prefix, token
     /// files…); repeat it for several files of one dataset. Nothing is generated unless the
     /// small-files or io modes need it.
     #[arg(long)]
     dataset: Vec<PathBuf>,
-    /// What happens to a rank's last, incomplete batch: short, drop or pad.
-    #[arg(long, default_value = "short")]
-    last_batch: String,
-    /// Memory the loader's arena may take; slots are sized from the dataset within it.
-    #[arg(long, default_value = "4G", value_parser = size_arg)]
-    memory_budget: u64,
     /// Consecutive epochs per loader mode, each next one asked for when the one before starts
     /// (the JSON gives each epoch's samples/s and the gaps between epochs).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
@@ -384,6 +453,8 @@ struct LoadArgs {
     /// with its own loader, holding each batch --step-ms; the verdict covers them all.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     gpus: u32,
+    #[command(flatten)]
+    loader: LoaderArgs,
     #[command(flatten)]
     open: DatasetArgs,
     /// Print one JSON object per mode.
@@ -758,7 +829,6 @@ fn bench_load(a: LoadArgs) -> Result<()> {
     use crate::bench::load::{
         drop_caches, ensure_dataset, run_packed, run_small_files, table_header, PackedSpec,
     };
-    use crate::plan::{LastBatch, Order};
     // The generated set is made only when a mode reads it: with --dataset, the loader modes
     // read that instead.
     let generated = a.dataset.is_empty() || a.modes.iter().any(|m| m == "small-files" || m == "io");
@@ -767,14 +837,10 @@ fn bench_load(a: LoadArgs) -> Result<()> {
     } else {
         (a.dir.join("small"), a.dir.join("packed"))
     };
+    let settings = a.loader.settings()?;
     let spec = PackedSpec {
-        batch_size: a.batch,
-        queue_depth: a.qd,
-        seed: a.seed,
+        settings: settings.clone(),
         engine: EngineKind::Uring,
-        verify: !a.no_verify,
-        last_batch: LastBatch::parse(&a.last_batch)?,
-        memory_budget: a.memory_budget,
         epochs: a.epochs,
         gpus: a.gpus,
         step: std::time::Duration::try_from_secs_f64(a.step_ms / 1e3).map_err(|_| {
@@ -809,7 +875,7 @@ fn bench_load(a: LoadArgs) -> Result<()> {
         }
         match mode.as_str() {
             "small-files" => {
-                let r = run_small_files(&small, a.threads, a.seed, cold)?;
+                let r = run_small_files(&small, a.threads, settings.seed, cold)?;
                 emit_load(&r, a.json);
                 plotted.push((r.mode.clone(), r.samples_per_s));
             }
@@ -821,7 +887,7 @@ fn bench_load(a: LoadArgs) -> Result<()> {
                     .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
                     .ok_or_else(|| crate::error::invalid("no shards"))?;
                 let spec = IoBenchSpec {
-                    queue_depth: a.qd,
+                    queue_depth: settings.queue_depth,
                     seconds: 3.0,
                     ..IoBenchSpec::new(
                         biggest,
@@ -841,7 +907,10 @@ fn bench_load(a: LoadArgs) -> Result<()> {
                 }
             }
             m => {
-                let order = Order::parse(m)?;
+                // The mode names the order; its parameters are the settings'.
+                let mut s = settings.clone();
+                s.set("order", m)?;
+                let order = s.order();
                 let ds = if a.dataset.is_empty() {
                     crate::dataset::Dataset::open(&packed)?
                 } else {
@@ -1147,8 +1216,8 @@ fn inspect_cmd(a: InspectArgs) -> Result<()> {
 fn problems_fail(ds: &crate::dataset::Dataset) -> Result<()> {
     match ds.problems_total() {
         0 => Ok(()),
-        n => Err(crate::Error::new(
-            crate::ErrorKind::InvalidInput,
+        n => Err(crate::error::Error::new(
+            crate::error::ErrorKind::InvalidInput,
             format!(
                 "indexing found {n} problem(s); the samples they cover are not in the dataset \
                  (listed above; --strict refuses such a dataset)"
@@ -1183,7 +1252,7 @@ fn verify_cmd(a: InspectArgs) -> Result<()> {
         _ => Vec::new(),
     };
     let what_path = show_paths(&a.paths);
-    let mut bad: Vec<crate::Error> = Vec::new();
+    let mut bad: Vec<crate::error::Error> = Vec::new();
     let (checked, files, what) = if !shards.is_empty() {
         // Shards are verified shard by shard, so that a shard whose index is damaged is one
         // error and the others are still checked.
@@ -1265,8 +1334,8 @@ fn verify_cmd(a: InspectArgs) -> Result<()> {
     if bad.is_empty() {
         Ok(())
     } else {
-        Err(crate::Error::new(
-            crate::ErrorKind::InvalidInput,
+        Err(crate::error::Error::new(
+            crate::error::ErrorKind::InvalidInput,
             format!("{} bad sample(s) or file(s)", bad.len()),
         ))
     }

@@ -30,6 +30,9 @@ use std::sync::Arc;
 use crate::error::{invalid, shared_path, Error, Result};
 pub use options::{OptionDoc, DATASET_OPTIONS};
 
+/// Where one sample's bytes are in its read group's buffer, or why it has none.
+pub(crate) type SampleSpan = std::result::Result<std::ops::Range<usize>, std::sync::Arc<Error>>;
+
 /// `p` with `suffix` appended to its file name.
 pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
     let mut s = p.as_os_str().to_owned();
@@ -462,7 +465,7 @@ impl Dataset {
             Frame::None => {
                 if verify && self.has_checksums && crate::util::crc32c(raw) != s.crc32c {
                     Err(Error::new(
-                        crate::ErrorKind::InvalidInput,
+                        crate::error::ErrorKind::InvalidInput,
                         format!("checksum mismatch (key {:?})", self.key(i)),
                     ))
                 } else {
@@ -493,6 +496,46 @@ impl Dataset {
             }),
         };
         r.map_err(|e| self.sample_error(i, e))
+    }
+
+    /// Checks each delivered sample of a read group against the group's `bytes` (where
+    /// `spans` says each lies): its frame and (with `verify`) its checksum, as
+    /// [`check_sample`](Dataset::check_sample) does, narrowing its span to the payload or
+    /// replacing it with the error. Where the data carries labels (TFRecord Examples), `labels`
+    /// becomes one per sample (the index's, overridden by the data's); it stays empty
+    /// otherwise. Nothing to do for formats without frames when not verifying.
+    pub(crate) fn check_spans(
+        &self,
+        bytes: &[u8],
+        ids: &[u32],
+        spans: &mut [SampleSpan],
+        labels: &mut Vec<i64>,
+        verify: bool,
+    ) {
+        if !(verify && self.has_checksums) && self.frame == Frame::None {
+            return;
+        }
+        for (k, (span, &id)) in spans.iter_mut().zip(ids).enumerate() {
+            if let Ok(r) = span {
+                *span = match self.check_sample(id as usize, &bytes[r.clone()], verify) {
+                    Ok(c) => {
+                        if let Some(label) = c.label {
+                            if labels.is_empty() {
+                                labels.extend(self.index_labels(ids));
+                            }
+                            labels[k] = label;
+                        }
+                        Ok(r.start + c.payload.start..r.start + c.payload.end)
+                    }
+                    Err(e) => Err(std::sync::Arc::new(e)),
+                };
+            }
+        }
+    }
+
+    /// The index's label of each sample of `ids`.
+    pub(crate) fn index_labels<'a>(&'a self, ids: &'a [u32]) -> impl Iterator<Item = i64> + 'a {
+        ids.iter().map(|&i| self.samples[i as usize].label)
     }
 
     /// Reads sample `i` with ordinary buffered I/O into `buf` and checks it as
@@ -734,7 +777,7 @@ impl Builder {
     /// A problem of kind `InvalidInput` at `offset` of `path`.
     pub fn problem_at(&mut self, path: &Arc<Path>, offset: u64, msg: String) {
         self.problem(
-            Error::new(crate::ErrorKind::InvalidInput, msg)
+            Error::new(crate::error::ErrorKind::InvalidInput, msg)
                 .with_path(path.clone())
                 .with_offset(offset),
         );
@@ -920,7 +963,7 @@ impl Window {
         let end = offset.checked_add(len as u64).filter(|&e| e <= self.size);
         let Some(end) = end else {
             return Err(Error::new(
-                crate::ErrorKind::UnexpectedEof,
+                crate::error::ErrorKind::UnexpectedEof,
                 format!("{len} bytes at offset {offset} lie past the end of the file"),
             )
             .with_path(self.path.clone()));

@@ -285,12 +285,7 @@ impl OpenOptions {
 
     /// [`values`](OpenOptions::values) as a JSON object (`null` for absent).
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::Value::Object(
-            self.values()
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.map_or(serde_json::Value::Null, Into::into)))
-                .collect(),
-        )
+        crate::util::values_json(self.values())
     }
 }
 

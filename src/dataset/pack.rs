@@ -184,8 +184,9 @@ fn pack_into(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSu
             p.finish();
         }
         for w in workers {
-            w.join()
-                .map_err(|_| Error::new(crate::ErrorKind::Io, "a packing thread panicked"))??;
+            w.join().map_err(|_| {
+                Error::new(crate::error::ErrorKind::Io, "a packing thread panicked")
+            })??;
         }
         Ok(())
     });

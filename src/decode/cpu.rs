@@ -158,7 +158,7 @@ impl ImageDecoder {
     pub(crate) fn new(spec: &ImageSpec) -> Result<ImageDecoder, JpegError> {
         Ok(ImageDecoder {
             // A progressive JPEG has a dozen scans; thousands are an attack on the decoder.
-            turbo: Turbo::decompressor(1000, spec.max_pixels)?,
+            turbo: Turbo::decompressor(1000, spec.pixels_max)?,
             pixels: Vec::new(),
             cmyk: Vec::new(),
             scratch: Scratch::default(),
@@ -196,7 +196,7 @@ impl ImageDecoder {
             }
         }
         let h = self.turbo.header(data).map_err(|e| e.to_string())?;
-        check_pixels(h.width, h.height, spec.max_pixels)?;
+        check_pixels(h.width, h.height, spec.pixels_max)?;
         let g = spec.geometry(seed, epoch, sample, (h.width, h.height));
         // DCT-domain scaling: the largest 1/d that still leaves the box DCT_MARGIN times the
         // output on both axes.
@@ -264,7 +264,7 @@ impl ImageDecoder {
         let r = match sniff(data) {
             Some(ImageKind::Jpeg) => self.jpeg_rgb(spec, data, out),
             Some(ImageKind::Png | ImageKind::Webp) => {
-                other::decode_rgb(data, spec.max_pixels, &mut self.cmyk, out)
+                other::decode_rgb(data, spec.pixels_max, &mut self.cmyk, out)
             }
             Some(other) => Err(format!(
                 "{other} images are not decoded (JPEG, PNG and WebP are)"
@@ -283,7 +283,7 @@ impl ImageDecoder {
         out: &mut Vec<u8>,
     ) -> Result<(u32, u32), String> {
         let h = self.turbo.header(data).map_err(|e| e.to_string())?;
-        check_pixels(h.width, h.height, spec.max_pixels)?;
+        check_pixels(h.width, h.height, spec.pixels_max)?;
         jpeg_whole(&mut self.turbo, &mut self.cmyk, data, &h, out).map_err(|e| e.to_string())
     }
 
@@ -321,7 +321,7 @@ impl ImageDecoder {
         data: &[u8],
         dst: &mut [u8],
     ) -> Result<(), String> {
-        let r = other::decode_rgb(data, spec.max_pixels, &mut self.cmyk, &mut self.pixels);
+        let r = other::decode_rgb(data, spec.pixels_max, &mut self.cmyk, &mut self.pixels);
         let (w, h) = match r {
             Ok(s) => s,
             Err(e) => return self.resample(Err(e), (0, 0), (0, 0), spec, dst),

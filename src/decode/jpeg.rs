@@ -117,8 +117,8 @@ impl Turbo {
     }
 
     /// A decompressor. `scan_limit` caps progressive scans (a crafted file can have thousands,
-    /// each a pass over the image); `max_pixels` refuses larger images before any allocation.
-    pub fn decompressor(scan_limit: u32, max_pixels: u64) -> Result<Turbo, JpegError> {
+    /// each a pass over the image); `pixels_max` refuses larger images before any allocation.
+    pub fn decompressor(scan_limit: u32, pixels_max: u64) -> Result<Turbo, JpegError> {
         let mut t = Turbo::init(tj::TJINIT_TJINIT_DECOMPRESS)?;
         t.set(
             tj::TJPARAM_TJPARAM_SCANLIMIT,
@@ -126,7 +126,7 @@ impl Turbo {
         )?;
         t.set(
             tj::TJPARAM_TJPARAM_MAXPIXELS,
-            max_pixels.min(i32::MAX as u64) as c_int,
+            pixels_max.min(i32::MAX as u64) as c_int,
         )?;
         Ok(t)
     }

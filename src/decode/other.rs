@@ -12,7 +12,7 @@ use crate::image::{info, ImageKind};
 /// error is a short reason.
 pub fn decode_rgb(
     data: &[u8],
-    max_pixels: u64,
+    pixels_max: u64,
     scratch: &mut Vec<u8>,
     out: &mut Vec<u8>,
 ) -> Result<(u32, u32), String> {
@@ -20,7 +20,7 @@ pub fn decode_rgb(
     if i.width == 0 || i.height == 0 {
         return Err(format!("bad dimensions {}x{}", i.width, i.height));
     }
-    super::spec::check_pixels(i.width, i.height, max_pixels)?;
+    super::spec::check_pixels(i.width, i.height, pixels_max)?;
     let pixels = i.width as u64 * i.height as u64;
     // Room for the largest decoded form (RGBA at 16 bits) and the decoders' own buffers.
     let limit = (pixels as usize).saturating_mul(8).saturating_add(1 << 20);

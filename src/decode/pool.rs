@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::device::{DeviceStage, HardwareImage, Route, RouteCounts};
 use super::{ImageDecoder, ImageSpec, Layout, PixelType};
-use crate::batch::Batch;
+use crate::batch::{Batch, BatchMeta};
 use crate::dataset::Dataset;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::gpu::kernels::GfSample;
@@ -248,7 +248,7 @@ impl Job {
             // The JPEG engines decode it with the batch, straight from device memory, into a
             // buffer sized from its record (checked against the pixel limit first).
             let r = info.expect("the hardware route needs a record");
-            if let Err(reason) = super::spec::check_pixels(r.width, r.height, self.spec.max_pixels)
+            if let Err(reason) = super::spec::check_pixels(r.width, r.height, self.spec.pixels_max)
             {
                 d.stage.counted(None);
                 return Some(self.decode_error(id, reason));
@@ -986,17 +986,15 @@ impl ImageEpoch {
         self.stats = st;
         self.next = b.index() + 1;
         ImageBatch {
-            epoch: b.epoch(),
-            index: b.index(),
-            ids: b.sample_ids().to_vec(),
-            labels: b.labels().to_vec(),
-            padding: b.padding_mask(),
+            meta: BatchMeta {
+                timing,
+                ..b.meta.clone()
+            },
             errors,
             tensor: job.target.clone(),
             size: self.spec.size,
             dtype: self.spec.dtype,
             layout: self.spec.layout,
-            timing,
         }
     }
 }
@@ -1064,53 +1062,23 @@ mod sealed {
 /// labels, ids and per-sample errors. Cheap to clone (the tensor is shared).
 #[derive(Clone)]
 pub struct ImageBatch {
-    epoch: u64,
-    index: u32,
-    ids: Vec<u32>,
-    labels: Vec<i64>,
-    padding: Vec<bool>,
+    /// Epoch, place, ids, labels, padding, timing (decode included): what every batch says.
+    meta: BatchMeta,
     errors: Vec<Option<Arc<Error>>>,
     tensor: Target,
     size: (u32, u32),
     dtype: PixelType,
     layout: Layout,
-    timing: BatchTiming,
+}
+
+impl std::ops::Deref for ImageBatch {
+    type Target = BatchMeta;
+    fn deref(&self) -> &BatchMeta {
+        &self.meta
+    }
 }
 
 impl ImageBatch {
-    /// How long the consumer waited for this batch and why (decode included), and its read
-    /// group's timeline.
-    pub fn timing(&self) -> &BatchTiming {
-        &self.timing
-    }
-    /// The epoch.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-    /// Index of this batch in the rank's epoch.
-    pub fn index(&self) -> u32 {
-        self.index
-    }
-    /// Number of images.
-    pub fn len(&self) -> usize {
-        self.ids.len()
-    }
-    /// Whether the batch is empty.
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-    /// Dataset index of each sample.
-    pub fn sample_ids(&self) -> &[u32] {
-        &self.ids
-    }
-    /// Label of each sample (−1 when none).
-    pub fn labels(&self) -> &[i64] {
-        &self.labels
-    }
-    /// Whether each sample is padding (`LastBatch::Pad`).
-    pub fn padding_mask(&self) -> &[bool] {
-        &self.padding
-    }
     /// The element type.
     pub fn dtype(&self) -> PixelType {
         self.dtype
@@ -1237,8 +1205,8 @@ impl ImageBatch {
 impl std::fmt::Debug for ImageBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ImageBatch")
-            .field("epoch", &self.epoch)
-            .field("index", &self.index)
+            .field("epoch", &self.meta.epoch)
+            .field("index", &self.meta.index)
             .field("shape", &self.shape())
             .field("dtype", &self.dtype)
             .field("errors", &self.errors().count())

@@ -50,7 +50,7 @@ pub struct ImageSpec {
     /// Batches decoded ahead of the one handed out.
     pub prefetch_batches: usize,
     /// Images with more pixels are refused (a per-sample error) before any allocation.
-    pub max_pixels: u64,
+    pub pixels_max: u64,
     /// Decode at 1/2, 1/4 or 1/8 scale in the DCT domain when the crop is still at least four
     /// times the output then (much less work, within its own stated tolerance: DECISIONS).
     /// The CPU stage only: the device decodes whole images.
@@ -128,7 +128,7 @@ impl ImageSpec {
             layout: Layout::Nchw,
             threads: 0,
             prefetch_batches: 2,
-            max_pixels: 64 << 20,
+            pixels_max: 64 << 20,
             dct_scaling: true,
             hardware_decoder: true,
         }
@@ -172,8 +172,10 @@ impl ImageSpec {
         if self.prefetch_batches == 0 {
             return Err(invalid("prefetch_batches must be at least 1"));
         }
-        if self.max_pixels == 0 {
-            return Err(invalid("max_pixels must be at least 1"));
+        if self.pixels_max == 0 {
+            return Err(invalid(
+                "the pixel limit (Python max_pixels=, ImageSpec::pixels_max) must be at least 1",
+            ));
         }
         if self.threads == 0 {
             decode_threads_env()?;

@@ -29,8 +29,8 @@ use crate::util::lock;
 pub struct SimDevice {
     /// Seeds the simulated copies' delays.
     pub seed: u64,
-    /// A copy completes after 0..=max_delay polls of the copy stage.
-    pub max_delay: u32,
+    /// A copy completes after 0..=delay_max polls of the copy stage.
+    pub delay_max: u32,
     /// Figures the test reads afterwards.
     pub stats: Arc<SimDeviceStats>,
 }
@@ -40,7 +40,7 @@ impl SimDevice {
     pub fn new(seed: u64) -> SimDevice {
         SimDevice {
             seed,
-            max_delay: 6,
+            delay_max: 6,
             stats: Arc::default(),
         }
     }
@@ -56,7 +56,7 @@ pub struct SimDeviceStats {
     /// Copies into a region that batches still held (must stay 0).
     pub region_in_use: AtomicU64,
     /// Most copies in flight at once.
-    pub max_in_flight: AtomicU64,
+    pub in_flight_max: AtomicU64,
 }
 
 enum Mem {
@@ -562,7 +562,7 @@ impl CopyStage {
                 }
                 // SAFETY: valid for `len` bytes per the caller's contract.
                 crc = crate::util::crc32c(unsafe { std::slice::from_raw_parts(src, len) });
-                delay = self.rng.below(sim.max_delay as u64 + 1) as u32;
+                delay = self.rng.below(sim.delay_max as u64 + 1) as u32;
             }
             _ => unreachable!("a CUDA pool always has a stream"),
         }
@@ -576,7 +576,7 @@ impl CopyStage {
         });
         if let Some(sim) = &self.pool.sim {
             sim.stats
-                .max_in_flight
+                .in_flight_max
                 .fetch_max(self.in_flight.len() as u64, Ordering::Relaxed);
         }
         Ok(())
@@ -846,7 +846,7 @@ mod tests {
     #[test]
     fn simulator_catches_a_source_reused_early_and_a_region_in_use() {
         let mut dev = SimDevice::new(1);
-        dev.max_delay = 0;
+        dev.delay_max = 0;
         let pool = DevicePool::sim(&dev, 2, 64);
         let mut stage = CopyStage::new(&pool).unwrap();
         let mut src = vec![7u8; 64];

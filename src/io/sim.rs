@@ -19,7 +19,7 @@ pub struct SimConfig {
     /// Raw reads in flight at most.
     pub capacity: usize,
     /// A read completes after 0..=this many `submit` rounds.
-    pub max_delay_rounds: u32,
+    pub delay_rounds_max: u32,
     /// Probability that a read returns fewer bytes than asked (the rest is scribbled over).
     pub short_read: f64,
     /// Probability that a read fails with EIO.
@@ -41,7 +41,7 @@ impl SimConfig {
         SimConfig {
             seed,
             capacity: 16,
-            max_delay_rounds: 4,
+            delay_rounds_max: 4,
             short_read: 0.2,
             eio: 0.02,
             eagain: 0.1,
@@ -173,7 +173,7 @@ impl Backend for SimBackend {
                 "simulator: two reads in flight share memory ({s:#x}..{e:#x} and {fs:#x}..{fe:#x})"
             );
         }
-        let due = self.round + 1 + self.rng.below(self.cfg.max_delay_rounds as u64 + 1);
+        let due = self.round + 1 + self.rng.below(self.cfg.delay_rounds_max as u64 + 1);
         self.in_flight.push(Flight {
             op,
             due,

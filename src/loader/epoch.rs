@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::batch::{Batch, Memory, SampleSpan};
-use crate::dataset::Dataset;
+use crate::batch::{Batch, BatchMeta, Memory};
+use crate::dataset::{Dataset, SampleSpan};
 use crate::error::{Error, ErrorKind, Result};
 
 use super::holders::Holders;
-use super::worker::{check_spans, index_labels, GroupDone, Msg, Retired, Service};
+use super::worker::{GroupDone, Msg, Retired, Service};
 use super::{BatchTiming, FrontDoor, LoaderStats, StallStats};
 
 /// How long a consumer waits, with the loader blocked on memory, before it is told who holds it.
@@ -226,7 +226,7 @@ impl Epoch {
         // Labels are looked up here, on the consumer's thread, unless a check already found the
         // data's own.
         if g.labels.is_empty() {
-            g.labels.extend(index_labels(&self.dataset, &g.ids));
+            g.labels.extend(self.dataset.index_labels(&g.ids));
         }
         // Batches are full but for the epoch's last, which ends its group.
         let b = self.batch_size;
@@ -250,14 +250,16 @@ impl Epoch {
                 index,
                 (
                     Batch {
-                        epoch: self.epoch,
-                        index,
-                        labels: blabels,
-                        padding_from,
-                        ids: bids,
+                        meta: BatchMeta {
+                            epoch: self.epoch,
+                            index,
+                            labels: blabels,
+                            padding_from,
+                            ids: bids,
+                            timing: BatchTiming::default(),
+                        },
                         spans: bspans,
                         mem: mem.clone(),
-                        timing: BatchTiming::default(),
                     },
                     unchecked,
                     times,
@@ -275,12 +277,11 @@ impl Epoch {
         self.stats.consumer_wait_s += (t1 - t0).as_secs_f64();
         let (mut batch, unchecked, times) = self.queue.remove(&self.next).expect("batch is queued");
         if let (true, Memory::Host(region)) = (unchecked, &batch.mem) {
-            check_spans(
-                &self.dataset,
+            self.dataset.check_spans(
                 region.bytes(),
-                &batch.ids,
+                &batch.meta.ids,
                 &mut batch.spans,
-                &mut batch.labels,
+                &mut batch.meta.labels,
                 self.verify,
             );
         }
@@ -288,7 +289,7 @@ impl Epoch {
         let stall = StallStats::of_wait(t0, t1, times.read_done, times.copy_done, verify_s);
         self.stats.stall.add(&stall);
         self.stats.consumer_cpu_s += crate::sys::thread_cpu_seconds() - c0;
-        batch.timing = BatchTiming {
+        batch.meta.timing = BatchTiming {
             stall,
             read_s: times.read_s,
             copy_s: times.copy_s,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::buf::Arena;
 use crate::config::{EngineConfig, EngineKind};
+pub use crate::config::{LoaderSettings, OnError, LOADER_SETTINGS};
 use crate::dataset::Dataset;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::gpu::{cuda, Device, DevicePool, GpuPath};
@@ -33,38 +34,7 @@ pub(crate) use holders::Holders;
 use holders::{Gauges, HoldersCtx};
 use worker::{EpochJob, Retired, Service, WorkerCtx};
 
-/// The front door a loader was built through: its messages name settings as that door spells
-/// them (Python's `prefetch=`, not the builder's `prefetch_groups`).
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FrontDoor {
-    /// The crate's [`LoaderBuilder`].
-    #[default]
-    Rust,
-    /// The Python package's `Loader(...)`.
-    Python,
-    /// The C ABI's `gpufeed_options`.
-    C,
-}
-
-impl FrontDoor {
-    /// How this door spells the read-ahead setting.
-    pub(crate) fn prefetch(self) -> &'static str {
-        match self {
-            FrontDoor::Rust => "LoaderBuilder::prefetch_groups",
-            FrontDoor::Python => "prefetch=",
-            FrontDoor::C => "gpufeed_options.prefetch",
-        }
-    }
-    /// How this door spells the time limit on a wait for a batch.
-    pub(crate) fn timeout(self) -> &'static str {
-        match self {
-            FrontDoor::Rust => "LoaderBuilder::timeout",
-            FrontDoor::Python => "timeout=",
-            FrontDoor::C => "gpufeed_options.timeout_ms",
-        }
-    }
-}
+pub use crate::config::FrontDoor;
 
 /// Makes the backend the loader's engine reads through (the simulated disk, in tests): called
 /// once per I/O thread, with the number of the first epoch it serves.
@@ -85,64 +55,62 @@ impl std::fmt::Debug for CustomBackend {
     }
 }
 
-/// Builds a [`Loader`]; every setting has a default.
+/// Builds a [`Loader`]; every setting has a default ([`LOADER_SETTINGS`], the table every front
+/// door shares).
 #[derive(Debug, Clone)]
 pub struct LoaderBuilder {
     dataset: Arc<Dataset>,
+    /// The settings every door takes (order, batch size, ranks… are copied into `plan`).
+    settings: LoaderSettings,
+    /// The plan's other knobs (group size, coalescing), set through `window`, `coalescing`,
+    /// `plan`.
     plan: PlanConfig,
+    /// The engine's other knobs (the backend).
     engine: EngineConfig,
-    prefetch_groups: u32,
-    in_flight_groups: u32,
-    verify_checksums: bool,
-    device: Device,
     gpu_path: GpuPath,
     /// `window` was set: its slot size is taken as given.
     slot_explicit: bool,
-    memory_budget_bytes: u64,
     backend: Option<CustomBackend>,
-    timeout: Option<std::time::Duration>,
     door: FrontDoor,
-    open_files_max: Option<u32>,
 }
 
-/// The most files the I/O thread keeps open at once (io_uring's fixed-file table, as the
-/// engine sizes it). A dataset of more files (an ImageFolder of 1.28 M images) is read with the
-/// least recently used closed as others are opened.
-pub const OPEN_FILES_MAX: u32 = 65536;
-
-/// File descriptors left to the rest of the process when gpufeed sizes its open files from the
-/// `RLIMIT_NOFILE` soft limit.
-const FDS_RESERVED: u64 = 256;
+/// The most files the I/O thread keeps open at once (see [`crate::config::OPEN_FILES_MAX`]).
+pub use crate::config::OPEN_FILES_MAX;
 
 /// The arena's default memory budget: slots are sized from the dataset within it.
-pub const DEFAULT_MEMORY_BUDGET_BYTES: u64 = 4 << 30;
+pub const DEFAULT_MEMORY_BUDGET_BYTES: u64 = crate::config::MEMORY_BUDGET_DEFAULT_BYTES;
 
 impl LoaderBuilder {
+    /// Every setting at once, as the front doors give them ([`LoaderSettings::set`]).
+    pub fn settings(mut self, settings: &LoaderSettings) -> Self {
+        self.settings = settings.clone();
+        self
+    }
     /// Samples per batch (default 256).
     pub fn batch_size(mut self, n: u32) -> Self {
-        self.plan.batch_size = n;
+        self.settings.batch_size = n;
         self
     }
     /// The epoch order (default global).
     pub fn order(mut self, order: Order) -> Self {
-        self.plan.order = order;
+        self.settings.set_order(order);
         self
     }
     /// The seed every epoch order derives from (default 0).
     pub fn seed(mut self, seed: u64) -> Self {
-        self.plan.seed = seed;
+        self.settings.seed = seed;
         self
     }
     /// This process's rank and the number of ranks.
     pub fn rank(mut self, rank: u32, world_size: u32) -> Self {
-        self.plan.rank = rank;
-        self.plan.world_size = world_size;
+        self.settings.rank = rank;
+        self.settings.world_size = world_size;
         self
     }
     /// What happens to the samples that do not fill a rank's last batch: a short last batch
     /// (default; every sample exactly once), dropped, or padded to even out ranks.
     pub fn last_batch(mut self, policy: LastBatch) -> Self {
-        self.plan.last_batch = policy;
+        self.settings.last_batch = policy;
         self
     }
     /// The familiar alias: `true` is [`LastBatch::Drop`], `false` [`LastBatch::Short`].
@@ -153,14 +121,14 @@ impl LoaderBuilder {
             LastBatch::Short
         })
     }
-    /// Finished groups waiting for the consumer, at most.
+    /// Finished groups waiting for the consumer, at most (default 2).
     pub fn prefetch_groups(mut self, n: u32) -> Self {
-        self.prefetch_groups = n;
+        self.settings.prefetch = n;
         self
     }
-    /// Groups being read at once, at most.
+    /// Groups being read at once, at most (default 2).
     pub fn in_flight_groups(mut self, n: u32) -> Self {
-        self.in_flight_groups = n;
+        self.settings.in_flight = n;
         self
     }
     /// Batches per read group, and the slot size a group must fit (taken as given; without
@@ -182,13 +150,13 @@ impl LoaderBuilder {
     /// `--memory-budget`). Slots are sized from the dataset: the batch-size largest samples
     /// together when that fits, else as large as the budget allows.
     pub fn memory_budget(mut self, bytes: u64) -> Self {
-        self.memory_budget_bytes = bytes;
+        self.settings.memory_budget = bytes;
         self
     }
     /// Coalescing limits: largest gap read through, largest merged read.
-    pub fn coalescing(mut self, max_gap_bytes: u64, max_read_bytes: u64) -> Self {
-        self.plan.max_gap_bytes = max_gap_bytes;
-        self.plan.max_read_bytes = max_read_bytes;
+    pub fn coalescing(mut self, gap_bytes_max: u64, read_bytes_max: u64) -> Self {
+        self.plan.gap_bytes_max = gap_bytes_max;
+        self.plan.read_bytes_max = read_bytes_max;
         self
     }
     /// The engine to read with (default io_uring).
@@ -196,20 +164,20 @@ impl LoaderBuilder {
         self.engine.kind = kind;
         self
     }
-    /// Reads in flight in the engine.
+    /// Reads in flight in the engine (default 128).
     pub fn queue_depth(mut self, qd: u32) -> Self {
-        self.engine.queue_depth = qd;
+        self.settings.queue_depth = qd;
         self
     }
     /// Check every sample's crc32c where the format has one (default on).
     pub fn verify_checksums(mut self, yes: bool) -> Self {
-        self.verify_checksums = yes;
+        self.settings.verify = yes;
         self
     }
     /// Where batches are delivered: host memory (default), a CUDA device, or the simulated
     /// device (tests).
     pub fn device(mut self, device: Device) -> Self {
-        self.device = device;
+        self.settings.device = device;
         self
     }
     /// How reads reach a CUDA device (default: decided by the platform).
@@ -219,6 +187,13 @@ impl LoaderBuilder {
     }
     /// The whole plan configuration at once.
     pub fn plan(mut self, plan: PlanConfig) -> Self {
+        let s = &mut self.settings;
+        s.set_order(plan.order);
+        s.seed = plan.seed;
+        s.rank = plan.rank;
+        s.world_size = plan.world_size;
+        s.batch_size = plan.batch_size;
+        s.last_batch = plan.last_batch;
         self.plan = plan;
         self
     }
@@ -227,7 +202,7 @@ impl LoaderBuilder {
     /// [`ErrorKind::TimedOut`] error naming what the batch waits for and who holds the read
     /// buffers; the epoch stays usable (the next call waits again). As `DataLoader(timeout=)`.
     pub fn timeout(mut self, limit: std::time::Duration) -> Self {
-        self.timeout = Some(limit);
+        self.settings.timeout = Some(limit);
         self
     }
     /// Files kept open at most (default: every file of the dataset, up to [`OPEN_FILES_MAX`]
@@ -236,7 +211,7 @@ impl LoaderBuilder {
     /// group needs it and the least recently used one with no read in flight is closed: an
     /// ImageFolder of any size reads this way, one `open` per file per epoch.
     pub fn open_files_max(mut self, n: u32) -> Self {
-        self.open_files_max = Some(n);
+        self.settings.open_files_max = Some(n);
         self
     }
     /// Names settings in messages as `door` spells them (the Python and C packages set it).
@@ -249,14 +224,25 @@ impl LoaderBuilder {
     /// Checks the settings, sizes the slots and allocates the arena (on a device, also registers
     /// it and allocates the device regions).
     pub fn build(self) -> Result<Loader> {
-        self.plan.validate()?;
-        if self.prefetch_groups == 0 || self.in_flight_groups == 0 {
+        let s = &self.settings;
+        let mut plan = PlanConfig {
+            order: s.order(),
+            seed: s.seed,
+            rank: s.rank,
+            world_size: s.world_size,
+            batch_size: s.batch_size,
+            last_batch: s.last_batch,
+            ..self.plan.clone()
+        };
+        plan.validate()?;
+        if s.prefetch == 0 || s.in_flight == 0 {
             return Err(invalid(format!(
-                "{} and the groups in flight must be at least 1",
-                self.door.prefetch()
+                "{} and {} must be at least 1",
+                self.door.prefetch(),
+                self.door.spell("in_flight")
             )));
         }
-        if self.timeout == Some(std::time::Duration::ZERO) {
+        if s.timeout == Some(std::time::Duration::ZERO) {
             return Err(invalid(format!(
                 "{} must be above 0 (leave it unset to wait as long as it takes)",
                 self.door.timeout()
@@ -265,52 +251,31 @@ impl LoaderBuilder {
         if self.dataset.is_empty() {
             return Err(invalid("the dataset has no samples"));
         }
-        let files = self.dataset.files().len();
-        let slots = self.prefetch_groups + self.in_flight_groups;
-        let mut plan = self.plan.clone();
-        if !self.slot_explicit {
-            plan.group_bytes_max = crate::plan::slot_bytes_for(
-                self.dataset.samples(),
-                plan.batch_size,
-                plan.align,
-                slots,
-                self.memory_budget_bytes,
-            )?;
-        }
-        // The engine takes every group the planner may make: reads per group are capped at
-        // what one job may hold, and its table holds every group in flight.
-        let reads_per_job =
-            (plan.batch_size as u64 * plan.window_batches as u64).clamp(4096, 65536) as u32;
-        if plan.batch_size > reads_per_job {
-            return Err(invalid(format!(
-                "batch_size {} is above 65536 samples, the most one read group may hold",
-                plan.batch_size
-            )));
-        }
-        plan.reads_per_group_max = reads_per_job;
-        let slot_bytes = (plan.group_bytes_max as usize).next_multiple_of(4096);
-        // Every file of the groups in flight, and of the one being submitted, must be open.
-        let group_files = (plan.batch_size as u64 * plan.window_batches as u64)
-            .saturating_mul(self.in_flight_groups as u64 + 1)
-            .min(files as u64);
-        let open_files = open_files(files as u64, group_files, self.open_files_max)?;
-        let engine = EngineConfig {
-            slot_bytes,
-            slots,
-            files_max: open_files,
-            reads_per_job_max: reads_per_job,
-            reads_in_flight_max: reads_per_job.saturating_mul(self.in_flight_groups),
-            ..self.engine.clone()
-        };
-        engine.validate()?;
+        let (limited, engine) = crate::config::loader_limits(
+            &plan,
+            &EngineConfig {
+                queue_depth: s.queue_depth,
+                ..self.engine.clone()
+            },
+            &crate::config::LoaderShape {
+                samples: self.dataset.samples(),
+                files: self.dataset.files().len(),
+                prefetch_groups: s.prefetch,
+                in_flight_groups: s.in_flight,
+                memory_budget_bytes: s.memory_budget,
+                slot_explicit: self.slot_explicit,
+                open_files_max: s.open_files_max,
+            },
+        )?;
+        plan = limited;
         // Memory is allocated once: every epoch's engine reads into this arena.
         let arena = Arena::new(&crate::buf::ArenaConfig {
             slot_bytes: engine.slot_bytes,
             slots: engine.slots,
             huge_pages: engine.huge_pages,
         })?;
-        let regions = (self.prefetch_groups + self.in_flight_groups) as usize;
-        let gpu = match &self.device {
+        let regions = (s.prefetch + s.in_flight) as usize;
+        let gpu = match &s.device {
             Device::Host => None,
             Device::Simulated(sim) => Some(Arc::new(GpuState {
                 _pin: None,
@@ -341,53 +306,20 @@ impl LoaderBuilder {
             service: Arc::default(),
             arena,
             gpu,
-            dataset: self.dataset,
             plan,
             engine,
-            prefetch_groups: self.prefetch_groups,
-            in_flight_groups: self.in_flight_groups,
-            verify_checksums: self.verify_checksums,
+            prefetch_groups: s.prefetch,
+            in_flight_groups: s.in_flight,
+            verify_checksums: s.verify,
+            timeout: s.timeout,
+            settings: self.settings.clone(),
+            dataset: self.dataset,
             backend: self.backend,
             pid: std::process::id(),
-            timeout: self.timeout,
             door: self.door,
             gauges: Arc::default(),
         })
     }
-}
-
-/// How many files the I/O thread may keep open: the dataset's, at most `asked` (or
-/// [`OPEN_FILES_MAX`]) and what `RLIMIT_NOFILE` leaves (its soft limit raised toward the hard one
-/// if the dataset needs more); an error if that is fewer than one step's `group_files`.
-fn open_files(files: u64, group_files: u64, asked: Option<u32>) -> Result<u32> {
-    let want = files.min(asked.unwrap_or(OPEN_FILES_MAX).min(OPEN_FILES_MAX) as u64);
-    if let Some(n) = asked {
-        if (n as u64) < group_files {
-            return Err(invalid(format!(
-                "open_files_max {n} is below the {group_files} files the read groups in flight \
-                 may need at once (batch size × batches per group × (groups in flight + 1))"
-            )));
-        }
-    }
-    let in_use = crate::sys::open_fds();
-    let mut soft = crate::sys::nofile_limit().0;
-    if soft < in_use + want + FDS_RESERVED {
-        soft = crate::sys::raise_nofile(in_use + want + FDS_RESERVED);
-    }
-    let allowed = soft.saturating_sub(in_use + FDS_RESERVED);
-    if allowed < group_files {
-        let hard = crate::sys::nofile_limit().1;
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!(
-                "the read groups in flight may need {group_files} files open at once, and the \
-                 open-file limit leaves {allowed} (soft limit {soft}, hard {hard}, {in_use} open \
-                 now): raise `ulimit -n`, use smaller batches, or pack the dataset into shards \
-                 (`gpufeed pack`)"
-            ),
-        ));
-    }
-    Ok(want.min(allowed).max(1) as u32)
 }
 
 /// What a device loader holds for its whole life: the arena's CUDA registration (page-locked
@@ -443,33 +375,34 @@ pub struct Loader {
     /// The limit on each wait for a batch, if the caller set one.
     timeout: Option<std::time::Duration>,
     door: FrontDoor,
+    /// The settings it was built with (the plan's and engine's limits derived from them are
+    /// `plan` and `engine`).
+    settings: LoaderSettings,
     /// What the I/O thread is doing (for the reports of a long wait).
     gauges: Arc<Gauges>,
 }
 
 impl Loader {
-    /// A builder over `dataset` with defaults: global order, seed 0, one rank, batches of 256,
-    /// groups of up to 4 batches in 128 MiB slots, io_uring with QD 128, checksums verified.
+    /// A builder over `dataset` with the defaults of [`LOADER_SETTINGS`] (global order, seed 0,
+    /// one rank, batches of 256, 2 groups read ahead and 2 in flight, io_uring with QD 128,
+    /// checksums verified, a 4 GiB memory budget) and groups of up to 4 batches in slots sized
+    /// from the dataset.
     pub fn builder(dataset: impl Into<Arc<Dataset>>) -> LoaderBuilder {
         LoaderBuilder {
             dataset: dataset.into(),
+            settings: LoaderSettings::default(),
             plan: PlanConfig::default(),
-            engine: EngineConfig {
-                queue_depth: 128,
-                ..EngineConfig::default()
-            },
-            prefetch_groups: 2,
-            in_flight_groups: 2,
-            verify_checksums: true,
-            device: Device::Host,
+            engine: EngineConfig::default(),
             gpu_path: GpuPath::Auto,
             slot_explicit: false,
-            memory_budget_bytes: DEFAULT_MEMORY_BUDGET_BYTES,
             backend: None,
-            timeout: None,
             door: FrontDoor::Rust,
-            open_files_max: None,
         }
+    }
+
+    /// The settings it was built with ([`LoaderSettings::values`] reads them as text).
+    pub fn settings(&self) -> &LoaderSettings {
+        &self.settings
     }
 
     /// The device regions batches are delivered in (`None` for a host loader).

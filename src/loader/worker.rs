@@ -8,10 +8,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::batch::{Memory, Region, SampleSpan};
+use crate::batch::{Memory, Region};
 use crate::buf::{Arena, Slot};
 use crate::config::EngineConfig;
-use crate::dataset::{Dataset, Frame};
+use crate::dataset::Dataset;
+use crate::dataset::SampleSpan;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gpu::copy::CopyPipeline;
 use crate::io::{Completion, Engine, FileId, ReadSpec};
@@ -471,8 +472,7 @@ impl WorkerCtx {
     /// host bytes).
     fn checked(&self, mut f: Filled, verify: bool) -> Filled {
         let bytes = self.arena.bytes(&f.slot);
-        check_spans(
-            &self.dataset,
+        self.dataset.check_spans(
             bytes,
             &f.meta.ids,
             &mut f.meta.spans,
@@ -481,45 +481,6 @@ impl WorkerCtx {
         );
         f
     }
-}
-
-/// Checks each delivered sample's frame and (with `verify`) checksum against the group's bytes,
-/// narrowing its span to the payload or replacing it with the error. Where the data carries
-/// labels (TFRecord Examples), `labels` becomes one per sample (the index's, overridden by the
-/// data's); it stays empty otherwise. Nothing to do for formats without frames when not
-/// verifying.
-pub(super) fn check_spans(
-    ds: &Dataset,
-    bytes: &[u8],
-    ids: &[u32],
-    spans: &mut [SampleSpan],
-    labels: &mut Vec<i64>,
-    verify: bool,
-) {
-    if !(verify && ds.has_checksums()) && ds.frame() == Frame::None {
-        return;
-    }
-    for (k, (span, &id)) in spans.iter_mut().zip(ids).enumerate() {
-        if let Ok(r) = span {
-            *span = match ds.check_sample(id as usize, &bytes[r.clone()], verify) {
-                Ok(c) => {
-                    if let Some(label) = c.label {
-                        if labels.is_empty() {
-                            labels.extend(index_labels(ds, ids));
-                        }
-                        labels[k] = label;
-                    }
-                    Ok(r.start + c.payload.start..r.start + c.payload.end)
-                }
-                Err(e) => Err(Arc::new(e)),
-            };
-        }
-    }
-}
-
-/// The index's label of each sample.
-pub(super) fn index_labels<'a>(ds: &'a Dataset, ids: &'a [u32]) -> impl Iterator<Item = i64> + 'a {
-    ids.iter().map(|&i| ds.sample(i as usize).label)
 }
 
 /// A group's reads whose file could not be opened (sorted by read index): they were not

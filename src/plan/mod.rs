@@ -7,8 +7,8 @@
 //! An epoch is cut into batches of `batch_size` samples; consecutive batches form *groups*
 //! (at most `window_batches`, at most `group_bytes_max` bytes once laid out) whose samples are
 //! read together into one slot. Within a group, samples are sorted by (file, offset) and merged
-//! into reads while the gap between two is at most `max_gap_bytes` (the read-amplification
-//! limit) and the merged read stays under `max_read_bytes`; the *scatter map* says where each
+//! into reads while the gap between two is at most `gap_bytes_max` (the read-amplification
+//! limit) and the merged read stays under `read_bytes_max`; the *scatter map* says where each
 //! sample sits inside which read.
 //!
 //! Coalescing is a trade, and this module shows it rather than hiding it: after a `global`
@@ -22,6 +22,10 @@ use std::ops::Range;
 use crate::dataset::Sample;
 use crate::error::{invalid, Result};
 use crate::rng::Rng;
+
+/// The most reads one read group may issue (the engine's `reads_per_job_max` at most:
+/// [`crate::config::READS_PER_JOB_MAX`] is this).
+pub const READS_PER_GROUP_MAX: u32 = 65536;
 
 /// How an epoch's samples are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -146,9 +150,9 @@ pub struct PlanConfig {
     /// Bytes a group may take in its slot (the slot size).
     pub group_bytes_max: u64,
     /// Merge two samples of one file into one read when the gap between them is at most this.
-    pub max_gap_bytes: u64,
+    pub gap_bytes_max: u64,
     /// A merged read is at most this long.
-    pub max_read_bytes: u64,
+    pub read_bytes_max: u64,
     /// Offset alignment assumed when laying reads out in a slot (≥ every file's O_DIRECT
     /// offset alignment).
     pub align: u32,
@@ -168,10 +172,10 @@ impl Default for PlanConfig {
             last_batch: LastBatch::Short,
             window_batches: 4,
             group_bytes_max: 128 << 20,
-            max_gap_bytes: 64 << 10,
-            max_read_bytes: 16 << 20,
+            gap_bytes_max: 64 << 10,
+            read_bytes_max: 16 << 20,
             align: 4096,
-            reads_per_group_max: 65536,
+            reads_per_group_max: READS_PER_GROUP_MAX,
         }
     }
 }
@@ -233,7 +237,7 @@ impl PlanConfig {
     /// the sum of its samples' spans.
     fn without_gaps(&self) -> PlanConfig {
         PlanConfig {
-            max_gap_bytes: 0,
+            gap_bytes_max: 0,
             ..self.clone()
         }
     }
@@ -268,8 +272,8 @@ impl PlanConfig {
                 self.align
             )));
         }
-        if self.max_read_bytes == 0 || self.max_read_bytes > u32::MAX as u64 {
-            return Err(invalid("max_read_bytes must be in 1..4 GiB"));
+        if self.read_bytes_max == 0 || self.read_bytes_max > u32::MAX as u64 {
+            return Err(invalid("read_bytes_max must be in 1..4 GiB"));
         }
         match self.order {
             Order::ShardBuffer { buffer: 0 } => {
@@ -718,8 +722,8 @@ pub fn coalesce(
         cur = match cur {
             Some((f, start, end))
                 if f == file
-                    && so <= end.saturating_add(cfg.max_gap_bytes)
-                    && se.max(end) - start <= cfg.max_read_bytes =>
+                    && so <= end.saturating_add(cfg.gap_bytes_max)
+                    && se.max(end) - start <= cfg.read_bytes_max =>
             {
                 Some((f, start, end.max(se)))
             }

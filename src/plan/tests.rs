@@ -188,8 +188,8 @@ fn groups_cover_batches_and_scatter_points_into_reads() {
                 batch_size: 1 + rng.below(8) as u32,
                 window_batches: 1 + rng.below(5) as u32,
                 group_bytes_max: 300_000,
-                max_gap_bytes: rng.below(3) * 4096,
-                max_read_bytes: 50_000 + rng.below(200_000),
+                gap_bytes_max: rng.below(3) * 4096,
+                read_bytes_max: 50_000 + rng.below(200_000),
                 align: [512, 4096][rng.below(2) as usize],
                 ..PlanConfig::default()
             };
@@ -204,12 +204,12 @@ fn groups_cover_batches_and_scatter_points_into_reads() {
                 }
                 next_batch = gr.batches.end;
                 assert!(gr.slot_bytes <= cfg.group_bytes_max);
-                // Reads lie in disjoint, aligned places of the slot, within max_read_bytes.
+                // Reads lie in disjoint, aligned places of the slot, within read_bytes_max.
                 let a = cfg.align as u64;
                 let mut end = 0;
                 for r in &gr.reads {
                     assert!(r.buf_offset >= end && r.buf_offset % a == 0);
-                    assert!(r.len as u64 <= cfg.max_read_bytes);
+                    assert!(r.len as u64 <= cfg.read_bytes_max);
                     end =
                         r.buf_offset + (r.offset + r.len as u64).div_ceil(a) * a - r.offset / a * a;
                 }

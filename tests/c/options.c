@@ -1,7 +1,8 @@
 /* Opens a dataset through gpufeed's C ABI with options given as KEY=VALUE arguments (the
  * options struct's field names), reads one epoch and prints what it saw, for tests/it/capi.rs:
  *   options KEY=VALUE... -- PATH...
- * prints "options {json}" (the dataset options in effect) and
+ * prints "options {json}" (the dataset options in effect), "settings {json}" (the loader
+ * settings in effect) and
  * "samples N padding P batches B bytes S". With keep=1 every batch is kept until a wait times
  * out (timeout_ms): "timeout MESSAGE" is printed, the kept batches are freed and the epoch
  * goes on. */
@@ -19,7 +20,7 @@ static int fail(const char* what, int32_t st) {
 
 int main(int argc, char** argv) {
     gpufeed_options o;
-    gpufeed_options_default(&o);
+    if (gpufeed_options_default(&o) != GPUFEED_OK) return fail("defaults", 1);
     int keep = 0;
     gpufeed_batch* kept[4096];
     uint32_t nkept = 0;
@@ -49,6 +50,17 @@ int main(int argc, char** argv) {
         else if (!strcmp(k, "order")) o.order = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(k, "prefetch")) o.prefetch = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(k, "timeout_ms")) o.timeout_ms = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "seed")) o.seed = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "device")) o.device = (int32_t)strtol(v, NULL, 10);
+        else if (!strcmp(k, "drop_last")) o.drop_last = (uint8_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "verify")) o.verify = (uint8_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "memory_budget")) o.memory_budget = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "in_flight")) o.in_flight = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "queue_depth")) o.queue_depth = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "shuffle_buffer")) o.shuffle_buffer = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "open_blocks")) o.open_blocks = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "block_bytes")) o.block_bytes = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "open_files_max")) o.open_files_max = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(k, "keep")) keep = !strcmp(v, "1");
         else return fprintf(stderr, "unknown option %s\n", k), 2;
     }
@@ -64,6 +76,7 @@ int main(int argc, char** argv) {
         return fail("open", st);
     }
     printf("options %s\n", gpufeed_loader_dataset_options(l));
+    printf("settings %s\n", gpufeed_loader_settings(l));
     for (uint64_t p = 0; gpufeed_loader_problem(l, p) != NULL; p++)
         printf("problem %s\n", gpufeed_loader_problem(l, p));
     printf("problems %" PRIu64 "\n", gpufeed_loader_problems(l));

@@ -550,3 +550,206 @@ fn a_c_program_reads_decoded_images() {
     );
     assert!(stdout.contains("refused: dtype 7"), "{stdout}");
 }
+
+/// The settings JSON of `gpufeed bench load --json` (its first loader mode's row) over `paths`.
+fn cli_settings(dir: &Path, paths: &[&Path], mode: &str, flags: &[&str]) -> serde_json::Value {
+    let mut c = Command::new(gpufeed_bin());
+    c.env("GPUFEED_QUIET", "1")
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .args([
+            "bench", "load", "--json", "--format", "tokens", "--modes", mode,
+        ])
+        .arg("--dir")
+        .arg(dir.join("bench-load"))
+        .args(flags);
+    for p in paths {
+        c.arg("--dataset").arg(p);
+    }
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let row: serde_json::Value = out
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON row in {out}"));
+    row["settings"].clone()
+}
+
+/// `json` with only the settings `door` takes.
+fn at_door(json: &serde_json::Value, door: gpufeed::loader::FrontDoor) -> serde_json::Value {
+    let mut m = json.as_object().unwrap().clone();
+    m.retain(|k, _| {
+        gpufeed::loader::LOADER_SETTINGS
+            .iter()
+            .any(|o| o.name == k && o.at(door))
+    });
+    serde_json::Value::Object(m)
+}
+
+/// Every loader setting reaches every door with the table's default, and a value given at a
+/// door reaches the loader: the Rust builder, the C options struct (`gpufeed_options_default`,
+/// then every field set), the CLI's flags (`bench load`, old spellings too). Python's door is
+/// held to the same table by `python/tests/test_loader.py` (`Settings`).
+#[test]
+fn every_loader_setting_reaches_every_door_with_the_tables_default() {
+    use gpufeed::loader::{FrontDoor, LoaderSettings, LOADER_SETTINGS};
+    let dir = disk_dir();
+    let tokens = dir.path().join("train.bin");
+    let words: Vec<u8> = (0..20000u32)
+        .flat_map(|t| (t * 7919).to_le_bytes())
+        .collect();
+    std::fs::write(&tokens, &words).unwrap();
+    let mut o = gpufeed::dataset::OpenOptions::default();
+    o.set("format", "tokens").unwrap();
+    let ds = gpufeed::Dataset::open_paths(std::slice::from_ref(&tokens), &o).unwrap();
+
+    // Rust: the builder's defaults are the table's.
+    let loader = gpufeed::Loader::builder(ds).build().unwrap();
+    let defaults = LoaderSettings::defaults_json(FrontDoor::Rust);
+    assert_eq!(
+        at_door(&loader.settings().to_json(), FrontDoor::Rust),
+        defaults
+    );
+
+    // The values every door is given below, as `LoaderSettings::set` reads them.
+    let given: Vec<(&str, &str)> = vec![
+        ("batch_size", "16"),
+        ("order", "block"),
+        ("seed", "9"),
+        ("rank", "1"),
+        ("world_size", "2"),
+        ("prefetch", "3"),
+        ("in_flight", "4"),
+        ("last_batch", "pad"),
+        ("verify", "false"),
+        ("shuffle_buffer", "77"),
+        ("block_bytes", "65536"),
+        ("open_blocks", "3"),
+        ("queue_depth", "16"),
+        ("memory_budget", "67108864"),
+        ("timeout", "250"),
+        ("open_files_max", "4"),
+    ];
+    let mut want = LoaderSettings::default();
+    for (k, v) in &given {
+        want.set(k, v).unwrap();
+    }
+    let want = want.to_json();
+    // Every setting is given a value other than its default, except those no door but Python
+    // takes, and the device (a CUDA device needs a GPU).
+    for s in LOADER_SETTINGS {
+        let tested = given.iter().any(|(k, _)| *k == s.name);
+        let exempt = s.name == "device" || !(s.at(FrontDoor::C) || s.at(FrontDoor::Cli));
+        assert!(tested || exempt, "{} is not given at any door here", s.name);
+    }
+
+    // CLI: defaults, then every flag it takes.
+    let cli = cli_settings(dir.path(), &[&tokens], "global", &[]);
+    assert_eq!(
+        at_door(&cli, FrontDoor::Cli),
+        LoaderSettings::defaults_json(FrontDoor::Cli),
+        "bench load's defaults"
+    );
+    let mut flags: Vec<String> = Vec::new();
+    for (k, v) in &given {
+        let s = LOADER_SETTINGS.iter().find(|s| s.name == *k).unwrap();
+        if s.at(FrontDoor::Cli) {
+            flags.push(format!("--{}", s.flag));
+            flags.push(v.to_string());
+        }
+    }
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let cli = cli_settings(dir.path(), &[&tokens], "block", &flags);
+    assert_eq!(
+        at_door(&cli, FrontDoor::Cli),
+        at_door(&want, FrontDoor::Cli),
+        "bench load's flags"
+    );
+    // The flags' old spellings.
+    let cli = cli_settings(
+        dir.path(),
+        &[&tokens],
+        "global",
+        &["--batch", "16", "--qd", "16", "--no-verify"],
+    );
+    assert_eq!(
+        (&cli["batch_size"], &cli["queue_depth"], &cli["verify"]),
+        (&"16".into(), &"16".into(), &"false".into())
+    );
+
+    // C: the struct gpufeed_options_default fills, then every field set.
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("skipped the C door: no C compiler (cc) on this machine");
+        return;
+    }
+    let lib = build_capi();
+    let exe = compile_named(dir.path(), &lib, "options");
+    let settings = |args: &[String]| -> serde_json::Value {
+        let o = Command::new(&exe)
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
+            .args(args)
+            .arg("format=tokens")
+            .arg("--")
+            .arg(&tokens)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let line = out
+            .lines()
+            .find_map(|l| l.strip_prefix("settings "))
+            .unwrap();
+        serde_json::from_str(line).unwrap()
+    };
+    assert_eq!(
+        at_door(&settings(&[]), FrontDoor::C),
+        LoaderSettings::defaults_json(FrontDoor::C),
+        "gpufeed_options_default"
+    );
+    // C spells names with numbers and milliseconds.
+    let c_value = |k: &str, v: &str| -> (String, String) {
+        match (k, v) {
+            ("order", "block") => ("order".into(), "2".into()),
+            ("last_batch", "pad") => ("last_batch".into(), "2".into()),
+            ("verify", "false") => ("verify".into(), "0".into()),
+            ("timeout", secs) => (
+                "timeout_ms".into(),
+                (secs.parse::<u64>().unwrap() * 1000).to_string(),
+            ),
+            (k, v) => (k.into(), v.into()),
+        }
+    };
+    let args: Vec<String> = given
+        .iter()
+        .map(|(k, v)| {
+            let (k, v) = c_value(k, v);
+            format!("{k}={v}")
+        })
+        .collect();
+    assert_eq!(
+        at_door(&settings(&args), FrontDoor::C),
+        at_door(&want, FrontDoor::C),
+        "every C field"
+    );
+    // torchrun's environment reaches the C defaults as it does Python's.
+    let o = Command::new(&exe)
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "3")
+        .args(["format=tokens", "--"])
+        .arg(&tokens)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("settings "))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!((&v["rank"], &v["world_size"]), (&"1".into(), &"3".into()));
+}

@@ -92,7 +92,7 @@ fn every_sample_once_through_out_of_order_copies() {
         let st = &sim.stats;
         assert!(st.copies.load(Ordering::Relaxed) > 0);
         assert!(
-            st.max_in_flight.load(Ordering::Relaxed) >= 2,
+            st.in_flight_max.load(Ordering::Relaxed) >= 2,
             "copies overlapped"
         );
         assert_eq!(st.source_changed.load(Ordering::Relaxed), 0);
@@ -108,7 +108,7 @@ fn dropping_mid_epoch_with_copies_in_flight_returns_everything() {
     let ds = Dataset::open_shards(&shards(dir.path(), n, 64)).unwrap();
     for seed in 0..40u64 {
         let mut sim = SimDevice::new(seed);
-        sim.max_delay = 40; // copies linger: many are in flight at the drop
+        sim.delay_max = 40; // copies linger: many are in flight at the drop
         let loader = sim_loader(&ds, Order::Global, &sim);
         let mut epoch = loader.epoch(seed).unwrap();
         let take = (seed % 7) as usize;

@@ -184,7 +184,7 @@ fn file_shrinks_while_reads_are_in_flight() {
     let path = pattern_file(dir.path(), "sim.bin", size);
     let mut sim = SimConfig::clean(1);
     sim.capacity = 64;
-    sim.max_delay_rounds = 8;
+    sim.delay_rounds_max = 8;
     let mut engine = sim_engine(sim, EngineKind::Uring, 64);
     let file = engine.open(&path).unwrap();
     for j in 0..64u64 {

@@ -2,9 +2,33 @@
 //!
 //! Values are chosen at start-up and never grow: the arena, the operation table, the ring and
 //! the worker pool are all allocated once from an [`EngineConfig`] that [`EngineConfig::validate`]
-//! has accepted. Units are last in names (`queue_depth`, `slot_bytes`, `files_max`).
+//! has accepted. Units are last in names (`queue_depth`, `slot_bytes`, `files_max`), and so
+//! are bounds (`reads_per_job_max`, `OPEN_FILES_MAX`).
+//!
+//! A loader's settings, as every front door takes them, are in [`LOADER_SETTINGS`]; what they
+//! and the dataset make of the plan's and the engine's limits is `loader_limits`.
 
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::plan::PlanConfig;
+
+mod settings;
+
+pub use settings::{
+    FrontDoor, LoaderSettings, OnError, Setting, BATCH_SIZE_MAX, GROUPS_MAX, LOADER_SETTINGS,
+    MEMORY_BUDGET_DEFAULT_BYTES, OPEN_FILES_MAX, QUEUE_DEPTH_MAX, READS_PER_JOB_MAX,
+    READS_PER_JOB_MIN,
+};
+
+/// The most arena slots.
+pub const SLOTS_MAX: u32 = 1 << 20;
+/// The largest arena slot.
+pub const SLOT_BYTES_MAX: u64 = 1 << 30;
+/// The largest arena (slots × slot bytes).
+pub const ARENA_BYTES_MAX: u64 = 1 << 40;
+/// The most reads of all jobs in flight (the engine's table of reads).
+pub const READS_IN_FLIGHT_MAX: u32 = 1 << 22;
+/// The most threads of the `pread` pool.
+pub const POOL_THREADS_MAX: u32 = 1024;
 
 /// Which backend serves reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -47,7 +71,7 @@ impl EngineKind {
 }
 
 impl std::str::FromStr for EngineKind {
-    type Err = crate::Error;
+    type Err = crate::error::Error;
     fn from_str(s: &str) -> Result<EngineKind> {
         EngineKind::ALL
             .into_iter()
@@ -78,15 +102,15 @@ pub const ENV_REGISTER: &str = "GPUFEED_REGISTER_BUFFERS";
 pub struct EngineConfig {
     /// Backend. Overridden by `GPUFEED_ENGINE` when `honor_env` is set.
     pub kind: EngineKind,
-    /// Reads in flight at most (the ring size, or the pool's queue). 1..=4096.
+    /// Reads in flight at most (the ring size, or the pool's queue). 1..=[`QUEUE_DEPTH_MAX`].
     pub queue_depth: u32,
     /// Size of each arena slot. A multiple of 4096, at most 1 GiB.
     pub slot_bytes: usize,
     /// Number of arena slots. At least 1; default: `queue_depth`.
     pub slots: u32,
-    /// Files open at once at most. 1..=65536.
+    /// Files open at once at most. 1..=[`OPEN_FILES_MAX`].
     pub files_max: u32,
-    /// Reads one job may hold at most. 1..=65536.
+    /// Reads one job may hold at most. 1..=[`READS_PER_JOB_MAX`].
     pub reads_per_job_max: u32,
     /// Reads of all jobs in flight at most (the engine's table of reads); 0: four times the
     /// queue depth or `reads_per_job_max`, whichever is more. A loader sets it to
@@ -153,18 +177,28 @@ impl EngineConfig {
                 Ok(())
             }
         }
-        range("queue_depth", self.queue_depth as u64, 1, 4096)?;
-        range("slots", self.slots as u64, 1, 1 << 20)?;
-        range("files_max", self.files_max as u64, 1, 65536)?;
-        range("reads_per_job_max", self.reads_per_job_max as u64, 1, 65536)?;
+        range(
+            "queue_depth",
+            self.queue_depth as u64,
+            1,
+            QUEUE_DEPTH_MAX as u64,
+        )?;
+        range("slots", self.slots as u64, 1, SLOTS_MAX as u64)?;
+        range("files_max", self.files_max as u64, 1, OPEN_FILES_MAX as u64)?;
+        range(
+            "reads_per_job_max",
+            self.reads_per_job_max as u64,
+            1,
+            READS_PER_JOB_MAX as u64,
+        )?;
         range(
             "reads_in_flight_max",
             self.reads_in_flight_max as u64,
             0,
-            1 << 22,
+            READS_IN_FLIGHT_MAX as u64,
         )?;
-        range("threads", self.threads as u64, 0, 1024)?;
-        range("slot_bytes", self.slot_bytes as u64, 4096, 1 << 30)?;
+        range("threads", self.threads as u64, 0, POOL_THREADS_MAX as u64)?;
+        range("slot_bytes", self.slot_bytes as u64, 4096, SLOT_BYTES_MAX)?;
         if !self.slot_bytes.is_multiple_of(4096) {
             return Err(invalid(format!(
                 "slot_bytes must be a multiple of 4096, got {}",
@@ -173,7 +207,7 @@ impl EngineConfig {
         }
         (self.slot_bytes as u64)
             .checked_mul(self.slots as u64)
-            .filter(|&b| b <= 1 << 40)
+            .filter(|&b| b <= ARENA_BYTES_MAX)
             .ok_or_else(|| invalid("slot_bytes × slots exceeds 1 TiB"))?;
         Ok(())
     }
@@ -197,9 +231,9 @@ impl EngineConfig {
             return Ok(self);
         }
         if let Some(v) = engine.filter(|v| !v.is_empty()) {
-            self.kind = v
-                .parse()
-                .map_err(|e: crate::Error| invalid(format!("{ENV_ENGINE}: {}", e.message())))?;
+            self.kind = v.parse().map_err(|e: crate::error::Error| {
+                invalid(format!("{ENV_ENGINE}: {}", e.message()))
+            })?;
         }
         if register == Some("0") {
             self.register_buffers = false;
@@ -215,6 +249,113 @@ impl EngineConfig {
             self.threads
         }
     }
+}
+
+/// File descriptors left to the rest of the process when gpufeed sizes its open files from the
+/// `RLIMIT_NOFILE` soft limit.
+const FDS_RESERVED: u64 = 256;
+
+/// What a loader's groups need of the plan and the engine, from its settings and its dataset.
+#[derive(Debug)]
+pub(crate) struct LoaderShape<'a> {
+    /// The dataset's samples (slot sizes come from the largest).
+    pub samples: &'a [crate::dataset::Sample],
+    /// The dataset's files.
+    pub files: usize,
+    /// Groups waiting for the consumer, at most.
+    pub prefetch_groups: u32,
+    /// Groups being read, at most.
+    pub in_flight_groups: u32,
+    /// The arena's memory budget.
+    pub memory_budget_bytes: u64,
+    /// The slot size was given (`LoaderBuilder::window`): keep `group_bytes_max` as it is.
+    pub slot_explicit: bool,
+    /// Files kept open at most, if the caller said.
+    pub open_files_max: Option<u32>,
+}
+
+/// The plan and engine limits a loader runs under: slots sized from the dataset within the
+/// memory budget (unless given), every group the planner may make within what one engine job
+/// holds, the engine's table large enough for every group in flight, and as many files open as
+/// the groups in flight may touch (within `RLIMIT_NOFILE`). The engine configuration is
+/// validated.
+pub(crate) fn loader_limits(
+    plan: &PlanConfig,
+    engine: &EngineConfig,
+    shape: &LoaderShape<'_>,
+) -> Result<(PlanConfig, EngineConfig)> {
+    let slots = shape.prefetch_groups + shape.in_flight_groups;
+    let mut plan = plan.clone();
+    if !shape.slot_explicit {
+        plan.group_bytes_max = crate::plan::slot_bytes_for(
+            shape.samples,
+            plan.batch_size,
+            plan.align,
+            slots,
+            shape.memory_budget_bytes,
+        )?;
+    }
+    // The engine takes every group the planner may make: reads per group are capped at what
+    // one job may hold, and its table holds every group in flight.
+    let reads_per_job = (plan.batch_size as u64 * plan.window_batches as u64)
+        .clamp(READS_PER_JOB_MIN as u64, READS_PER_JOB_MAX as u64) as u32;
+    if plan.batch_size > reads_per_job {
+        return Err(invalid(format!(
+            "batch_size {} is above {BATCH_SIZE_MAX} samples, the most one read group may hold",
+            plan.batch_size
+        )));
+    }
+    plan.reads_per_group_max = reads_per_job;
+    let slot_bytes = (plan.group_bytes_max as usize).next_multiple_of(4096);
+    // Every file of the groups in flight, and of the one being submitted, must be open.
+    let group_files = (plan.batch_size as u64 * plan.window_batches as u64)
+        .saturating_mul(shape.in_flight_groups as u64 + 1)
+        .min(shape.files as u64);
+    let open_files = open_files(shape.files as u64, group_files, shape.open_files_max)?;
+    let engine = EngineConfig {
+        slot_bytes,
+        slots,
+        files_max: open_files,
+        reads_per_job_max: reads_per_job,
+        reads_in_flight_max: reads_per_job.saturating_mul(shape.in_flight_groups),
+        ..engine.clone()
+    };
+    engine.validate()?;
+    Ok((plan, engine))
+}
+
+/// How many files the I/O thread may keep open: the dataset's, at most `asked` (or
+/// [`OPEN_FILES_MAX`]) and what `RLIMIT_NOFILE` leaves (its soft limit raised toward the hard one
+/// if the dataset needs more); an error if that is fewer than one step's `group_files`.
+fn open_files(files: u64, group_files: u64, asked: Option<u32>) -> Result<u32> {
+    let want = files.min(asked.unwrap_or(OPEN_FILES_MAX).min(OPEN_FILES_MAX) as u64);
+    if let Some(n) = asked {
+        if (n as u64) < group_files {
+            return Err(invalid(format!(
+                "open_files_max {n} is below the {group_files} files the read groups in flight \
+                 may need at once (batch size × batches per group × (groups in flight + 1))"
+            )));
+        }
+    }
+    let in_use = crate::sys::open_fds();
+    let mut soft = crate::sys::nofile_limit().0;
+    if soft < in_use + want + FDS_RESERVED {
+        soft = crate::sys::raise_nofile(in_use + want + FDS_RESERVED);
+    }
+    let allowed = soft.saturating_sub(in_use + FDS_RESERVED);
+    if allowed < group_files {
+        let hard = crate::sys::nofile_limit().1;
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "the read groups in flight may need {group_files} files open at once, and the \
+                 open-file limit leaves {allowed} (soft limit {soft}, hard {hard}, {in_use} open \
+                 now): raise `ulimit -n`, use smaller batches, or pack the dataset into shards \
+                 (`gpufeed pack`)"
+            ),
+        ));
+    }
+    Ok(want.min(allowed).max(1) as u32)
 }
 
 #[cfg(test)]
