@@ -16,7 +16,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use gpufeed::bench::{SizeMix, IMAGENET_MIX};
 use gpufeed::dataset::{DataFile, Dataset, Sample};
 use gpufeed::plan::{epoch_order, EpochPlan, Order, PlanConfig};
-use gpufeed::rng::Rng;
+use gpufeed::testing::Rng;
 
 /// The system allocator, counting live and peak bytes.
 struct Counting;

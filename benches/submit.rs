@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use gpufeed::rng::Rng;
+use gpufeed::testing::Rng;
 use gpufeed::{Engine, EngineConfig, EngineKind, FileId, ReadSpec};
 
 const READS_PER_ITER: usize = 256;

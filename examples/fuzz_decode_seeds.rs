@@ -8,7 +8,7 @@ fn main() {
         .expect("usage: fuzz_decode_seeds OUT_DIR");
     std::fs::create_dir_all(&out).expect("seed directory");
     for i in 0..20u64 {
-        let jpeg = gpufeed::decode::synth::jpeg(7, i).expect("encode");
+        let jpeg = gpufeed::testing::synth::jpeg(7, i).expect("encode");
         for mode in [0u8, 1, 6, 9] {
             let mut b = vec![mode, i as u8];
             b.extend_from_slice(&jpeg);

@@ -11,9 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if archs.is_empty() {
         archs = vec![80, 90];
     }
-    for k in gpufeed::gpu::kernels::ALL {
+    for k in gpufeed::testing::kernels::ALL {
         for &arch in &archs {
-            gpufeed::gpu::kernels::cubin_cached(&k, arch, "prebuilt", Some(&dir))
+            gpufeed::testing::kernels::cubin_cached(&k, arch, "prebuilt", Some(&dir))
                 .map_err(|e| e.report())?;
             println!("{} sm_{arch}", k.name);
         }

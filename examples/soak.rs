@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpufeed::dataset::shard::ShardWriter;
-use gpufeed::io::sim::{Rng, SimBackend, SimConfig};
 use gpufeed::loader::BackendFactory;
+use gpufeed::testing::sim::{Rng, SimBackend, SimConfig};
 use gpufeed::{Dataset, EngineKind, LastBatch, Loader, Order};
 
 /// Sample `i`'s bytes: a function of its id and position, so a misplaced byte shows.

@@ -135,7 +135,7 @@ pub mod image;
 pub mod io;
 pub mod loader;
 pub mod plan;
-pub mod rng;
+mod rng;
 mod stats;
 // Helpers; some serve only the command line and its benchmarks.
 #[cfg_attr(not(feature = "cli"), allow(dead_code))]
@@ -151,8 +151,51 @@ pub use gpu::{gpu_available, Device, GpuPath};
 pub use io::{Completion, Engine, FileId, ReadSpec};
 pub use loader::{BatchTiming, Epoch, Loader, LoaderStats, StallStats};
 pub use plan::{LastBatch, Order, PlanConfig};
-/// The size syntax of the command line and the benchmarks (`4K`, `1.5G`, fio's `bssplit` mixes).
-pub use util::{parse_size, size_label, SizeMix, IMAGENET_MIX};
+
+/// What the tests, benchmarks, examples and fuzz targets reach that is not the library's
+/// promise: the seeded RNG, the size syntax of the command line, the simulated disk, and the
+/// CUDA, cuFile, nvJPEG and kernel internals the GPU tests drive one by one. Hidden from the
+/// documentation; it changes when they do.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::rng::Rng;
+    /// The size syntax of the command line and the benchmarks (`4K`, `1.5G`, fio's `bssplit`
+    /// mixes).
+    pub use crate::util::{parse_size, size_label, SizeMix, IMAGENET_MIX};
+
+    /// The seeded simulated disk ([`crate::io::Backend`] with latency, reordering, short reads
+    /// and errors; feature `sim`).
+    #[cfg(any(test, feature = "sim"))]
+    pub mod sim {
+        pub use crate::io::sim::*;
+    }
+    /// The CUDA driver API as gpufeed wraps it.
+    pub mod cuda {
+        pub use crate::gpu::cuda::*;
+    }
+    /// cuFile (GPUDirect Storage).
+    pub mod cufile {
+        pub use crate::gpu::cufile::*;
+    }
+    /// The kernels of `kernels/*.cu`: their parameters, compilation and launches.
+    pub mod kernels {
+        pub use crate::gpu::kernels::*;
+    }
+    /// The same kernels built for the host (feature `sim`).
+    pub mod host_kernels {
+        pub use crate::gpu::host_kernels::*;
+    }
+    /// nvJPEG's batched decoder.
+    pub mod nvjpeg {
+        pub use crate::gpu::nvjpeg::*;
+    }
+    pub use crate::gpu::context;
+    /// Generated images for tests and benchmarks (feature `decode`).
+    #[cfg(feature = "decode")]
+    pub mod synth {
+        pub use crate::decode::synth::*;
+    }
+}
 
 /// The README's examples, compiled as doctests so they stay true.
 #[doc = include_str!("../README.md")]

@@ -514,7 +514,23 @@ mod tests {
 /// rewritten whole before they are read) which a panic elsewhere cannot leave half-valid, and
 /// that `Drop` takes, where a panic must not happen.
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock().unpoisoned()
+}
+
+/// The one way gpufeed recovers from a poisoned lock or wait (a thread panicked holding it): it
+/// takes the guard anyway. What such a thread leaves is bookkeeping that is checked where it is
+/// read (counts, queues, flags), and one panic must not become a cascade of them — least of all
+/// in a `Drop` that waits for reads in flight. `lock(&m)` is the common case; waits on a
+/// condition variable call `.unpoisoned()` on their result.
+pub(crate) trait Unpoison<G> {
+    /// The guard (and what came with it), poisoned or not.
+    fn unpoisoned(self) -> G;
+}
+
+impl<G> Unpoison<G> for std::sync::LockResult<G> {
+    fn unpoisoned(self) -> G {
+        self.unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// crc32c (Castagnoli, as iSCSI and TFRecord use it) of `data`.

@@ -5,7 +5,7 @@
 //! Input: byte 0 picks the parser (and, for options, which option); the rest is the text.
 #![no_main]
 use gpufeed::dataset::{OpenOptions, DATASET_OPTIONS};
-use gpufeed::{parse_size, size_label, SizeMix};
+use gpufeed::testing::{parse_size, size_label, SizeMix};
 use gpufeed_fuzz::Counting;
 
 #[global_allocator]

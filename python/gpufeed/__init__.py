@@ -45,6 +45,7 @@ from ._gpufeed import (
     SampleError,
     __version__,
     gpu_available,
+    verify,
 )
 
 
@@ -73,4 +74,5 @@ __all__ = [
     "SampleError",
     "__version__",
     "gpu_available",
+    "verify",
 ]

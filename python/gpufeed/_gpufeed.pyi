@@ -345,6 +345,12 @@ class Loader(Generic[_B]):
     def world_size(self) -> int: ...
 
 def gpu_available() -> Tuple[bool, str]: ...
+def verify(
+    paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], **dataset: Any
+) -> Dict[str, Any]:
+    """Reads and checks every sample, as ``gpufeed verify`` does: ``samples``, ``files``,
+    ``checksums``, ``ok``, ``bad_total`` and ``bad`` (the first 1000, each a dict with
+    ``message``, ``path``, ``offset``, ``sample``). The dataset options are keyword arguments."""
 
 DATASET_OPTIONS: Dict[str, Tuple[str, str]]
 #: The loader settings ``Loader`` takes: name → (default, unit, help); the C options struct and

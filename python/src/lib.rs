@@ -423,16 +423,7 @@ impl PyLoader {
             _ => {}
         }
         let opts = dataset_options(dataset)?;
-        // One path (str or os.PathLike), or a sequence of them.
-        let path_list: Vec<PathBuf> = match paths.extract::<PathBuf>() {
-            Ok(p) => vec![p],
-            Err(_) => paths
-                .extract()
-                .map_err(|_| PyValueError::new_err("paths: a path, or a list of paths"))?,
-        };
-        if path_list.is_empty() {
-            return Err(PyValueError::new_err("paths is empty"));
-        }
+        let path_list = path_list(paths)?;
         let loader = py
             .detach(|| -> gpufeed::Result<Loader> {
                 let ds = Dataset::open_paths(&path_list, &opts)?;
@@ -523,14 +514,7 @@ impl PyLoader {
             .dataset()
             .problems()
             .iter()
-            .map(|e| {
-                let d = PyDict::new(py);
-                d.set_item("message", e.report())?;
-                d.set_item("path", e.path().map(|p| p.display().to_string()))?;
-                d.set_item("offset", e.offset())?;
-                d.set_item("sample", e.sample())?;
-                Ok(d)
-            })
+            .map(|e| problem_dict(py, e))
             .collect()
     }
 
@@ -1750,6 +1734,61 @@ fn gpu_available() -> (bool, String) {
     }
 }
 
+/// One path (str or os.PathLike), or a sequence of them; not none.
+fn path_list(paths: &Bound<'_, PyAny>) -> PyResult<Vec<PathBuf>> {
+    let list: Vec<PathBuf> = match paths.extract::<PathBuf>() {
+        Ok(p) => vec![p],
+        Err(_) => paths
+            .extract()
+            .map_err(|_| PyValueError::new_err("paths: a path, or a list of paths"))?,
+    };
+    if list.is_empty() {
+        return Err(PyValueError::new_err("paths is empty"));
+    }
+    Ok(list)
+}
+
+/// One problem or bad sample as a dict: message, path, offset, sample.
+fn problem_dict<'py>(py: Python<'py>, e: &gpufeed::Error) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("message", e.report())?;
+    d.set_item("path", e.path().map(|p| p.display().to_string()))?;
+    d.set_item("offset", e.offset())?;
+    d.set_item("sample", e.sample())?;
+    Ok(d)
+}
+
+/// Reads and checks every sample of a dataset, as ``gpufeed verify`` does: checksums and frames
+/// where the format has them, and whether each image is what its name claims (no decode);
+/// what indexing found wrong counts too. Returns a dict: ``samples``, ``files``, ``checksums``,
+/// ``ok``, ``bad_total`` and ``bad`` (the first 1000 bad samples or files, each a dict with
+/// ``message``, ``path``, ``offset``, ``sample``). The dataset options are keyword arguments.
+#[pyfunction]
+#[pyo3(signature = (paths, **dataset))]
+fn verify<'py>(
+    py: Python<'py>,
+    paths: &Bound<'py, PyAny>,
+    dataset: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = dataset_options(dataset)?;
+    let path_list = path_list(paths)?;
+    let report = py
+        .detach(|| gpufeed::dataset::verify(&path_list, &opts, &mut |_, _| {}))
+        .map_err(err)?;
+    let d = PyDict::new(py);
+    d.set_item("samples", report.samples)?;
+    d.set_item("files", report.files)?;
+    d.set_item("checksums", report.checksums)?;
+    d.set_item("ok", report.ok())?;
+    d.set_item("bad_total", report.bad_total)?;
+    let bad = pyo3::types::PyList::empty(py);
+    for e in &report.bad {
+        bad.append(problem_dict(py, e)?)?;
+    }
+    d.set_item("bad", bad)?;
+    Ok(d)
+}
+
 #[pymodule]
 fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
@@ -1759,6 +1798,7 @@ fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyImages>()?;
     m.add_class::<PyImageBatch>()?;
     m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
+    m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add("GpufeedError", m.py().get_type::<GpufeedError>())?;
     m.add("SampleError", m.py().get_type::<SampleError>())?;
     m.add("DatasetWarning", m.py().get_type::<DatasetWarning>())?;

@@ -155,6 +155,24 @@ class LoaderTests(unittest.TestCase):
         b, i = marked[0]
         self.assertEqual(np.from_dlpack(b.lengths)[i], -1)
 
+    def test_verify_names_the_damaged_sample(self):
+        with open(os.path.join(DATA, "corrupt.txt")) as f:
+            shard, sample = f.read().split()
+        good = gpufeed.verify(os.path.join(DATA, "good"))
+        self.assertTrue(good["ok"])
+        self.assertEqual(good["samples"], len(samples()))
+        self.assertTrue(good["checksums"])
+        bad = gpufeed.verify(os.path.join(DATA, "corrupt"))
+        self.assertFalse(bad["ok"])
+        self.assertEqual(bad["bad_total"], 1)
+        self.assertEqual(bad["samples"], len(samples()))
+        self.assertIn(shard, bad["bad"][0]["path"])
+        # Shards are verified one by one: the sample number is the shard's own, the key the
+        # dataset's (the loader's message numbers samples across the dataset).
+        self.assertIn(f'key "{int(sample)}"', bad["bad"][0]["message"])
+        with self.assertRaises(gpufeed.GpufeedError):
+            gpufeed.verify("/nonexistent/dataset")
+
     def test_bad_arguments_and_missing_files_are_exceptions(self):
         with self.assertRaises(gpufeed.GpufeedError):
             gpufeed.Loader("/nonexistent/dataset", batch_size=8)

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use crate::error::{invalid, Error, Result};
 use crate::sys::Mapping;
+use crate::util::Unpoison;
 
 /// Alignment and huge-page size of the arena.
 pub const HUGE_PAGE_BYTES: usize = 2 << 20;
@@ -117,7 +118,7 @@ impl Arena {
 
     /// Takes a free slot, if any.
     pub fn take(&self) -> Option<Slot> {
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()
+        self.free.lock().unpoisoned().pop()
     }
 
     /// Takes a free slot, waiting up to `timeout` for one to be returned.
@@ -131,10 +132,10 @@ impl Arena {
     }
 
     fn wait_for_free(&self, timeout: Duration) -> std::sync::MutexGuard<'_, Vec<Slot>> {
-        let g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.free.lock().unpoisoned();
         self.returned
             .wait_timeout_while(g, timeout, |free| free.is_empty())
-            .unwrap_or_else(|p| p.into_inner())
+            .unpoisoned()
             .0
     }
 
@@ -144,10 +145,7 @@ impl Arena {
     /// If the slot belongs to another arena (a programming error).
     pub fn put(&self, slot: Slot) {
         assert_eq!(slot.arena, self.id, "slot returned to the wrong arena");
-        self.free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(slot);
+        self.free.lock().unpoisoned().push(slot);
         // Wake whoever waits in `take_timeout` or `wait_free` (without this it slept its whole
         // timeout).
         self.returned.notify_all();
@@ -155,7 +153,7 @@ impl Arena {
 
     /// Number of slots in the free list now.
     pub fn free_slots(&self) -> usize {
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.free.lock().unpoisoned().len()
     }
 
     /// Bytes per slot.

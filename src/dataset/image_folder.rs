@@ -13,6 +13,7 @@ use std::path::Path;
 
 use super::{data_file, Dataset, Format, Sample, Strings};
 use crate::error::{invalid, Error, Result};
+use crate::util::Unpoison;
 
 /// Extensions of image files (torchvision's `IMG_EXTENSIONS`), compared without case.
 pub const IMAGE_EXTENSIONS: &[&str] = &[
@@ -258,7 +259,7 @@ impl Statter {
         let t = std::thread::Builder::new()
             .name("gpufeed-stat".into())
             .spawn(move || loop {
-                let job = queue.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                let job = queue.lock().unpoisoned().recv();
                 let Ok((k, files)) = job else { return };
                 if out.send((k, stat_each(files))).is_err() {
                     return;

@@ -22,13 +22,16 @@ pub mod shard;
 pub mod tar;
 pub mod tfrecord;
 pub mod tokens;
+mod verify;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{invalid, shared_path, Error, Result};
+use crate::util::Unpoison;
 pub use options::{OptionDoc, DATASET_OPTIONS};
+pub use verify::{verify, VerifyReport};
 
 /// Where one sample's bytes are in its read group's buffer, or why it has none.
 pub(crate) type SampleSpan = std::result::Result<std::ops::Range<usize>, std::sync::Arc<Error>>;
@@ -883,7 +886,7 @@ where
                     let Some(p) = paths.get(k) else { return };
                     let mut b = Builder::default();
                     let r = index(p, &mut b);
-                    *done[k].lock().unwrap_or_else(|e| e.into_inner()) = Some((b, r));
+                    *done[k].lock().unpoisoned() = Some((b, r));
                     finished.fetch_add(1, Ordering::Relaxed);
                 })
             })
@@ -901,7 +904,7 @@ where
     for slot in done {
         let (b, r) = slot
             .into_inner()
-            .unwrap_or_else(|e| e.into_inner())
+            .unpoisoned()
             .ok_or_else(|| invalid("an indexing thread stopped early"))?;
         all.append(b)?;
         if let Err(e) = r {

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use super::{index_files, Builder, Dataset, Format, Sample, Window, WINDOW_MAX};
 use crate::error::{invalid, Result};
+use crate::util::Unpoison;
 
 /// How tar members become samples.
 #[derive(Debug, Clone)]
@@ -55,7 +56,7 @@ pub fn open(paths: &[PathBuf], opts: &TarOptions) -> Result<Dataset> {
     let b = index_files(paths, |p, b| {
         let mut mine = Vec::new();
         let r = index_tar(p, opts, b, &mut mine);
-        let mut all = seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = seen.lock().unpoisoned();
         for x in mine {
             if all.len() < 20 && !all.contains(&x) {
                 all.push(x);
@@ -63,7 +64,7 @@ pub fn open(paths: &[PathBuf], opts: &TarOptions) -> Result<Dataset> {
         }
         r
     })?;
-    let mut seen = seen.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut seen = seen.into_inner().unpoisoned();
     seen.sort();
     if b.samples.is_empty() && b.problems_total > 0 && !seen.is_empty() {
         let list: Vec<String> = seen.iter().map(|s| format!(".{s}")).collect();

@@ -40,7 +40,7 @@ mod other;
 mod pool;
 mod resample;
 mod spec;
-pub mod synth;
+pub(crate) mod synth;
 
 pub use cpu::{jpeg_header, RgbDecoder, SampleDecoder};
 pub use device::{route, Route, RouteCounts};

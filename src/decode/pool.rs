@@ -21,6 +21,7 @@ use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::gpu::kernels::GfSample;
 use crate::gpu::DeviceRegion;
 use crate::loader::{BatchTiming, Epoch, FrontDoor, Holders, Loader, LoaderStats, StallStats};
+use crate::util::Unpoison;
 
 /// Alignment of a batch tensor (a cache line; what vector loads and DLPack consumers like).
 const TENSOR_ALIGN: usize = 64;
@@ -178,7 +179,7 @@ impl Job {
                 }
             };
             let cpu = crate::sys::thread_cpu_seconds() - c0;
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.lock().unpoisoned();
             st.cpu_s += cpu;
             if let Some(e) = err {
                 st.errors.push((i, e));
@@ -193,7 +194,7 @@ impl Job {
                 let c0 = crate::sys::thread_cpu_seconds();
                 let failed = self.resize(d, dec);
                 let cpu = crate::sys::thread_cpu_seconds() - c0;
-                st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                st = self.state.lock().unpoisoned();
                 st.cpu_s += cpu;
                 if let Ok(lost) = &failed {
                     st.errors.extend(lost.iter().cloned());
@@ -253,8 +254,7 @@ impl Job {
                 d.stage.counted(None);
                 return Some(self.decode_error(id, reason));
             }
-            d.decoded.lock().unwrap_or_else(|p| p.into_inner())[i] =
-                Some(Decoded::Hardware(r.width, r.height));
+            d.decoded.lock().unpoisoned()[i] = Some(Decoded::Hardware(r.width, r.height));
             return None;
         }
         // The CPU route: the compressed bytes down from the device (a copy of them, on the
@@ -285,8 +285,7 @@ impl Job {
             }
             Ok((w, h)) => {
                 d.stage.counted(Some(way));
-                d.decoded.lock().unwrap_or_else(|p| p.into_inner())[i] =
-                    Some(Decoded::Pixels(w, h, px));
+                d.decoded.lock().unpoisoned()[i] = Some(Decoded::Pixels(w, h, px));
                 None
             }
             Err(reason) => {
@@ -306,7 +305,7 @@ impl Job {
         d: &DeviceOut,
         dec: &mut Result<ImageDecoder, String>,
     ) -> Result<Vec<(usize, Error)>> {
-        let decoded = std::mem::take(&mut *d.decoded.lock().unwrap_or_else(|p| p.into_inner()));
+        let decoded = std::mem::take(&mut *d.decoded.lock().unpoisoned());
         if self.cancelled.load(Ordering::Relaxed) {
             return Ok(Vec::new()); // nobody will see this batch
         }
@@ -444,24 +443,20 @@ impl Job {
     /// Waits until every sample is done or `until` passes; the failed ones and the decode CPU
     /// seconds, or `None` if samples are still being decoded.
     fn wait_until(&self, until: Instant) -> Option<(Vec<(usize, Error)>, f64)> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.lock().unpoisoned();
         while !st.complete && self.len() > 0 {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return None;
             }
-            st = self
-                .finished
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = self.finished.wait_timeout(st, left).unpoisoned().0;
         }
         Some((std::mem::take(&mut st.errors), st.cpu_s))
     }
 
     /// Samples decoded so far.
     fn done(&self) -> usize {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).done
+        self.state.lock().unpoisoned().done
     }
 }
 
@@ -485,11 +480,7 @@ struct PoolHandle {
 
 impl Drop for PoolHandle {
     fn drop(&mut self) {
-        self.pool
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .closing = true;
+        self.pool.queue.lock().unpoisoned().closing = true;
         self.pool.wake.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -519,7 +510,7 @@ impl Pool {
         let mut dec = ImageDecoder::new(spec).map_err(|e| e.to_string());
         loop {
             let job = {
-                let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                let mut q = self.queue.lock().unpoisoned();
                 loop {
                     // Jobs whose samples are all claimed leave the queue.
                     while q
@@ -535,7 +526,7 @@ impl Pool {
                     if q.closing {
                         return;
                     }
-                    q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                    q = self.wake.wait(q).unpoisoned();
                 }
             };
             job.work(&mut dec);
@@ -543,7 +534,7 @@ impl Pool {
             // tensor (a device job, one of the pool's), which must return once its batch goes.
             self.queue
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .unpoisoned()
                 .jobs
                 .retain(|j| j.next.load(Ordering::Relaxed) < j.len());
             drop(job);
@@ -551,11 +542,7 @@ impl Pool {
     }
 
     fn submit(&self, job: Arc<Job>) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .jobs
-            .push_back(job);
+        self.queue.lock().unpoisoned().jobs.push_back(job);
         self.wake.notify_all();
     }
 }
@@ -763,7 +750,7 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
     } = *ctx;
     loop {
         let next = inner.next_patiently();
-        *shared.stats.lock().unwrap_or_else(|p| p.into_inner()) = inner.stats().clone();
+        *shared.stats.lock().unpoisoned() = inner.stats().clone();
         let job = match next {
             None => return,
             Some(Err(e)) => {
@@ -945,12 +932,7 @@ impl ImageEpoch {
         let t2 = Instant::now();
         // Waiting for the job is decode; waiting for it to be queued is the reading's, split
         // as the reading's own waits were since the last batch.
-        let read = self
-            .shared
-            .stats
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let read = self.shared.stats.lock().unpoisoned().clone();
         let part = read.stall.since(&self.read_seen);
         self.read_seen = read.stall;
         let queued = (t1 - t0).as_secs_f64();

@@ -23,6 +23,7 @@ use crate::buf::{Arena, Slot};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rng::Rng;
 use crate::util::lock;
+use crate::util::Unpoison;
 
 /// A simulated device, for tests: host memory, copies that complete late and out of order.
 #[derive(Debug, Clone)]
@@ -163,11 +164,7 @@ impl DevicePool {
     pub(crate) fn take_timeout(&self, t: Duration) -> Option<usize> {
         let mut f = lock(&self.free);
         if f.is_empty() {
-            f = self
-                .cv
-                .wait_timeout(f, t)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            f = self.cv.wait_timeout(f, t).unpoisoned().0;
         }
         f.pop()
     }
@@ -505,11 +502,6 @@ impl CopyStage {
         &self.pool
     }
 
-    /// Copies started and not yet seen complete.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
-    }
-
     /// Whether a failed [`start`](Self::start) may have left a DMA reading its source.
     pub fn broken(&self) -> bool {
         self.broken
@@ -760,6 +752,7 @@ impl<T> CopyPipeline<T> {
 
     /// Whether a copy could not be tracked: its slot, and the arena's mapping, are leaked, and
     /// whatever else lets a DMA read the arena (its CUDA registration) must be kept too.
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))] // `bench gpu`'s pipeline
     pub fn broken(&self) -> bool {
         self.stage.broken()
     }

@@ -12,12 +12,12 @@
 //! through io_uring into a CUDA-registered arena and copy it to the device in both registration
 //! orders.
 
-pub mod copy;
-pub mod cuda;
-pub mod cufile;
-pub mod host_kernels;
-pub mod kernels;
-pub mod nvjpeg;
+pub(crate) mod copy;
+pub(crate) mod cuda;
+pub(crate) mod cufile;
+pub(crate) mod host_kernels;
+pub(crate) mod kernels;
+pub(crate) mod nvjpeg;
 
 use std::sync::Arc;
 

@@ -21,7 +21,7 @@ pub mod pool;
 /// The simulated faulty disk: compiled for the crate's own tests and with the `sim` feature
 /// (the integration tests turn it on), not in a default build.
 #[cfg(any(test, feature = "sim"))]
-pub mod sim;
+pub(crate) mod sim;
 pub mod sync;
 pub mod uring;
 
@@ -36,6 +36,7 @@ use crate::buf::{Arena, ArenaConfig, Slot};
 use crate::config::{EngineConfig, EngineKind};
 use crate::error::{invalid, shared_path, Error, ErrorKind, Result};
 use crate::sys;
+use crate::util::Unpoison;
 
 /// One raw read handed to a [`Backend`]: already aligned as the file requires.
 #[derive(Debug, Clone, Copy)]
@@ -906,18 +907,24 @@ impl Engine {
         });
     }
 
-    /// Cancels everything in flight and waits until the backend holds no read. Cancelled reads
-    /// complete with [`ErrorKind::Cancelled`] (or their real result, if they finished first).
-    pub fn cancel_all(&mut self) -> Result<()> {
-        // Ops the backend never saw are cancelled right here.
+    /// Finishes every op waiting to be issued with an [`ErrorKind::Cancelled`] error saying
+    /// `why`, naming its file and range.
+    fn cancel_pending(&mut self, why: &'static str) {
         while let Some(op_id) = self.pending.pop_front() {
             let op = self.ops[op_id as usize].as_ref().expect("pending op");
             let entry = self.files[op.file as usize].as_ref().expect("file open");
-            let err = Error::new(ErrorKind::Cancelled, "read cancelled before it was issued")
+            let err = Error::new(ErrorKind::Cancelled, why)
                 .with_path(entry.info.path.clone())
                 .with_range(op.req_offset, op.req_len as u64);
             self.finish_op(op_id, Err(err));
         }
+    }
+
+    /// Cancels everything in flight and waits until the backend holds no read. Cancelled reads
+    /// complete with [`ErrorKind::Cancelled`] (or their real result, if they finished first).
+    pub fn cancel_all(&mut self) -> Result<()> {
+        // Ops the backend never saw are cancelled right here.
+        self.cancel_pending("read cancelled before it was issued");
         if self.raw_in_flight > 0 {
             self.backend.cancel_all();
         }
@@ -942,14 +949,7 @@ impl Engine {
             }
             self.raw_done = done;
             // Short-read continuations re-entered `pending`: cancel them too.
-            while let Some(op_id) = self.pending.pop_front() {
-                let op = self.ops[op_id as usize].as_ref().expect("pending op");
-                let entry = self.files[op.file as usize].as_ref().expect("file open");
-                let err = Error::new(ErrorKind::Cancelled, "read cancelled mid-way")
-                    .with_path(entry.info.path.clone())
-                    .with_range(op.req_offset, op.req_len as u64);
-                self.finish_op(op_id, Err(err));
-            }
+            self.cancel_pending("read cancelled mid-way");
         }
         Ok(())
     }
@@ -1001,7 +1001,7 @@ pub(crate) fn notice(msg: &str) {
     if std::env::var("GPUFEED_QUIET").as_deref() == Ok("1") {
         return;
     }
-    let mut g = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let mut g = SEEN.lock().unpoisoned();
     if g.get_or_insert_with(HashSet::new).insert(msg.to_string()) {
         eprintln!("gpufeed: {msg}");
     }

@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use super::{Backend, RawDone, RawRead};
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
+use crate::util::Unpoison;
 
 struct State {
     queue: VecDeque<RawRead>,
@@ -32,7 +33,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unpoisoned()
     }
 }
 
@@ -107,7 +108,7 @@ fn worker(s: &Shared) {
         }
         st.idle_workers += 1;
         s.syscalls.fetch_add(1, Ordering::Relaxed);
-        st = s.work.wait(st).unwrap_or_else(|p| p.into_inner());
+        st = s.work.wait(st).unpoisoned();
         st.idle_workers -= 1;
     }
 }
@@ -142,7 +143,7 @@ impl Backend for PoolBackend {
         while st.done.len() < wait {
             st.submitter_waiting = true;
             self.shared.syscalls.fetch_add(1, Ordering::Relaxed);
-            st = self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.shared.done.wait(st).unpoisoned();
         }
         st.submitter_waiting = false;
         Ok(())

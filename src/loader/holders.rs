@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::batch::{Memory, Region};
 use crate::buf::Arena;
 use crate::gpu::{DevicePool, DeviceRegion};
+use crate::util::Unpoison;
 
 use super::FrontDoor;
 
@@ -143,7 +144,7 @@ impl Holders {
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+        self.ledger.lock().unpoisoned()
     }
 
     /// A group arrived with `batches` to hand out (none, when a resume point skips it all).

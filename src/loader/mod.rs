@@ -21,6 +21,7 @@ use crate::dataset::Dataset;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::gpu::{cuda, Device, DevicePool, GpuPath};
 use crate::plan::{EpochPlan, LastBatch, Order, PlanConfig};
+use crate::util::Unpoison;
 
 mod epoch;
 mod holders;
@@ -565,7 +566,7 @@ impl Loader {
                     && self.dataset.frame() == crate::dataset::Frame::None),
         });
         // The loader's I/O thread, started now if it is not running (or ended on an error).
-        let mut service = self.service.lock().unwrap_or_else(|p| p.into_inner());
+        let mut service = self.service.lock().unpoisoned();
         let svc = loop {
             let svc = match service.as_ref() {
                 Some(s) => s.clone(),

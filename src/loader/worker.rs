@@ -17,6 +17,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::gpu::copy::CopyPipeline;
 use crate::io::{Completion, Engine, FileId, ReadSpec};
 use crate::plan::{EpochPlan, Group};
+use crate::util::Unpoison;
 
 use super::holders::Gauges;
 use super::{CustomBackend, GpuState};
@@ -71,17 +72,14 @@ pub(super) struct Retired {
 
 impl Retired {
     fn signal(&self) {
-        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *self.done.lock().unpoisoned() = true;
         self.cv.notify_all();
     }
 
     /// Waits for the signal.
     pub(super) fn wait(&self) {
-        let g = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        let _g = self
-            .cv
-            .wait_while(g, |done| !*done)
-            .unwrap_or_else(|p| p.into_inner());
+        let g = self.done.lock().unpoisoned();
+        let _g = self.cv.wait_while(g, |done| !*done).unpoisoned();
     }
 }
 
@@ -150,7 +148,7 @@ impl Service {
 
     /// Hands `job` to the thread; gives it back if the thread has ended.
     pub(super) fn submit(&self, job: Box<EpochJob>) -> std::result::Result<(), Box<EpochJob>> {
-        let cmd = self.cmd.lock().unwrap_or_else(|p| p.into_inner());
+        let cmd = self.cmd.lock().unpoisoned();
         match cmd.as_ref() {
             Some(c) => c.send(job).map_err(|e| e.0),
             None => Err(job),
@@ -161,8 +159,8 @@ impl Service {
 impl Drop for Service {
     fn drop(&mut self) {
         // No more epochs: the thread finishes what it has and ends.
-        self.cmd.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        self.cmd.lock().unpoisoned().take();
+        if let Some(t) = self.thread.lock().unpoisoned().take() {
             let _ = t.join();
         }
     }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpufeed::dataset::shard::ShardWriter;
-use gpufeed::rng::Rng;
+use gpufeed::testing::Rng;
 
 use crate::common::*;
 
@@ -529,7 +529,7 @@ fn a_c_program_reads_decoded_images() {
     let dir = disk_dir();
     let exe = compile_named(dir.path(), &lib, "images");
     let images = dir.path().join("jpegs");
-    gpufeed::decode::synth::write_image_folder(&images, 30, 4).unwrap();
+    gpufeed::testing::synth::write_image_folder(&images, 30, 4).unwrap();
     let good = std::fs::read(images.join("c0000/00000000.jpg")).unwrap();
     std::fs::write(images.join("c0000/zz-cut.jpg"), &good[..good.len() / 3]).unwrap();
     let out = Command::new(&exe).arg(&images).output().unwrap();

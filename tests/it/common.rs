@@ -120,7 +120,7 @@ pub fn keyed_shards(
     (seed, max_len, labels): (u64, u64, usize),
     content: impl Fn(usize, usize) -> Vec<u8>,
 ) -> Vec<PathBuf> {
-    let mut rng = gpufeed::rng::Rng::new(seed);
+    let mut rng = gpufeed::testing::Rng::new(seed);
     (0..n.div_ceil(per))
         .map(|s| {
             let p = dir.join(format!("shard-{s:05}.gpf"));

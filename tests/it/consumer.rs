@@ -11,7 +11,8 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use gpufeed::decode::{synth, ImageSpec, PixelType, Transform};
+use gpufeed::decode::{ImageSpec, PixelType, Transform};
+use gpufeed::testing::synth;
 use gpufeed::{Dataset, ErrorKind, Loader};
 
 use crate::common::{disk_dir, keyed_shards};
@@ -204,7 +205,7 @@ fn a_timeout_is_opt_in_and_names_who_holds_the_buffers() {
 
 #[test]
 fn an_image_loader_times_out_only_when_asked_and_says_what_it_waits_for() {
-    use gpufeed::io::sim::{SimBackend, SimConfig};
+    use gpufeed::testing::sim::{SimBackend, SimConfig};
     use gpufeed::EngineKind;
     let (_, _, images) = data();
     // Storage that takes 0.5 s for each wait on completions; a limit of 0.2 s on each wait.

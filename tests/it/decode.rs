@@ -390,7 +390,7 @@ fn float_outputs_are_the_normalised_pixels_in_either_layout() {
 /// An ImageFolder of generated JPEGs plus broken ones; returns the dir and the broken names.
 fn folder_with_bad_images(root: &Path) -> (PathBuf, Vec<&'static str>) {
     let dir = root.join("images");
-    gpufeed::decode::synth::write_image_folder(&dir, 60, 3).unwrap();
+    gpufeed::testing::synth::write_image_folder(&dir, 60, 3).unwrap();
     let good = std::fs::read(dir.join("c0000/00000000.jpg")).unwrap();
     let bad = dir.join("c0000");
     // Truncated at 60%.
@@ -534,7 +534,7 @@ fn the_loader_decodes_every_sample_once_names_bad_ones_and_is_deterministic() {
 fn a_batch_tensor_has_the_shape_and_labels_it_claims() {
     let dir = disk_dir();
     let images = dir.path().join("images");
-    gpufeed::decode::synth::write_image_folder(&images, 100, 1).unwrap();
+    gpufeed::testing::synth::write_image_folder(&images, 100, 1).unwrap();
     let loader = Loader::builder(Dataset::open(&images).unwrap())
         .batch_size(32)
         .build()
@@ -583,7 +583,7 @@ fn a_batch_tensor_has_the_shape_and_labels_it_claims() {
     match dev.decode_images(ImageSpec::train(8)) {
         Ok(il) => assert!(il.is_device()),
         Err(e) => {
-            assert!(!gpufeed::gpu::host_kernels::available());
+            assert!(!gpufeed::testing::host_kernels::available());
             assert!(
                 e.to_string().contains("kernels are not in this build"),
                 "{e}"
@@ -597,9 +597,9 @@ fn a_batch_tensor_has_the_shape_and_labels_it_claims() {
 /// WebPs where Python is available). Each gives a decoded tensor or a reason.
 #[test]
 fn mutated_images_give_errors_not_panics() {
-    use gpufeed::rng::Rng;
+    use gpufeed::testing::Rng;
     let mut inputs: Vec<Vec<u8>> = (0..10)
-        .map(|i| gpufeed::decode::synth::jpeg(9, i).unwrap())
+        .map(|i| gpufeed::testing::synth::jpeg(9, i).unwrap())
         .collect();
     let dir = disk_dir();
     if let Some(py) = pillow() {

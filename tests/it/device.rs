@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use gpufeed::gpu::SimDevice;
-use gpufeed::rng::Rng;
+use gpufeed::testing::Rng;
 use gpufeed::{Dataset, Device, ErrorKind, Loader, Order};
 
 use crate::common::*;
@@ -227,8 +227,8 @@ fn no_gpu_is_an_error_not_a_panic() {
         .build()
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-    assert!(gpufeed::gpu::context(0).is_err());
-    let st = gpufeed::gpu::cufile::status();
+    assert!(gpufeed::testing::context(0).is_err());
+    let st = gpufeed::testing::cufile::status();
     assert!(st.is_err());
     // The CLI: one clear line, non-zero exit.
     let out = std::process::Command::new(gpufeed_bin())

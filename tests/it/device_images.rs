@@ -12,16 +12,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use gpufeed::decode::synth::{self, EncodeOptions};
 use gpufeed::decode::{ImageLoader, ImageSpec, Layout, PixelType, RouteCounts};
 use gpufeed::gpu::SimDevice;
+use gpufeed::testing::synth::{self, EncodeOptions};
 use gpufeed::{Dataset, Device, Loader, Order};
 
 use crate::common::disk_dir;
 
 /// Whether this build has the simulated device's kernels (a C++ compiler at build time).
 fn kernels() -> bool {
-    if gpufeed::gpu::host_kernels::available() {
+    if gpufeed::testing::host_kernels::available() {
         return true;
     }
     eprintln!("skipped: the host kernels are not built (no C++ compiler when building)");

@@ -2,7 +2,7 @@
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 
-use gpufeed::rng::Rng;
+use gpufeed::testing::Rng;
 use gpufeed::{Engine, EngineKind, ErrorKind, ReadSpec};
 
 use crate::common::*;

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use gpufeed::dataset::tokens::{TokenOptions, TokenType};
 use gpufeed::dataset::{Format, OpenOptions};
-use gpufeed::rng::Rng;
+use gpufeed::testing::Rng;
 use gpufeed::{Dataset, Loader};
 
 use crate::common::*;
@@ -979,7 +979,7 @@ fn shards_of_version_1_and_2_written_by_the_spec_read_with_their_image_records()
 fn pack_records_image_headers_and_inspect_summarises_them() {
     let dir = disk_dir();
     let src = dir.path().join("images");
-    gpufeed::decode::synth::write_image_folder(&src, 40, 2).unwrap();
+    gpufeed::testing::synth::write_image_folder(&src, 40, 2).unwrap();
     std::fs::write(src.join("c0000/zz-not-an-image.jpg"), b"hello").unwrap();
     let out = dir.path().join("packed");
     let mut pack = Command::new(gpufeed_bin());
@@ -993,7 +993,7 @@ fn pack_records_image_headers_and_inspect_summarises_them() {
     assert_eq!(ds.image_info().unwrap(), from_files.image_info().unwrap());
     let info = ds.image_info().unwrap();
     for (i, k) in info.iter().enumerate().take(40) {
-        let want = gpufeed::decode::synth::kind_of(
+        let want = gpufeed::testing::synth::kind_of(
             ds.key(i).rsplit('/').next().unwrap()[..8].parse().unwrap(),
         );
         assert_eq!(k.progressive, want.progressive, "{}", ds.key(i));

@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use gpufeed::buf::{Arena, ArenaConfig};
-use gpufeed::gpu::cuda::{self, DeviceBuffer, HostRegistration, Stream};
-use gpufeed::gpu::cufile::{self, CufileBuffer, CufileFile};
-use gpufeed::rng::Rng;
+use gpufeed::testing::cuda::{self, DeviceBuffer, HostRegistration, Stream};
+use gpufeed::testing::cufile::{self, CufileBuffer, CufileFile};
+use gpufeed::testing::Rng;
 use gpufeed::{Dataset, Device, Engine, EngineKind, Loader, Order, ReadSpec};
 
 use crate::common::*;
@@ -39,7 +39,7 @@ fn shards(dir: &Path, n: usize, per: usize) -> Vec<PathBuf> {
 #[test]
 fn arena_registered_with_io_uring_and_cuda_in_both_orders() {
     let Some(()) = gpu() else { return };
-    let ctx = gpufeed::gpu::context(0).unwrap();
+    let ctx = gpufeed::testing::context(0).unwrap();
     let dir = disk_dir();
     let file = pattern_file(dir.path(), "p.dat", 8 << 20);
     for cuda_first in [false, true] {
@@ -109,7 +109,7 @@ fn modes() -> [Order; 3] {
 #[test]
 fn device_epochs_equal_the_files_in_every_mode() {
     let Some(()) = gpu() else { return };
-    let ctx = gpufeed::gpu::context(0).unwrap();
+    let ctx = gpufeed::testing::context(0).unwrap();
     let dir = disk_dir();
     let n = 16 * 40;
     let ds = Dataset::open_shards(&shards(dir.path(), n, 200)).unwrap();
@@ -189,7 +189,7 @@ fn cufile_and_io_uring_paths_give_identical_bytes() {
             return;
         }
     };
-    let ctx = gpufeed::gpu::context(0).unwrap();
+    let ctx = gpufeed::testing::context(0).unwrap();
     let dir = disk_dir();
     let n = 64;
     let paths = shards(dir.path(), n, 64);
@@ -230,14 +230,14 @@ fn cufile_and_io_uring_paths_give_identical_bytes() {
 #[test]
 fn the_kernels_on_the_gpu_equal_the_host_kernels() {
     use gpufeed::decode::{ImageSpec, PixelType, RgbDecoder};
-    use gpufeed::gpu::host_kernels;
-    use gpufeed::gpu::kernels::{as_bytes, DeviceKernels, GfEmit, GfSample, GfSpan};
+    use gpufeed::testing::host_kernels;
+    use gpufeed::testing::kernels::{as_bytes, DeviceKernels, GfEmit, GfSample, GfSpan};
     let Some(()) = gpu() else { return };
     if !host_kernels::available() {
         eprintln!("skipped: this build has no host kernels to compare with");
         return;
     }
-    let ctx = gpufeed::gpu::context(0).unwrap();
+    let ctx = gpufeed::testing::context(0).unwrap();
     let k = DeviceKernels::load(&ctx).unwrap_or_else(|e| panic!("{}", e.report()));
     let stream = Stream::new(&ctx).unwrap();
     let upload = |b: &[u8]| {
@@ -281,7 +281,7 @@ fn the_kernels_on_the_gpu_equal_the_host_kernels() {
     let (mut src, mut samples) = (Vec::new(), Vec::new());
     let spec = ImageSpec::train(56).dtype(PixelType::F32);
     for i in 0..12 {
-        let j = gpufeed::decode::synth::jpeg(3, i).unwrap();
+        let j = gpufeed::testing::synth::jpeg(3, i).unwrap();
         let mut px = Vec::new();
         let size = dec.decode(&j, &mut px).unwrap();
         let g = spec.geometry(1, 2, i, size);

@@ -9,8 +9,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use gpufeed::decode::{ImageSpec, Layout, PixelType, RgbDecoder, SampleDecoder};
-use gpufeed::gpu::kernels::{self, GfEmit, GfSample, GfSpan};
-use gpufeed::rng::Rng;
+use gpufeed::testing::kernels::{self, GfEmit, GfSample, GfSpan};
+use gpufeed::testing::Rng;
 
 use crate::common::disk_dir;
 
@@ -174,7 +174,7 @@ fn the_resize_kernel_on_the_host_matches_the_cpu_stage() {
     let dir = disk_dir();
     // Generated JPEGs of every kind (gray, CMYK, progressive, 4:4:4, 4:2:2, restarts).
     let jpegs: Vec<Vec<u8>> = (0..20)
-        .map(|i| gpufeed::decode::synth::jpeg(5, i).unwrap())
+        .map(|i| gpufeed::testing::synth::jpeg(5, i).unwrap())
         .collect();
     let mut dec = RgbDecoder::new().unwrap();
     let (mut src, mut sizes, mut offsets) = (Vec::new(), Vec::new(), Vec::new());
@@ -349,7 +349,7 @@ fn the_crc32c_kernel_on_the_host_matches_crc32c() {
 /// handle is an error naming nvJPEG's status (not a crash); with a GPU the handle works.
 #[test]
 fn nvjpeg_loads_and_fails_cleanly_without_a_gpu() {
-    use gpufeed::gpu::nvjpeg;
+    use gpufeed::testing::nvjpeg;
     let lib = match nvjpeg::load() {
         Ok(l) => l,
         Err(e) => {
@@ -373,7 +373,7 @@ fn nvjpeg_loads_and_fails_cleanly_without_a_gpu() {
     if gpufeed::gpu_available().is_ok() {
         let h = h.unwrap_or_else(|e| panic!("a GPU is here but: {e}"));
         let (n, _css, w, hh) = h
-            .image_info(&gpufeed::decode::synth::jpeg(1, 0).unwrap())
+            .image_info(&gpufeed::testing::synth::jpeg(1, 0).unwrap())
             .unwrap();
         assert_eq!(n, 3);
         assert!(w[0] > 0 && hh[0] > 0);

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use gpufeed::dataset::shard::ShardWriter;
-use gpufeed::rng::Rng;
+use gpufeed::testing::Rng;
 use gpufeed::{Dataset, ErrorKind, LastBatch, Loader, Order};
 
 use crate::common::*;
@@ -582,7 +582,7 @@ fn stats_show_block_order_reads_fewer_times() {
 /// every slot.
 #[test]
 fn the_faulty_simulated_disk_drives_the_whole_loader() {
-    use gpufeed::io::sim::{SimBackend, SimConfig};
+    use gpufeed::testing::sim::{SimBackend, SimConfig};
     use gpufeed::EngineKind;
     use std::sync::Arc;
     let dir = disk_dir();
@@ -654,7 +654,7 @@ fn the_faulty_simulated_disk_drives_the_whole_loader() {
 /// half-read epoch gives every slot back and leaves the next epoch whole.
 #[test]
 fn one_io_thread_serves_epochs_asked_in_advance() {
-    use gpufeed::io::sim::{SimBackend, SimConfig};
+    use gpufeed::testing::sim::{SimBackend, SimConfig};
     use gpufeed::EngineKind;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -722,7 +722,7 @@ fn one_io_thread_serves_epochs_asked_in_advance() {
 /// A simulated disk that takes `delay` for every wait on completions: storage slower than the
 /// consumer.
 pub(crate) struct SlowDisk {
-    pub(crate) inner: gpufeed::io::sim::SimBackend,
+    pub(crate) inner: gpufeed::testing::sim::SimBackend,
     pub(crate) delay: std::time::Duration,
 }
 
@@ -762,7 +762,7 @@ impl gpufeed::io::Backend for SlowDisk {
 /// step), the consumer hardly waits at all.
 #[test]
 fn stalls_are_attributed_to_storage_when_reads_are_slow() {
-    use gpufeed::io::sim::{SimBackend, SimConfig};
+    use gpufeed::testing::sim::{SimBackend, SimConfig};
     use gpufeed::EngineKind;
     use std::sync::Arc;
     use std::time::{Duration, Instant};

@@ -71,7 +71,7 @@ fn make_data(dir: &Path) {
     two_shards(&dir.join("slow-bytes"), 52, |i| {
         (i % 5, 1 + (i * 7919) % 30_000)
     });
-    gpufeed::decode::synth::write_image_folder(&dir.join("slow-images"), 104, 7).unwrap();
+    gpufeed::testing::synth::write_image_folder(&dir.join("slow-images"), 104, 7).unwrap();
     // 2,000 small samples in two shards (the last-batch acceptance: batches of 64).
     two_shards(&dir.join("d2000"), 1000, |i| (i % 10, 1 + i % 97));
 }

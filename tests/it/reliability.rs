@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use gpufeed::dataset::pack::STAGING;
 use gpufeed::dataset::shard::ShardWriter;
-use gpufeed::io::sim::Rng;
+use gpufeed::testing::sim::Rng;
 use gpufeed::{Dataset, Loader};
 
 use crate::common::*;

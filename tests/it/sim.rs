@@ -1,6 +1,6 @@
 //! The engine logic under the seeded simulator: faults, reordering, cancellation races.
 
-use gpufeed::io::sim::{Rng, SimBackend, SimConfig};
+use gpufeed::testing::sim::{Rng, SimBackend, SimConfig};
 use gpufeed::{Engine, EngineConfig, EngineKind, ErrorKind, ReadSpec};
 
 use crate::common::*;

@@ -1,0 +1,115 @@
+//! `gpufeed inspect`.
+
+use super::*;
+
+#[derive(Debug, Args)]
+pub(super) struct InspectArgs {
+    /// A dataset: shards, WebDataset tars, TFRecords, a Megatron prefix, token files, or an
+    /// ImageFolder directory (a file, a directory of files, or several files of one dataset).
+    #[arg(required = true, num_args = 1..)]
+    pub(super) paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub(super) dataset: DatasetArgs,
+    /// Summarise the images (sizes, colour spaces, subsampling, progressive, non-JPEG): packed
+    /// shards carry their headers; other formats have each sample's header bytes read.
+    /// Shards with image records are summarised without asking.
+    #[arg(long)]
+    pub(super) images: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
+    let ds = a.dataset.open(&a.paths)?;
+    if !a.json {
+        report_problems(&ds, false);
+        for n in ds.notes() {
+            eprintln!("gpufeed: note: {n}");
+        }
+    }
+    // Labels of TFRecord Examples are in the records, read with them, not in the index.
+    let labels_in_records = ds.example.as_ref().is_some_and(|e| e.label.is_some());
+    let mut hist = std::collections::BTreeMap::new();
+    for s in ds.samples() {
+        let b = (s.len.max(1) as u64).next_power_of_two();
+        *hist.entry(b).or_insert(0u64) += 1;
+    }
+    let mut labels: Vec<i64> = ds.samples().iter().map(|s| s.label).collect();
+    labels.sort_unstable();
+    labels.dedup();
+    let images = if a.images || ds.has_image_info() {
+        Some(crate::image::Summary::of(ds.image_info()?))
+    } else {
+        None
+    };
+    if a.json {
+        let h: Vec<_> = hist
+            .iter()
+            .map(|(k, v)| serde_json::json!({"le_bytes": k, "samples": v}))
+            .collect();
+        outln!(
+            "{}",
+            serde_json::json!({
+                "path": show_paths(&a.paths), "format": ds.format(), "samples": ds.len(),
+                "options": ds.options().to_json(),
+                "files": ds.files().len(), "bytes": ds.total_bytes(),
+                "labels": (!labels_in_records).then_some(labels.len()),
+                "checksums": ds.has_checksums(), "size_histogram": h,
+                "problems": ds.problems_total(),
+                "first_problems": ds.problems().iter().take(20).map(error_json).collect::<Vec<_>>(),
+                "notes": ds.notes(), "recovered": ds.recovered_count(),
+                "images": images,
+            })
+        );
+        return problems_fail(&ds);
+    }
+    outln!(
+        "{}: {}, {} samples in {} files, {:.3} GiB, {} labels, checksums: {}, problems: {}{}",
+        show_paths(&a.paths),
+        ds.format().name(),
+        ds.len(),
+        ds.files().len(),
+        ds.total_bytes() as f64 / (1u64 << 30) as f64,
+        if labels_in_records {
+            "per-record".to_string()
+        } else {
+            labels.len().to_string()
+        },
+        ds.has_checksums(),
+        ds.problems_total(),
+        if ds.recovered_count() > 0 {
+            format!(", recovered: {}", ds.recovered_count())
+        } else {
+            String::new()
+        }
+    );
+    let max = hist.values().copied().max().unwrap_or(1);
+    for (k, v) in &hist {
+        outln!(
+            "  ≤ {:>6}  {:>9}  {}",
+            crate::util::size_label(*k),
+            v,
+            "#".repeat((v * 40 / max) as usize)
+        );
+    }
+    if let Some(im) = images {
+        outln!("{}", im.text());
+    }
+    problems_fail(&ds)
+}
+
+/// `inspect` fails, as `verify` does, when indexing found problems: its summary has been
+/// printed, and the exit status tells a script the dataset is damaged.
+pub(super) fn problems_fail(ds: &crate::dataset::Dataset) -> Result<()> {
+    match ds.problems_total() {
+        0 => Ok(()),
+        n => Err(crate::error::Error::new(
+            crate::error::ErrorKind::InvalidInput,
+            format!(
+                "indexing found {n} problem(s); the samples they cover are not in the dataset \
+                 (listed above; --strict refuses such a dataset)"
+            ),
+        )),
+    }
+}
