@@ -190,6 +190,14 @@ pub mod testing {
         pub use crate::gpu::nvjpeg::*;
     }
     pub use crate::gpu::context;
+    /// The `tf.train.Example` parser (fuzzed on its own).
+    pub mod example {
+        pub use crate::dataset::example::*;
+    }
+    /// The folder `pack` stages a shard in before it is renamed into place.
+    pub use crate::dataset::pack::STAGING;
+    /// TFRecord framing: the masked crc32c that writers put around lengths and data.
+    pub use crate::dataset::tfrecord::masked_crc;
     /// Generated images for tests and benchmarks (feature `decode`).
     #[cfg(feature = "decode")]
     pub mod synth {

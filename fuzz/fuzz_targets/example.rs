@@ -4,7 +4,7 @@
 //! The first input byte picks the feature names: bit 0 short names (`p`, `l`) that mutations
 //! find quickly, else TensorFlow's ImageNet names; bit 1 no label feature. The rest is the data.
 #![no_main]
-use gpufeed::dataset::example::{find, ExampleSpec};
+use gpufeed::testing::example::{find, ExampleSpec};
 use gpufeed_fuzz::{Budget, Counting};
 
 #[global_allocator]

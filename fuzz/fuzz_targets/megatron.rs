@@ -7,7 +7,7 @@
 //! for a dtype, u16 or u32 by bit 3), two bytes of `.bin` size (LE, a sparse file), then the
 //! `.idx`.
 #![no_main]
-use gpufeed::dataset::tokens::TokenType;
+use gpufeed::dataset::TokenType;
 use gpufeed::dataset::{Dataset, Format, OpenOptions};
 use gpufeed_fuzz::{check_dataset, file, names_a_file, scratch, Budget, Counting};
 

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::bench::io::{run_io_bench, IoBenchResult, IoBenchSpec, Pattern};
 use crate::config::EngineKind;
 use crate::dataset::pack::{pack, PackOptions};
 use crate::dataset::Dataset;
@@ -282,6 +283,75 @@ pub fn run_small_files(
         consumer_cpu_s: 0.0,
         verdict: None,
     })
+}
+
+/// What `bench load` runs its modes over: the generated small files and packed shards (or the
+/// caller's dataset for the loader modes) and the loader's settings.
+#[derive(Debug)]
+pub struct LoadModes {
+    /// The generated small-files tree (the `small-files` baseline).
+    pub small: PathBuf,
+    /// The generated packed shards (the loader modes, unless `dataset` is given; `io`).
+    pub packed: PathBuf,
+    /// The dataset the loader modes read instead of `packed`, if any.
+    pub dataset: Vec<PathBuf>,
+    /// Its dataset options.
+    pub options: crate::dataset::OpenOptions,
+    /// Threads of the small-files baseline.
+    pub threads: usize,
+    /// The loader modes' settings.
+    pub spec: PackedSpec,
+}
+
+/// One mode's row: a loader epoch (or the small-files baseline), or the engine alone.
+#[derive(Debug)]
+pub enum LoadRow {
+    /// `small-files`, `global`, `block`, `shard-buffer`, `sequential`.
+    Loader(LoadBenchResult),
+    /// `io`: random reads of the ImageNet size mix from the largest shard, at the loader's
+    /// queue depth, for reference.
+    Io(IoBenchResult),
+}
+
+impl LoadModes {
+    /// Runs mode `mode` (`cold`: the page cache was dropped before it).
+    pub fn run(&self, mode: &str, cold: bool) -> Result<LoadRow> {
+        let settings = &self.spec.settings;
+        match mode {
+            "small-files" => {
+                run_small_files(&self.small, self.threads, settings.seed, cold).map(LoadRow::Loader)
+            }
+            "io" => {
+                let shards = crate::dataset::shard::find_shards(&self.packed)?;
+                let biggest = shards
+                    .iter()
+                    .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+                    .ok_or_else(|| crate::error::invalid("no shards"))?;
+                let spec = IoBenchSpec {
+                    queue_depth: settings.queue_depth,
+                    seconds: 3.0,
+                    ..IoBenchSpec::new(
+                        biggest,
+                        EngineKind::Uring,
+                        Pattern::Rand,
+                        SizeMix::parse(IMAGENET_MIX)?,
+                    )
+                };
+                run_io_bench(&spec).map(LoadRow::Io)
+            }
+            m => {
+                // The mode names the order; its parameters are the settings'.
+                let mut s = settings.clone();
+                s.set("order", m)?;
+                let ds = if self.dataset.is_empty() {
+                    Dataset::open(&self.packed)?
+                } else {
+                    Dataset::open_paths(&self.dataset, &self.options)?
+                };
+                run_packed(ds, s.order(), &self.spec, cold).map(LoadRow::Loader)
+            }
+        }
+    }
 }
 
 /// Settings of the packed modes.

@@ -513,9 +513,7 @@ pub(super) fn bench_gpu(a: GpuArgs) -> Result<()> {
 }
 
 pub(super) fn bench_load(a: LoadArgs) -> Result<()> {
-    use crate::bench::load::{
-        drop_caches, ensure_dataset, run_packed, run_small_files, table_header, PackedSpec,
-    };
+    use crate::bench::load::{drop_caches, ensure_dataset, table_header, LoadRow, PackedSpec};
     // The generated set is made only when a mode reads it: with --dataset, the loader modes
     // read that instead.
     let generated = a.dataset.is_empty() || a.modes.iter().any(|m| m == "small-files" || m == "io");
@@ -526,7 +524,7 @@ pub(super) fn bench_load(a: LoadArgs) -> Result<()> {
     };
     let settings = a.loader.settings()?;
     let spec = PackedSpec {
-        settings: settings.clone(),
+        settings,
         engine: EngineKind::Uring,
         epochs: a.epochs,
         gpus: a.gpus,
@@ -552,6 +550,14 @@ pub(super) fn bench_load(a: LoadArgs) -> Result<()> {
     if !a.json {
         outln!("{}", table_header());
     }
+    let modes = crate::bench::load::LoadModes {
+        small,
+        packed,
+        dataset: a.dataset.clone(),
+        options: opts,
+        threads: a.threads,
+        spec,
+    };
     let mut plotted: Vec<(String, f64)> = Vec::new();
     for mode in &a.modes {
         let cold = drop_caches();
@@ -560,30 +566,12 @@ pub(super) fn bench_load(a: LoadArgs) -> Result<()> {
                 "gpufeed: not root: the page cache could not be dropped, figures are warm-cache"
             );
         }
-        match mode.as_str() {
-            "small-files" => {
-                let r = run_small_files(&small, a.threads, settings.seed, cold)?;
+        match modes.run(mode, cold)? {
+            LoadRow::Loader(r) => {
                 emit_load(&r, a.json);
                 plotted.push((r.mode.clone(), r.samples_per_s));
             }
-            "io" => {
-                // The engine alone on the same size mix and queue depth, for reference.
-                let shards = crate::dataset::shard::find_shards(&packed)?;
-                let biggest = shards
-                    .iter()
-                    .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
-                    .ok_or_else(|| crate::error::invalid("no shards"))?;
-                let spec = IoBenchSpec {
-                    queue_depth: settings.queue_depth,
-                    seconds: 3.0,
-                    ..IoBenchSpec::new(
-                        biggest,
-                        EngineKind::Uring,
-                        Pattern::Rand,
-                        SizeMix::parse(IMAGENET_MIX)?,
-                    )
-                };
-                let r = run_io_bench(&spec)?;
+            LoadRow::Io(r) => {
                 if a.json {
                     outln!(
                         "{}",
@@ -592,20 +580,6 @@ pub(super) fn bench_load(a: LoadArgs) -> Result<()> {
                 } else {
                     outln!("{:<13} {:>8} {:>10.0} {:>7.3} {:>10.3}   (bench io: random reads of the ImageNet mix, QD {})", "io", r.reads, r.iops, r.gib_per_s, r.cpu_s_per_gib, r.qd);
                 }
-            }
-            m => {
-                // The mode names the order; its parameters are the settings'.
-                let mut s = settings.clone();
-                s.set("order", m)?;
-                let order = s.order();
-                let ds = if a.dataset.is_empty() {
-                    crate::dataset::Dataset::open(&packed)?
-                } else {
-                    crate::dataset::Dataset::open_paths(&a.dataset, &opts)?
-                };
-                let r = run_packed(ds, order, &spec, cold)?;
-                emit_load(&r, a.json);
-                plotted.push((r.mode.clone(), r.samples_per_s));
             }
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! A [`Dataset`] is a list of files and, for every sample, where its bytes are. It is built
 //! from a format's own index — our packed shards ([`shard`]), or a directory of small files in
-//! class folders ([`image_folder`]) — and never reads sample bytes itself: the planner and the
+//! class folders (`image_folder`) — and never reads sample bytes itself: the planner and the
 //! engine do. Offsets and lengths that come from files are checked against file sizes before
 //! anything is allocated.
 //!
@@ -12,16 +12,14 @@
 #![forbid(unsafe_code)]
 
 mod detect;
-pub mod example;
-/// Image formats: moved to [`crate::image`] (shared with the decode stage); kept here by name.
-pub use crate::image;
-pub mod image_folder;
+pub(crate) mod example;
+pub(crate) mod image_folder;
 mod options;
-pub mod pack;
+pub(crate) mod pack;
 pub mod shard;
-pub mod tar;
-pub mod tfrecord;
-pub mod tokens;
+pub(crate) mod tar;
+pub(crate) mod tfrecord;
+pub(crate) mod tokens;
 mod verify;
 
 use std::ops::Range;
@@ -29,8 +27,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{invalid, shared_path, Error, Result};
+use crate::image;
 use crate::util::Unpoison;
 pub use options::{OptionDoc, DATASET_OPTIONS};
+pub use pack::{pack, PackOptions};
+pub use tokens::{TokenOptions, TokenType};
 pub use verify::{verify, VerifyReport};
 
 /// Where one sample's bytes are in its read group's buffer, or why it has none.

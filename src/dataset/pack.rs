@@ -50,7 +50,7 @@ pub struct PackSummary {
     pub bytes: u64,
 }
 
-pub use super::shard::{check_no_staging, STAGING};
+pub use super::shard::STAGING;
 
 /// Packs every sample of `src` (in its order) into `out_dir/shard-NNNNN.gpf`, through the
 /// staging folder ([`STAGING`]); shards named `shard-NNNNN.gpf` that an earlier, larger pack

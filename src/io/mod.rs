@@ -10,20 +10,20 @@
 //! The engine logic — widening each read to the file's O_DIRECT alignment and trimming it on
 //! delivery, resubmitting short reads, retrying EINTR/EAGAIN, telling a correct EOF from a file
 //! that shrank, cancelling and draining on drop — lives here, once. Beneath it a [`Backend`]
-//! only moves raw, already-aligned reads: io_uring ([`uring`]), a pread thread pool
-//! ([`pool`]), plain synchronous pread ([`sync`]), or the seeded simulator (`sim`, feature `sim`) that
+//! only moves raw, already-aligned reads: io_uring (`uring`), a pread thread pool
+//! (`pool`), plain synchronous pread (`sync`), or the seeded simulator (`sim`, feature `sim`) that
 //! tests drive the engine logic with.
 //!
 //! This module must never return a slot, or free the arena, while a raw read into it may still
 //! be in a backend.
 
-pub mod pool;
+pub(crate) mod pool;
 /// The simulated faulty disk: compiled for the crate's own tests and with the `sim` feature
 /// (the integration tests turn it on), not in a default build.
 #[cfg(any(test, feature = "sim"))]
 pub(crate) mod sim;
-pub mod sync;
-pub mod uring;
+pub(crate) mod sync;
+pub(crate) mod uring;
 
 use std::collections::VecDeque;
 use std::io;

@@ -182,7 +182,7 @@ pub fn tf_example(payload: &[u8], label: i64) -> Vec<u8> {
 
 /// One TFRecord record framing `data`.
 pub fn tf_record(data: &[u8]) -> Vec<u8> {
-    use gpufeed::dataset::tfrecord::masked_crc;
+    use gpufeed::testing::masked_crc;
     let len = (data.len() as u64).to_le_bytes();
     let mut r = len.to_vec();
     r.extend_from_slice(&masked_crc(&len).to_le_bytes());

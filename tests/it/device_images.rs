@@ -120,10 +120,10 @@ fn make_set(root: &Path) -> Set {
 
     let packed = root.join("packed");
     let ds = Dataset::open(&src).unwrap();
-    gpufeed::dataset::pack::pack(
+    gpufeed::dataset::pack(
         &ds,
         &packed,
-        &gpufeed::dataset::pack::PackOptions {
+        &gpufeed::dataset::PackOptions {
             shard_bytes: 400_000,
             progress: false,
             ..Default::default()

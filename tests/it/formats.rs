@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use gpufeed::dataset::tokens::{TokenOptions, TokenType};
 use gpufeed::dataset::{Format, OpenOptions};
+use gpufeed::dataset::{TokenOptions, TokenType};
 use gpufeed::testing::Rng;
 use gpufeed::{Dataset, Loader};
 
@@ -785,9 +785,9 @@ fn mutated_files_never_panic() {
         let start = rec.len();
         let len = (data.len() as u64).to_le_bytes();
         rec.extend_from_slice(&len);
-        rec.extend_from_slice(&gpufeed::dataset::tfrecord::masked_crc(&len).to_le_bytes());
+        rec.extend_from_slice(&gpufeed::testing::masked_crc(&len).to_le_bytes());
         rec.extend_from_slice(&data);
-        rec.extend_from_slice(&gpufeed::dataset::tfrecord::masked_crc(&data).to_le_bytes());
+        rec.extend_from_slice(&gpufeed::testing::masked_crc(&data).to_le_bytes());
         idx.push_str(&format!("{start} {}\n", rec.len() - start));
     }
     // A Megatron index over 10 sequences.

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpufeed::dataset::pack::STAGING;
 use gpufeed::dataset::shard::ShardWriter;
 use gpufeed::testing::sim::Rng;
+use gpufeed::testing::STAGING;
 use gpufeed::{Dataset, Loader};
 
 use crate::common::*;
