@@ -135,6 +135,7 @@ pub mod image;
 pub mod io;
 pub mod loader;
 pub mod plan;
+pub mod progress;
 mod rng;
 mod stats;
 // Helpers; some serve only the command line and its benchmarks.
@@ -151,6 +152,7 @@ pub use gpu::{gpu_available, Device, GpuPath};
 pub use io::{Completion, Engine, FileId, ReadSpec};
 pub use loader::{BatchTiming, Epoch, Loader, LoaderStats, StallStats};
 pub use plan::{LastBatch, Order, PlanConfig};
+pub use progress::{set_progress, ProgressEvent, ProgressFn};
 
 /// What the tests, benchmarks, examples and fuzz targets reach that is not the library's
 /// promise: the seeded RNG, the size syntax of the command line, the simulated disk, and the

@@ -45,6 +45,7 @@ from ._gpufeed import (
     SampleError,
     __version__,
     gpu_available,
+    set_progress,
     verify,
 )
 
@@ -74,5 +75,6 @@ __all__ = [
     "SampleError",
     "__version__",
     "gpu_available",
+    "set_progress",
     "verify",
 ]

@@ -3,6 +3,7 @@
 import os
 from typing import (
     Any,
+    Callable,
     Dict,
     Generic,
     Iterator,
@@ -345,6 +346,10 @@ class Loader(Generic[_B]):
     def world_size(self) -> int: ...
 
 def gpu_available() -> Tuple[bool, str]: ...
+def set_progress(callback: Optional[Callable[[str, int, int, str, bool], None]]) -> None:
+    """Sends the reports of long work (indexing a dataset of many files) to
+    ``callback(what, done, total, unit, finished)`` instead of a line on stderr; ``None``
+    restores the line. At most every 100 ms per piece of work, plus a last one."""
 def verify(
     paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], **dataset: Any
 ) -> Dict[str, Any]:

@@ -1734,6 +1734,26 @@ fn gpu_available() -> (bool, String) {
     }
 }
 
+/// Sends the reports of long work (indexing a dataset of many files) to ``callback(what, done,
+/// total, unit, finished)`` instead of a line on stderr; ``None`` restores the line. Reports come
+/// at most every 100 ms per piece of work, plus a last one with ``finished=True``, from the
+/// thread doing the work; an exception in the callback is printed and ignored.
+#[pyfunction]
+#[pyo3(signature = (callback))]
+fn set_progress(callback: Option<Py<PyAny>>) {
+    let f: Option<gpufeed::ProgressFn> = callback.map(|cb| {
+        let f: gpufeed::ProgressFn = Arc::new(move |e: &gpufeed::ProgressEvent<'_>| {
+            Python::attach(|py| {
+                if let Err(err) = cb.call1(py, (e.what, e.done, e.total, e.unit, e.finished)) {
+                    err.print(py);
+                }
+            })
+        });
+        f
+    });
+    gpufeed::set_progress(f);
+}
+
 /// One path (str or os.PathLike), or a sequence of them; not none.
 fn path_list(paths: &Bound<'_, PyAny>) -> PyResult<Vec<PathBuf>> {
     let list: Vec<PathBuf> = match paths.extract::<PathBuf>() {
@@ -1799,6 +1819,7 @@ fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyImageBatch>()?;
     m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(set_progress, m)?)?;
     m.add("GpufeedError", m.py().get_type::<GpufeedError>())?;
     m.add("SampleError", m.py().get_type::<SampleError>())?;
     m.add("DatasetWarning", m.py().get_type::<DatasetWarning>())?;

@@ -173,6 +173,27 @@ class LoaderTests(unittest.TestCase):
         with self.assertRaises(gpufeed.GpufeedError):
             gpufeed.verify("/nonexistent/dataset")
 
+    def test_long_work_reports_to_a_python_function(self):
+        import tempfile
+
+        seen = []
+        with tempfile.TemporaryDirectory() as root:
+            for c in ("cat", "dog", "eel"):
+                os.mkdir(os.path.join(root, c))
+                for i in range(2):
+                    with open(os.path.join(root, c, f"{i}.jpg"), "wb") as f:
+                        f.write(b"\xff\xd8\xff\xe0" + bytes(100) + b"\xff\xd9")
+            gpufeed.set_progress(lambda *e: seen.append(e))
+            try:
+                gpufeed.Loader(root, batch_size=2)
+            finally:
+                gpufeed.set_progress(None)
+            self.assertIn((f"listing {root}", 3, 3, "folders", True), seen)
+            # Back to the line on stderr: nothing more reaches the function.
+            n = len(seen)
+            gpufeed.Loader(root, batch_size=2)
+            self.assertEqual(len(seen), n)
+
     def test_bad_arguments_and_missing_files_are_exceptions(self):
         with self.assertRaises(gpufeed.GpufeedError):
             gpufeed.Loader("/nonexistent/dataset", batch_size=8)

@@ -51,7 +51,7 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
     let class_dirs = list(root)?;
     // ImageNet's 1.28 M files take a while to list and stat on a cold disk: a progress line if
     // it is still going after 2 s.
-    let mut prog = crate::util::Progress::items_after(
+    let mut prog = crate::progress::Task::items_after(
         format!("listing {}", root.display()),
         class_dirs.len() as u64,
         "folders",

@@ -699,7 +699,7 @@ impl Dataset {
         use std::os::unix::fs::FileExt;
         const PREFIX: u64 = 64 << 10;
         // A progress line only if it is still going after 2 s (a large set on a cold disk).
-        let mut prog = crate::util::Progress::items_after(
+        let mut prog = crate::progress::Task::items_after(
             "reading image headers",
             self.samples.len() as u64,
             "samples",
@@ -873,7 +873,7 @@ where
     type Indexed = Mutex<Option<(Builder, Result<()>)>>;
     let done: Vec<Indexed> = paths.iter().map(|_| Mutex::new(None)).collect();
     // A progress line only if indexing is still going after 2 s (a large set, a cold disk).
-    let mut prog = crate::util::Progress::items_after(
+    let mut prog = crate::progress::Task::items_after(
         format!("indexing {} files", paths.len()),
         paths.len() as u64,
         "files",

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::shard::{ShardWriter, EXTENSION};
 use super::Dataset;
 use crate::error::{invalid, Error, Result};
-use crate::util::Progress;
+use crate::progress::Task;
 
 /// How to pack.
 #[derive(Debug, Clone)]
@@ -171,9 +171,16 @@ fn pack_into(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSu
                 })
             })
             .collect();
-        let mut prog = opts
-            .progress
-            .then(|| Progress::bytes(format!("packing into {}", out_dir.display()), total));
+        // `out_dir` is the staging folder inside the destination: the report names the latter.
+        let mut prog = opts.progress.then(|| {
+            Task::bytes(
+                format!(
+                    "packing into {}",
+                    out_dir.parent().unwrap_or(out_dir).display()
+                ),
+                total,
+            )
+        });
         while workers.iter().any(|w| !w.is_finished()) {
             if let Some(p) = prog.as_mut() {
                 p.set(done.load(Ordering::Relaxed));

@@ -1016,3 +1016,49 @@ fn pack_records_image_headers_and_inspect_summarises_them() {
     assert_eq!(im["colorspaces"]["gray"], 4);
     assert_eq!(im["colorspaces"]["ycck"], 2);
 }
+
+/// Long work reports to the function `gpufeed::set_progress` installs, not to stderr: packing
+/// says what it does, how far it is, and ends with a last report of everything done.
+#[test]
+fn long_work_reports_its_progress_to_the_callers_function() {
+    use std::sync::{Arc, Mutex};
+    let dir = disk_dir();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    keyed_shards(&src, 200, 20, (5, 3000, 4), |i, len| vec![i as u8; len]);
+    let out = dir.path().join("out");
+    // Reports of other tests running in this process are told apart by their paths.
+    type Seen = Vec<(String, u64, u64, String, bool)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let s = seen.clone();
+    let before = gpufeed::set_progress(Some(Arc::new(move |e: &gpufeed::ProgressEvent<'_>| {
+        s.lock().unwrap().push((
+            e.what.to_string(),
+            e.done,
+            e.total,
+            e.unit.to_string(),
+            e.finished,
+        ))
+    })));
+    let ds = Dataset::open(&src).unwrap();
+    gpufeed::dataset::pack(
+        &ds,
+        &out,
+        &gpufeed::dataset::PackOptions {
+            shard_bytes: 100_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    gpufeed::set_progress(before);
+    let seen = seen.lock().unwrap();
+    let packing = format!("packing into {}", out.display());
+    let last = seen
+        .iter()
+        .rfind(|e| e.0 == packing)
+        .unwrap_or_else(|| panic!("no packing report in {seen:?}"));
+    assert!(last.4, "the last report says the work is over: {last:?}");
+    assert_eq!(last.3, "bytes");
+    assert_eq!(last.1, last.2);
+    assert_eq!(last.2, ds.total_bytes());
+}
