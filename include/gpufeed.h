@@ -148,6 +148,11 @@ const char* gpufeed_loader_dataset_options(const gpufeed_loader* l);
  * when unset); gpufeed_options_default fills the struct from that table, RANK and WORLD_SIZE
  * from the environment when set. */
 const char* gpufeed_loader_settings(const gpufeed_loader* l);
+/* Reads and checks every sample of the dataset at path, as `gpufeed verify` does (only the
+ * dataset options of opts are used; NULL: defaults): *samples checked, *bad found (either may be
+ * NULL). GPUFEED_OK when none is bad; GPUFEED_ERR_SAMPLE when some are, the first one's message
+ * (file, sample, what was wrong) and the count in gpufeed_last_error. */
+int32_t gpufeed_verify(const char* path, const gpufeed_options* opts, uint64_t* samples, uint64_t* bad);
 uint64_t gpufeed_loader_samples_per_epoch(const gpufeed_loader* l);
 uint64_t gpufeed_loader_problems(const gpufeed_loader* l);
 const char* gpufeed_loader_problem(const gpufeed_loader* l, uint64_t i);

@@ -536,6 +536,68 @@ pub unsafe extern "C" fn gpufeed_loader_settings(l: *const GpufeedLoader) -> *co
     unsafe { l.as_ref() }.map_or(std::ptr::null(), |l| l.settings_json.as_ptr())
 }
 
+/// Reads and checks every sample of the dataset at `path` (any path `gpufeed_loader_open`
+/// takes), as `gpufeed verify` does: checksums and frames where the format has them, whether
+/// each image is what its name claims, and what indexing found wrong. `*samples` gets the
+/// samples checked and `*bad` the bad samples and files. `GPUFEED_OK` when none is bad;
+/// `GPUFEED_ERR_SAMPLE` when some are, with the first one's message (file, sample, what was
+/// wrong) and the count in `gpufeed_last_error`; another status when the dataset cannot be
+/// opened at all. Only the dataset options of `opts` are used (null: their defaults).
+///
+/// # Safety
+/// `path` a NUL-terminated string; `opts` null or a valid options struct whose non-null strings
+/// are NUL-terminated; `samples` and `bad` writable (or null, not written).
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_verify(
+    path: *const c_char,
+    opts: *const GpufeedOptions,
+    samples: *mut u64,
+    bad: *mut u64,
+) -> i32 {
+    guard(|| {
+        if path.is_null() {
+            return invalid("path is null");
+        }
+        // SAFETY: NUL-terminated per the contract.
+        let p = std::path::PathBuf::from(
+            unsafe { CStr::from_ptr(path) }
+                .to_string_lossy()
+                .into_owned(),
+        );
+        let o = if opts.is_null() {
+            options_from(&LoaderSettings::default())
+        } else {
+            // SAFETY: non-null, and a valid options struct per the contract (a plain copy).
+            unsafe { *opts }
+        };
+        // SAFETY: the strings of `o` are NUL-terminated per the contract.
+        let report = unsafe { dataset_options(&o) }
+            .and_then(|opts| gpufeed::dataset::verify(&[p], &opts, &mut |_, _| {}));
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => return status_of(&e),
+        };
+        // SAFETY: writable (or null) per the contract.
+        unsafe {
+            if !samples.is_null() {
+                samples.write(report.samples);
+            }
+            if !bad.is_null() {
+                bad.write(report.bad_total);
+            }
+        }
+        if report.ok() {
+            return GPUFEED_OK;
+        }
+        let first = report.bad.first().map_or(String::new(), |e| e.report());
+        set_error(&format!(
+            "{} bad sample(s) or file(s); the first: {first}",
+            report.bad_total
+        ));
+        GPUFEED_ERR_SAMPLE
+    })
+}
+
 /// How many problems indexing found (a damaged header, an index line past its file…): the
 /// samples they cover are not in the dataset. 0 for a null loader.
 ///

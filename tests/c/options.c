@@ -5,7 +5,8 @@
  * settings in effect) and
  * "samples N padding P batches B bytes S". With keep=1 every batch is kept until a wait times
  * out (timeout_ms): "timeout MESSAGE" is printed, the kept batches are freed and the epoch
- * goes on. */
+ * goes on. With verify_only=1 it calls gpufeed_verify on the first path instead and prints
+ * "verify STATUS SAMPLES BAD MESSAGE". */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
     gpufeed_options o;
     if (gpufeed_options_default(&o) != GPUFEED_OK) return fail("defaults", 1);
     int keep = 0;
+    int verify_only = 0;
     gpufeed_batch* kept[4096];
     uint32_t nkept = 0;
     int i = 1;
@@ -62,12 +64,21 @@ int main(int argc, char** argv) {
         else if (!strcmp(k, "block_bytes")) o.block_bytes = strtoull(v, NULL, 10);
         else if (!strcmp(k, "open_files_max")) o.open_files_max = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(k, "keep")) keep = !strcmp(v, "1");
+        else if (!strcmp(k, "verify_only")) verify_only = !strcmp(v, "1");
         else return fprintf(stderr, "unknown option %s\n", k), 2;
     }
     if (i >= argc - 1) return fprintf(stderr, "usage: %s KEY=VALUE... -- PATH...\n", argv[0]), 2;
     const char* paths[64];
     uint32_t n = 0;
     for (i++; i < argc && n < 64; i++) paths[n++] = argv[i];
+    if (verify_only) {
+        /* gpufeed_verify on the first path: "verify STATUS SAMPLES BAD MESSAGE". */
+        uint64_t checked = 0, bad = 0;
+        int32_t vs = gpufeed_verify(paths[0], &o, &checked, &bad);
+        printf("verify %d %" PRIu64 " %" PRIu64 " %s\n", (int)vs, checked, bad,
+               vs == GPUFEED_OK ? "" : gpufeed_last_error());
+        return 0;
+    }
     gpufeed_loader* l = NULL;
     int32_t st = gpufeed_loader_open_paths(paths, n, &o, &l);
     if (st != GPUFEED_OK) {

@@ -506,6 +506,27 @@ fn every_dataset_option_reaches_the_c_options_struct() {
         out.contains("refused") && out.contains("strict") && out.contains("cut.tar"),
         "{out}"
     );
+    // gpufeed_verify: the sound tar is OK, the cut one names itself and counts its damage.
+    let verify = |p: &Path| -> String {
+        let o = Command::new(&exe)
+            .args(["verify_only=1", "--"])
+            .arg(p)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("verify ").map(String::from))
+            .unwrap()
+    };
+    assert_eq!(verify(&good).trim_end(), "0 10 0");
+    let cut_report = verify(&cut);
+    assert!(
+        cut_report.starts_with("5 ") && cut_report.contains("cut.tar"),
+        "{cut_report}"
+    );
+    let bad: u64 = cut_report.split(' ').nth(2).unwrap().parse().unwrap();
+    assert!(bad >= 1, "{cut_report}");
 }
 
 /// Ten samples as files for tar: `NNN.jpg` and `NNN.cls`.
