@@ -35,7 +35,6 @@ pub const MEMORY_BUDGET_DEFAULT_BYTES: u64 = 4 << 30;
 
 /// A front door of the loader: messages name settings as that door spells them (Python's
 /// `prefetch=`, not the builder's `prefetch_groups`).
-#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FrontDoor {
     /// The crate's [`LoaderBuilder`](crate::loader::LoaderBuilder).
