@@ -120,6 +120,7 @@ pub mod batch;
 #[doc(hidden)]
 pub mod bench;
 pub mod buf;
+pub(crate) mod cache;
 // The `gpufeed` command (feature `cli`; not part of the library's API).
 #[cfg(feature = "cli")]
 #[doc(hidden)]
@@ -192,6 +193,10 @@ pub mod testing {
         pub use crate::gpu::nvjpeg::*;
     }
     pub use crate::gpu::context;
+    /// The node cache's eviction policies, replayed over epochs' orders (issue 25).
+    pub mod cache_policy {
+        pub use crate::cache::policy::*;
+    }
     /// The `tf.train.Example` parser (fuzzed on its own).
     pub mod example {
         pub use crate::dataset::example::*;
