@@ -100,36 +100,38 @@ impl Task {
         })
     }
 
-    fn send(&self, f: &ProgressFn, done: u64, finished: bool) {
-        f(&ProgressEvent {
+    fn event(&self, done: u64, finished: bool) -> ProgressEvent<'_> {
+        ProgressEvent {
             what: &self.what,
             done,
             total: self.total,
             unit: self.unit,
             finished,
-        });
+        }
     }
 
     /// `done` units of the total.
     pub(crate) fn set(&mut self, done: u64) {
         match &mut self.to {
             To::Terminal(p) => p.set(done),
-            To::Sink { f, last } => {
+            To::Sink { last, .. } => {
                 if last.is_some_and(|t| t.elapsed() < EVERY) {
                     return;
                 }
                 *last = Some(Instant::now());
-                let f = f.clone();
-                self.send(&f, done, false);
+                if let To::Sink { f, .. } = &self.to {
+                    f(&self.event(done, false));
+                }
             }
         }
     }
 
     /// The work is over.
     pub(crate) fn finish(self) {
-        match self.to {
-            To::Terminal(p) => p.finish(),
-            To::Sink { ref f, .. } => self.send(f, self.total, true),
+        if let To::Sink { f, .. } = &self.to {
+            f(&self.event(self.total, true));
+        } else if let To::Terminal(p) = self.to {
+            p.finish();
         }
     }
 }

@@ -5,6 +5,16 @@ use std::time::{Duration, Instant};
 
 use crate::error::{invalid, Result};
 
+/// `true`/`false` as the dataset options and loader settings read them from text (`yes`/`no`,
+/// `1`/`0`, `on`/`off`, any case); `None` for anything else.
+pub(crate) fn yes_no_word(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "yes" | "1" | "on" => Some(true),
+        "false" | "no" | "0" | "off" => Some(false),
+        _ => None,
+    }
+}
+
 /// Named text values (`None`: absent) as a JSON object of strings and nulls: how the dataset
 /// options and the loader settings are shown at every door.
 pub(crate) fn values_json(values: Vec<(&'static str, Option<String>)>) -> serde_json::Value {

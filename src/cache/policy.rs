@@ -66,6 +66,7 @@ pub fn replay(policy: Policy, capacity: usize, epochs: &[Vec<u32>]) -> Vec<Epoch
     let mut order: VecDeque<u32> = VecDeque::new(); // FIFO: insertion order
     let mut by_next: BTreeSet<(u64, u32)> = BTreeSet::new(); // furthest-next-use: (next, extent)
     let mut by_last: BTreeSet<(u64, u32)> = BTreeSet::new(); // LRU: (last use, extent)
+                                                             // Random-2 reads the last use from `resident` and draws from `keys`.
     let mut rng = match policy {
         Policy::Random2(seed) => Rng::new(seed),
         _ => Rng::new(0),
@@ -83,11 +84,12 @@ pub fn replay(policy: Policy, capacity: usize, epochs: &[Vec<u32>]) -> Vec<Epoch
             if let Some(stamp) = resident.get_mut(&x) {
                 e.hits += 1;
                 match policy {
-                    Policy::Lru | Policy::Random2(_) => {
+                    Policy::Lru => {
                         by_last.remove(&(*stamp, x));
                         *stamp = now;
                         by_last.insert((now, x));
                     }
+                    Policy::Random2(_) => *stamp = now,
                     Policy::FurthestNextUse => {
                         by_next.remove(&(*stamp, x));
                         *stamp = next;
@@ -109,9 +111,7 @@ pub fn replay(policy: Policy, capacity: usize, epochs: &[Vec<u32>]) -> Vec<Epoch
                     Policy::Random2(_) => {
                         let a = keys[rng.below(keys.len() as u64) as usize];
                         let b = keys[rng.below(keys.len() as u64) as usize];
-                        let v = if resident[&a] <= resident[&b] { a } else { b };
-                        by_last.remove(&(resident[&v], v));
-                        Some(v)
+                        Some(if resident[&a] <= resident[&b] { a } else { b })
                     }
                     Policy::FurthestNextUse => {
                         // Not worth caching if it is needed later than every resident.
@@ -142,7 +142,6 @@ pub fn replay(policy: Policy, capacity: usize, epochs: &[Vec<u32>]) -> Vec<Epoch
                 }
                 Policy::Random2(_) => {
                     resident.insert(x, now);
-                    by_last.insert((now, x));
                     slot_of.insert(x, keys.len());
                     keys.push(x);
                 }

@@ -15,8 +15,7 @@ mod settings;
 
 pub use settings::{
     FrontDoor, LoaderSettings, OnError, Setting, BATCH_SIZE_MAX, GROUPS_MAX, LOADER_SETTINGS,
-    MEMORY_BUDGET_DEFAULT_BYTES, OPEN_FILES_MAX, QUEUE_DEPTH_MAX, READS_PER_JOB_MAX,
-    READS_PER_JOB_MIN,
+    OPEN_FILES_MAX, QUEUE_DEPTH_MAX, READS_PER_JOB_MAX, READS_PER_JOB_MIN,
 };
 
 /// The most arena slots.

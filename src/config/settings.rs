@@ -30,8 +30,6 @@ pub const OPEN_FILES_MAX: u32 = 65536;
 pub const QUEUE_DEPTH_MAX: u32 = 4096;
 /// The most read groups waiting for the consumer, or being read, at once (each takes a slot).
 pub const GROUPS_MAX: u32 = 65536;
-/// The arena's default memory budget: slots are sized from the dataset within it.
-pub const MEMORY_BUDGET_DEFAULT_BYTES: u64 = 4 << 30;
 
 /// A front door of the loader: messages name settings as that door spells them (Python's
 /// `prefetch=`, not the builder's `prefetch_groups`).
@@ -492,11 +490,8 @@ fn number(s: &Setting, v: &str) -> Result<u64> {
 }
 
 fn yes_no(name: &str, v: &str) -> Result<bool> {
-    match v.to_ascii_lowercase().as_str() {
-        "true" | "yes" | "1" | "on" => Ok(true),
-        "false" | "no" | "0" | "off" => Ok(false),
-        _ => Err(invalid(format!("{name} {v:?}: expected true or false"))),
-    }
+    crate::util::yes_no_word(v)
+        .ok_or_else(|| invalid(format!("{name} {v:?}: expected true or false")))
 }
 
 /// A duration: seconds (`2.5`), or with a unit (`300ms`, `2s`).

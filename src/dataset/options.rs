@@ -141,13 +141,14 @@ fn extension(e: &str) -> String {
 }
 
 fn yes_no(name: &str, value: &str) -> Result<bool> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "" | "false" | "0" | "no" | "off" => Ok(false),
-        "true" | "1" | "yes" | "on" => Ok(true),
-        _ => Err(invalid(format!(
-            "dataset option {name}={value:?}: expected true or false"
-        ))),
+    if value.trim().is_empty() {
+        return Ok(false); // the default of every yes/no option
     }
+    crate::util::yes_no_word(value).ok_or_else(|| {
+        invalid(format!(
+            "dataset option {name}={value:?}: expected true or false"
+        ))
+    })
 }
 
 fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {

@@ -78,9 +78,6 @@ pub struct LoaderBuilder {
 /// The most files the I/O thread keeps open at once (see [`crate::config::OPEN_FILES_MAX`]).
 pub use crate::config::OPEN_FILES_MAX;
 
-/// The arena's default memory budget: slots are sized from the dataset within it.
-pub const DEFAULT_MEMORY_BUDGET_BYTES: u64 = crate::config::MEMORY_BUDGET_DEFAULT_BYTES;
-
 impl LoaderBuilder {
     /// Every setting at once, as the front doors give them ([`LoaderSettings::set`]).
     pub fn settings(mut self, settings: &LoaderSettings) -> Self {
