@@ -120,7 +120,7 @@ pub mod batch;
 #[doc(hidden)]
 pub mod bench;
 pub mod buf;
-pub(crate) mod cache;
+pub mod cache;
 // The `gpufeed` command (feature `cli`; not part of the library's API).
 #[cfg(feature = "cli")]
 #[doc(hidden)]
@@ -137,6 +137,8 @@ pub mod io;
 pub mod loader;
 pub mod plan;
 pub mod progress;
+#[cfg(feature = "remote")]
+pub mod remote;
 mod rng;
 mod stats;
 // Helpers; some serve only the command line and its benchmarks.

@@ -304,3 +304,100 @@ impl std::fmt::Debug for Mapping {
             .finish()
     }
 }
+
+/// A file's first `len` bytes mapped shared and writable: every process that maps the same file
+/// sees the same bytes, so atomics in it are atomics across processes (the node cache's extent
+/// states and counters). The file must be at least `len` bytes long and must not shrink while
+/// mapped (its owner only ever grows it).
+#[cfg(feature = "remote")]
+pub struct SharedMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is shared memory with no thread affinity; its bytes are only reached through
+// atomics (`u8s`, `u64_at`), which are safe to use from any thread.
+#[cfg(feature = "remote")]
+unsafe impl Send for SharedMap {}
+// SAFETY: as above.
+#[cfg(feature = "remote")]
+unsafe impl Sync for SharedMap {}
+
+#[cfg(feature = "remote")]
+impl SharedMap {
+    /// Maps `len` (> 0) bytes of `fd` from offset 0.
+    pub fn new(fd: BorrowedFd<'_>, len: usize) -> io::Result<SharedMap> {
+        assert!(len > 0);
+        // SAFETY: a new shared mapping of a file we hold open; no fixed address, so nothing
+        // existing is replaced. The file is at least `len` bytes long (the caller's contract), so
+        // no access within `len` faults.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMap {
+            ptr: raw.cast(),
+            len,
+        })
+    }
+
+    /// The bytes `offset .. offset + n` as atomics.
+    pub fn u8s(&self, offset: usize, n: usize) -> &[std::sync::atomic::AtomicU8] {
+        assert!(offset.checked_add(n).is_some_and(|e| e <= self.len));
+        // SAFETY: the range lies inside the mapping, which lives as long as `self`; AtomicU8 has
+        // the size and alignment of u8, and every access to these bytes (in any process) is
+        // atomic.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(offset).cast(), n) }
+    }
+
+    /// The 8 bytes at `offset` (a multiple of 8) as one atomic u64.
+    pub fn u64_at(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
+        // SAFETY: in bounds and 8-byte aligned (the mapping is page-aligned); every access to
+        // these bytes is atomic; the reference lives no longer than the mapping.
+        unsafe { &*self.ptr.add(offset).cast::<std::sync::atomic::AtomicU64>() }
+    }
+}
+
+#[cfg(feature = "remote")]
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping; the references handed out borrow `self`, so none outlives it.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Takes (waiting for it) or releases an open-file-description lock on bytes `start .. start +
+/// len` of `fd`: exclusive between different opens of the file, in this process or any other,
+/// and released by the kernel when the last descriptor of the open closes (a process that dies
+/// holding it leaves no stale lock).
+#[cfg(feature = "remote")]
+pub fn ofd_lock(fd: BorrowedFd<'_>, start: u64, len: u64, lock: bool) -> io::Result<()> {
+    // SAFETY: all-zero is a valid `flock` (plain integers).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start as libc::off_t;
+    fl.l_len = len as libc::off_t;
+    fl.l_pid = 0; // required for OFD locks
+    loop {
+        // SAFETY: `fl` is a valid flock that outlives the call; F_OFD_SETLKW only reads it.
+        let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLKW, &fl) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

@@ -1,4 +1,12 @@
-//! The node-wide cache of a remote dataset's extents (issue 25, being built): so far, the
-//! eviction policies and their replay over an epoch's order (`policy`).
+//! The node-wide cache of a remote dataset's extents: the cache itself (`node`, feature
+//! `remote`), the engine's gate to it (`gate`), and the eviction policies with their replay over
+//! epochs' orders (`policy`), which decided that the cache keeps what fits.
 
+#[cfg(feature = "remote")]
+pub(crate) mod gate;
+#[cfg(feature = "remote")]
+pub mod node;
 pub(crate) mod policy;
+
+#[cfg(feature = "remote")]
+pub use node::{CacheCounters, CachedObject, NodeCache};

@@ -18,6 +18,58 @@ fn extensions(f: Format) -> &'static [&'static str] {
     }
 }
 
+/// The objects of a remote listing that make the dataset, and its format: the format given, or
+/// the one the first key with a known extension names; then every key with one of that format's
+/// extensions (with none, when the format was given: every key but `.idx` sidecars). Formats
+/// that are not a sequence of files (ImageFolder, Megatron's pairs) are refused.
+#[cfg(feature = "remote")]
+pub(crate) fn pick_remote(keys: &[&str], format: Option<Format>) -> Result<(Format, Vec<usize>)> {
+    let ext_of = |k: &str| {
+        Path::new(k)
+            .extension()
+            .and_then(|x| x.to_str())
+            .map(str::to_ascii_lowercase)
+    };
+    let known = [Format::Packed, Format::WebDataset, Format::TfRecord];
+    let format = match format {
+        Some(f @ (Format::ImageFolder | Format::Megatron)) => {
+            return Err(invalid(format!(
+                "a {} dataset cannot be read from object storage: it is not a sequence of \
+                 files (pack it first: gpufeed pack DIR OUT, then upload OUT)",
+                f.name()
+            )))
+        }
+        Some(f) => f,
+        None => keys
+            .iter()
+            .find_map(|k| {
+                let x = ext_of(k)?;
+                known
+                    .into_iter()
+                    .find(|&f| extensions(f).contains(&x.as_str()))
+            })
+            .ok_or_else(|| {
+                invalid(format!(
+                    "no object with a known extension (.gpf, .tar, .tfrecord) among the {} \
+                     listed{}; name the format (format=…)",
+                    keys.len(),
+                    keys.first()
+                        .map(|k| format!(" (the first is {k})"))
+                        .unwrap_or_default()
+                ))
+            })?,
+    };
+    let mut picked: Vec<usize> = (0..keys.len())
+        .filter(|&i| ext_of(keys[i]).is_some_and(|x| extensions(format).contains(&x.as_str())))
+        .collect();
+    if picked.is_empty() {
+        picked = (0..keys.len())
+            .filter(|&i| ext_of(keys[i]).as_deref() != Some("idx"))
+            .collect();
+    }
+    Ok((format, picked))
+}
+
 fn has_ext(p: &Path, f: Format) -> bool {
     p.extension()
         .and_then(|x| x.to_str())

@@ -11,7 +11,7 @@
 
 #![forbid(unsafe_code)]
 
-mod detect;
+pub(crate) mod detect;
 pub(crate) mod example;
 pub(crate) mod image_folder;
 mod options;
@@ -152,6 +152,14 @@ pub struct OpenOptions {
     pub tokens: tokens::TokenOptions,
     /// Refuse a dataset in which indexing found any problem.
     pub strict: bool,
+    /// Remote datasets: the node cache's directory (`None`: [`cache::node::default_dir`]).
+    ///
+    /// [`cache::node::default_dir`]: crate::cache
+    pub cache_dir: Option<PathBuf>,
+    /// Remote datasets: the node cache's limit in bytes (`None`: 90% of its free disk space).
+    pub cache_limit: Option<u64>,
+    /// Remote datasets: the unit fetched with one GET and cached, in bytes (default 8 MiB).
+    pub cache_extent: u64,
 }
 
 impl Default for OpenOptions {
@@ -166,6 +174,9 @@ impl Default for OpenOptions {
             tfrecord_recover: false,
             tokens: tokens::TokenOptions::default(),
             strict: false,
+            cache_dir: None,
+            cache_limit: None,
+            cache_extent: 8 << 20,
         }
     }
 }
@@ -253,6 +264,8 @@ pub struct Dataset {
     /// Each sample's image header: from version-2 shards when opened, else read on first
     /// use ([`Dataset::image_info`]).
     pub(crate) images: std::sync::OnceLock<Vec<image::ImageInfo>>,
+    /// The URLs a remote dataset was opened from (its files are their node-cache copies).
+    pub(crate) remote: Vec<String>,
 }
 
 /// A summary: a dataset's index can hold millions of samples.
@@ -282,6 +295,9 @@ impl Dataset {
     /// Opens a dataset with explicit options (format, payload extension, token window…).
     pub fn open_with(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Dataset> {
         let path = path.as_ref();
+        if let Some(urls) = remote_urls(std::slice::from_ref(&path.to_path_buf()))? {
+            return open_remote(&urls, opts);
+        }
         let (format, files) = detect::detect(path, opts)?;
         Dataset::open_files(format, &files, opts)
     }
@@ -298,6 +314,9 @@ impl Dataset {
     /// Opens several files (or Megatron prefixes) as one dataset, in the order given; the
     /// format is the options' or the first file's.
     pub fn open_many(paths: &[PathBuf], opts: &OpenOptions) -> Result<Dataset> {
+        if let Some(urls) = remote_urls(paths)? {
+            return open_remote(&urls, opts);
+        }
         let first = paths
             .first()
             .ok_or_else(|| invalid("no dataset files given"))?;
@@ -342,6 +361,17 @@ impl Dataset {
             ..opts.clone()
         };
         Ok(ds)
+    }
+
+    /// The URLs of a remote dataset (`s3://…`), whose files are read through the node cache;
+    /// empty for a local one.
+    pub fn remote_urls(&self) -> &[String] {
+        &self.remote
+    }
+
+    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    pub(crate) fn set_source(&mut self, urls: Vec<String>) {
+        self.remote = urls;
     }
 
     /// Whether sample `i` was found by resynchronising after damage
@@ -552,10 +582,9 @@ impl Dataset {
     /// Reads sample `i`'s raw bytes (`offset .. offset + len`, frame included) into `buf`, with
     /// ordinary buffered I/O, checking nothing.
     pub(crate) fn read_raw(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
-        use std::os::unix::fs::FileExt;
         let s = &self.samples[i];
         let path = &self.files[s.file as usize].path;
-        let f = std::fs::File::open(path)
+        let f = SourceFile::open(path)
             .map_err(|e| self.sample_error(i, Error::io("cannot open", e)))?;
         buf.clear();
         buf.resize(s.len as usize, 0); // len was checked against the file's size when indexed
@@ -671,6 +700,7 @@ impl Dataset {
                 ..OpenOptions::default()
             },
             images: std::sync::OnceLock::new(),
+            remote: Vec::new(),
         }
     }
 
@@ -696,7 +726,6 @@ impl Dataset {
     }
 
     fn read_image_headers(&self) -> Result<Vec<image::ImageInfo>> {
-        use std::os::unix::fs::FileExt;
         const PREFIX: u64 = 64 << 10;
         // A progress line only if it is still going after 2 s (a large set on a cold disk).
         let mut prog = crate::progress::Task::items_after(
@@ -705,7 +734,7 @@ impl Dataset {
             "samples",
             std::time::Duration::from_secs(2),
         );
-        let mut open: Option<(u32, std::fs::File)> = None;
+        let mut open: Option<(u32, SourceFile)> = None;
         let mut buf = Vec::new();
         let mut out = Vec::with_capacity(self.samples.len());
         for (i, s) in self.samples.iter().enumerate() {
@@ -716,7 +745,7 @@ impl Dataset {
                     .with_sample(i as u64)
             };
             if open.as_ref().is_none_or(|(f, _)| *f != s.file) {
-                open = Some((s.file, std::fs::File::open(path).map_err(err)?));
+                open = Some((s.file, SourceFile::open(path).map_err(err)?));
             }
             let f = &open.as_ref().expect("opened above").1;
             let framed = self.frame != Frame::None || self.example.is_some();
@@ -918,10 +947,105 @@ where
     Ok(all)
 }
 
+/// The paths as URLs when they name remote objects (all of them, or an error), else `None`.
+fn remote_urls(paths: &[PathBuf]) -> Result<Option<Vec<&str>>> {
+    let urls: Vec<&str> = paths
+        .iter()
+        .filter_map(|p| p.to_str().filter(|s| is_url(s)))
+        .collect();
+    match urls.len() {
+        0 => Ok(None),
+        n if n == paths.len() => Ok(Some(urls)),
+        _ => Err(invalid(
+            "a dataset is either remote (URLs) or local (paths), not both",
+        )),
+    }
+}
+
+/// Whether `s` names a remote source: `s3://`, `gs://`, `az://`, `http(s)://`…
+pub fn is_url(s: &str) -> bool {
+    #[cfg(feature = "remote")]
+    return crate::remote::is_url(s);
+    #[cfg(not(feature = "remote"))]
+    s.split_once("://").is_some_and(|(scheme, rest)| {
+        !rest.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
+fn open_remote(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
+    #[cfg(feature = "remote")]
+    return crate::remote::open_dataset(urls, opts);
+    #[cfg(not(feature = "remote"))]
+    {
+        let _ = opts;
+        Err(Error::new(
+            crate::error::ErrorKind::Unsupported,
+            format!(
+                "{}: this gpufeed was built without object-storage support (cargo feature \
+                 `remote`)",
+                urls[0]
+            ),
+        ))
+    }
+}
+
+/// A dataset file opened for the indexers' and checkers' small reads: a local file, or a remote
+/// object's data file in the node cache, whose absent extents are fetched (and cached) as they
+/// are read.
+pub(crate) struct SourceFile {
+    file: std::fs::File,
+    #[cfg(feature = "remote")]
+    remote: Option<Arc<crate::cache::CachedObject>>,
+}
+
+impl SourceFile {
+    pub fn open(path: &Path) -> std::io::Result<SourceFile> {
+        let file = std::fs::File::open(path)?;
+        Ok(SourceFile {
+            #[cfg(feature = "remote")]
+            remote: crate::cache::node::lookup(&file),
+            file,
+        })
+    }
+
+    /// The file's size (a remote object's size).
+    pub fn size(&self) -> std::io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    /// A remote object's extent size (its reads are best made an extent at a time, on extent
+    /// boundaries); `None` for a local file.
+    pub fn remote_extent(&self) -> Option<u64> {
+        #[cfg(feature = "remote")]
+        return self.remote.as_ref().map(|o| o.extent_bytes());
+        #[cfg(not(feature = "remote"))]
+        None
+    }
+
+    /// Reads exactly `buf.len()` bytes at `offset` (an `UnexpectedEof` error past the end).
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        #[cfg(feature = "remote")]
+        if let Some(obj) = &self.remote {
+            let n = obj
+                .read_at(buf, offset)
+                .map_err(|e| std::io::Error::other(e.report()))?;
+            if n < buf.len() {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            return Ok(());
+        }
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
+    }
+
+    pub fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+}
+
 /// Reads a file through a window of its bytes, for indexers that walk a file front to back
 /// (tar headers, TFRecord lengths): one `pread` serves many small reads.
 pub(crate) struct Window {
-    file: std::fs::File,
+    file: SourceFile,
     pub path: Arc<Path>,
     pub size: u64,
     start: u64,
@@ -936,16 +1060,15 @@ pub(crate) const WINDOW_MAX: usize = 1 << 20;
 
 impl Window {
     pub fn open(path: &Path) -> Result<Window> {
-        let file = std::fs::File::open(path)
+        let file = SourceFile::open(path)
             .map_err(|e| Error::io("cannot open", e).with_path(path.to_path_buf()))?;
         let size = file
-            .metadata()
-            .map_err(|e| Error::io("cannot stat", e).with_path(path.to_path_buf()))?
-            .len();
+            .size()
+            .map_err(|e| Error::io("cannot stat", e).with_path(path.to_path_buf()))?;
         // The walk hops over the members' data: without this the kernel's readahead (8 MiB on
         // the development VM's disk) reads most of the file to index it.
         let _ = crate::sys::fadvise(
-            std::os::fd::AsFd::as_fd(&file),
+            std::os::fd::AsFd::as_fd(file.file()),
             0,
             0,
             libc::POSIX_FADV_RANDOM,
@@ -962,7 +1085,6 @@ impl Window {
     /// The bytes `offset .. offset + len` (`len` ≤ [`WINDOW_MAX`]); an error if they are not
     /// all in the file (including when it shrank since it was opened).
     pub fn get(&mut self, offset: u64, len: usize) -> Result<&[u8]> {
-        use std::os::unix::fs::FileExt;
         assert!(len <= WINDOW_MAX, "window reads are small");
         let end = offset.checked_add(len as u64).filter(|&e| e <= self.size);
         let Some(end) = end else {
@@ -973,14 +1095,20 @@ impl Window {
             .with_path(self.path.clone()));
         };
         if offset < self.start || end > self.start + self.buf.len() as u64 {
-            let want = (self.size - offset).min(WINDOW_BYTES.max(len) as u64) as usize;
+            // A remote object's window is the extent holding `offset` (and what `len` needs
+            // beyond it): extents are fetched whole anyway.
+            let (start, window) = match self.file.remote_extent() {
+                Some(e) => (offset / e * e, e as usize + len),
+                None => (offset, WINDOW_BYTES.max(len)),
+            };
+            let want = (self.size - start).min(window as u64) as usize;
             self.buf.resize(want, 0);
-            self.start = offset;
-            if let Err(e) = self.file.read_exact_at(&mut self.buf, offset) {
+            self.start = start;
+            if let Err(e) = self.file.read_exact_at(&mut self.buf, start) {
                 self.buf.clear();
                 return Err(Error::io("cannot read (did the file shrink?)", e)
                     .with_path(self.path.clone())
-                    .with_range(offset, want as u64));
+                    .with_range(start, want as u64));
             }
         }
         let at = (offset - self.start) as usize;

@@ -124,6 +124,30 @@ pub const DATASET_OPTIONS: &[OptionDoc] = &[
                the rest",
         boolean: true,
     },
+    OptionDoc {
+        name: "cache_dir",
+        flag: "cache-dir",
+        default: "$GPUFEED_CACHE_DIR, else ~/.cache/gpufeed",
+        help: "remote datasets (s3://, gs://, az://, http(s)://): the node-wide cache on local \
+               disk, shared by every rank on the node (put it on NVMe)",
+        boolean: false,
+    },
+    OptionDoc {
+        name: "cache_limit",
+        flag: "cache-limit",
+        default: "90% of the cache's free disk space",
+        help: "remote datasets: the most bytes the node cache holds (e.g. 500G); what does not \
+               fit is read from the store each epoch, and what fits is never evicted",
+        boolean: false,
+    },
+    OptionDoc {
+        name: "cache_extent",
+        flag: "cache-extent",
+        default: "8M",
+        help: "remote datasets: the unit fetched with one GET and cached (64K to 256M, a \
+               multiple of 4K); fixed per object once cached (a different size refetches it)",
+        boolean: false,
+    },
 ];
 
 /// `none` (any case) or an empty value turns an optional name off.
@@ -244,6 +268,23 @@ impl OpenOptions {
             "token_dtype" => self.tokens.dtype = optional(v).map(|t| token_type(&t)).transpose()?,
             "seq_len" => self.tokens.seq_len = optional(v).map(|n| number(name, &n)).transpose()?,
             "stride" => self.tokens.stride = optional(v).map(|n| number(name, &n)).transpose()?,
+            "cache_dir" => self.cache_dir = optional(v).map(PathBuf::from),
+            "cache_limit" => {
+                self.cache_limit = optional(v)
+                    .map(|n| {
+                        crate::util::parse_size(&n)
+                            .map_err(|e| invalid(format!("dataset option cache_limit={v:?}: {e}")))
+                    })
+                    .transpose()?
+            }
+            "cache_extent" => {
+                self.cache_extent = if v.is_empty() {
+                    d.cache_extent
+                } else {
+                    crate::util::parse_size(v)
+                        .map_err(|e| invalid(format!("dataset option cache_extent={v:?}: {e}")))?
+                }
+            }
             _ => {
                 let names: Vec<&str> = DATASET_OPTIONS.iter().map(|o| o.name).collect();
                 return Err(invalid(format!(
@@ -277,6 +318,9 @@ impl OpenOptions {
                     "token_dtype" => self.tokens.dtype.map(|t| t.name().to_string()),
                     "seq_len" => self.tokens.seq_len.map(|n| n.to_string()),
                     "stride" => self.tokens.stride.map(|n| n.to_string()),
+                    "cache_dir" => self.cache_dir.as_ref().map(|p| p.display().to_string()),
+                    "cache_limit" => self.cache_limit.map(|n| n.to_string()),
+                    "cache_extent" => Some(self.cache_extent.to_string()),
                     other => unreachable!("option {other} has no value reader"),
                 };
                 (o.name, v)
@@ -310,6 +354,9 @@ mod tests {
             ("seq_len", "64"),
             ("stride", "16"),
             ("strict", "yes"),
+            ("cache_dir", "/nvme/cache"),
+            ("cache_limit", "2G"),
+            ("cache_extent", "1M"),
         ];
         assert_eq!(given.len(), DATASET_OPTIONS.len());
         for o in DATASET_OPTIONS {
@@ -332,6 +379,9 @@ mod tests {
             ("seq_len", Some("64".into())),
             ("stride", Some("16".into())),
             ("strict", Some("true".into())),
+            ("cache_dir", Some("/nvme/cache".into())),
+            ("cache_limit", Some((2u64 << 30).to_string())),
+            ("cache_extent", Some((1u64 << 20).to_string())),
         ];
         assert_eq!(back, want);
         // `none` turns the optional ones off; empty restores defaults.

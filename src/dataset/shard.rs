@@ -1,7 +1,7 @@
 //! Our packed shard format (`.gpf`): see docs/FORMAT.md. Writer and validating reader.
 
 use std::fs::File;
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::{data_file, Dataset, Format, Sample, Strings};
@@ -195,12 +195,11 @@ fn corrupt(path: &Path, msg: impl Into<String>) -> Error {
 
 /// Reads and validates a shard's header and index (not the sample bytes).
 pub fn read_index(path: &Path) -> Result<ShardIndex> {
-    let mut f = File::open(path)
+    let f = super::SourceFile::open(path)
         .map_err(|e| Error::io("cannot open shard", e).with_path(path.to_path_buf()))?;
     let size = f
-        .metadata()
-        .map_err(|e| Error::io("cannot stat shard", e).with_path(path.to_path_buf()))?
-        .len();
+        .size()
+        .map_err(|e| Error::io("cannot stat shard", e).with_path(path.to_path_buf()))?;
     if size < HEADER_BYTES as u64 {
         return Err(corrupt(
             path,
@@ -208,13 +207,12 @@ pub fn read_index(path: &Path) -> Result<ShardIndex> {
         ));
     }
     let mut hb = [0u8; HEADER_BYTES];
-    f.read_exact(&mut hb)
+    f.read_exact_at(&mut hb, 0)
         .map_err(|e| Error::io("cannot read shard header", e).with_path(path.to_path_buf()))?;
     let header = Header::decode(&hb, size).map_err(|m| corrupt(path, m))?;
     // index_bytes ≤ file size was checked by decode: this allocation is bounded by the file.
     let mut index = vec![0u8; header.index_bytes as usize];
-    f.seek(SeekFrom::Start(header.index_offset))
-        .and_then(|_| f.read_exact(&mut index))
+    f.read_exact_at(&mut index, header.index_offset)
         .map_err(|e| Error::io("cannot read shard index", e).with_path(path.to_path_buf()))?;
     if crate::util::crc32c(&index) != header.index_crc32c {
         return Err(corrupt(path, "index checksum mismatch"));
@@ -506,16 +504,14 @@ impl Drop for ShardWriter {
 /// shard, sample, key and offset) and the number of samples checked.
 pub fn verify(path: &Path, mut progress: impl FnMut(u64)) -> Result<(u64, Vec<Error>)> {
     let idx = read_index(path)?;
-    let mut f = File::open(path)
+    let f = super::SourceFile::open(path)
         .map_err(|e| Error::io("cannot open shard", e).with_path(path.to_path_buf()))?;
     let shared = shared_path(path);
     let mut bad = Vec::new();
     let mut buf = Vec::new();
     for (i, e) in idx.entries.iter().enumerate() {
         buf.resize(e.len as usize, 0); // len ≤ file size: checked by read_index
-        let r = f
-            .seek(SeekFrom::Start(e.offset))
-            .and_then(|_| f.read_exact(&mut buf));
+        let r = f.read_exact_at(&mut buf, e.offset);
         let err = match r {
             Err(err) => Some(Error::io("cannot read sample", err)),
             Ok(()) if crate::util::crc32c(&buf) != e.crc32c => Some(Error::new(

@@ -257,7 +257,12 @@ fn from_index(path: &Path, index: &Path, b: &mut Builder) -> Result<()> {
         .map_err(|e| Error::io("cannot open", e).with_path(path.to_path_buf()))?
         .len();
     // The index's own size bounds this read: it is a real file, not a length from one.
-    let text = std::fs::read(index)
+    let text = super::SourceFile::open(index)
+        .and_then(|f| {
+            let mut text = vec![0u8; f.size()? as usize];
+            f.read_exact_at(&mut text, 0)?;
+            Ok(text)
+        })
         .map_err(|e| Error::io("cannot read TFRecord index", e).with_path(index.to_path_buf()))?;
     let fi = b.file(path, size)?;
     if size == 0 {

@@ -108,6 +108,15 @@ pub trait Backend: Send {
     fn describe(&self) -> String {
         self.name().to_string()
     }
+    /// Why the read `id` failed, when the backend knows more than its errno (a remote fetch:
+    /// the URL and the server's answer). Asked once, when its failure is reaped.
+    fn error_detail(&mut self, _id: u64) -> Option<String> {
+        None
+    }
+    /// Nanoseconds reads spent waiting on an object store, summed over fetch threads.
+    fn remote_wait_ns(&self) -> u64 {
+        0
+    }
 }
 
 /// A file opened by an [`Engine`].
@@ -395,6 +404,24 @@ impl Engine {
         cfg: &EngineConfig,
         notices: Vec<String>,
     ) -> Engine {
+        // Reads of a remote object's cache go through the node cache's gate (which passes the
+        // rest to `backend` unchanged).
+        #[cfg(feature = "remote")]
+        let backend: Box<dyn Backend> = if crate::cache::node::any_open() {
+            match crate::cache::gate::RemoteGate::new(
+                backend,
+                cfg.files_max as usize,
+                crate::cache::gate::FETCH_THREADS_DEFAULT,
+            ) {
+                Ok(g) => Box::new(g),
+                Err((b, e)) => {
+                    notice(&format!("cannot start the remote fetch threads: {e}"));
+                    b
+                }
+            }
+        } else {
+            backend
+        };
         // Ops beyond the backend's capacity wait in `pending`; allow a few jobs' worth, or what
         // the configuration asks for (a loader: every group it may have in flight, whole).
         let ops_max = match cfg.reads_in_flight_max {
@@ -451,6 +478,11 @@ impl Engine {
     /// Counters since creation.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// Nanoseconds reads waited on an object store (see [`Backend::remote_wait_ns`]).
+    pub fn remote_wait_ns(&self) -> u64 {
+        self.backend.remote_wait_ns()
     }
 
     /// Syscalls the backend issued so far.
@@ -815,9 +847,12 @@ impl Engine {
             } else {
                 "read failed"
             };
-            let err = Error::errno(msg, errno)
-                .with_path(entry.info.path.clone())
-                .with_range(op.req_offset, op.req_len as u64);
+            let err = match self.backend.error_detail(d.id) {
+                Some(why) => Error::new(ErrorKind::Io, why),
+                None => Error::errno(msg, errno),
+            }
+            .with_path(entry.info.path.clone())
+            .with_range(op.req_offset, op.req_len as u64);
             self.finish_op(op_id, Err(err));
             return;
         }

@@ -249,6 +249,20 @@ impl LoaderBuilder {
         if self.dataset.is_empty() {
             return Err(invalid("the dataset has no samples"));
         }
+        #[cfg(feature = "remote")]
+        if plan.order == crate::plan::Order::Global && !self.dataset.remote_urls().is_empty() {
+            let absent = crate::cache::node::absent_bytes(self.dataset.files());
+            if absent > 0 {
+                return Err(invalid(format!(
+                    "global order over a remote dataset whose node cache lacks {} would fetch an \
+                     extent for every sample; use {} block or shard-buffer, or fill the cache \
+                     first: gpufeed cache warm {}",
+                    crate::util::size_label(absent),
+                    self.door.spell("order"),
+                    self.dataset.remote_urls().join(" ")
+                )));
+            }
+        }
         let (limited, engine) = crate::config::loader_limits(
             &plan,
             &EngineConfig {

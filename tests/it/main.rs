@@ -18,4 +18,5 @@ mod loader;
 mod problems;
 mod python;
 mod reliability;
+mod remote;
 mod sim;

@@ -1,0 +1,300 @@
+//! The I/O engine's door to remote objects (feature `remote`): a [`Backend`] in front of the
+//! engine's own.
+//!
+//! A raw read of a file that is no remote object's cache, or whose extents are all on disk,
+//! goes to the inner backend unchanged (io_uring, O_DIRECT). A read that needs an absent extent
+//! goes to a pool of fetch threads, which fetch the extents (under the node cache's one-fetch-
+//! per-node locks), copy the bytes asked for straight into the read's slot and write the
+//! extent behind to the cache if it fits (read-through: fetched bytes are not read back). The
+//! pool's threads bound the GETs, and the bytes, in flight.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::node::{lookup_id, CachedObject};
+use crate::io::{Backend, RawDone, RawRead};
+use crate::util::Unpoison;
+
+/// Fetch threads: GETs in flight at most (each holds one extent's bytes).
+pub const FETCH_THREADS_DEFAULT: usize = 16;
+
+struct Queued {
+    op: RawRead,
+    obj: Arc<CachedObject>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Queued>,
+    done: Vec<RawDone>,
+    /// Why a read failed, by read id, for the engine's error.
+    why: HashMap<u64, String>,
+    running: usize,
+    shutdown: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    work: Condvar,
+    done: Condvar,
+    /// Nanoseconds fetch threads spent on reads that needed the store.
+    fetch_ns: AtomicU64,
+}
+
+/// See the module documentation.
+pub(crate) struct RemoteGate {
+    inner: Box<dyn Backend>,
+    files: Vec<Option<Arc<CachedObject>>>,
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    inner_in_flight: usize,
+    /// Inner completions reaped while waiting, not yet handed out.
+    ready: Vec<RawDone>,
+    queue_max: usize,
+}
+
+impl RemoteGate {
+    /// A gate in front of `inner` with `threads` fetch threads; on failure, `inner` back.
+    #[allow(clippy::result_large_err)]
+    pub fn new(
+        inner: Box<dyn Backend>,
+        files_max: usize,
+        threads: usize,
+    ) -> Result<Self, (Box<dyn Backend>, io::Error)> {
+        let shared = Arc::new(Shared::default());
+        let mut workers = Vec::with_capacity(threads);
+        for i in 0..threads.max(1) {
+            let s = shared.clone();
+            match std::thread::Builder::new()
+                .name(format!("gpufeed-fetch-{i}"))
+                .spawn(move || worker(&s))
+            {
+                Ok(w) => workers.push(w),
+                Err(e) => {
+                    shared.state.lock().unpoisoned().shutdown = true;
+                    shared.work.notify_all();
+                    for w in workers {
+                        let _ = w.join();
+                    }
+                    return Err((inner, e));
+                }
+            }
+        }
+        Ok(RemoteGate {
+            inner,
+            files: (0..files_max).map(|_| None).collect(),
+            shared,
+            workers,
+            inner_in_flight: 0,
+            ready: Vec::new(),
+            queue_max: threads.max(1) * 4,
+        })
+    }
+
+    fn outstanding(&self) -> usize {
+        let st = self.shared.state.lock().unpoisoned();
+        st.queue.len() + st.running + st.done.len()
+    }
+
+    fn take_inner(&mut self) {
+        let before = self.ready.len();
+        self.inner.reap(&mut self.ready);
+        self.inner_in_flight -= self.ready.len() - before;
+    }
+}
+
+fn worker(s: &Shared) {
+    loop {
+        let q = {
+            let mut st = s.state.lock().unpoisoned();
+            loop {
+                if let Some(q) = st.queue.pop_front() {
+                    st.running += 1;
+                    break q;
+                }
+                if st.shutdown {
+                    return;
+                }
+                st = s.work.wait(st).unpoisoned();
+            }
+        };
+        let t0 = std::time::Instant::now();
+        // SAFETY: the engine handed this read's buffer to the backend (the `push` contract):
+        // it is valid for `len` bytes and nobody else touches it until the completion below is
+        // reaped; this thread is the only one holding the read.
+        let buf = unsafe { std::slice::from_raw_parts_mut(q.op.buf, q.op.len as usize) };
+        let r = q.obj.read_at(buf, q.op.offset);
+        s.fetch_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let mut st = s.state.lock().unpoisoned();
+        st.running -= 1;
+        let res = match r {
+            Ok(n) => n as i32,
+            Err(e) => {
+                st.why.insert(q.op.id, e.report());
+                -libc::EIO
+            }
+        };
+        st.done.push(RawDone { id: q.op.id, res });
+        s.done.notify_all();
+    }
+}
+
+impl Backend for RemoteGate {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+
+    fn register_file(&mut self, index: u32, fd: RawFd) -> io::Result<()> {
+        self.inner.register_file(index, fd)?;
+        let obj = if fd >= 0 {
+            // SAFETY: all-zero is a valid `stat` (plain integers); `fd` is the engine's open
+            // descriptor for this entry, and fstat only writes `st`.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            if unsafe { libc::fstat(fd, &mut st) } == 0 {
+                lookup_id(st.st_dev, st.st_ino)
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        if let Some(slot) = self.files.get_mut(index as usize) {
+            *slot = obj;
+        }
+        Ok(())
+    }
+
+    unsafe fn push(&mut self, op: RawRead) -> std::result::Result<(), RawRead> {
+        let remote = self
+            .files
+            .get(op.file as usize)
+            .and_then(|o| o.as_ref())
+            .filter(|o| !o.is_present(op.offset..op.offset + op.len as u64));
+        if let Some(obj) = remote {
+            let mut st = self.shared.state.lock().unpoisoned();
+            if st.queue.len() >= self.queue_max {
+                return Err(op);
+            }
+            st.queue.push_back(Queued {
+                op,
+                obj: obj.clone(),
+            });
+            self.shared.work.notify_one();
+            return Ok(());
+        }
+        // SAFETY: the caller's contract is passed on unchanged.
+        let r = unsafe { self.inner.push(op) };
+        if r.is_ok() {
+            self.inner_in_flight += 1;
+        }
+        r
+    }
+
+    fn submit(&mut self, wait: usize) -> io::Result<()> {
+        self.inner.submit(0)?;
+        if wait == 0 {
+            return Ok(());
+        }
+        loop {
+            self.take_inner();
+            let (fetched, busy) = {
+                let st = self.shared.state.lock().unpoisoned();
+                (st.done.len(), st.queue.len() + st.running)
+            };
+            let have = self.ready.len() + fetched;
+            if have >= wait || (self.inner_in_flight == 0 && busy == 0) {
+                return Ok(());
+            }
+            if busy == 0 {
+                self.inner.submit((wait - have).min(self.inner_in_flight))?;
+            } else {
+                let st = self.shared.state.lock().unpoisoned();
+                let need = wait - self.ready.len();
+                // With inner reads in flight too, look at them again every millisecond.
+                let timeout = if self.inner_in_flight > 0 {
+                    Duration::from_millis(1)
+                } else {
+                    Duration::from_secs(1)
+                };
+                let _ = self
+                    .shared
+                    .done
+                    .wait_timeout_while(st, timeout, |st| {
+                        st.done.len() < need && st.queue.len() + st.running > 0
+                    })
+                    .unpoisoned();
+            }
+        }
+    }
+
+    fn reap(&mut self, out: &mut Vec<RawDone>) {
+        out.append(&mut self.ready);
+        let before = out.len();
+        self.inner.reap(out);
+        self.inner_in_flight -= out.len() - before;
+        out.append(&mut self.shared.state.lock().unpoisoned().done);
+    }
+
+    fn cancel_all(&mut self) {
+        self.inner.cancel_all();
+        let mut st = self.shared.state.lock().unpoisoned();
+        let cancelled: Vec<RawDone> = st
+            .queue
+            .drain(..)
+            .map(|q| RawDone {
+                id: q.op.id,
+                res: -libc::ECANCELED,
+            })
+            .collect();
+        st.done.extend(cancelled);
+        self.shared.done.notify_all();
+    }
+
+    fn syscalls(&self) -> u64 {
+        self.inner.syscalls()
+    }
+
+    fn buffers_registered(&self) -> bool {
+        self.inner.buffers_registered()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} behind the node cache ({} fetch threads)",
+            self.inner.describe(),
+            self.workers.len()
+        )
+    }
+
+    fn error_detail(&mut self, id: u64) -> Option<String> {
+        self.shared.state.lock().unpoisoned().why.remove(&id)
+    }
+
+    fn remote_wait_ns(&self) -> u64 {
+        self.shared.fetch_ns.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RemoteGate {
+    fn drop(&mut self) {
+        // The engine drains every read before it drops its backend; the fetch threads are idle.
+        debug_assert_eq!(self.outstanding(), 0);
+        self.shared.state.lock().unpoisoned().shutdown = true;
+        self.shared.work.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}

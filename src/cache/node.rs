@@ -1,0 +1,715 @@
+//! The node-wide cache of remote objects on local disk (feature `remote`).
+//!
+//! Every object of a remote dataset has a *data file* of the object's size — sparse: only the
+//! extents fetched so far take disk space — and a *state file* whose bytes say which extents
+//! are present. The data files are what the dataset's index points at, so the I/O engine reads
+//! a cached extent exactly as it reads a local file (O_DIRECT, io_uring); only an extent that is
+//! not present goes to the object store (see [`RemoteGate`](crate::cache::gate)).
+//!
+//! ```text
+//! DIR/usage                          node-wide counters (bytes cached, GETs, bytes fetched…)
+//! DIR/data/s3/BUCKET/KEY             the object's bytes, extent by extent (sparse)
+//! DIR/state/s3/BUCKET/KEY            header (size, ETag, extent bytes), then one byte per extent
+//! ```
+//!
+//! **Shared by every process on the node.** The state and usage files are mapped shared, so
+//! their bytes are atomics across processes. An extent is fetched under an open-file-description
+//! lock on its state byte (taken by each fetch on an open of its own, so threads exclude each
+//! other as processes do): whoever waits on the lock finds the extent present when it gets it,
+//! and reads it from disk instead of fetching it again — one GET per extent per node, however
+//! many ranks. The kernel drops the lock of a process that dies, so no lock goes stale.
+//!
+//! **Atomic publication.** An extent's bytes are written and made durable (`fdatasync`) before
+//! its state byte says present (a release store that readers load with acquire): a half-written
+//! extent is never read. A present extent stays present until the object changes.
+//!
+//! **Invalidation.** The state file's header holds the object's size, ETag and the extent size;
+//! opening an object whose listing differs empties the data file and marks every extent absent.
+//! Every GET asks for the listed ETag (`If-Match`), so an object replaced mid-epoch is an error,
+//! not a mix of two versions.
+//!
+//! **Keep what fits.** An extent is admitted only while the node's cached bytes stay within the
+//! limit (a compare-and-swap on the shared counter); once full, fetched extents go to the reader
+//! and are not written. With every extent read once per epoch no policy can hit more than
+//! cache/dataset of the reads, and keeping what fits reaches that bound where recency-based
+//! eviction (LRU, FIFO) falls far below it ([`policy`](crate::cache::policy)). A write that
+//! fails (a full disk) gives its bytes back to the counter and the extent is served uncached,
+//! with one notice.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::error::{invalid, Error, Result};
+use crate::remote::{ObjectInfo, Store};
+use crate::sys::{ofd_lock, SharedMap};
+use crate::util::Unpoison;
+
+/// The default extent: the unit fetched, cached and counted (a multiple of 4 KiB).
+pub const EXTENT_BYTES_DEFAULT: u64 = 8 << 20;
+/// The smallest and largest extents a cache accepts.
+pub const EXTENT_BYTES_MIN: u64 = 64 << 10;
+/// See [`EXTENT_BYTES_MIN`].
+pub const EXTENT_BYTES_MAX: u64 = 256 << 20;
+
+const USAGE_MAGIC: &[u8; 8] = b"GPFCUSE1";
+const STATE_MAGIC: &[u8; 8] = b"GPFSTAT1";
+/// Bytes of a state file before its extent bytes (and of the usage file).
+const HEADER_BYTES: usize = 4096;
+/// The longest ETag kept (longer ones are stored as their crc32c, which still changes with them).
+const ETAG_MAX: usize = 1024;
+
+/// The counters in the usage file, at these offsets.
+const U_USED: usize = 64;
+const U_GETS: usize = 72;
+const U_FETCHED: usize = 80;
+const U_DIRECT: usize = 88;
+const U_WRITTEN: usize = 96;
+const U_WAITS: usize = 104;
+
+/// What the node's cache holds and has done, summed over every process that used it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CacheCounters {
+    /// Bytes of extents present (what counts against the limit).
+    pub cached_bytes: u64,
+    /// The limit this process opened the cache with.
+    pub limit_bytes: u64,
+    /// GET requests made to fill extents (one per extent fetched).
+    pub gets: u64,
+    /// Bytes those GETs returned.
+    pub fetched_bytes: u64,
+    /// Fetched bytes handed to the reader without being cached (the cache was full).
+    pub direct_bytes: u64,
+    /// Fetched bytes written to the cache.
+    pub written_bytes: u64,
+    /// Times a reader waited for another's fetch of the same extent and then read it from disk.
+    pub waits: u64,
+}
+
+/// A node cache directory, opened with a limit.
+pub struct NodeCache {
+    dir: PathBuf,
+    limit: u64,
+    extent_bytes: u64,
+    usage: SharedMap,
+    objects: Mutex<HashMap<String, Arc<CachedObject>>>,
+    full_noticed: AtomicBool,
+}
+
+impl std::fmt::Debug for NodeCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeCache")
+            .field("dir", &self.dir)
+            .field("limit", &self.limit)
+            .finish()
+    }
+}
+
+fn io_err(what: &str, path: &Path) -> impl FnOnce(io::Error) -> Error {
+    let what = what.to_string();
+    let path = path.to_path_buf();
+    move |e| Error::io(what, e).with_path(path)
+}
+
+/// Free bytes for an unprivileged writer on the file system holding `dir`.
+fn free_bytes(dir: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| invalid(format!("{}: a path with a NUL byte", dir.display())))?;
+    // SAFETY: all-zero is a valid statvfs (plain integers); `c` is a valid C string that outlives
+    // the call, which only writes `st`.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io_err("cannot statvfs the cache directory", dir)(
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// The default cache directory: `$GPUFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/gpufeed`, else
+/// `~/.cache/gpufeed` (point it at local NVMe on a training node).
+pub fn default_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("GPUFEED_CACHE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("gpufeed");
+    }
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(".cache/gpufeed")
+}
+
+/// Every cache opened in this process, by directory: ranks that are threads of one process
+/// share one (processes share the files).
+fn opened() -> &'static Mutex<HashMap<PathBuf, std::sync::Weak<NodeCache>>> {
+    static OPENED: OnceLock<Mutex<HashMap<PathBuf, std::sync::Weak<NodeCache>>>> = OnceLock::new();
+    OPENED.get_or_init(Mutex::default)
+}
+
+impl NodeCache {
+    /// Opens (creating) the cache in `dir`. `limit`: the most bytes it may hold (`None`: 90% of
+    /// what the file system has free now, plus what the cache already holds). `extent_bytes`: the
+    /// unit of fetching and caching, a multiple of 4 KiB.
+    pub fn open(dir: &Path, limit: Option<u64>, extent_bytes: u64) -> Result<Arc<NodeCache>> {
+        if !(EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&extent_bytes)
+            || !extent_bytes.is_multiple_of(4096)
+        {
+            return Err(invalid(format!(
+                "cache extent of {extent_bytes} bytes: expected a multiple of 4 KiB from {} to {}",
+                EXTENT_BYTES_MIN, EXTENT_BYTES_MAX
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(io_err("cannot create the cache directory", dir))?;
+        let dir = dir
+            .canonicalize()
+            .map_err(io_err("cannot resolve the cache directory", dir))?;
+        let mut open = opened().lock().unpoisoned();
+        if let Some(c) = open.get(&dir).and_then(|w| w.upgrade()) {
+            if c.extent_bytes == extent_bytes && limit.is_none_or(|l| l == c.limit) {
+                return Ok(c);
+            }
+        }
+        let path = dir.join("usage");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err("cannot open the cache's usage file", &path))?;
+        ofd_lock(f.as_fd(), 0, 1, true).map_err(io_err("cannot lock", &path))?;
+        let init = (|| -> io::Result<()> {
+            let mut magic = [0u8; 8];
+            let len = f.metadata()?.len();
+            if len >= HEADER_BYTES as u64 {
+                f.read_exact_at(&mut magic, 0)?;
+            }
+            if &magic != USAGE_MAGIC {
+                f.set_len(0)?;
+                f.set_len(HEADER_BYTES as u64)?;
+                f.write_all_at(USAGE_MAGIC, 0)?;
+            }
+            Ok(())
+        })();
+        let _ = ofd_lock(f.as_fd(), 0, 1, false);
+        init.map_err(io_err("cannot set up the cache's usage file", &path))?;
+        let usage = SharedMap::new(f.as_fd(), HEADER_BYTES).map_err(io_err("cannot map", &path))?;
+        let limit = match limit {
+            Some(l) => l,
+            None => free_bytes(&dir)? / 10 * 9 + usage.u64_at(U_USED).load(Ordering::Relaxed),
+        };
+        let cache = Arc::new(NodeCache {
+            dir: dir.clone(),
+            limit,
+            extent_bytes,
+            usage,
+            objects: Mutex::default(),
+            full_noticed: AtomicBool::new(false),
+        });
+        open.insert(dir, Arc::downgrade(&cache));
+        Ok(cache)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The extent size in bytes.
+    pub fn extent_bytes(&self) -> u64 {
+        self.extent_bytes
+    }
+
+    /// The node's counters (every process's).
+    pub fn counters(&self) -> CacheCounters {
+        let g = |o| self.usage.u64_at(o).load(Ordering::Acquire);
+        CacheCounters {
+            cached_bytes: g(U_USED),
+            limit_bytes: self.limit,
+            gets: g(U_GETS),
+            fetched_bytes: g(U_FETCHED),
+            direct_bytes: g(U_DIRECT),
+            written_bytes: g(U_WRITTEN),
+            waits: g(U_WAITS),
+        }
+    }
+
+    fn add(&self, counter: usize, n: u64) {
+        self.usage.u64_at(counter).fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Reserves `n` bytes under the limit; false when they do not fit.
+    fn admit(&self, n: u64) -> bool {
+        self.usage
+            .u64_at(U_USED)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n).filter(|&u| u <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: u64) {
+        let _ = self
+            .usage
+            .u64_at(U_USED)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                Some(u.saturating_sub(n))
+            });
+    }
+
+    /// Where an object's files live: `DIR/{data,state}/SCHEME/HOST/KEY`.
+    fn object_paths(&self, url: &str) -> Result<(PathBuf, PathBuf)> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| invalid(format!("{url}: not a URL")))?;
+        let mut rel = PathBuf::from(scheme);
+        for part in rest.split('/').filter(|p| !p.is_empty()) {
+            if part == "." || part == ".." || part.contains('\0') {
+                return Err(invalid(format!(
+                    "{url}: an object key with a `{part}` component cannot be cached"
+                )));
+            }
+            rel.push(part.replace(':', "_"));
+        }
+        Ok((
+            self.dir.join("data").join(&rel),
+            self.dir.join("state").join(rel),
+        ))
+    }
+
+    /// The cached object for `info` of `store`: its data file exists with the object's size and
+    /// its state matches the listing (otherwise it is emptied first).
+    pub fn object(self: &Arc<Self>, store: &Store, info: &ObjectInfo) -> Result<Arc<CachedObject>> {
+        if let Some(o) = self.objects.lock().unpoisoned().get(&info.url) {
+            if o.info == *info {
+                return Ok(o.clone());
+            }
+        }
+        let (data_path, state_path) = self.object_paths(&info.url)?;
+        for p in [&data_path, &state_path] {
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(io_err("cannot create a cache directory", parent))?;
+            }
+        }
+        let extents = info.size.div_ceil(self.extent_bytes).max(1);
+        let map_len = HEADER_BYTES + extents as usize;
+        let state = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&state_path)
+            .map_err(io_err("cannot open a cache state file", &state_path))?;
+        let data = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&data_path)
+            .map_err(io_err("cannot open a cache data file", &data_path))?;
+        // The header is checked and (re)written under a lock on it, by one opener at a time.
+        ofd_lock(state.as_fd(), 0, HEADER_BYTES as u64, true)
+            .map_err(io_err("cannot lock", &state_path))?;
+        let r = self.check_state(info, &state, &data, map_len);
+        let _ = ofd_lock(state.as_fd(), 0, HEADER_BYTES as u64, false);
+        r.map_err(io_err("cannot set up a cache state file", &state_path))?;
+        let map =
+            SharedMap::new(state.as_fd(), map_len).map_err(io_err("cannot map", &state_path))?;
+        let md = data.metadata().map_err(io_err("cannot stat", &data_path))?;
+        let obj = Arc::new(CachedObject {
+            cache: self.clone(),
+            store: store.clone(),
+            info: info.clone(),
+            data_path,
+            state_path,
+            extents,
+            map,
+        });
+        registry()
+            .lock()
+            .unpoisoned()
+            .insert((md.dev(), md.ino()), obj.clone());
+        self.objects
+            .lock()
+            .unpoisoned()
+            .insert(info.url.clone(), obj.clone());
+        Ok(obj)
+    }
+
+    /// Makes the state file describe `info`: as it is when its header matches, else emptied.
+    fn check_state(
+        &self,
+        info: &ObjectInfo,
+        state: &File,
+        data: &File,
+        map_len: usize,
+    ) -> io::Result<()> {
+        let header = state_header(info, self.extent_bytes);
+        let mut old = vec![0u8; HEADER_BYTES];
+        let len = state.metadata()?.len();
+        if len >= HEADER_BYTES as u64 {
+            state.read_exact_at(&mut old, 0)?;
+        }
+        if old == header && len >= map_len as u64 && data.metadata()?.len() == info.size {
+            return Ok(());
+        }
+        // A different object (or none yet): give back what its present extents held, drop their
+        // blocks, and mark every extent absent. The state file never shrinks (another process may
+        // have it mapped); only its extent bytes are zeroed.
+        if len > HEADER_BYTES as u64 && old[..8] == STATE_MAGIC[..] {
+            let old_size = u64::from_le_bytes(old[16..24].try_into().unwrap_or_default());
+            let old_ext = u64::from_le_bytes(old[24..32].try_into().unwrap_or_default()).max(1);
+            let mut marks = vec![0u8; (len - HEADER_BYTES as u64) as usize];
+            state.read_exact_at(&mut marks, HEADER_BYTES as u64)?;
+            let held: u64 = marks
+                .iter()
+                .enumerate()
+                .filter(|(_, &m)| m == PRESENT)
+                .map(|(i, _)| {
+                    let start = i as u64 * old_ext;
+                    old_size.saturating_sub(start).min(old_ext)
+                })
+                .sum();
+            self.release(held);
+            state.write_all_at(&vec![0u8; marks.len()], HEADER_BYTES as u64)?;
+        }
+        data.set_len(0)?;
+        data.set_len(info.size)?;
+        if len < map_len as u64 {
+            state.set_len(map_len as u64)?;
+        }
+        state.write_all_at(&header, 0)?;
+        state.sync_all()?;
+        Ok(())
+    }
+
+    /// Empties the cache: every object's files and the counters. Run it with no loader using the
+    /// cache (`gpufeed cache drop`).
+    pub fn drop_all(&self) -> Result<u64> {
+        let held = self.counters().cached_bytes;
+        for sub in ["data", "state"] {
+            let p = self.dir.join(sub);
+            if p.exists() {
+                std::fs::remove_dir_all(&p).map_err(io_err("cannot remove", &p))?;
+            }
+        }
+        for o in [U_USED, U_GETS, U_FETCHED, U_DIRECT, U_WRITTEN, U_WAITS] {
+            self.usage.u64_at(o).store(0, Ordering::Release);
+        }
+        self.objects.lock().unpoisoned().clear();
+        Ok(held)
+    }
+}
+
+/// An extent's state byte: absent (0) or present.
+const PRESENT: u8 = 1;
+
+fn state_header(info: &ObjectInfo, extent_bytes: u64) -> Vec<u8> {
+    let mut h = vec![0u8; HEADER_BYTES];
+    h[..8].copy_from_slice(STATE_MAGIC);
+    let etag = info.etag.as_deref().unwrap_or("").as_bytes();
+    let etag: Vec<u8> = if etag.len() > ETAG_MAX {
+        crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, etag)
+            .to_le_bytes()
+            .to_vec()
+    } else {
+        etag.to_vec()
+    };
+    h[12..16].copy_from_slice(&(etag.len() as u32).to_le_bytes());
+    h[16..24].copy_from_slice(&info.size.to_le_bytes());
+    h[24..32].copy_from_slice(&extent_bytes.to_le_bytes());
+    h[32..32 + etag.len()].copy_from_slice(&etag);
+    h
+}
+
+/// One remote object in the node cache.
+pub struct CachedObject {
+    cache: Arc<NodeCache>,
+    store: Store,
+    info: ObjectInfo,
+    data_path: PathBuf,
+    state_path: PathBuf,
+    extents: u64,
+    /// The state file: header, then one byte per extent.
+    map: SharedMap,
+}
+
+impl std::fmt::Debug for CachedObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedObject")
+            .field("url", &self.info.url)
+            .field("data", &self.data_path)
+            .finish()
+    }
+}
+
+/// How [`CachedObject::extent`] found an extent.
+enum Extent {
+    /// On disk in the data file.
+    Present,
+    /// Fetched by this call: its bytes.
+    Fetched(Vec<u8>),
+    /// The cache is full: only the bytes asked for, fetched by this call.
+    Part(Vec<u8>),
+}
+
+impl CachedObject {
+    /// The object as listed.
+    pub fn info(&self) -> &ObjectInfo {
+        &self.info
+    }
+
+    /// The data file the dataset's index points at.
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
+    }
+
+    fn marks(&self) -> &[AtomicU8] {
+        self.map.u8s(HEADER_BYTES, self.extents as usize)
+    }
+
+    fn extent_range(&self, i: u64) -> Range<u64> {
+        let e = self.cache.extent_bytes;
+        let start = i * e;
+        start..(start + e).min(self.info.size)
+    }
+
+    /// The extents holding bytes `range` (empty past the end).
+    fn extents_of(&self, range: Range<u64>) -> Range<u64> {
+        let end = range.end.min(self.info.size);
+        if range.start >= end {
+            return 0..0;
+        }
+        let e = self.cache.extent_bytes;
+        range.start / e..(end - 1) / e + 1
+    }
+
+    /// Whether every extent holding bytes `range` is on disk.
+    pub fn is_present(&self, range: Range<u64>) -> bool {
+        let marks = self.marks();
+        self.extents_of(range)
+            .all(|i| marks[i as usize].load(Ordering::Acquire) == PRESENT)
+    }
+
+    /// Bytes of this object on disk.
+    pub fn present_bytes(&self) -> u64 {
+        let marks = self.marks();
+        (0..self.extents)
+            .filter(|&i| marks[i as usize].load(Ordering::Acquire) == PRESENT)
+            .map(|i| {
+                let r = self.extent_range(i);
+                r.end - r.start
+            })
+            .sum()
+    }
+
+    /// Extent `i`, which holds the bytes `part`: on disk; or fetched now and cached, when it
+    /// fits; or, when the cache is full, only `part` fetched (nothing else of the extent would
+    /// be kept). One fetch per node for what is cached: a fetch holds the extent's lock, and
+    /// whoever waited on it finds the extent present.
+    fn extent(&self, i: u64, part: Range<u64>) -> Result<Extent> {
+        let mark = &self.marks()[i as usize];
+        if mark.load(Ordering::Acquire) == PRESENT {
+            return Ok(Extent::Present);
+        }
+        let range = self.extent_range(i);
+        let n = range.end - range.start;
+        let cache = &self.cache;
+        if !cache.admit(n) {
+            let bytes = self.store.get(&self.info, part)?;
+            cache.add(U_GETS, 1);
+            cache.add(U_FETCHED, bytes.len() as u64);
+            cache.add(U_DIRECT, bytes.len() as u64);
+            return Ok(Extent::Part(bytes));
+        }
+        self.fetch_reserved(i)
+    }
+
+    /// Fetches extent `i` into the cache, its bytes already reserved under the limit (given
+    /// back if another fetched it meanwhile, or if it cannot be fetched).
+    fn fetch_reserved(&self, i: u64) -> Result<Extent> {
+        let mark = &self.marks()[i as usize];
+        let range = self.extent_range(i);
+        let n = range.end - range.start;
+        // A lock of this open's own, so that threads exclude each other as processes do.
+        let locked = File::options()
+            .read(true)
+            .write(true)
+            .open(&self.state_path)
+            .map_err(io_err("cannot open a cache state file", &self.state_path))
+            .and_then(|state| {
+                let at = HEADER_BYTES as u64 + i;
+                ofd_lock(state.as_fd(), at, 1, true)
+                    .map_err(io_err("cannot lock", &self.state_path))?;
+                let r = self.fetch_locked(range, mark);
+                let _ = ofd_lock(state.as_fd(), at, 1, false);
+                r
+            });
+        if matches!(locked, Ok(Extent::Present) | Err(_)) {
+            self.cache.release(n);
+        }
+        locked
+    }
+
+    /// Fetches and caches the extent `range` (its bytes are reserved) under its lock.
+    fn fetch_locked(&self, range: Range<u64>, mark: &AtomicU8) -> Result<Extent> {
+        let cache = &self.cache;
+        if mark.load(Ordering::Acquire) == PRESENT {
+            cache.add(U_WAITS, 1);
+            return Ok(Extent::Present);
+        }
+        let bytes = self.store.get(&self.info, range.clone())?;
+        let n = bytes.len() as u64;
+        cache.add(U_GETS, 1);
+        cache.add(U_FETCHED, n);
+        let written = (|| -> io::Result<()> {
+            let f = File::options().write(true).open(&self.data_path)?;
+            f.write_all_at(&bytes, range.start)?;
+            f.sync_data()?;
+            // Written behind, not to be read back soon: out of the page cache.
+            let _ = crate::sys::fadvise(f.as_fd(), range.start, n, libc::POSIX_FADV_DONTNEED);
+            Ok(())
+        })();
+        match written {
+            Ok(()) => {
+                mark.store(PRESENT, Ordering::Release);
+                cache.add(U_WRITTEN, n);
+            }
+            Err(e) => {
+                cache.release(n);
+                cache.add(U_DIRECT, n);
+                if !cache.full_noticed.swap(true, Ordering::Relaxed) {
+                    crate::io::notice(&format!(
+                        "the node cache cannot write {} ({e}); fetched extents are served \
+                         without being cached",
+                        self.data_path.display()
+                    ));
+                }
+            }
+        }
+        Ok(Extent::Fetched(bytes))
+    }
+
+    /// Reads bytes from `offset` into `buf` through the cache, as `pread` would: the count
+    /// read (short only at the end of the object). Present extents are read from disk; absent
+    /// ones are fetched (and cached if they fit).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let end = (offset + buf.len() as u64).min(self.info.size);
+        if offset >= end {
+            return Ok(0);
+        }
+        let mut file: Option<File> = None;
+        for i in self.extents_of(offset..end) {
+            let ext = self.extent_range(i);
+            let part = offset.max(ext.start)..end.min(ext.end);
+            let dst = &mut buf[(part.start - offset) as usize..(part.end - offset) as usize];
+            match self.extent(i, part.clone())? {
+                Extent::Part(bytes) => dst.copy_from_slice(&bytes),
+                Extent::Fetched(bytes) => dst.copy_from_slice(
+                    &bytes[(part.start - ext.start) as usize..(part.end - ext.start) as usize],
+                ),
+                Extent::Present => {
+                    if file.is_none() {
+                        file = Some(
+                            File::open(&self.data_path)
+                                .map_err(io_err("cannot open", &self.data_path))?,
+                        );
+                    }
+                    if let Some(f) = &file {
+                        f.read_exact_at(dst, part.start).map_err(|e| {
+                            Error::io("cannot read the cache", e)
+                                .with_path(self.data_path.clone())
+                                .with_range(part.start, part.end - part.start)
+                        })?;
+                    }
+                }
+            }
+        }
+        Ok((end - offset) as usize)
+    }
+
+    /// Fetches every absent extent holding bytes `range` into the cache, as far as it fits:
+    /// the bytes fetched and cached, and whether the cache filled up before the end.
+    pub fn warm(&self, range: Range<u64>) -> Result<(u64, bool)> {
+        let mut fetched = 0;
+        for i in self.extents_of(range) {
+            let mark = &self.marks()[i as usize];
+            if mark.load(Ordering::Acquire) == PRESENT {
+                continue;
+            }
+            let ext = self.extent_range(i);
+            if !self.cache.admit(ext.end - ext.start) {
+                return Ok((fetched, true));
+            }
+            if let Extent::Fetched(b) = self.fetch_reserved(i)? {
+                fetched += b.len() as u64;
+            }
+        }
+        Ok((fetched, false))
+    }
+
+    /// The number of extents.
+    pub fn extent_count(&self) -> u64 {
+        self.extents
+    }
+
+    /// The extent size.
+    pub fn extent_bytes(&self) -> u64 {
+        self.cache.extent_bytes
+    }
+}
+
+/// Every cached object opened in this process, by its data file's (device, inode): how a reader
+/// holding only a path or a descriptor learns that a file is a remote object's cache.
+type Registry = Mutex<HashMap<(u64, u64), Arc<CachedObject>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(Mutex::default)
+}
+
+/// The cached object whose data file `file` is, if any.
+pub fn lookup(file: &File) -> Option<Arc<CachedObject>> {
+    let md = file.metadata().ok()?;
+    lookup_id(md.dev(), md.ino())
+}
+
+/// The cached object whose data file has this device and inode, if any.
+pub fn lookup_id(dev: u64, ino: u64) -> Option<Arc<CachedObject>> {
+    let reg = registry().lock().unpoisoned();
+    if reg.is_empty() {
+        return None;
+    }
+    reg.get(&(dev, ino)).cloned()
+}
+
+/// Bytes of these dataset files that are remote objects' extents not on disk (0 for local
+/// files).
+pub fn absent_bytes(files: &[crate::dataset::DataFile]) -> u64 {
+    files
+        .iter()
+        .filter_map(|f| File::open(&f.path).ok().and_then(|file| lookup(&file)))
+        .map(|o| o.info.size - o.present_bytes())
+        .sum()
+}
+
+/// Whether any remote object is open in this process (the engine then checks its reads).
+pub fn any_open() -> bool {
+    !registry().lock().unpoisoned().is_empty()
+}

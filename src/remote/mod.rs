@@ -1,0 +1,554 @@
+//! Datasets in object storage (feature `remote`): `s3://`, `gs://`, `az://` and `http(s)://`
+//! sources through Apache Arrow's `object_store` crate.
+//!
+//! A [`Store`] lists the objects under a URL and fetches byte ranges of them. It is not read
+//! by the loader directly: every byte goes through the node cache ([`crate::cache::node`]), which
+//! keeps the fetched extents on local disk, once per node, and which the I/O engine reads as it
+//! reads any local file.
+//!
+//! Endpoint, region and credentials are read the way the AWS SDKs read them: the environment
+//! (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_REGION`…), then the shared files
+//! (`~/.aws/credentials`, `~/.aws/config`, or `AWS_SHARED_CREDENTIALS_FILE` /
+//! `AWS_CONFIG_FILE`) for the profile `AWS_PROFILE` (else `default`). An `http://` endpoint is
+//! allowed without a further switch, as the SDKs allow it. Google Cloud Storage and Azure read
+//! their own environment (`GOOGLE_*`, `AZURE_*`) through `object_store`'s builders.
+//!
+//! Retries are gpufeed's, not `object_store`'s, so that they are counted: a GET that fails,
+//! stalls (no answer within [`REQUEST_TIMEOUT`]) or is throttled (503 SlowDown) is retried with
+//! exponential backoff until [`RETRY_WINDOW`] has passed since its first try; an object that
+//! is missing, forbidden or changed (its ETag no longer matches) is not retried.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use object_store::path::Path as ObjPath;
+use object_store::{GetOptions, GetRange, ObjectStore, RetryConfig};
+
+use crate::dataset::{Dataset, Format, OpenOptions};
+use crate::error::{invalid, Error, ErrorKind, Result};
+
+/// The longest one request may take before it counts as stalled and is retried.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a failing GET is retried, from its first try, before the error is reported.
+pub const RETRY_WINDOW: Duration = Duration::from_secs(120);
+/// The first backoff; each retry doubles it, up to [`BACKOFF_MAX`].
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(4);
+
+/// Whether `s` names a remote source (`scheme://…` for a scheme `object_store` serves).
+pub fn is_url(s: &str) -> bool {
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return false;
+    };
+    !rest.is_empty()
+        && matches!(
+            scheme.to_ascii_lowercase().as_str(),
+            "s3" | "s3a" | "gs" | "az" | "azure" | "abfs" | "abfss" | "http" | "https"
+        )
+}
+
+/// One object of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Its key in the store (the bucket's path, without the bucket).
+    pub key: String,
+    /// Its full URL, for messages.
+    pub url: String,
+    /// Bytes.
+    pub size: u64,
+    /// The ETag the server gave (changes when the object does); fetches ask for this version.
+    pub etag: Option<String>,
+}
+
+/// Counters of one [`Store`]'s traffic (this process only; the node cache counts the node's).
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    /// GET requests that returned bytes.
+    pub gets: AtomicU64,
+    /// Bytes those GETs returned.
+    pub bytes: AtomicU64,
+    /// Requests tried again after a failure, a stall or a throttle.
+    pub retries: AtomicU64,
+    /// Nanoseconds spent waiting on GETs, summed over the threads that waited.
+    pub wait_ns: AtomicU64,
+}
+
+/// An object store and the prefix a dataset lies under.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<dyn ObjectStore>,
+    /// The URL as given, without a trailing `/`.
+    url: String,
+    /// The part of the URL before the object keys (`s3://bucket`).
+    base: String,
+    /// The prefix inside the store.
+    prefix: ObjPath,
+    stats: Arc<StoreStats>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("url", &self.url).finish()
+    }
+}
+
+/// The runtime every store's requests run on: two threads (the requests are I/O; the callers
+/// block on them from their own threads).
+fn runtime() -> Result<&'static tokio::runtime::Runtime> {
+    static RT: OnceLock<std::result::Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("gpufeed-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| invalid(format!("cannot start the object-store runtime: {e}")))
+}
+
+/// A profile's settings from the AWS shared files: `credentials` then `config` (whose sections
+/// are `[profile NAME]`, except `[default]`).
+fn aws_profile() -> HashMap<String, String> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let file = |var: &str, name: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .or_else(|| home.as_ref().map(|h| h.join(".aws").join(name)))
+    };
+    let profile = std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".into());
+    let mut out = HashMap::new();
+    for (path, section) in [
+        (
+            file("AWS_SHARED_CREDENTIALS_FILE", "credentials"),
+            profile.clone(),
+        ),
+        (
+            file("AWS_CONFIG_FILE", "config"),
+            if profile == "default" {
+                profile.clone()
+            } else {
+                format!("profile {profile}")
+            },
+        ),
+    ] {
+        let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else {
+            continue;
+        };
+        out.extend(ini_section(&text, &section));
+    }
+    out
+}
+
+/// The `key = value` lines of `[section]` in an INI text (keys lower case; the first file's
+/// value wins over a later one, as the SDKs read credentials before config).
+fn ini_section(text: &str, section: &str) -> Vec<(String, String)> {
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('#') || line.starts_with(';') || line.is_empty() {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            inside = name.trim() == section;
+            continue;
+        }
+        if inside {
+            if let Some((k, v)) = line.split_once('=') {
+                out.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// S3 settings that take precedence over the environment in this process (tests point the
+/// store at their own server this way, without changing the process's environment).
+type Overrides = HashMap<String, Vec<(String, String)>>;
+
+fn overrides() -> &'static std::sync::Mutex<Overrides> {
+    static O: OnceLock<std::sync::Mutex<Overrides>> = OnceLock::new();
+    O.get_or_init(Default::default)
+}
+
+/// Sets S3 settings (`aws_endpoint`, `aws_access_key_id`… as `object_store` names them) that
+/// every later [`Store::open`] of `s3://BUCKET/…` in this process uses over the environment
+/// (one server per bucket; tests point buckets at servers of their own this way).
+pub fn set_s3_options(bucket: &str, options: &[(&str, &str)]) {
+    use crate::util::Unpoison;
+    overrides().lock().unpoisoned().insert(
+        bucket.to_string(),
+        options
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+}
+
+fn client_options() -> object_store::ClientOptions {
+    object_store::ClientOptions::new()
+        .with_timeout(REQUEST_TIMEOUT)
+        .with_connect_timeout(Duration::from_secs(5))
+}
+
+/// No retries inside `object_store`: [`Store`] retries, and counts.
+fn no_retries() -> RetryConfig {
+    RetryConfig {
+        max_retries: 0,
+        ..RetryConfig::default()
+    }
+}
+
+fn store_error(url: &str, e: impl std::fmt::Display) -> Error {
+    invalid(format!("{url}: {e}"))
+}
+
+impl Store {
+    /// Opens the store a URL names: `s3://bucket/prefix`, `gs://bucket/prefix`,
+    /// `az://container/prefix`, or an `http(s)://` URL (S3-style hosts are recognised as S3).
+    pub fn open(url: &str) -> Result<Store> {
+        let url = url.trim_end_matches('/').to_string();
+        let parsed =
+            url::Url::parse(&url).map_err(|e| invalid(format!("{url}: not a URL ({e})")))?;
+        let scheme = parsed.scheme().to_ascii_lowercase();
+        let (inner, prefix): (Arc<dyn ObjectStore>, ObjPath) = match scheme.as_str() {
+            "s3" | "s3a" => {
+                use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as K};
+                let mut b = AmazonS3Builder::from_env();
+                // The shared files fill in what the environment left unset.
+                let profile = aws_profile();
+                for (name, key) in [
+                    ("aws_access_key_id", K::AccessKeyId),
+                    ("aws_secret_access_key", K::SecretAccessKey),
+                    ("aws_session_token", K::Token),
+                    ("region", K::Region),
+                    ("endpoint_url", K::Endpoint),
+                ] {
+                    if b.get_config_value(&key).is_none() {
+                        if let Some(v) = profile.get(name) {
+                            b = b.with_config(key, v);
+                        }
+                    }
+                }
+                let bucket = parsed.host_str().unwrap_or_default();
+                let set = overrides()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(bucket)
+                    .cloned()
+                    .unwrap_or_default();
+                for (k, v) in set {
+                    let key: K = k.parse().map_err(|e| store_error(&url, e))?;
+                    b = b.with_config(key, v);
+                }
+                if b.get_config_value(&K::Region).is_none() {
+                    if let Ok(r) = std::env::var("AWS_REGION") {
+                        b = b.with_config(K::Region, r);
+                    }
+                }
+                let http = [K::Endpoint, K::S3Endpoint]
+                    .iter()
+                    .filter_map(|k| b.get_config_value(k))
+                    .any(|e| e.starts_with("http://"));
+                let store = b
+                    .with_url(url.as_str())
+                    .with_retry(no_retries())
+                    .with_client_options(client_options().with_allow_http(http))
+                    .build()
+                    .map_err(|e| store_error(&url, e))?;
+                (Arc::new(store), ObjPath::from(parsed.path()))
+            }
+            "gs" => {
+                let store = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_url(url.as_str())
+                    .with_retry(no_retries())
+                    .with_client_options(client_options())
+                    .build()
+                    .map_err(|e| store_error(&url, e))?;
+                (Arc::new(store), ObjPath::from(parsed.path()))
+            }
+            "az" | "azure" | "abfs" | "abfss" => {
+                let store = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(url.as_str())
+                    .with_retry(no_retries())
+                    .with_client_options(client_options())
+                    .build()
+                    .map_err(|e| store_error(&url, e))?;
+                (Arc::new(store), ObjPath::from(parsed.path()))
+            }
+            "http" | "https" => {
+                let (store, path) =
+                    object_store::parse_url(&parsed).map_err(|e| store_error(&url, e))?;
+                (Arc::from(store), path)
+            }
+            other => {
+                return Err(invalid(format!(
+                    "{url}: the scheme {other}:// is not an object store gpufeed reads \
+                     (s3, gs, az, http, https)"
+                )))
+            }
+        };
+        let base = match scheme.as_str() {
+            "http" | "https" => url[..url.len() - parsed.path().len()].to_string(),
+            _ => format!("{}://{}", scheme, parsed.host_str().unwrap_or_default()),
+        };
+        Ok(Store {
+            inner,
+            url,
+            base,
+            prefix,
+            stats: Arc::default(),
+        })
+    }
+
+    /// The URL as given (without a trailing `/`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// This process's traffic with the store.
+    pub fn stats(&self) -> &Arc<StoreStats> {
+        &self.stats
+    }
+
+    /// The URL of an object.
+    pub fn object_url(&self, key: &str) -> String {
+        format!("{}/{}", self.base, key)
+    }
+
+    /// Every object under the URL's prefix (the prefix itself when it names one object), sorted
+    /// by key.
+    pub fn list(&self) -> Result<Vec<ObjectInfo>> {
+        use futures_util::TryStreamExt;
+        let rt = runtime()?;
+        let info = |m: object_store::ObjectMeta| ObjectInfo {
+            url: self.object_url(m.location.as_ref()),
+            key: m.location.to_string(),
+            size: m.size,
+            etag: m.e_tag,
+        };
+        // A prefix that is itself an object: that one object.
+        if !self.prefix.as_ref().is_empty() {
+            use object_store::ObjectStoreExt;
+            match self.retrying("HEAD", &self.url, || {
+                rt.block_on(self.inner.head(&self.prefix))
+            }) {
+                Ok(m) => return Ok(vec![info(m)]),
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let prefix = (!self.prefix.as_ref().is_empty()).then_some(&self.prefix);
+        let mut all: Vec<ObjectInfo> = self
+            .retrying("LIST", &self.url, || {
+                rt.block_on(self.inner.list(prefix).try_collect::<Vec<_>>())
+            })?
+            .into_iter()
+            .map(info)
+            .collect();
+        all.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(all)
+    }
+
+    /// The bytes `range` of `object`, as long as it is still the version listed (its ETag, when
+    /// the server gave one): an object that changed since is an error, not mixed bytes.
+    pub fn get(&self, object: &ObjectInfo, range: Range<u64>) -> Result<Vec<u8>> {
+        let rt = runtime()?;
+        let t0 = Instant::now();
+        let location = ObjPath::from(object.key.as_str());
+        let what = format!("GET bytes {}..{}", range.start, range.end);
+        let bytes = self.retrying(&what, &object.url, || {
+            rt.block_on(async {
+                let opts = GetOptions {
+                    if_match: object.etag.clone(),
+                    range: Some(GetRange::Bounded(range.clone())),
+                    ..GetOptions::default()
+                };
+                let r = self.inner.get_opts(&location, opts).await?;
+                // Not every server honours If-Match on a ranged GET: the answer's ETag decides.
+                if let (Some(want), Some(got)) = (&object.etag, &r.meta.e_tag) {
+                    if want != got {
+                        return Err(object_store::Error::Precondition {
+                            path: object.key.clone(),
+                            source: format!("ETag {got}, listed as {want}").into(),
+                        });
+                    }
+                }
+                r.bytes().await
+            })
+        })?;
+        self.stats
+            .wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if bytes.len() as u64 != range.end - range.start {
+            return Err(Error::new(
+                ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: asked for bytes {}..{} and got {} bytes (did the object shrink?)",
+                    object.url,
+                    range.start,
+                    range.end,
+                    bytes.len()
+                ),
+            ));
+        }
+        self.stats.gets.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(bytes.to_vec())
+    }
+
+    /// Uploads `bytes` as `key` under the URL's prefix (the tests and `bench remote` put their
+    /// datasets on the server this way).
+    pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        use object_store::ObjectStoreExt;
+        let rt = runtime()?;
+        let location = if self.prefix.as_ref().is_empty() {
+            ObjPath::from(key)
+        } else {
+            ObjPath::from(format!("{}/{key}", self.prefix.as_ref()))
+        };
+        let url = self.object_url(location.as_ref());
+        let payload = object_store::PutPayload::from(bytes);
+        self.retrying("PUT", &url, || {
+            rt.block_on(self.inner.put(&location, payload.clone()))
+        })
+        .map(|_| ())
+    }
+
+    /// Runs `op` until it succeeds, fails for good, or [`RETRY_WINDOW`] has passed.
+    fn retrying<T>(
+        &self,
+        what: &str,
+        url: &str,
+        mut op: impl FnMut() -> std::result::Result<T, object_store::Error>,
+    ) -> Result<T> {
+        let t0 = Instant::now();
+        let mut backoff = BACKOFF_FIRST;
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let e = match op() {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            use object_store::Error as E;
+            let kind = match &e {
+                E::NotFound { .. } => Some(ErrorKind::NotFound),
+                E::Precondition { .. } => Some(ErrorKind::Io),
+                E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
+                    Some(ErrorKind::PermissionDenied)
+                }
+                E::InvalidPath { .. } | E::NotSupported { .. } | E::NotImplemented { .. } => {
+                    Some(ErrorKind::InvalidInput)
+                }
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                let why = if let E::Precondition { .. } = e {
+                    "the object changed since it was listed (its ETag differs); reopen the \
+                     dataset"
+                        .to_string()
+                } else {
+                    e.to_string()
+                };
+                return Err(Error::new(kind, format!("{url}: {what}: {why}")));
+            }
+            if t0.elapsed() + backoff > RETRY_WINDOW {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "{url}: {what} failed {tries} times over {:.0} s: {e}",
+                        t0.elapsed().as_secs_f64()
+                    ),
+                ));
+            }
+            self.stats.retries.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+}
+
+/// Opens the dataset whose files are the objects under `urls` (each a prefix, or one object),
+/// read through the node cache that `opts` names: only the listing, the objects' headers and
+/// indexes are fetched now (a packed shard's index with ranged GETs; a tar or a TFRecord
+/// without an index is walked extent by extent, and what fits stays in the cache).
+pub(crate) fn open_dataset(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
+    use crate::cache::node::{default_dir, NodeCache};
+    let dir = opts.cache_dir.clone().unwrap_or_else(default_dir);
+    let cache = NodeCache::open(&dir, opts.cache_limit, opts.cache_extent)?;
+    let mut format = opts.format;
+    let mut paths = Vec::new();
+    for url in urls {
+        let store = Store::open(url)?;
+        let listed = store.list()?;
+        if let Some(o) = listed.iter().find(|o| {
+            o.key
+                .contains(&format!("{}/", crate::dataset::pack::STAGING))
+        }) {
+            return Err(invalid(format!(
+                "{url}: an unfinished `gpufeed pack` left {} in the store: the shards here may \
+                 be only part of the dataset",
+                o.url
+            )));
+        }
+        let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
+        let (f, picked) = crate::dataset::detect::pick_remote(&keys, format)?;
+        if picked.is_empty() {
+            return Err(invalid(format!(
+                "{url}: no {} objects here ({} listed)",
+                f.name(),
+                listed.len()
+            )));
+        }
+        format = Some(f);
+        for i in picked {
+            paths.push(cache.object(&store, &listed[i])?.data_path().to_path_buf());
+        }
+        // TFRecord indexes beside their files (NAME.idx), read through the cache too.
+        if f == Format::TfRecord {
+            for o in listed.iter().filter(|o| o.key.ends_with(".idx")) {
+                cache.object(&store, o)?;
+            }
+        }
+    }
+    let format = format.ok_or_else(|| invalid("no dataset URL given"))?;
+    let mut ds = Dataset::open_files(format, &paths, opts)?;
+    ds.set_source(urls.iter().map(|u| u.to_string()).collect());
+    Ok(ds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_profiles() {
+        assert!(is_url("s3://bucket/prefix"));
+        assert!(is_url("HTTPS://host/x"));
+        assert!(!is_url("s3://"));
+        assert!(!is_url("/data/train"));
+        assert!(!is_url("file://x"));
+        let text = "[default]\nregion = eu-west-1\n\n[profile dev]\n# note\nregion=us-east-2\n\
+                    endpoint_url = http://127.0.0.1:8333\n";
+        assert_eq!(
+            ini_section(text, "default"),
+            vec![("region".into(), "eu-west-1".into())]
+        );
+        assert_eq!(
+            ini_section(text, "profile dev"),
+            vec![
+                ("region".into(), "us-east-2".into()),
+                ("endpoint_url".into(), "http://127.0.0.1:8333".into())
+            ]
+        );
+    }
+}

