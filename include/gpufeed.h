@@ -67,6 +67,10 @@ typedef struct gpufeed_options {
     uint32_t open_blocks; /* order block: blocks drawn from at a time */
     uint64_t block_bytes; /* order block: bytes of consecutive samples per block */
     uint32_t open_files_max; /* files kept open at most; 0: every file, within the fd limit */
+    /* Remote datasets (s3://, gs://, az://, http(s)://), read through a node-wide cache: */
+    const char* cache_dir; /* its directory; NULL: $GPUFEED_CACHE_DIR, else ~/.cache/gpufeed */
+    uint64_t cache_limit; /* the most bytes it holds; 0: the last limit given, else 90% of free */
+    uint64_t cache_extent; /* bytes fetched with one GET and cached; 0: 8 MiB */
 } gpufeed_options;
 
 /* last_batch: SHORT delivers every sample exactly once (the last batch may be short); DROP drops
@@ -107,6 +111,7 @@ typedef struct gpufeed_stats {
     double io_thread_cpu_s;
     double consumer_cpu_s;
     double decode_cpu_s;
+    double remote_s; /* of consumer_wait_s: reads that fetched from an object store */
 } gpufeed_stats;
 
 #ifndef DLPACK_VERSION

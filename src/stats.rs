@@ -7,11 +7,14 @@
 /// group was doing meanwhile: its reads (or the reads ahead of it) not done — `storage`; its
 /// copy to the device not done — `copy`; the consumer checking frames and checksums — `verify`;
 /// the decode threads not done with it — `decode`; anything else (thread hand-offs, a slot held
-/// by the consumer, ordering) — `other`.
+/// by the consumer, ordering) — `other`. Reads that had to fetch from an object store (a remote
+/// dataset's extents not yet in the node cache) count as `remote`, not `storage`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct StallStats {
     /// Waiting for reads.
     pub storage_s: f64,
+    /// Waiting for reads that fetched from an object store.
+    pub remote_s: f64,
     /// Waiting for the host → device copy.
     pub copy_s: f64,
     /// Checking frames and checksums on the consumer's thread.
@@ -25,12 +28,13 @@ pub struct StallStats {
 impl StallStats {
     /// All of it.
     pub fn total_s(&self) -> f64 {
-        self.storage_s + self.copy_s + self.verify_s + self.decode_s + self.other_s
+        self.storage_s + self.remote_s + self.copy_s + self.verify_s + self.decode_s + self.other_s
     }
 
     /// Adds `o`.
     pub fn add(&mut self, o: &StallStats) {
         self.storage_s += o.storage_s;
+        self.remote_s += o.remote_s;
         self.copy_s += o.copy_s;
         self.verify_s += o.verify_s;
         self.decode_s += o.decode_s;
@@ -41,6 +45,7 @@ impl StallStats {
     pub fn since(&self, o: &StallStats) -> StallStats {
         StallStats {
             storage_s: (self.storage_s - o.storage_s).max(0.0),
+            remote_s: (self.remote_s - o.remote_s).max(0.0),
             copy_s: (self.copy_s - o.copy_s).max(0.0),
             verify_s: (self.verify_s - o.verify_s).max(0.0),
             decode_s: (self.decode_s - o.decode_s).max(0.0),
@@ -48,10 +53,12 @@ impl StallStats {
         }
     }
 
-    /// The part that took the most: "storage", "copy", "verify", "decode" or "other".
+    /// The part that took the most: "storage", "remote", "copy", "verify", "decode" or
+    /// "other".
     pub fn bound(&self) -> &'static str {
         [
             ("storage", self.storage_s),
+            ("remote", self.remote_s),
             ("copy", self.copy_s),
             ("verify", self.verify_s),
             ("decode", self.decode_s),
@@ -62,14 +69,16 @@ impl StallStats {
         .0
     }
 
-    /// Splits the wait `[t0, t1]` by the group's timeline: reads until `read_done`, then the
-    /// copy until `copy_done`; `verify_s` (after `t1`) is added as given.
+    /// Splits the wait `[t0, t1]` by the group's timeline: reads until `read_done` (`remote`
+    /// when they fetched from an object store), then the copy until `copy_done`; `verify_s`
+    /// (after `t1`) is added as given.
     pub(crate) fn of_wait(
         t0: std::time::Instant,
         t1: std::time::Instant,
         read_done: std::time::Instant,
         copy_done: Option<std::time::Instant>,
         verify_s: f64,
+        remote: bool,
     ) -> StallStats {
         let span = |a: std::time::Instant, b: std::time::Instant| {
             let (a, b) = (a.max(t0), b.min(t1));
@@ -82,12 +91,18 @@ impl StallStats {
         let storage_s = span(t0, read_done);
         let copy_s = copy_done.map_or(0.0, |c| span(read_done, c));
         let total = (t1 - t0).as_secs_f64();
+        let (storage_s, remote_s) = if remote {
+            (0.0, storage_s)
+        } else {
+            (storage_s, 0.0)
+        };
         StallStats {
             storage_s,
+            remote_s,
             copy_s,
             verify_s,
             decode_s: 0.0,
-            other_s: (total - storage_s - copy_s).max(0.0),
+            other_s: (total - storage_s - remote_s - copy_s).max(0.0),
         }
     }
 }

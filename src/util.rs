@@ -70,6 +70,29 @@ pub fn size_label(b: u64) -> String {
     b.to_string()
 }
 
+/// Bytes for people: `1.31 GiB`, `69.8 MiB`, `512 KiB`, `42 B` (three significant digits).
+pub fn bytes_human(b: u64) -> String {
+    for (unit, s) in [
+        (1u64 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ] {
+        if b >= unit {
+            let v = b as f64 / unit as f64;
+            let digits = if v >= 100.0 {
+                0
+            } else if v >= 10.0 {
+                1
+            } else {
+                2
+            };
+            return format!("{v:.digits$} {s}");
+        }
+    }
+    format!("{b} B")
+}
+
 /// Read sizes with weights, as fio's `bssplit` (`2K/1:4K/2:...`, weights in percent of reads).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SizeMix {

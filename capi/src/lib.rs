@@ -79,6 +79,12 @@ pub struct GpufeedOptions {
     pub block_bytes: u64,
     /// Files kept open at most (0: every file of the dataset, within the open-file limit).
     pub open_files_max: u32,
+    /// Remote datasets (`s3://…`): the node cache's directory (null: the default).
+    pub cache_dir: *const c_char,
+    /// Remote datasets: the node cache's limit in bytes (0: the default).
+    pub cache_limit: u64,
+    /// Remote datasets: bytes fetched with one GET and cached (0: the default, 8 MiB).
+    pub cache_extent: u64,
 }
 
 /// `last_batch` values (`GPUFEED_LAST_BATCH_*` in the header).
@@ -177,6 +183,8 @@ pub struct GpufeedStats {
     pub io_thread_cpu_s: f64,
     pub consumer_cpu_s: f64,
     pub decode_cpu_s: f64,
+    /// Of the consumer's wait: reads that fetched from an object store.
+    pub remote_s: f64,
 }
 
 /// An epoch of compressed batches, or of decoded ones.
@@ -278,6 +286,9 @@ fn options_from(s: &LoaderSettings) -> GpufeedOptions {
         open_blocks: s.open_blocks,
         block_bytes: s.block_bytes,
         open_files_max: s.open_files_max.unwrap_or(0),
+        cache_dir: std::ptr::null(),
+        cache_limit: 0,
+        cache_extent: 0,
     }
 }
 
@@ -391,6 +402,7 @@ unsafe fn dataset_options(o: &GpufeedOptions) -> gpufeed::Result<OpenOptions> {
         ("tfrecord_payload", o.tfrecord_payload),
         ("tfrecord_label", o.tfrecord_label),
         ("token_dtype", o.token_dtype),
+        ("cache_dir", o.cache_dir),
     ];
     for (name, p) in strings {
         if !p.is_null() {
@@ -417,6 +429,12 @@ unsafe fn dataset_options(o: &GpufeedOptions) -> gpufeed::Result<OpenOptions> {
         },
     )?;
     opts.set("strict", if o.strict != 0 { "true" } else { "false" })?;
+    if o.cache_limit != 0 {
+        opts.set("cache_limit", &o.cache_limit.to_string())?;
+    }
+    if o.cache_extent != 0 {
+        opts.set("cache_extent", &o.cache_extent.to_string())?;
+    }
     Ok(opts)
 }
 
@@ -1012,6 +1030,7 @@ pub unsafe extern "C" fn gpufeed_loader_stats(
             io_thread_cpu_s: st.io_thread_cpu_s,
             consumer_cpu_s: st.consumer_cpu_s,
             decode_cpu_s: st.decode_cpu_s,
+            remote_s: st.stall.remote_s,
         };
         // SAFETY: writable per the contract.
         unsafe { out.write(s) };

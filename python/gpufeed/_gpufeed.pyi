@@ -247,6 +247,9 @@ class Loader(Generic[_B]):
         seq_len: Optional[int] = None,
         stride: Optional[int] = None,
         strict: Optional[bool] = None,
+        cache_dir: Optional[Union[str, os.PathLike]] = None,
+        cache_limit: Optional[Union[int, str]] = None,
+        cache_extent: Optional[Union[int, str]] = None,
     ) -> None: ...
     @overload
     def __init__(
@@ -286,6 +289,9 @@ class Loader(Generic[_B]):
         seq_len: Optional[int] = None,
         stride: Optional[int] = None,
         strict: Optional[bool] = None,
+        cache_dir: Optional[Union[str, os.PathLike]] = None,
+        cache_limit: Optional[Union[int, str]] = None,
+        cache_extent: Optional[Union[int, str]] = None,
     ) -> None: ...
     @property
     def problems(self) -> List[Dict[str, Any]]:

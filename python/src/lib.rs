@@ -967,6 +967,7 @@ fn stats_dict<'py>(py: Python<'py>, st: &gpufeed::LoaderStats) -> PyResult<Bound
 fn stall_dict<'py>(py: Python<'py>, s: &gpufeed::StallStats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("storage_s", s.storage_s)?;
+    d.set_item("remote_s", s.remote_s)?;
     d.set_item("copy_s", s.copy_s)?;
     d.set_item("verify_s", s.verify_s)?;
     d.set_item("decode_s", s.decode_s)?;

@@ -102,7 +102,8 @@ class DatasetOptions(unittest.TestCase):
         self.assertEqual(
             names,
             ["format", "payload", "label_ext", "label_offset", "tfrecord_index", "tfrecord_payload",
-             "tfrecord_label", "tfrecord_recover", "token_dtype", "seq_len", "stride", "strict"],
+             "tfrecord_label", "tfrecord_recover", "token_dtype", "seq_len", "stride", "strict",
+             "cache_dir", "cache_limit", "cache_extent"],
         )
         helptext = subprocess.run([BIN, "inspect", "--help"], check=True, capture_output=True).stdout.decode()
         for n in names:
@@ -123,6 +124,7 @@ class DatasetOptions(unittest.TestCase):
                 format="tokens", payload="png,jpg", label_ext="txt", label_offset=1,
                 tfrecord_index="/no/such/index", tfrecord_payload="img", tfrecord_label="y",
                 tfrecord_recover=True, token_dtype="u32", seq_len=64, stride=32, strict=True,
+                cache_dir="/no/such/cache", cache_limit=1 << 20, cache_extent="64K",
             )
             self.assertEqual(sorted(opts), sorted(gpufeed.DATASET_OPTIONS))
             cli = cli_inspect([path], **opts)

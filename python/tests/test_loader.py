@@ -235,11 +235,14 @@ class StatsTests(unittest.TestCase):
         # The epoch's figures are its batches' figures summed; the groups took time to read.
         self.assertAlmostEqual(st["stall"]["total_s"], waited, places=9)
         self.assertGreater(read, 0.0)
-        self.assertIn(st["bound"], ("storage", "copy", "verify", "decode", "other"))
+        self.assertIn(st["bound"], ("storage", "remote", "copy", "verify", "decode", "other"))
         parts = st["stall"]
         self.assertAlmostEqual(
             parts["total_s"],
-            sum(parts[k] for k in ("storage_s", "copy_s", "verify_s", "decode_s", "other_s")),
+            sum(
+                parts[k]
+                for k in ("storage_s", "remote_s", "copy_s", "verify_s", "decode_s", "other_s")
+            ),
             places=9,
         )
         self.assertGreaterEqual(st["read_amplification"], 1.0)

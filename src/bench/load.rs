@@ -84,8 +84,9 @@ pub fn verdict(
     let ratio = achieved / demand.max(1e-12);
     let t = stall.total_s().max(1e-12);
     let parts = format!(
-        "storage {:.0}%, copy {:.0}%, verify {:.0}%, decode {:.0}%, other {:.0}%",
+        "storage {:.0}%, remote {:.0}%, copy {:.0}%, verify {:.0}%, decode {:.0}%, other {:.0}%",
         100.0 * stall.storage_s / t,
+        100.0 * stall.remote_s / t,
         100.0 * stall.copy_s / t,
         100.0 * stall.verify_s / t,
         100.0 * stall.decode_s / t,

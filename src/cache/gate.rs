@@ -34,6 +34,8 @@ struct State {
     done: Vec<RawDone>,
     /// Why a read failed, by read id, for the engine's error.
     why: HashMap<u64, String>,
+    /// Reads that fetched from the store (the rest found their extents on disk).
+    fetched: std::collections::HashSet<u64>,
     running: usize,
     shutdown: bool,
 }
@@ -129,15 +131,21 @@ fn worker(s: &Shared) {
         // it is valid for `len` bytes and nobody else touches it until the completion below is
         // reaped; this thread is the only one holding the read.
         let buf = unsafe { std::slice::from_raw_parts_mut(q.op.buf, q.op.len as usize) };
-        let r = q.obj.read_at(buf, q.op.offset);
+        let r = q.obj.read_through(buf, q.op.offset);
         s.fetch_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let mut st = s.state.lock().unpoisoned();
         st.running -= 1;
         let res = match r {
-            Ok(n) => n as i32,
+            Ok((n, fetched)) => {
+                if fetched {
+                    st.fetched.insert(q.op.id);
+                }
+                n as i32
+            }
             Err(e) => {
                 st.why.insert(q.op.id, e.report());
+                st.fetched.insert(q.op.id);
                 -libc::EIO
             }
         };
@@ -280,6 +288,10 @@ impl Backend for RemoteGate {
 
     fn error_detail(&mut self, id: u64) -> Option<String> {
         self.shared.state.lock().unpoisoned().why.remove(&id)
+    }
+
+    fn served_remotely(&mut self, id: u64) -> bool {
+        self.shared.state.lock().unpoisoned().fetched.remove(&id)
     }
 
     fn remote_wait_ns(&self) -> u64 {

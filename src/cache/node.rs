@@ -4,7 +4,7 @@
 //! extents fetched so far take disk space — and a *state file* whose bytes say which extents
 //! are present. The data files are what the dataset's index points at, so the I/O engine reads
 //! a cached extent exactly as it reads a local file (O_DIRECT, io_uring); only an extent that is
-//! not present goes to the object store (see [`RemoteGate`](crate::cache::gate)).
+//! not present goes to the object store, through a gate in front of the engine's backend.
 //!
 //! ```text
 //! DIR/usage                          node-wide counters (bytes cached, GETs, bytes fetched…)
@@ -32,7 +32,7 @@
 //! limit (a compare-and-swap on the shared counter); once full, fetched extents go to the reader
 //! and are not written. With every extent read once per epoch no policy can hit more than
 //! cache/dataset of the reads, and keeping what fits reaches that bound where recency-based
-//! eviction (LRU, FIFO) falls far below it ([`policy`](crate::cache::policy)). A write that
+//! eviction (LRU, FIFO) falls far below it (docs/DECISIONS.md, the replay). A write that
 //! fails (a full disk) gives its bytes back to the counter and the extent is served uncached,
 //! with one notice.
 
@@ -72,6 +72,8 @@ const U_FETCHED: usize = 80;
 const U_DIRECT: usize = 88;
 const U_WRITTEN: usize = 96;
 const U_WAITS: usize = 104;
+/// The limit last given to the cache (0: none given yet); an opener that gives none uses it.
+const U_LIMIT: usize = 112;
 
 /// What the node's cache holds and has done, summed over every process that used it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -157,8 +159,9 @@ fn opened() -> &'static Mutex<HashMap<PathBuf, std::sync::Weak<NodeCache>>> {
 }
 
 impl NodeCache {
-    /// Opens (creating) the cache in `dir`. `limit`: the most bytes it may hold (`None`: 90% of
-    /// what the file system has free now, plus what the cache already holds). `extent_bytes`: the
+    /// Opens (creating) the cache in `dir`. `limit`: the most bytes it may hold, kept for the node
+    /// (`None`: the limit last given to this cache, else 90% of what the file system has free
+    /// now plus what the cache already holds). `extent_bytes`: the
     /// unit of fetching and caching, a multiple of 4 KiB.
     pub fn open(dir: &Path, limit: Option<u64>, extent_bytes: u64) -> Result<Arc<NodeCache>> {
         if !(EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&extent_bytes)
@@ -204,9 +207,18 @@ impl NodeCache {
         let _ = ofd_lock(f.as_fd(), 0, 1, false);
         init.map_err(io_err("cannot set up the cache's usage file", &path))?;
         let usage = SharedMap::new(f.as_fd(), HEADER_BYTES).map_err(io_err("cannot map", &path))?;
+        // The node has one limit: the last one given, which every opener that names none uses
+        // (so `gpufeed cache status` and a rank without the setting keep to the trainer's).
+        let stored = usage.u64_at(U_LIMIT);
         let limit = match limit {
-            Some(l) => l,
-            None => free_bytes(&dir)? / 10 * 9 + usage.u64_at(U_USED).load(Ordering::Relaxed),
+            Some(l) => {
+                stored.store(l, Ordering::Release);
+                l
+            }
+            None => match stored.load(Ordering::Acquire) {
+                0 => free_bytes(&dir)? / 10 * 9 + usage.u64_at(U_USED).load(Ordering::Relaxed),
+                l => l,
+            },
         };
         let cache = Arc::new(NodeCache {
             dir: dir.clone(),
@@ -409,7 +421,9 @@ impl NodeCache {
                 std::fs::remove_dir_all(&p).map_err(io_err("cannot remove", &p))?;
             }
         }
-        for o in [U_USED, U_GETS, U_FETCHED, U_DIRECT, U_WRITTEN, U_WAITS] {
+        for o in [
+            U_USED, U_GETS, U_FETCHED, U_DIRECT, U_WRITTEN, U_WAITS, U_LIMIT,
+        ] {
             self.usage.u64_at(o).store(0, Ordering::Release);
         }
         self.objects.lock().unpoisoned().clear();
@@ -610,20 +624,32 @@ impl CachedObject {
     /// read (short only at the end of the object). Present extents are read from disk; absent
     /// ones are fetched (and cached if they fit).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.read_through(buf, offset).map(|(n, _)| n)
+    }
+
+    /// [`read_at`](Self::read_at), and whether any of it was fetched from the store.
+    pub fn read_through(&self, buf: &mut [u8], offset: u64) -> Result<(usize, bool)> {
         let end = (offset + buf.len() as u64).min(self.info.size);
         if offset >= end {
-            return Ok(0);
+            return Ok((0, false));
         }
+        let mut fetched = false;
         let mut file: Option<File> = None;
         for i in self.extents_of(offset..end) {
             let ext = self.extent_range(i);
             let part = offset.max(ext.start)..end.min(ext.end);
             let dst = &mut buf[(part.start - offset) as usize..(part.end - offset) as usize];
             match self.extent(i, part.clone())? {
-                Extent::Part(bytes) => dst.copy_from_slice(&bytes),
-                Extent::Fetched(bytes) => dst.copy_from_slice(
-                    &bytes[(part.start - ext.start) as usize..(part.end - ext.start) as usize],
-                ),
+                Extent::Part(bytes) => {
+                    fetched = true;
+                    dst.copy_from_slice(&bytes)
+                }
+                Extent::Fetched(bytes) => {
+                    fetched = true;
+                    dst.copy_from_slice(
+                        &bytes[(part.start - ext.start) as usize..(part.end - ext.start) as usize],
+                    )
+                }
                 Extent::Present => {
                     if file.is_none() {
                         file = Some(
@@ -641,27 +667,46 @@ impl CachedObject {
                 }
             }
         }
-        Ok((end - offset) as usize)
+        Ok(((end - offset) as usize, fetched))
     }
 
-    /// Fetches every absent extent holding bytes `range` into the cache, as far as it fits:
-    /// the bytes fetched and cached, and whether the cache filled up before the end.
-    pub fn warm(&self, range: Range<u64>) -> Result<(u64, bool)> {
-        let mut fetched = 0;
-        for i in self.extents_of(range) {
-            let mark = &self.marks()[i as usize];
-            if mark.load(Ordering::Acquire) == PRESENT {
-                continue;
-            }
-            let ext = self.extent_range(i);
-            if !self.cache.admit(ext.end - ext.start) {
-                return Ok((fetched, true));
-            }
-            if let Extent::Fetched(b) = self.fetch_reserved(i)? {
-                fetched += b.len() as u64;
-            }
+    /// Fetches extent `i` into the cache unless it is on disk: the bytes fetched (`None`: it
+    /// was present, or another reader fetched it meanwhile); a `Busy` error when the cache is
+    /// full.
+    pub fn warm_extent(&self, i: u64) -> Result<Option<u64>> {
+        if i >= self.extents {
+            return Err(invalid(format!("{}: no extent {i}", self.info.url)));
         }
-        Ok((fetched, false))
+        if self.extent_present(i) {
+            return Ok(None);
+        }
+        let ext = self.extent_range(i);
+        if !self.cache.admit(ext.end - ext.start) {
+            return Err(Error::new(
+                crate::ErrorKind::Busy,
+                format!(
+                    "the node cache is full ({} of {})",
+                    crate::util::bytes_human(self.cache.counters().cached_bytes),
+                    crate::util::bytes_human(self.cache.limit)
+                ),
+            ));
+        }
+        Ok(match self.fetch_reserved(i)? {
+            Extent::Fetched(b) => Some(b.len() as u64),
+            _ => None,
+        })
+    }
+
+    /// Whether extent `i` is on disk.
+    pub fn extent_present(&self, i: u64) -> bool {
+        self.marks()
+            .get(i as usize)
+            .is_some_and(|m| m.load(Ordering::Acquire) == PRESENT)
+    }
+
+    /// The cache this object is in.
+    pub fn cache(&self) -> &Arc<NodeCache> {
+        &self.cache
     }
 
     /// The number of extents.

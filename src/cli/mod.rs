@@ -26,12 +26,14 @@ macro_rules! outln {
 
 mod args;
 mod bench;
+mod cache;
 mod inspect;
 mod pack;
 mod verify;
 
 use args::{DatasetArgs, LoaderArgs};
 use bench::{bench_cmd, BenchCmd};
+use cache::{cache_cmd, CacheCmd};
 use inspect::{inspect_cmd, InspectArgs};
 use pack::{pack_cmd, PackArgs};
 use verify::verify_cmd;
@@ -68,6 +70,10 @@ enum Command {
     Inspect(InspectArgs),
     /// Check every sample's checksum; exits non-zero if any is bad.
     Verify(InspectArgs),
+    /// The node cache of remote datasets (s3://, gs://, az://, http(s)://): fill it before
+    /// training (warm), see what it holds (status), or empty it (drop).
+    #[command(subcommand)]
+    Cache(CacheCmd),
 }
 
 /// Paths as one line of text.
@@ -134,5 +140,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Pack(a) => pack_cmd(a),
         Command::Inspect(a) => inspect_cmd(a),
         Command::Verify(a) => verify_cmd(a),
+        Command::Cache(c) => cache_cmd(c),
     }
 }

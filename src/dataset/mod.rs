@@ -156,7 +156,8 @@ pub struct OpenOptions {
     ///
     /// [`cache::node::default_dir`]: crate::cache
     pub cache_dir: Option<PathBuf>,
-    /// Remote datasets: the node cache's limit in bytes (`None`: 90% of its free disk space).
+    /// Remote datasets: the node cache's limit in bytes, kept for the node (`None`: the limit
+    /// last given to this cache, else 90% of its free disk space).
     pub cache_limit: Option<u64>,
     /// Remote datasets: the unit fetched with one GET and cached, in bytes (default 8 MiB).
     pub cache_extent: u64,

@@ -135,7 +135,7 @@ pub const DATASET_OPTIONS: &[OptionDoc] = &[
     OptionDoc {
         name: "cache_limit",
         flag: "cache-limit",
-        default: "90% of the cache's free disk space",
+        default: "the limit last given to this cache, else 90% of its free disk space",
         help: "remote datasets: the most bytes the node cache holds (e.g. 500G); what does not \
                fit is read from the store each epoch, and what fits is never evicted",
         boolean: false,

@@ -940,6 +940,7 @@ impl ImageEpoch {
         if part.total_s() > 0.0 {
             let k = queued / part.total_s();
             stall.storage_s = part.storage_s * k;
+            stall.remote_s = part.remote_s * k;
             stall.copy_s = part.copy_s * k;
             stall.verify_s = part.verify_s * k;
             stall.other_s = part.other_s * k;

@@ -117,6 +117,10 @@ pub trait Backend: Send {
     fn remote_wait_ns(&self) -> u64 {
         0
     }
+    /// Whether the read `id` fetched from an object store. Asked once, when it is reaped.
+    fn served_remotely(&mut self, _id: u64) -> bool {
+        false
+    }
 }
 
 /// A file opened by an [`Engine`].
@@ -178,6 +182,9 @@ pub struct Completion {
     pub user_data: u64,
     /// The slot the reads landed in, back to the caller.
     pub slot: Slot,
+    /// Some read of the job fetched from an object store (a remote dataset's extent that was
+    /// not in the node cache).
+    pub remote: bool,
     outcomes: Outcomes,
 }
 
@@ -269,6 +276,7 @@ struct Job {
     slot: Option<Slot>,
     remaining: u32,
     reads: u32,
+    remote: bool,
     outcomes: Outcomes,
 }
 
@@ -659,6 +667,7 @@ impl Engine {
             slot: Some(slot),
             remaining: live as u32,
             reads: reads.len() as u32,
+            remote: false,
             outcomes,
         });
         for (i, r) in reads.iter().enumerate() {
@@ -834,6 +843,11 @@ impl Engine {
             .as_mut()
             .expect("completion for a live op");
         let entry = self.files[op.file as usize].as_mut().expect("file open");
+        if self.backend.served_remotely(d.id) {
+            if let Some(job) = self.jobs[op.job as usize].as_mut() {
+                job.remote = true;
+            }
+        }
         if d.res < 0 {
             let errno = -d.res;
             if (errno == libc::EINTR || errno == libc::EAGAIN) && op.retries < MAX_RETRIES {
@@ -938,6 +952,7 @@ impl Engine {
         self.ready.push_back(Completion {
             user_data: job.user_data,
             slot: job.slot.take().expect("job holds its slot"),
+            remote: job.remote,
             outcomes: job.outcomes,
         });
     }

@@ -21,6 +21,7 @@ pub(crate) const STALL_NOTICE_AFTER: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, Copy)]
 pub(super) struct GroupTimes {
     read_done: Instant,
+    remote: bool,
     copy_done: Option<Instant>,
     arrived: Instant,
     read_s: f64,
@@ -209,6 +210,7 @@ impl Epoch {
         let arrived = Instant::now();
         let times = GroupTimes {
             read_done: g.read_done,
+            remote: g.remote,
             copy_done: g.copy_done,
             arrived,
             read_s: (g.read_done - g.submitted).as_secs_f64(),
@@ -286,7 +288,14 @@ impl Epoch {
             );
         }
         let verify_s = t1.elapsed().as_secs_f64();
-        let stall = StallStats::of_wait(t0, t1, times.read_done, times.copy_done, verify_s);
+        let stall = StallStats::of_wait(
+            t0,
+            t1,
+            times.read_done,
+            times.copy_done,
+            verify_s,
+            times.remote,
+        );
         self.stats.stall.add(&stall);
         self.stats.consumer_cpu_s += crate::sys::thread_cpu_seconds() - c0;
         batch.meta.timing = BatchTiming {

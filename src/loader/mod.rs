@@ -257,7 +257,7 @@ impl LoaderBuilder {
                     "global order over a remote dataset whose node cache lacks {} would fetch an \
                      extent for every sample; use {} block or shard-buffer, or fill the cache \
                      first: gpufeed cache warm {}",
-                    crate::util::size_label(absent),
+                    crate::util::bytes_human(absent),
                     self.door.spell("order"),
                     self.dataset.remote_urls().join(" ")
                 )));

@@ -36,6 +36,8 @@ pub(super) struct GroupMeta {
     /// When its reads were submitted and when the last completed.
     pub(super) submitted: Instant,
     pub(super) read_done: Instant,
+    /// Some read fetched from an object store.
+    pub(super) remote: bool,
     /// When its copy to the device finished (device path).
     pub(super) copy_done: Option<Instant>,
     /// The I/O thread's CPU seconds so far, when the group was handed over.
@@ -458,6 +460,7 @@ impl WorkerCtx {
                 bytes_read: g.bytes_read,
                 submitted,
                 read_done,
+                remote: c.remote,
                 copy_done: None,
                 io_cpu_s: 0.0,
             },

@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
         else if (!strcmp(k, "open_blocks")) o.open_blocks = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(k, "block_bytes")) o.block_bytes = strtoull(v, NULL, 10);
         else if (!strcmp(k, "open_files_max")) o.open_files_max = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(k, "cache_dir")) o.cache_dir = v;
+        else if (!strcmp(k, "cache_limit")) o.cache_limit = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "cache_extent")) o.cache_extent = strtoull(v, NULL, 10);
         else if (!strcmp(k, "keep")) keep = !strcmp(v, "1");
         else if (!strcmp(k, "verify_only")) verify_only = !strcmp(v, "1");
         else return fprintf(stderr, "unknown option %s\n", k), 2;

@@ -357,6 +357,9 @@ fn every_dataset_option_reaches_the_c_options_struct() {
         ("seq_len", "64"),
         ("stride", "32"),
         ("strict", "true"),
+        ("cache_dir", "/no/such/cache"),
+        ("cache_limit", "1048576"),
+        ("cache_extent", "65536"),
     ];
     let names: Vec<&str> = gpufeed::dataset::DATASET_OPTIONS
         .iter()

@@ -433,10 +433,17 @@ fn bench_load_step_gives_a_verdict() {
     let verdict = v["verdict"].as_str().unwrap();
     assert!(verdict.contains("-bound at"), "{verdict}");
     let stall = &v["stall"];
-    let total: f64 = ["storage_s", "copy_s", "verify_s", "decode_s", "other_s"]
-        .iter()
-        .map(|k| stall[k].as_f64().unwrap())
-        .sum();
+    let total: f64 = [
+        "storage_s",
+        "remote_s",
+        "copy_s",
+        "verify_s",
+        "decode_s",
+        "other_s",
+    ]
+    .iter()
+    .map(|k| stall[k].as_f64().unwrap())
+    .sum();
     assert!(total > 0.0);
     assert!(v["stall_fraction"].as_f64().unwrap() > 0.3, "{v}");
     // A generous step: it keeps up.

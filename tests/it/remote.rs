@@ -151,6 +151,9 @@ fn spawn(bin: &Path, args: &[String], dir: &Path) -> Child {
     c.spawn().expect("cannot start weed")
 }
 
+/// The shared server's endpoint, once up.
+static ENDPOINT: OnceLock<String> = OnceLock::new();
+
 /// The server every test but the outage test shares (bucket `gpufeed`), started once from a
 /// thread that lives as long as the test binary.
 fn shared_server() -> bool {
@@ -172,6 +175,9 @@ fn shared_server() -> bool {
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
             let w = Weed::start(&dir, "gpufeed");
+            if let Some(w) = &w {
+                let _ = ENDPOINT.set(w.endpoint.clone());
+            }
             tx.send(w.is_some()).unwrap();
             // Keep the server (and this thread, its parent) alive until the process ends.
             loop {
@@ -404,10 +410,15 @@ fn global_order_over_a_cold_cache_is_refused_naming_the_warm_up() {
     assert!(e.contains("gpufeed cache warm s3://gpufeed/global"), "{e}");
     // Once every extent is on disk, global order reads the cache like a local file.
     let ds = Dataset::open_with("s3://gpufeed/global", &opts).unwrap();
-    for f in ds.files() {
-        let obj = gpufeed::cache::node::lookup(&std::fs::File::open(&f.path).unwrap()).unwrap();
-        assert!(!obj.warm(0..f.size).unwrap().1);
-    }
+    let plan = gpufeed::PlanConfig::default();
+    let r = gpufeed::cache::warm(&ds, &plan, 0, 4, &|_, _| {}).unwrap();
+    assert!(
+        !r.full && r.present_bytes + r.fetched_bytes == r.needed_bytes,
+        "{r:?}"
+    );
+    let st = gpufeed::cache::status(&ds).unwrap();
+    assert_eq!(st.present_bytes, st.dataset_bytes, "{st:?}");
+    assert_eq!(st.predicted_hit_ratio, 1.0);
     let l = Loader::builder(ds)
         .batch_size(10)
         .order(Order::Global)
@@ -470,9 +481,10 @@ fn a_server_stopped_for_20_s_mid_epoch_costs_time_not_samples() {
         return;
     }
     let dir = disk_dir();
-    let Some(mut weed) = Weed::start(dir.path(), "outage") else {
+    let mut weed = Weed::start(dir.path(), "outage");
+    if weed.is_none() {
         return;
-    };
+    }
     let n = 400;
     let _local = upload_shards("outage", "data", n, 2, 20_000);
     let cache = disk_dir();
@@ -487,6 +499,7 @@ fn a_server_stopped_for_20_s_mid_epoch_costs_time_not_samples() {
     let mut seen = vec![0u32; n];
     let mut epoch = l.epoch(0).unwrap();
     let t0 = Instant::now();
+    let mut outage = None;
     for (k, b) in epoch.by_ref().enumerate() {
         let b = b.unwrap();
         for (j, &id) in b.sample_ids().iter().enumerate() {
@@ -494,11 +507,93 @@ fn a_server_stopped_for_20_s_mid_epoch_costs_time_not_samples() {
             seen[id as usize] += 1;
         }
         if k == 3 {
-            weed.stop();
-            std::thread::sleep(Duration::from_secs(20));
-            weed.restart(dir.path());
+            // The server goes away for 20 s while the consumer keeps asking for batches.
+            if let Some(w) = weed.as_mut() {
+                w.stop();
+            }
+            let (mut w, d) = (weed.take(), dir.path().to_path_buf());
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            // The restarted server is this thread's child and dies with it: the thread lives
+            // until the epoch is over.
+            let h = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(20));
+                if let Some(w) = w.as_mut() {
+                    w.restart(&d);
+                }
+                let _ = rx.recv();
+                w
+            });
+            outage = Some((h, tx));
         }
     }
+    let (h, tx) = outage.expect("the epoch reached batch 3");
+    drop(tx);
+    weed = h.join().unwrap();
+    assert!(weed.is_some());
     assert!(seen.iter().all(|&c| c == 1));
     assert!(t0.elapsed() >= Duration::from_secs(20));
+    // The wait is the store's, and says so.
+    let st = epoch.stats();
+    assert!(st.stall.remote_s >= 15.0, "{:?}", st.stall);
+    assert_eq!(st.stall.bound(), "remote");
+}
+
+#[test]
+fn cache_warm_status_and_drop_from_the_command_line() {
+    if !shared_server() {
+        return;
+    }
+    let _local = upload_shards("gpufeed", "cli", 300, 3, 20_000);
+    let cache = disk_dir();
+    let run = |args: &[&str]| -> serde_json::Value {
+        let out = Command::new(crate::common::gpufeed_bin())
+            .args(args)
+            .args(["--cache-dir", cache.path().to_str().unwrap(), "--json"])
+            .env("AWS_ENDPOINT_URL", ENDPOINT.get().unwrap())
+            .env("AWS_ACCESS_KEY_ID", "gpufeed")
+            .env("AWS_SECRET_ACCESS_KEY", "gpufeed")
+            .env("AWS_REGION", "us-east-1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let url = "s3://gpufeed/cli";
+    let st = run(&["cache", "status", url, "--cache-extent", "64K"]);
+    let ratio = st["predicted_hit_ratio"].as_f64().unwrap();
+    assert!(ratio < 0.5, "only headers and indexes so far: {st}");
+    let w = run(&[
+        "cache",
+        "warm",
+        url,
+        "--cache-extent",
+        "64K",
+        "--order",
+        "block",
+        "--threads",
+        "4",
+    ]);
+    assert_eq!(w["full"], false, "{w}");
+    assert!(w["fetched_bytes"].as_u64().unwrap() > 0, "{w}");
+    let st = run(&["cache", "status", url, "--cache-extent", "64K"]);
+    assert_eq!(st["predicted_hit_ratio"].as_f64().unwrap(), 1.0, "{st}");
+    assert_eq!(st["present_bytes"], st["dataset_bytes"], "{st}");
+    // Warm again: nothing to fetch (resumable).
+    let w = run(&[
+        "cache",
+        "warm",
+        url,
+        "--cache-extent",
+        "64K",
+        "--order",
+        "block",
+    ]);
+    assert_eq!(w["fetched_bytes"], 0, "{w}");
+    let d = run(&["cache", "drop"]);
+    assert!(d["freed_bytes"].as_u64().unwrap() > 0, "{d}");
+    assert!(!cache.path().join("data").exists());
 }

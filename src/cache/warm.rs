@@ -1,0 +1,177 @@
+//! Filling the node cache ahead of training, and saying what it holds (feature `remote`):
+//! what `gpufeed cache warm` and `gpufeed cache status` print.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::node::{lookup, CacheCounters, CachedObject};
+use crate::dataset::Dataset;
+use crate::error::{invalid, Result};
+use crate::plan::PlanConfig;
+
+/// What a warm-up did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct WarmReport {
+    /// Extents the epoch reads.
+    pub extents: u64,
+    /// Bytes fetched and cached by this warm-up.
+    pub fetched_bytes: u64,
+    /// Bytes of the epoch's extents that were already on disk.
+    pub present_bytes: u64,
+    /// Bytes of the epoch's extents (what a full cache holds of it).
+    pub needed_bytes: u64,
+    /// The cache reached its limit before every extent was in.
+    pub full: bool,
+    /// The node's counters afterwards.
+    pub counters: CacheCounters,
+}
+
+/// What the node cache holds of a remote dataset.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CacheStatus {
+    /// Objects of the dataset.
+    pub objects: u64,
+    /// Their bytes.
+    pub dataset_bytes: u64,
+    /// Bytes of them on disk.
+    pub present_bytes: u64,
+    /// The share of the next epoch's reads the cache will serve: with every byte read once per
+    /// epoch and nothing evicted, what is present over what the epoch reads.
+    pub predicted_hit_ratio: f64,
+    /// The node's counters (every process's).
+    pub counters: CacheCounters,
+}
+
+fn objects(ds: &Dataset) -> Result<Vec<Arc<CachedObject>>> {
+    if ds.remote_urls().is_empty() {
+        return Err(invalid(
+            "not a remote dataset: the node cache holds datasets opened from s3://, gs://, \
+             az:// or http(s):// URLs",
+        ));
+    }
+    ds.files()
+        .iter()
+        .map(|f| {
+            std::fs::File::open(&f.path)
+                .ok()
+                .and_then(|file| lookup(&file))
+                .ok_or_else(|| {
+                    invalid("a remote dataset's file is not in the node cache")
+                        .with_path(f.path.clone())
+                })
+        })
+        .collect()
+}
+
+/// What the node cache holds of `ds` (a remote dataset).
+pub fn status(ds: &Dataset) -> Result<CacheStatus> {
+    let objs = objects(ds)?;
+    let dataset_bytes: u64 = objs.iter().map(|o| o.info().size).sum();
+    let present_bytes: u64 = objs.iter().map(|o| o.present_bytes()).sum();
+    let counters = objs
+        .first()
+        .map(|o| o.cache().counters())
+        .unwrap_or_default();
+    Ok(CacheStatus {
+        objects: objs.len() as u64,
+        dataset_bytes,
+        present_bytes,
+        predicted_hit_ratio: present_bytes as f64 / dataset_bytes.max(1) as f64,
+        counters,
+    })
+}
+
+/// Fetches the extents epoch `epoch` of `plan` will read into the node cache, in the order it
+/// will read them (so that a cache too small for the dataset holds what comes first), on
+/// `threads` threads. Resumable: extents already on disk are skipped. `progress(done, total)`
+/// is called with bytes as extents arrive.
+pub fn warm(
+    ds: &Dataset,
+    plan: &PlanConfig,
+    epoch: u64,
+    threads: usize,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<WarmReport> {
+    let objs = objects(ds)?;
+    let order = crate::plan::epoch_order(ds.samples(), plan, epoch)?;
+    // The extents in order of first use.
+    let mut seen: Vec<Vec<bool>> = objs
+        .iter()
+        .map(|o| vec![false; o.extent_count() as usize])
+        .collect();
+    let mut todo: Vec<(u32, u64)> = Vec::new();
+    for &id in &order {
+        let s = ds.sample(id as usize);
+        let o = &objs[s.file as usize];
+        let e = o.extent_bytes();
+        if s.len == 0 {
+            continue;
+        }
+        let end = (s.offset + s.len as u64).min(o.info().size);
+        for i in s.offset / e..end.div_ceil(e) {
+            if !std::mem::replace(&mut seen[s.file as usize][i as usize], true) {
+                todo.push((s.file, i));
+            }
+        }
+    }
+    let extent_len = |f: u32, i: u64| {
+        let o = &objs[f as usize];
+        let start = i * o.extent_bytes();
+        o.info().size.saturating_sub(start).min(o.extent_bytes())
+    };
+    let needed: u64 = todo.iter().map(|&(f, i)| extent_len(f, i)).sum();
+    let present: u64 = todo
+        .iter()
+        .filter(|&&(f, i)| objs[f as usize].extent_present(i))
+        .map(|&(f, i)| extent_len(f, i))
+        .sum();
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(present);
+    let fetched = AtomicU64::new(0);
+    let full = AtomicBool::new(false);
+    let failed: std::sync::Mutex<Option<crate::error::Error>> = Default::default();
+    progress(present, needed);
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                if full.load(Ordering::Relaxed) {
+                    return;
+                }
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(f, i)) = todo.get(k) else { return };
+                let o = &objs[f as usize];
+                match o.warm_extent(i) {
+                    Ok(Some(n)) => {
+                        fetched.fetch_add(n, Ordering::Relaxed);
+                        progress(done.fetch_add(n, Ordering::Relaxed) + n, needed);
+                    }
+                    Ok(None) => {}
+                    Err(e) if e.kind() == crate::ErrorKind::Busy => {
+                        full.store(true, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        failed
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(e);
+                        full.store(true, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    Ok(WarmReport {
+        extents: todo.len() as u64,
+        fetched_bytes: fetched.into_inner(),
+        present_bytes: present,
+        needed_bytes: needed,
+        full: full.into_inner(),
+        counters: objs
+            .first()
+            .map(|o| o.cache().counters())
+            .unwrap_or_default(),
+    })
+}

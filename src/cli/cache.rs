@@ -1,0 +1,161 @@
+//! `gpufeed cache warm|status|drop`: the library's node cache (`crate::cache`), printed.
+
+use super::*;
+
+#[derive(Debug, Subcommand)]
+pub(super) enum CacheCmd {
+    /// Fetch what the next epoch reads into the node cache, in the order it reads it, on
+    /// several threads; resumable (what is cached is skipped). Takes the loader's order flags.
+    Warm(CacheWarmArgs),
+    /// What the node cache holds of a dataset, and the share of the next epoch it will serve.
+    Status(CacheArgs),
+    /// Empty the node cache (no loader may be using it).
+    Drop(CacheDropArgs),
+}
+
+#[derive(Debug, Args)]
+pub(super) struct CacheArgs {
+    /// A remote dataset: s3://BUCKET/PREFIX (or gs://, az://, http(s)://), or its objects.
+    #[arg(required = true, num_args = 1..)]
+    pub(super) paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub(super) dataset: DatasetArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct CacheWarmArgs {
+    #[command(flatten)]
+    pub(super) cache: CacheArgs,
+    #[command(flatten)]
+    pub(super) loader: LoaderArgs,
+    /// The order the training will read in: global, shard-buffer, block or sequential (the
+    /// loader's `order`; its parameters are the flags above).
+    #[arg(long, default_value = "global")]
+    pub(super) order: String,
+    /// The epoch whose order to follow.
+    #[arg(long, default_value_t = 0)]
+    pub(super) epoch: u64,
+    /// GETs in flight.
+    #[arg(long, default_value_t = 16)]
+    pub(super) threads: usize,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct CacheDropArgs {
+    /// The cache directory [default: $GPUFEED_CACHE_DIR, else ~/.cache/gpufeed].
+    #[arg(long, value_name = "DIR")]
+    pub(super) cache_dir: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[cfg(feature = "remote")]
+pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
+    match c {
+        CacheCmd::Warm(a) => {
+            let ds = a.cache.dataset.open(&a.cache.paths)?;
+            let mut s = a.loader.settings()?;
+            s.set("order", &a.order)?;
+            let plan = crate::plan::PlanConfig {
+                order: s.order(),
+                seed: s.seed,
+                rank: s.rank,
+                world_size: s.world_size,
+                batch_size: s.batch_size,
+                last_batch: s.last_batch,
+                ..crate::plan::PlanConfig::default()
+            };
+            let what = show_paths(&a.cache.paths);
+            let prog: std::sync::Mutex<Option<crate::util::Progress>> = Default::default();
+            let r = crate::cache::warm(&ds, &plan, a.epoch, a.threads, &|done, total| {
+                let mut p = prog.lock().unwrap_or_else(|p| p.into_inner());
+                p.get_or_insert_with(|| {
+                    crate::util::Progress::bytes(format!("warming {what}"), total)
+                })
+                .set(done);
+            })?;
+            if let Some(p) = prog.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                p.finish();
+            }
+            if a.cache.json {
+                outln!("{}", serde_json::to_value(&r).unwrap_or_default());
+            } else {
+                outln!(
+                    "{}: {} of the epoch's {} now cached ({} fetched now, {} already there){}",
+                    what,
+                    crate::util::bytes_human(r.present_bytes + r.fetched_bytes),
+                    crate::util::bytes_human(r.needed_bytes),
+                    crate::util::bytes_human(r.fetched_bytes),
+                    crate::util::bytes_human(r.present_bytes),
+                    if r.full {
+                        "; the cache is full: the rest will be read from the store each epoch"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Ok(())
+        }
+        CacheCmd::Status(a) => {
+            let ds = a.dataset.open(&a.paths)?;
+            let st = crate::cache::status(&ds)?;
+            if a.json {
+                outln!("{}", serde_json::to_value(&st).unwrap_or_default());
+            } else {
+                let c = &st.counters;
+                outln!(
+                    "{}: {} of {} in the node cache ({} objects); the next epoch reads {:.0}% \
+                     from it",
+                    show_paths(&a.paths),
+                    crate::util::bytes_human(st.present_bytes),
+                    crate::util::bytes_human(st.dataset_bytes),
+                    st.objects,
+                    100.0 * st.predicted_hit_ratio
+                );
+                outln!(
+                    "node cache: {} of {} used; {} GETs, {} fetched, {} served uncached",
+                    crate::util::bytes_human(c.cached_bytes),
+                    crate::util::bytes_human(c.limit_bytes),
+                    c.gets,
+                    crate::util::bytes_human(c.fetched_bytes),
+                    crate::util::bytes_human(c.direct_bytes)
+                );
+            }
+            Ok(())
+        }
+        CacheCmd::Drop(a) => {
+            let dir = a.cache_dir.unwrap_or_else(crate::cache::node::default_dir);
+            let cache = crate::cache::NodeCache::open(
+                &dir,
+                None,
+                crate::cache::node::EXTENT_BYTES_DEFAULT,
+            )?;
+            let freed = cache.drop_all()?;
+            if a.json {
+                outln!(
+                    "{}",
+                    serde_json::json!({"dir": dir.display().to_string(), "freed_bytes": freed})
+                );
+            } else {
+                outln!(
+                    "{}: emptied ({} freed)",
+                    dir.display(),
+                    crate::util::bytes_human(freed)
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(not(feature = "remote"))]
+pub(super) fn cache_cmd(_: CacheCmd) -> Result<()> {
+    Err(crate::error::Error::new(
+        crate::error::ErrorKind::Unsupported,
+        "this gpufeed was built without object-storage support (cargo feature `remote`)",
+    ))
+}
