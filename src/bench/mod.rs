@@ -11,6 +11,8 @@ pub mod gpu;
 pub mod io;
 pub mod load;
 pub mod plot;
+#[cfg(feature = "remote")]
+pub mod remote;
 #[cfg(feature = "tokio-uring")]
 pub mod tokio_uring;
 

@@ -55,6 +55,7 @@ pub(crate) struct RemoteGate {
     files: Vec<Option<Arc<CachedObject>>>,
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    threads: usize,
     inner_in_flight: usize,
     /// Inner completions reaped while waiting, not yet handed out.
     ready: Vec<RawDone>,
@@ -62,41 +63,31 @@ pub(crate) struct RemoteGate {
 }
 
 impl RemoteGate {
-    /// A gate in front of `inner` with `threads` fetch threads; on failure, `inner` back.
-    #[allow(clippy::result_large_err)]
-    pub fn new(
-        inner: Box<dyn Backend>,
-        files_max: usize,
-        threads: usize,
-    ) -> Result<Self, (Box<dyn Backend>, io::Error)> {
-        let shared = Arc::new(Shared::default());
-        let mut workers = Vec::with_capacity(threads);
-        for i in 0..threads.max(1) {
-            let s = shared.clone();
-            match std::thread::Builder::new()
-                .name(format!("gpufeed-fetch-{i}"))
-                .spawn(move || worker(&s))
-            {
-                Ok(w) => workers.push(w),
-                Err(e) => {
-                    shared.state.lock().unpoisoned().shutdown = true;
-                    shared.work.notify_all();
-                    for w in workers {
-                        let _ = w.join();
-                    }
-                    return Err((inner, e));
-                }
-            }
-        }
-        Ok(RemoteGate {
+    /// A gate in front of `inner` with up to `threads` fetch threads, started on the first
+    /// read that needs the store (an engine that reads only local files starts none).
+    pub fn new(inner: Box<dyn Backend>, files_max: usize, threads: usize) -> Self {
+        RemoteGate {
             inner,
             files: (0..files_max).map(|_| None).collect(),
-            shared,
-            workers,
+            shared: Arc::new(Shared::default()),
+            workers: Vec::new(),
+            threads: threads.max(1),
             inner_in_flight: 0,
             ready: Vec::new(),
             queue_max: threads.max(1) * 4,
-        })
+        }
+    }
+
+    /// Starts the fetch threads if they are not running.
+    fn start_workers(&mut self) -> io::Result<()> {
+        while self.workers.len() < self.threads {
+            let s = self.shared.clone();
+            let w = std::thread::Builder::new()
+                .name(format!("gpufeed-fetch-{}", self.workers.len()))
+                .spawn(move || worker(&s))?;
+            self.workers.push(w);
+        }
+        Ok(())
     }
 
     fn outstanding(&self) -> usize {
@@ -190,15 +181,25 @@ impl Backend for RemoteGate {
             .get(op.file as usize)
             .and_then(|o| o.as_ref())
             .filter(|o| !o.is_present(op.offset..op.offset + op.len as u64));
-        if let Some(obj) = remote {
+        if let Some(obj) = remote.cloned() {
+            if let Err(e) = self.start_workers() {
+                if self.workers.is_empty() {
+                    // No thread to fetch with: the read fails, saying why.
+                    let mut st = self.shared.state.lock().unpoisoned();
+                    st.why
+                        .insert(op.id, format!("cannot start the remote fetch threads: {e}"));
+                    st.done.push(RawDone {
+                        id: op.id,
+                        res: -libc::EIO,
+                    });
+                    return Ok(());
+                }
+            }
             let mut st = self.shared.state.lock().unpoisoned();
             if st.queue.len() >= self.queue_max {
                 return Err(op);
             }
-            st.queue.push_back(Queued {
-                op,
-                obj: obj.clone(),
-            });
+            st.queue.push_back(Queued { op, obj });
             self.shared.work.notify_one();
             return Ok(());
         }
@@ -282,7 +283,7 @@ impl Backend for RemoteGate {
         format!(
             "{} behind the node cache ({} fetch threads)",
             self.inner.describe(),
-            self.workers.len()
+            self.threads
         )
     }
 

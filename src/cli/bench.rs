@@ -11,6 +11,8 @@ pub(super) fn bench_cmd(b: BenchCmd) -> Result<()> {
         Some(BenchWhich::Gpu(a)) => bench_gpu(a),
         #[cfg(feature = "decode")]
         Some(BenchWhich::Decode(a)) => bench_decode(a),
+        #[cfg(feature = "remote")]
+        Some(BenchWhich::Remote(a)) => bench_remote(a),
         None => bench_quick(b.quick),
     }
 }
@@ -41,6 +43,118 @@ pub(super) enum BenchWhich {
     /// alternated round by round.
     #[cfg(feature = "decode")]
     Decode(DecodeArgs),
+    /// A remote dataset (s3://…) epoch after epoch through the node cache, by one or more
+    /// ranks of this node: samples/s, first batch, bytes fetched (LRU's beside), GETs, CPU per
+    /// GiB; against the raw range-GET rate and the same loader over a local copy (--local).
+    #[cfg(feature = "remote")]
+    Remote(RemoteArgs),
+}
+
+#[cfg(feature = "remote")]
+#[derive(Debug, Args)]
+pub(super) struct RemoteArgs {
+    /// The remote dataset: s3://BUCKET/PREFIX (gs://, az://, http(s)://).
+    #[arg(required = true, num_args = 1..)]
+    pub(super) urls: Vec<String>,
+    #[command(flatten)]
+    pub(super) dataset: DatasetArgs,
+    #[command(flatten)]
+    pub(super) loader: LoaderArgs,
+    /// The epoch order (global needs a warm cache).
+    #[arg(long, default_value = "block")]
+    pub(super) order: String,
+    /// Epochs.
+    #[arg(long, default_value_t = 3)]
+    pub(super) epochs: u64,
+    /// Ranks on this node (threads, each with a loader of its own, sharing the node cache).
+    #[arg(long, default_value_t = 1)]
+    pub(super) ranks: u32,
+    /// GETs in flight for the raw range-GET ceiling.
+    #[arg(long, default_value_t = 16)]
+    pub(super) get_threads: usize,
+    /// A local copy of the dataset: gpufeed's loader over it is the local-disk ceiling.
+    #[arg(long, num_args = 1..)]
+    pub(super) local: Option<Vec<PathBuf>>,
+    /// Keep what the cache holds (default: empty it first, for a cold first epoch).
+    #[arg(long)]
+    pub(super) keep_cache: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[cfg(feature = "remote")]
+fn bench_remote(a: RemoteArgs) -> Result<()> {
+    let mut settings = a.loader.settings()?;
+    settings.set("order", &a.order)?;
+    let spec = crate::bench::remote::RemoteSpec {
+        urls: a.urls.clone(),
+        opts: a.dataset.options()?,
+        settings,
+        epochs: a.epochs,
+        ranks: a.ranks,
+        get_threads: a.get_threads,
+        local: a.local.clone(),
+        fresh: !a.keep_cache,
+    };
+    let r = crate::bench::remote::run(&spec)?;
+    if a.json {
+        outln!("{}", serde_json::to_value(&r).unwrap_or_default());
+        return Ok(());
+    }
+    let h = crate::util::bytes_human;
+    outln!(
+        "{}: {} samples, {}; node cache {} in extents of {}; {} rank(s), order {}",
+        r.urls.join(" "),
+        r.samples,
+        h(r.dataset_bytes),
+        h(r.cache_limit),
+        h(r.extent_bytes),
+        r.ranks,
+        r.order
+    );
+    outln!(
+        "{:>5} {:>10} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>7} {:>8}",
+        "epoch",
+        "samples/s",
+        "GiB/s",
+        "first_s",
+        "fetched",
+        "LRU",
+        "hits",
+        "GETs",
+        "retries",
+        "CPU/GiB"
+    );
+    for e in &r.epochs {
+        outln!(
+            "{:>5} {:>10.0} {:>8.3} {:>8.3} {:>7.2}x {:>7.2}x {:>6.0}% {:>6} {:>7} {:>8.3}",
+            e.epoch,
+            e.samples_per_s,
+            e.gib_per_s,
+            e.first_batch_s,
+            e.fetched_ratio,
+            e.lru_fetched_ratio,
+            100.0 * e.hit_ratio,
+            e.gets,
+            e.retries,
+            e.cpu_s_per_gib
+        );
+    }
+    outln!(
+        "raw range GETs ({} in flight): {:.3} GiB/s ({:.0} samples/s at that rate)",
+        r.get_threads,
+        r.raw_get.gib_per_s,
+        r.raw_get.samples_per_s
+    );
+    if let Some(l) = &r.local {
+        outln!(
+            "local copy, same loader: {:.0} samples/s, {:.3} GiB/s",
+            l.samples_per_s,
+            l.gib_per_s
+        );
+    }
+    Ok(())
 }
 
 #[cfg(feature = "decode")]

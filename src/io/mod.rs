@@ -416,17 +416,11 @@ impl Engine {
         // rest to `backend` unchanged).
         #[cfg(feature = "remote")]
         let backend: Box<dyn Backend> = if crate::cache::node::any_open() {
-            match crate::cache::gate::RemoteGate::new(
+            Box::new(crate::cache::gate::RemoteGate::new(
                 backend,
                 cfg.files_max as usize,
                 crate::cache::gate::FETCH_THREADS_DEFAULT,
-            ) {
-                Ok(g) => Box::new(g),
-                Err((b, e)) => {
-                    notice(&format!("cannot start the remote fetch threads: {e}"));
-                    b
-                }
-            }
+            ))
         } else {
             backend
         };

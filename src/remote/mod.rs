@@ -35,6 +35,14 @@ use crate::error::{invalid, Error, ErrorKind, Result};
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a failing GET is retried, from its first try, before the error is reported.
 pub const RETRY_WINDOW: Duration = Duration::from_secs(120);
+/// Requests retried by every store of this process.
+static RETRIES: AtomicU64 = AtomicU64::new(0);
+
+/// Requests retried so far by every store of this process (after a failure, stall or throttle).
+pub fn total_retries() -> u64 {
+    RETRIES.load(Ordering::Relaxed)
+}
+
 /// The first backoff; each retry doubles it, up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(4);
@@ -471,6 +479,7 @@ impl Store {
                 ));
             }
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
+            RETRIES.fetch_add(1, Ordering::Relaxed);
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
