@@ -69,6 +69,9 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--shard-size", default="256M")
     ap.add_argument("--convert", action="store_true")
+    ap.add_argument("--shuffle-block-size", type=int, default=None,
+                    help="streaming's shuffle_block_size (its default spans the whole of a "
+                         "small dataset: every shard must be resident at once)")
     a = ap.parse_args()
     if os.environ.get("AWS_ENDPOINT_URL"):
         os.environ.setdefault("S3_ENDPOINT_URL", os.environ["AWS_ENDPOINT_URL"])
@@ -84,7 +87,8 @@ def main():
     shutil.rmtree(a.cache, ignore_errors=True)
     limit = parse_size(a.cache_limit) if a.cache_limit else None
     ds = StreamingDataset(remote=a.remote, local=a.cache, shuffle=True, shuffle_seed=1,
-                          batch_size=a.batch_size, cache_limit=limit)
+                          batch_size=a.batch_size, cache_limit=limit,
+                          shuffle_block_size=a.shuffle_block_size)
 
     def collate(rows):
         return len(rows), sum(len(r["data"]) for r in rows)
@@ -105,6 +109,7 @@ def main():
             "peer": "mosaic-streaming", "epoch": epoch, "samples": n, "seconds": secs,
             "samples_per_s": n / secs, "gib_per_s": nbytes / secs / (1 << 30),
             "first_batch_s": first, "workers": a.workers, "cache_limit": limit,
+            "shuffle_block_size": a.shuffle_block_size,
         }), flush=True)
 
 

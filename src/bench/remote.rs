@@ -253,13 +253,9 @@ fn extent_orders(
         let mut seq: Vec<u32> = Vec::new();
         for r in 0..ranks {
             let plan = crate::plan::PlanConfig {
-                order: settings.order(),
-                seed: settings.seed,
                 rank: r,
                 world_size: ranks,
-                batch_size: settings.batch_size,
-                last_batch: settings.last_batch,
-                ..crate::plan::PlanConfig::default()
+                ..settings.plan(&crate::plan::PlanConfig::default())
             };
             for &i in &crate::plan::epoch_order(ds.samples(), &plan, e)? {
                 let s = ds.sample(i as usize);
@@ -319,6 +315,9 @@ pub fn run(spec: &RemoteSpec) -> Result<RemoteReport> {
         let t0 = Instant::now();
         let (samples, bytes, first, remote_w, storage_w) = epoch(&datasets, &loaders, e)?;
         let secs = t0.elapsed().as_secs_f64();
+        // The epoch's writes behind finish before the next is measured (not timed: a trainer
+        // does not wait for them).
+        cache.flush();
         let cpu = crate::sys::process_cpu_seconds() - cpu0;
         let c1 = cache.counters();
         let fetched = c1.fetched_bytes - c0.fetched_bytes;

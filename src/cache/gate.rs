@@ -22,6 +22,11 @@ use crate::util::Unpoison;
 
 /// Fetch threads: GETs in flight at most (each holds one extent's bytes).
 pub const FETCH_THREADS_DEFAULT: usize = 16;
+/// Extents fetched ahead after each extent a read fetched: an epoch's reads go through a block
+/// or a shard front to back, so the next extents of the object are what comes next.
+const READ_AHEAD_EXTENTS: u64 = 2;
+/// Extents waiting to be fetched ahead, at most (older ones are dropped first).
+const AHEAD_QUEUED_MAX: usize = 32;
 
 struct Queued {
     op: RawRead,
@@ -31,6 +36,9 @@ struct Queued {
 #[derive(Default)]
 struct State {
     queue: VecDeque<Queued>,
+    /// Extents to fetch ahead of their readers (the ones after an extent a read fetched),
+    /// taken when no read waits.
+    ahead: VecDeque<(Arc<CachedObject>, u64)>,
     done: Vec<RawDone>,
     /// Why a read failed, by read id, for the engine's error.
     why: HashMap<u64, String>,
@@ -114,6 +122,13 @@ fn worker(s: &Shared) {
                 if st.shutdown {
                     return;
                 }
+                if let Some((obj, i)) = st.ahead.pop_front() {
+                    drop(st);
+                    // A failure here is the reader's to meet and report.
+                    let _ = obj.prefetch(i);
+                    st = s.state.lock().unpoisoned();
+                    continue;
+                }
                 st = s.work.wait(st).unpoisoned();
             }
         };
@@ -176,12 +191,29 @@ impl Backend for RemoteGate {
     }
 
     unsafe fn push(&mut self, op: RawRead) -> std::result::Result<(), RawRead> {
-        let remote = self
-            .files
-            .get(op.file as usize)
-            .and_then(|o| o.as_ref())
-            .filter(|o| !o.is_present(op.offset..op.offset + op.len as u64));
-        if let Some(obj) = remote.cloned() {
+        let obj = self.files.get(op.file as usize).and_then(|o| o.clone());
+        if let Some(o) = &obj {
+            // The extents after this read's come next (a block or a shard is read front to
+            // back): fetch the absent ones ahead, whether this read finds its own on disk or not.
+            let last = o.extent_of(op.offset + op.len.max(1) as u64 - 1);
+            let ahead: Vec<u64> = (last + 1..=last + READ_AHEAD_EXTENTS)
+                .filter(|&i| i < o.extent_count() && !o.extent_present(i))
+                .collect();
+            if !ahead.is_empty() && self.start_workers().is_ok() {
+                let o = o.clone();
+                let mut st = self.shared.state.lock().unpoisoned();
+                for i in ahead {
+                    if st.ahead.len() >= AHEAD_QUEUED_MAX {
+                        st.ahead.pop_front();
+                    }
+                    st.ahead.push_back((o.clone(), i));
+                }
+                drop(st);
+                self.shared.work.notify_all();
+            }
+        }
+        let remote = obj.filter(|o| !o.is_present(op.offset..op.offset + op.len as u64));
+        if let Some(obj) = remote {
             if let Err(e) = self.start_workers() {
                 if self.workers.is_empty() {
                     // No thread to fetch with: the read fails, saying why.
@@ -259,6 +291,7 @@ impl Backend for RemoteGate {
     fn cancel_all(&mut self) {
         self.inner.cancel_all();
         let mut st = self.shared.state.lock().unpoisoned();
+        st.ahead.clear();
         let cancelled: Vec<RawDone> = st
             .queue
             .drain(..)

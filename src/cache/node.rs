@@ -102,7 +102,32 @@ pub struct NodeCache {
     usage: SharedMap,
     objects: Mutex<HashMap<String, Arc<CachedObject>>>,
     full_noticed: AtomicBool,
+    /// Where fetched extents go to be written behind (started on the first).
+    writer: Mutex<Option<std::sync::mpsc::SyncSender<WriteJob>>>,
+    /// Extents handed to the writers and not yet published (or failed).
+    pending: (Mutex<usize>, std::sync::Condvar),
+    /// Extent buffers to reuse.
+    bufs: Mutex<Vec<crate::sys::Mapping>>,
 }
+
+/// Extent buffers kept for reuse at most (fetch threads and queued writes hold the rest).
+const BUFS_POOLED_MAX: usize = 24;
+
+/// A fetched extent to write, make durable and publish; `lock` holds the extent's lock until
+/// it is dropped, after publication.
+struct WriteJob {
+    obj: Arc<CachedObject>,
+    extent: u64,
+    offset: u64,
+    bytes: Arc<ExtentBuf>,
+    /// Held, not read: dropping it releases the extent's lock.
+    _lock: File,
+}
+
+/// Writer threads per cache, and extents queued for them at most (each holds its bytes): a disk
+/// slower than the store holds the fetches back.
+const WRITERS: usize = 8;
+const WRITES_QUEUED_MAX: usize = 16;
 
 impl std::fmt::Debug for NodeCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -227,9 +252,93 @@ impl NodeCache {
             usage,
             objects: Mutex::default(),
             full_noticed: AtomicBool::new(false),
+            writer: Mutex::new(None),
+            pending: Default::default(),
+            bufs: Mutex::default(),
         });
         open.insert(dir, Arc::downgrade(&cache));
         Ok(cache)
+    }
+
+    /// Queues a fetched extent for the writer threads (starting them on the first); where no
+    /// thread can be started, writes it here.
+    fn write_behind(&self, job: WriteJob) {
+        *self.pending.0.lock().unpoisoned() += 1;
+        let mut w = self.writer.lock().unpoisoned();
+        if w.is_none() {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<WriteJob>(WRITES_QUEUED_MAX);
+            let rx = Arc::new(Mutex::new(rx));
+            let mut started = 0;
+            for k in 0..WRITERS {
+                let rx = rx.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("gpufeed-cache-write-{k}"))
+                    .spawn(move || loop {
+                        // The threads end when every sender (the cache) is gone.
+                        let Ok(job) = rx.lock().unpoisoned().recv() else {
+                            return;
+                        };
+                        let cache = job.obj.cache.clone();
+                        job.obj.publish(&job);
+                        drop(job); // releases the extent's lock, after publication
+                        cache.written_one();
+                    });
+                started += spawned.is_ok() as usize;
+            }
+            if started > 0 {
+                *w = Some(tx);
+            }
+        }
+        match w.as_ref() {
+            Some(tx) => {
+                let tx = tx.clone();
+                drop(w); // a full queue waits without holding the cache's lock
+                if let Err(std::sync::mpsc::SendError(job)) = tx.send(job) {
+                    job.obj.publish(&job);
+                    drop(job);
+                    self.written_one();
+                }
+            }
+            None => {
+                drop(w);
+                job.obj.publish(&job);
+                drop(job);
+                self.written_one();
+            }
+        }
+    }
+
+    /// A page-aligned buffer for an extent of `n` bytes (≤ the extent size), from the pool.
+    fn extent_buf(self: &Arc<Self>, n: usize) -> Result<ExtentBuf> {
+        debug_assert!(n as u64 <= self.extent_bytes);
+        let pooled = self.bufs.lock().unpoisoned().pop();
+        let map = match pooled {
+            Some(m) => m,
+            None => crate::sys::Mapping::new(self.extent_bytes as usize, 4096, false)
+                .map_err(|e| Error::io("cannot allocate an extent buffer", e))?,
+        };
+        Ok(ExtentBuf {
+            map: Some(map),
+            len: n,
+            cache: self.clone(),
+        })
+    }
+
+    fn written_one(&self) {
+        let mut p = self.pending.0.lock().unpoisoned();
+        *p = p.saturating_sub(1);
+        if *p == 0 {
+            self.pending.1.notify_all();
+        }
+    }
+
+    /// Waits until every extent fetched so far is written and published (`gpufeed cache warm`
+    /// does before it exits: queued writes die with the process).
+    pub fn flush(&self) {
+        let mut p = self.pending.0.lock().unpoisoned();
+        while *p > 0 {
+            p = self.pending.1.wait(p).unpoisoned();
+        }
     }
 
     /// The directory.
@@ -352,6 +461,7 @@ impl NodeCache {
             state_path,
             extents,
             map,
+            fetching: Mutex::default(),
         });
         registry()
             .lock()
@@ -462,6 +572,27 @@ pub struct CachedObject {
     extents: u64,
     /// The state file: header, then one byte per extent.
     map: SharedMap,
+    /// Extents this process is fetching, until they are published: its other readers of them
+    /// take the fetched bytes instead of waiting for the write behind.
+    fetching: Mutex<HashMap<u64, Arc<Fetching>>>,
+}
+
+/// One extent being fetched by a thread of this process, and what came of it.
+#[derive(Default)]
+struct Fetching {
+    state: Mutex<FetchState>,
+    done: std::sync::Condvar,
+}
+
+#[derive(Default)]
+enum FetchState {
+    #[default]
+    Running,
+    /// Its bytes, until published.
+    Bytes(Arc<ExtentBuf>),
+    /// On disk after all (fetched by another process), or not to be cached (the cache is full,
+    /// or the fetch failed): the waiter reads or fetches for itself.
+    Elsewhere,
 }
 
 impl std::fmt::Debug for CachedObject {
@@ -477,10 +608,40 @@ impl std::fmt::Debug for CachedObject {
 enum Extent {
     /// On disk in the data file.
     Present,
-    /// Fetched by this call: its bytes.
-    Fetched(Vec<u8>),
-    /// The cache is full: only the bytes asked for, fetched by this call.
-    Part(Vec<u8>),
+    /// Fetched by this call: its bytes (shared with the write behind).
+    Fetched(Arc<ExtentBuf>),
+    /// The cache is full: only the bytes asked for were fetched, into the caller's buffer.
+    Part,
+}
+
+/// One extent's bytes in page-aligned memory from the cache's pool (so it can be written with
+/// O_DIRECT, and its pages are not faulted in afresh for every fetch); back to the pool on drop.
+pub(crate) struct ExtentBuf {
+    map: Option<crate::sys::Mapping>,
+    len: usize,
+    cache: Arc<NodeCache>,
+}
+
+impl ExtentBuf {
+    fn bytes(&self) -> &[u8] {
+        match &self.map {
+            // SAFETY: the mapping holds at least `len` bytes (taken for this extent's size),
+            // written by the fetch before the buffer was shared; nobody writes them since.
+            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr(), self.len) },
+            None => &[],
+        }
+    }
+}
+
+impl Drop for ExtentBuf {
+    fn drop(&mut self) {
+        if let Some(m) = self.map.take() {
+            let mut pool = self.cache.bufs.lock().unpoisoned();
+            if pool.len() < BUFS_POOLED_MAX && m.len() as u64 == self.cache.extent_bytes {
+                pool.push(m);
+            }
+        }
+    }
 }
 
 impl CachedObject {
@@ -537,72 +698,199 @@ impl CachedObject {
     /// fits; or, when the cache is full, only `part` fetched (nothing else of the extent would
     /// be kept). One fetch per node for what is cached: a fetch holds the extent's lock, and
     /// whoever waited on it finds the extent present.
-    fn extent(&self, i: u64, part: Range<u64>) -> Result<Extent> {
+    fn extent(self: &Arc<Self>, i: u64, part: Range<u64>, dst: &mut [u8]) -> Result<Extent> {
         let mark = &self.marks()[i as usize];
         if mark.load(Ordering::Acquire) == PRESENT {
             return Ok(Extent::Present);
         }
+        // Another thread of this process fetching it: its bytes, once they are here.
+        let (mine, slot) = {
+            let mut f = self.fetching.lock().unpoisoned();
+            match f.get(&i) {
+                Some(s) => (false, s.clone()),
+                None => {
+                    let s = Arc::new(Fetching::default());
+                    f.insert(i, s.clone());
+                    (true, s)
+                }
+            }
+        };
+        if !mine {
+            let mut st = slot.state.lock().unpoisoned();
+            while matches!(*st, FetchState::Running) {
+                st = slot.done.wait(st).unpoisoned();
+            }
+            if let FetchState::Bytes(b) = &*st {
+                self.cache.add(U_WAITS, 1);
+                return Ok(Extent::Fetched(b.clone()));
+            }
+            drop(st);
+            if mark.load(Ordering::Acquire) == PRESENT {
+                return Ok(Extent::Present);
+            }
+            return self.fetch_part(part, dst);
+        }
         let range = self.extent_range(i);
         let n = range.end - range.start;
-        let cache = &self.cache;
-        if !cache.admit(n) {
-            let bytes = self.store.get(&self.info, part)?;
-            cache.add(U_GETS, 1);
-            cache.add(U_FETCHED, bytes.len() as u64);
-            cache.add(U_DIRECT, bytes.len() as u64);
-            return Ok(Extent::Part(bytes));
+        let r = if self.cache.admit(n) {
+            self.fetch_reserved(i)
+        } else {
+            Ok(Extent::Part)
+        };
+        // The waiters learn what came of it; the entry stays until publication while there are
+        // bytes to share.
+        let shared = match &r {
+            Ok(Extent::Fetched(b)) => FetchState::Bytes(b.clone()),
+            _ => FetchState::Elsewhere,
+        };
+        let keep = matches!(shared, FetchState::Bytes(_));
+        *slot.state.lock().unpoisoned() = shared;
+        slot.done.notify_all();
+        if !keep {
+            self.fetching.lock().unpoisoned().remove(&i);
         }
-        self.fetch_reserved(i)
+        match r {
+            Ok(Extent::Part) => self.fetch_part(part, dst),
+            r => r,
+        }
+    }
+
+    /// Fetches extent `i` ahead of its readers, if it is absent, not being fetched by this
+    /// process, and fits in the cache: its readers then take its bytes (or find it on disk).
+    /// True if it was fetched.
+    pub(crate) fn prefetch(self: &Arc<Self>, i: u64) -> Result<bool> {
+        if i >= self.extents || self.extent_present(i) {
+            return Ok(false);
+        }
+        let slot = {
+            let mut f = self.fetching.lock().unpoisoned();
+            if f.contains_key(&i) {
+                return Ok(false);
+            }
+            let s = Arc::new(Fetching::default());
+            f.insert(i, s.clone());
+            s
+        };
+        let range = self.extent_range(i);
+        let r = if self.cache.admit(range.end - range.start) {
+            self.fetch_reserved(i)
+        } else {
+            Ok(Extent::Part)
+        };
+        let shared = match &r {
+            Ok(Extent::Fetched(b)) => FetchState::Bytes(b.clone()),
+            _ => FetchState::Elsewhere,
+        };
+        let keep = matches!(shared, FetchState::Bytes(_));
+        *slot.state.lock().unpoisoned() = shared;
+        slot.done.notify_all();
+        if !keep {
+            self.fetching.lock().unpoisoned().remove(&i);
+        }
+        r.map(|e| matches!(e, Extent::Fetched(_)))
+    }
+
+    /// The extent holding byte `offset`.
+    pub(crate) fn extent_of(&self, offset: u64) -> u64 {
+        offset / self.cache.extent_bytes
+    }
+
+    /// The cache is full: only the bytes `part` are fetched, into `dst` (nothing else of the
+    /// extent would be kept).
+    fn fetch_part(&self, part: Range<u64>, dst: &mut [u8]) -> Result<Extent> {
+        let cache = &self.cache;
+        self.store.get_into(&self.info, part.start, dst)?;
+        cache.add(U_GETS, 1);
+        cache.add(U_FETCHED, dst.len() as u64);
+        cache.add(U_DIRECT, dst.len() as u64);
+        Ok(Extent::Part)
     }
 
     /// Fetches extent `i` into the cache, its bytes already reserved under the limit (given
-    /// back if another fetched it meanwhile, or if it cannot be fetched).
-    fn fetch_reserved(&self, i: u64) -> Result<Extent> {
+    /// back if another fetched it meanwhile, or if it cannot be fetched). The bytes go to the
+    /// caller at once; the write to disk, its `fdatasync` and the publication happen behind, on
+    /// the cache's writer threads, which hold the extent's lock until it is published (so a
+    /// reader that waits on the lock finds the extent on disk).
+    fn fetch_reserved(self: &Arc<Self>, i: u64) -> Result<Extent> {
         let mark = &self.marks()[i as usize];
         let range = self.extent_range(i);
         let n = range.end - range.start;
+        let at = HEADER_BYTES as u64 + i;
         // A lock of this open's own, so that threads exclude each other as processes do.
-        let locked = File::options()
+        let state = File::options()
             .read(true)
             .write(true)
             .open(&self.state_path)
-            .map_err(io_err("cannot open a cache state file", &self.state_path))
-            .and_then(|state| {
-                let at = HEADER_BYTES as u64 + i;
-                ofd_lock(state.as_fd(), at, 1, true)
-                    .map_err(io_err("cannot lock", &self.state_path))?;
-                let r = self.fetch_locked(range, mark);
-                let _ = ofd_lock(state.as_fd(), at, 1, false);
-                r
-            });
-        if matches!(locked, Ok(Extent::Present) | Err(_)) {
+            .map_err(io_err("cannot open a cache state file", &self.state_path));
+        let state = match state.and_then(|f| {
+            ofd_lock(f.as_fd(), at, 1, true).map_err(io_err("cannot lock", &self.state_path))?;
+            Ok(f)
+        }) {
+            Ok(f) => f,
+            Err(e) => {
+                self.cache.release(n);
+                return Err(e);
+            }
+        };
+        if mark.load(Ordering::Acquire) == PRESENT {
+            // Fetched (and published) by another while this one waited for the lock.
+            self.cache.add(U_WAITS, 1);
             self.cache.release(n);
+            return Ok(Extent::Present); // dropping `state` releases the lock
         }
-        locked
+        let mut buf = self.cache.extent_buf(n as usize)?;
+        let map = buf.map.as_ref().expect("a fresh buffer has its mapping");
+        // SAFETY: the mapping holds at least `n` bytes and this buffer is not shared yet.
+        let dst = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), n as usize) };
+        if let Err(e) = self.store.get_into(&self.info, range.start, dst) {
+            self.cache.release(n);
+            return Err(e);
+        }
+        buf.len = n as usize;
+        let bytes = Arc::new(buf);
+        self.cache.add(U_GETS, 1);
+        self.cache.add(U_FETCHED, n);
+        self.cache.write_behind(WriteJob {
+            obj: self.clone(),
+            extent: i,
+            offset: range.start,
+            bytes: bytes.clone(),
+            _lock: state,
+        });
+        Ok(Extent::Fetched(bytes))
     }
 
-    /// Fetches and caches the extent `range` (its bytes are reserved) under its lock.
-    fn fetch_locked(&self, range: Range<u64>, mark: &AtomicU8) -> Result<Extent> {
+    /// Writes a fetched extent, makes it durable and publishes it (on a writer thread); a
+    /// failed write gives its reservation back and is said once.
+    fn publish(&self, job: &WriteJob) {
         let cache = &self.cache;
-        if mark.load(Ordering::Acquire) == PRESENT {
-            cache.add(U_WAITS, 1);
-            return Ok(Extent::Present);
-        }
-        let bytes = self.store.get(&self.info, range.clone())?;
+        let bytes = job.bytes.bytes();
         let n = bytes.len() as u64;
-        cache.add(U_GETS, 1);
-        cache.add(U_FETCHED, n);
         let written = (|| -> io::Result<()> {
+            use std::os::unix::fs::OpenOptionsExt;
+            // Whole 4 KiB blocks from page-aligned memory go around the page cache (O_DIRECT);
+            // the object's last, partial extent (or a file system that refuses O_DIRECT) is
+            // written through it and dropped from it after.
+            if n.is_multiple_of(4096) {
+                let direct = File::options()
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&self.data_path);
+                if let Ok(f) = direct {
+                    if f.write_all_at(bytes, job.offset).is_ok() {
+                        return f.sync_data();
+                    }
+                }
+            }
             let f = File::options().write(true).open(&self.data_path)?;
-            f.write_all_at(&bytes, range.start)?;
+            f.write_all_at(bytes, job.offset)?;
             f.sync_data()?;
-            // Written behind, not to be read back soon: out of the page cache.
-            let _ = crate::sys::fadvise(f.as_fd(), range.start, n, libc::POSIX_FADV_DONTNEED);
+            let _ = crate::sys::fadvise(f.as_fd(), job.offset, n, libc::POSIX_FADV_DONTNEED);
             Ok(())
         })();
         match written {
             Ok(()) => {
-                mark.store(PRESENT, Ordering::Release);
+                self.marks()[job.extent as usize].store(PRESENT, Ordering::Release);
                 cache.add(U_WRITTEN, n);
             }
             Err(e) => {
@@ -617,18 +905,19 @@ impl CachedObject {
                 }
             }
         }
-        Ok(Extent::Fetched(bytes))
+        // Published (or not to be): later readers go by the state byte.
+        self.fetching.lock().unpoisoned().remove(&job.extent);
     }
 
     /// Reads bytes from `offset` into `buf` through the cache, as `pread` would: the count
     /// read (short only at the end of the object). Present extents are read from disk; absent
     /// ones are fetched (and cached if they fit).
-    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+    pub fn read_at(self: &Arc<Self>, buf: &mut [u8], offset: u64) -> Result<usize> {
         self.read_through(buf, offset).map(|(n, _)| n)
     }
 
     /// [`read_at`](Self::read_at), and whether any of it was fetched from the store.
-    pub fn read_through(&self, buf: &mut [u8], offset: u64) -> Result<(usize, bool)> {
+    pub fn read_through(self: &Arc<Self>, buf: &mut [u8], offset: u64) -> Result<(usize, bool)> {
         let end = (offset + buf.len() as u64).min(self.info.size);
         if offset >= end {
             return Ok((0, false));
@@ -639,15 +928,13 @@ impl CachedObject {
             let ext = self.extent_range(i);
             let part = offset.max(ext.start)..end.min(ext.end);
             let dst = &mut buf[(part.start - offset) as usize..(part.end - offset) as usize];
-            match self.extent(i, part.clone())? {
-                Extent::Part(bytes) => {
-                    fetched = true;
-                    dst.copy_from_slice(&bytes)
-                }
+            match self.extent(i, part.clone(), dst)? {
+                Extent::Part => fetched = true,
                 Extent::Fetched(bytes) => {
                     fetched = true;
                     dst.copy_from_slice(
-                        &bytes[(part.start - ext.start) as usize..(part.end - ext.start) as usize],
+                        &bytes.bytes()
+                            [(part.start - ext.start) as usize..(part.end - ext.start) as usize],
                     )
                 }
                 Extent::Present => {
@@ -673,7 +960,7 @@ impl CachedObject {
     /// Fetches extent `i` into the cache unless it is on disk: the bytes fetched (`None`: it
     /// was present, or another reader fetched it meanwhile); a `Busy` error when the cache is
     /// full.
-    pub fn warm_extent(&self, i: u64) -> Result<Option<u64>> {
+    pub fn warm_extent(self: &Arc<Self>, i: u64) -> Result<Option<u64>> {
         if i >= self.extents {
             return Err(invalid(format!("{}: no extent {i}", self.info.url)));
         }
@@ -692,7 +979,7 @@ impl CachedObject {
             ));
         }
         Ok(match self.fetch_reserved(i)? {
-            Extent::Fetched(b) => Some(b.len() as u64),
+            Extent::Fetched(b) => Some(b.len as u64),
             _ => None,
         })
     }
@@ -750,7 +1037,10 @@ pub fn absent_bytes(files: &[crate::dataset::DataFile]) -> u64 {
     files
         .iter()
         .filter_map(|f| File::open(&f.path).ok().and_then(|file| lookup(&file)))
-        .map(|o| o.info.size - o.present_bytes())
+        .map(|o| {
+            o.cache.flush(); // extents fetched and still being written count as present
+            o.info.size - o.present_bytes()
+        })
         .sum()
 }
 

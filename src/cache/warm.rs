@@ -160,6 +160,10 @@ pub fn warm(
             });
         }
     });
+    // What was fetched is on disk before this returns (a process that exits loses queued writes).
+    if let Some(o) = objs.first() {
+        o.cache().flush();
+    }
     if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }

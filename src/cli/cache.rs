@@ -60,15 +60,7 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
             let ds = a.cache.dataset.open(&a.cache.paths)?;
             let mut s = a.loader.settings()?;
             s.set("order", &a.order)?;
-            let plan = crate::plan::PlanConfig {
-                order: s.order(),
-                seed: s.seed,
-                rank: s.rank,
-                world_size: s.world_size,
-                batch_size: s.batch_size,
-                last_batch: s.last_batch,
-                ..crate::plan::PlanConfig::default()
-            };
+            let plan = s.plan(&crate::plan::PlanConfig::default());
             let what = show_paths(&a.cache.paths);
             let prog: std::sync::Mutex<Option<crate::util::Progress>> = Default::default();
             let r = crate::cache::warm(&ds, &plan, a.epoch, a.threads, &|done, total| {

@@ -634,6 +634,20 @@ impl LoaderSettings {
         }
     }
 
+    /// `base` (the planner's other limits) with these settings' order, seed, ranks, batch size
+    /// and last-batch policy: the epoch plan a loader with these settings follows.
+    pub fn plan(&self, base: &crate::plan::PlanConfig) -> crate::plan::PlanConfig {
+        crate::plan::PlanConfig {
+            order: self.order(),
+            seed: self.seed,
+            rank: self.rank,
+            world_size: self.world_size,
+            batch_size: self.batch_size,
+            last_batch: self.last_batch,
+            ..base.clone()
+        }
+    }
+
     /// Takes the order `o` and its parameters.
     pub fn set_order(&mut self, o: Order) {
         self.order = o;

@@ -223,15 +223,7 @@ impl LoaderBuilder {
     /// it and allocates the device regions).
     pub fn build(self) -> Result<Loader> {
         let s = &self.settings;
-        let mut plan = PlanConfig {
-            order: s.order(),
-            seed: s.seed,
-            rank: s.rank,
-            world_size: s.world_size,
-            batch_size: s.batch_size,
-            last_batch: s.last_batch,
-            ..self.plan.clone()
-        };
+        let mut plan = s.plan(&self.plan);
         plan.validate()?;
         if s.prefetch == 0 || s.in_flight == 0 {
             return Err(invalid(format!(

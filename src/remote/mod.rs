@@ -367,11 +367,22 @@ impl Store {
     /// The bytes `range` of `object`, as long as it is still the version listed (its ETag, when
     /// the server gave one): an object that changed since is an error, not mixed bytes.
     pub fn get(&self, object: &ObjectInfo, range: Range<u64>) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; (range.end - range.start) as usize];
+        self.get_into(object, range.start, &mut v)?;
+        Ok(v)
+    }
+
+    /// Fetches `dst.len()` bytes of `object` from `offset` straight into `dst` (the body's
+    /// chunks are copied in as they arrive: no buffer of the whole answer), as long as it is
+    /// still the version listed.
+    pub fn get_into(&self, object: &ObjectInfo, offset: u64, dst: &mut [u8]) -> Result<()> {
+        use futures_util::StreamExt;
         let rt = runtime()?;
         let t0 = Instant::now();
         let location = ObjPath::from(object.key.as_str());
+        let range = offset..offset + dst.len() as u64;
         let what = format!("GET bytes {}..{}", range.start, range.end);
-        let bytes = self.retrying(&what, &object.url, || {
+        let got = self.retrying(&what, &object.url, || {
             rt.block_on(async {
                 let opts = GetOptions {
                     if_match: object.etag.clone(),
@@ -388,29 +399,46 @@ impl Store {
                         });
                     }
                 }
-                r.bytes().await
+                let mut at = 0usize;
+                let mut body = r.into_stream();
+                while let Some(chunk) = body.next().await {
+                    let chunk = chunk?;
+                    // A server that sends more than asked is cut off, and caught below.
+                    let n = chunk.len().min(dst.len() - at);
+                    dst[at..at + n].copy_from_slice(&chunk[..n]);
+                    at += n;
+                    if n < chunk.len() {
+                        at = dst.len() + 1;
+                        break;
+                    }
+                }
+                Ok(at)
             })
         })?;
         self.stats
             .wait_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if bytes.len() as u64 != range.end - range.start {
+        if got != dst.len() {
             return Err(Error::new(
                 ErrorKind::UnexpectedEof,
                 format!(
-                    "{}: asked for bytes {}..{} and got {} bytes (did the object shrink?)",
+                    "{}: asked for bytes {}..{} and got {} (did the object change size?)",
                     object.url,
                     range.start,
                     range.end,
-                    bytes.len()
+                    if got > dst.len() {
+                        "more".to_string()
+                    } else {
+                        format!("{got} bytes")
+                    }
                 ),
             ));
         }
         self.stats.gets.fetch_add(1, Ordering::Relaxed);
         self.stats
             .bytes
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        Ok(bytes.to_vec())
+            .fetch_add(dst.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Uploads `bytes` as `key` under the URL's prefix (the tests and `bench remote` put their
