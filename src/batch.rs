@@ -51,7 +51,8 @@ static ON_DEVICE: std::sync::LazyLock<Error> = std::sync::LazyLock::new(|| {
     )
 });
 
-pub(crate) use crate::dataset::SampleSpan;
+/// Where one sample's bytes are in its read group's buffer, or why it has none.
+pub(crate) type SampleSpan = std::result::Result<std::ops::Range<usize>, std::sync::Arc<Error>>;
 
 /// A batch of samples, in host memory or in device memory.
 ///

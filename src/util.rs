@@ -593,3 +593,17 @@ mod crc_tests {
         assert_eq!(super::crc32c(b"123456789"), 0xE306_9283);
     }
 }
+
+/// Prints a notice on stderr (once per distinct text), unless `GPUFEED_QUIET=1`.
+pub(crate) fn notice(msg: &str) {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    if std::env::var("GPUFEED_QUIET").as_deref() == Ok("1") {
+        return;
+    }
+    let mut g = SEEN.lock().unpoisoned();
+    if g.get_or_insert_with(HashSet::new).insert(msg.to_string()) {
+        eprintln!("gpufeed: {msg}");
+    }
+}

@@ -70,6 +70,15 @@ pub(crate) struct RemoteGate {
     queue_max: usize,
 }
 
+/// The engine's backend behind a gate (what `io::install_backend_wrap` is given).
+pub(crate) fn wrap(inner: Box<dyn Backend>, cfg: &crate::config::EngineConfig) -> Box<dyn Backend> {
+    Box::new(RemoteGate::new(
+        inner,
+        cfg.files_max as usize,
+        FETCH_THREADS_DEFAULT,
+    ))
+}
+
 impl RemoteGate {
     /// A gate in front of `inner` with up to `threads` fetch threads, started on the first
     /// read that needs the store (an engine that reads only local files starts none).

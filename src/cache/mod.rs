@@ -9,9 +9,4 @@ pub mod node;
 pub(crate) mod policy;
 
 #[cfg(feature = "remote")]
-pub mod warm;
-
-#[cfg(feature = "remote")]
 pub use node::{CacheCounters, CachedObject, NodeCache};
-#[cfg(feature = "remote")]
-pub use warm::{status, warm, CacheStatus, WarmReport};

@@ -897,7 +897,7 @@ impl CachedObject {
                 cache.release(n);
                 cache.add(U_DIRECT, n);
                 if !cache.full_noticed.swap(true, Ordering::Relaxed) {
-                    crate::io::notice(&format!(
+                    crate::util::notice(&format!(
                         "the node cache cannot write {} ({e}); fetched extents are served \
                          without being cached",
                         self.data_path.display()
@@ -1031,20 +1031,14 @@ pub fn lookup_id(dev: u64, ino: u64) -> Option<Arc<CachedObject>> {
     reg.get(&(dev, ino)).cloned()
 }
 
-/// Bytes of these dataset files that are remote objects' extents not on disk (0 for local
-/// files).
-pub fn absent_bytes(files: &[crate::dataset::DataFile]) -> u64 {
-    files
-        .iter()
-        .filter_map(|f| File::open(&f.path).ok().and_then(|file| lookup(&file)))
+/// Bytes of these files that are remote objects' extents not on disk (0 for local files).
+pub fn absent_bytes<'a>(paths: impl IntoIterator<Item = &'a Path>) -> u64 {
+    paths
+        .into_iter()
+        .filter_map(|p| File::open(p).ok().and_then(|file| lookup(&file)))
         .map(|o| {
             o.cache.flush(); // extents fetched and still being written count as present
             o.info.size - o.present_bytes()
         })
         .sum()
-}
-
-/// Whether any remote object is open in this process (the engine then checks its reads).
-pub fn any_open() -> bool {
-    !registry().lock().unpoisoned().is_empty()
 }

@@ -63,7 +63,7 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
             let plan = s.plan(&crate::plan::PlanConfig::default());
             let what = show_paths(&a.cache.paths);
             let prog: std::sync::Mutex<Option<crate::util::Progress>> = Default::default();
-            let r = crate::cache::warm(&ds, &plan, a.epoch, a.threads, &|done, total| {
+            let r = crate::dataset::warm_cache(&ds, &plan, a.epoch, a.threads, &|done, total| {
                 let mut p = prog.lock().unwrap_or_else(|p| p.into_inner());
                 p.get_or_insert_with(|| {
                     crate::util::Progress::bytes(format!("warming {what}"), total)
@@ -94,7 +94,7 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
         }
         CacheCmd::Status(a) => {
             let ds = a.dataset.open(&a.paths)?;
-            let st = crate::cache::status(&ds)?;
+            let st = crate::dataset::cache_status(&ds)?;
             if a.json {
                 outln!("{}", serde_json::to_value(&st).unwrap_or_default());
             } else {

@@ -16,6 +16,10 @@ pub(crate) mod example;
 pub(crate) mod image_folder;
 mod options;
 pub(crate) mod pack;
+#[cfg(feature = "remote")]
+mod remote;
+#[cfg(feature = "remote")]
+pub use remote::{cache_status, warm_cache, CacheStatus, WarmReport};
 pub mod shard;
 pub(crate) mod tar;
 pub(crate) mod tfrecord;
@@ -34,8 +38,7 @@ pub use pack::{pack, PackOptions};
 pub use tokens::{TokenOptions, TokenType};
 pub use verify::{verify, VerifyReport};
 
-/// Where one sample's bytes are in its read group's buffer, or why it has none.
-pub(crate) type SampleSpan = std::result::Result<std::ops::Range<usize>, std::sync::Arc<Error>>;
+pub(crate) use crate::batch::SampleSpan;
 
 /// `p` with `suffix` appended to its file name.
 pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
@@ -49,20 +52,8 @@ pub(crate) fn strip_ext(p: &Path) -> PathBuf {
     p.with_extension("")
 }
 
-/// One sample: where its bytes are, its label, and the crc32c of its bytes if the format has one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sample {
-    /// Index into [`Dataset::files`].
-    pub file: u32,
-    /// Bytes of the sample.
-    pub len: u32,
-    /// Byte offset of the sample in its file.
-    pub offset: u64,
-    /// Class label, −1 when none.
-    pub label: i64,
-    /// crc32c of the bytes (meaningful when [`Dataset::has_checksums`]).
-    pub crc32c: u32,
-}
+/// One sample of the index (defined with the planner, which reads nothing else of a dataset).
+pub use crate::plan::Sample;
 
 /// A file of the dataset.
 #[derive(Debug, Clone)]
@@ -975,7 +966,7 @@ pub fn is_url(s: &str) -> bool {
 
 fn open_remote(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
     #[cfg(feature = "remote")]
-    return crate::remote::open_dataset(urls, opts);
+    return remote::open(urls, opts);
     #[cfg(not(feature = "remote"))]
     {
         let _ = opts;

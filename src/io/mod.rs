@@ -36,7 +36,6 @@ use crate::buf::{Arena, ArenaConfig, Slot};
 use crate::config::{EngineConfig, EngineKind};
 use crate::error::{invalid, shared_path, Error, ErrorKind, Result};
 use crate::sys;
-use crate::util::Unpoison;
 
 /// One raw read handed to a [`Backend`]: already aligned as the file requires.
 #[derive(Debug, Clone, Copy)]
@@ -121,6 +120,18 @@ pub trait Backend: Send {
     fn served_remotely(&mut self, _id: u64) -> bool {
         false
     }
+}
+
+/// Wraps an engine's backend in another (`install_backend_wrap`).
+pub(crate) type BackendWrap = fn(Box<dyn Backend>, &EngineConfig) -> Box<dyn Backend>;
+
+static BACKEND_WRAP: std::sync::OnceLock<BackendWrap> = std::sync::OnceLock::new();
+
+/// Has every engine built from now on put its backend through `wrap` (the node cache installs
+/// its gate when a remote dataset is first opened; the I/O layer knows nothing of it).
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) fn install_backend_wrap(wrap: BackendWrap) {
+    let _ = BACKEND_WRAP.set(wrap);
 }
 
 /// A file opened by an [`Engine`].
@@ -412,17 +423,11 @@ impl Engine {
         cfg: &EngineConfig,
         notices: Vec<String>,
     ) -> Engine {
-        // Reads of a remote object's cache go through the node cache's gate (which passes the
-        // rest to `backend` unchanged).
-        #[cfg(feature = "remote")]
-        let backend: Box<dyn Backend> = if crate::cache::node::any_open() {
-            Box::new(crate::cache::gate::RemoteGate::new(
-                backend,
-                cfg.files_max as usize,
-                crate::cache::gate::FETCH_THREADS_DEFAULT,
-            ))
-        } else {
-            backend
+        // Once a remote dataset is open, reads of its cache files go through the node cache's
+        // gate, which passes the rest to `backend` unchanged.
+        let backend = match BACKEND_WRAP.get() {
+            Some(wrap) => wrap(backend, cfg),
+            None => backend,
         };
         // Ops beyond the backend's capacity wait in `pending`; allow a few jobs' worth, or what
         // the configuration asks for (a loader: every group it may have in flight, whole).
@@ -1037,19 +1042,7 @@ impl Drop for Engine {
     }
 }
 
-/// Prints a notice on stderr (once per distinct text), unless `GPUFEED_QUIET=1`.
-pub(crate) fn notice(msg: &str) {
-    use std::collections::HashSet;
-    use std::sync::Mutex;
-    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    if std::env::var("GPUFEED_QUIET").as_deref() == Ok("1") {
-        return;
-    }
-    let mut g = SEEN.lock().unpoisoned();
-    if g.get_or_insert_with(HashSet::new).insert(msg.to_string()) {
-        eprintln!("gpufeed: {msg}");
-    }
-}
+pub(crate) use crate::util::notice;
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -241,9 +241,16 @@ impl LoaderBuilder {
         if self.dataset.is_empty() {
             return Err(invalid("the dataset has no samples"));
         }
+        // A remote dataset's cache files are read through the node cache's gate: this engine's
+        // and every later one's (the I/O layer knows nothing of the cache).
+        #[cfg(feature = "remote")]
+        if !self.dataset.remote_urls().is_empty() {
+            crate::io::install_backend_wrap(crate::cache::gate::wrap);
+        }
         #[cfg(feature = "remote")]
         if plan.order == crate::plan::Order::Global && !self.dataset.remote_urls().is_empty() {
-            let absent = crate::cache::node::absent_bytes(self.dataset.files());
+            let absent =
+                crate::cache::node::absent_bytes(self.dataset.files().iter().map(|f| &*f.path));
             if absent > 0 {
                 return Err(invalid(format!(
                     "global order over a remote dataset whose node cache lacks {} would fetch an \

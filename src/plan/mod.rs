@@ -19,7 +19,6 @@
 
 use std::ops::Range;
 
-use crate::dataset::Sample;
 use crate::error::{invalid, Result};
 use crate::rng::Rng;
 
@@ -288,6 +287,22 @@ impl PlanConfig {
             _ => Ok(()),
         }
     }
+}
+
+/// One sample of a dataset's index: where its bytes are, its label, and the crc32c of its bytes
+/// if the format has one. The planner reads nothing else of a dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// Index into the dataset's files.
+    pub file: u32,
+    /// Bytes of the sample.
+    pub len: u32,
+    /// Byte offset of the sample in its file.
+    pub offset: u64,
+    /// Class label, −1 when none.
+    pub label: i64,
+    /// crc32c of the bytes (meaningful when the dataset's format has checksums).
+    pub crc32c: u32,
 }
 
 /// Slot bytes sample `s` takes when read alone: its span widened to `align` at both ends. A

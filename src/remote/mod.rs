@@ -28,7 +28,6 @@ use std::time::{Duration, Instant};
 use object_store::path::Path as ObjPath;
 use object_store::{GetOptions, GetRange, ObjectStore, RetryConfig};
 
-use crate::dataset::{Dataset, Format, OpenOptions};
 use crate::error::{invalid, Error, ErrorKind, Result};
 
 /// The longest one request may take before it counts as stalled and is retried.
@@ -512,55 +511,6 @@ impl Store {
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
-}
-
-/// Opens the dataset whose files are the objects under `urls` (each a prefix, or one object),
-/// read through the node cache that `opts` names: only the listing, the objects' headers and
-/// indexes are fetched now (a packed shard's index with ranged GETs; a tar or a TFRecord
-/// without an index is walked extent by extent, and what fits stays in the cache).
-pub(crate) fn open_dataset(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
-    use crate::cache::node::{default_dir, NodeCache};
-    let dir = opts.cache_dir.clone().unwrap_or_else(default_dir);
-    let cache = NodeCache::open(&dir, opts.cache_limit, opts.cache_extent)?;
-    let mut format = opts.format;
-    let mut paths = Vec::new();
-    for url in urls {
-        let store = Store::open(url)?;
-        let listed = store.list()?;
-        if let Some(o) = listed.iter().find(|o| {
-            o.key
-                .contains(&format!("{}/", crate::dataset::pack::STAGING))
-        }) {
-            return Err(invalid(format!(
-                "{url}: an unfinished `gpufeed pack` left {} in the store: the shards here may \
-                 be only part of the dataset",
-                o.url
-            )));
-        }
-        let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
-        let (f, picked) = crate::dataset::detect::pick_remote(&keys, format)?;
-        if picked.is_empty() {
-            return Err(invalid(format!(
-                "{url}: no {} objects here ({} listed)",
-                f.name(),
-                listed.len()
-            )));
-        }
-        format = Some(f);
-        for i in picked {
-            paths.push(cache.object(&store, &listed[i])?.data_path().to_path_buf());
-        }
-        // TFRecord indexes beside their files (NAME.idx), read through the cache too.
-        if f == Format::TfRecord {
-            for o in listed.iter().filter(|o| o.key.ends_with(".idx")) {
-                cache.object(&store, o)?;
-            }
-        }
-    }
-    let format = format.ok_or_else(|| invalid("no dataset URL given"))?;
-    let mut ds = Dataset::open_files(format, &paths, opts)?;
-    ds.set_source(urls.iter().map(|u| u.to_string()).collect());
-    Ok(ds)
 }
 
 #[cfg(test)]

@@ -411,12 +411,12 @@ fn global_order_over_a_cold_cache_is_refused_naming_the_warm_up() {
     // Once every extent is on disk, global order reads the cache like a local file.
     let ds = Dataset::open_with("s3://gpufeed/global", &opts).unwrap();
     let plan = gpufeed::PlanConfig::default();
-    let r = gpufeed::cache::warm(&ds, &plan, 0, 4, &|_, _| {}).unwrap();
+    let r = gpufeed::dataset::warm_cache(&ds, &plan, 0, 4, &|_, _| {}).unwrap();
     assert!(
         !r.full && r.present_bytes + r.fetched_bytes == r.needed_bytes,
         "{r:?}"
     );
-    let st = gpufeed::cache::status(&ds).unwrap();
+    let st = gpufeed::dataset::cache_status(&ds).unwrap();
     assert_eq!(st.present_bytes, st.dataset_bytes, "{st:?}");
     assert_eq!(st.predicted_hit_ratio, 1.0);
     let l = Loader::builder(ds)

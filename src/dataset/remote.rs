@@ -1,13 +1,68 @@
-//! Filling the node cache ahead of training, and saying what it holds (feature `remote`):
-//! what `gpufeed cache warm` and `gpufeed cache status` print.
+//! A dataset whose files are objects in a store (`s3://…`, feature `remote`): listed with
+//! [`Store`], each object given a node-cache file ([`NodeCache::object`]) that the dataset's
+//! index points at, then indexed as any local file (through `SourceFile`, which fetches what
+//! it reads); and what the cache holds of such a dataset, and filling it ahead of training
+//! (`gpufeed cache status` and `gpufeed cache warm`).
+//!
+//! [`NodeCache::object`]: crate::cache::NodeCache::object
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::node::{lookup, CacheCounters, CachedObject};
-use crate::dataset::Dataset;
+use super::{Dataset, Format, OpenOptions};
+use crate::cache::node::{lookup, CacheCounters, CachedObject};
 use crate::error::{invalid, Result};
 use crate::plan::PlanConfig;
+use crate::remote::Store;
+
+/// Opens the dataset whose files are the objects under `urls` (each a prefix, or one object),
+/// read through the node cache that `opts` names: only the listing, the objects' headers and
+/// indexes are fetched now (a packed shard's index with ranged GETs; a tar or a TFRecord
+/// without an index is walked extent by extent, and what fits stays in the cache).
+pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
+    use crate::cache::node::{default_dir, NodeCache};
+    let dir = opts.cache_dir.clone().unwrap_or_else(default_dir);
+    let cache = NodeCache::open(&dir, opts.cache_limit, opts.cache_extent)?;
+    let mut format = opts.format;
+    let mut paths = Vec::new();
+    for url in urls {
+        let store = Store::open(url)?;
+        let listed = store.list()?;
+        if let Some(o) = listed
+            .iter()
+            .find(|o| o.key.contains(&format!("{}/", super::pack::STAGING)))
+        {
+            return Err(invalid(format!(
+                "{url}: an unfinished `gpufeed pack` left {} in the store: the shards here may \
+                 be only part of the dataset",
+                o.url
+            )));
+        }
+        let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
+        let (f, picked) = super::detect::pick_remote(&keys, format)?;
+        if picked.is_empty() {
+            return Err(invalid(format!(
+                "{url}: no {} objects here ({} listed)",
+                f.name(),
+                listed.len()
+            )));
+        }
+        format = Some(f);
+        for i in picked {
+            paths.push(cache.object(&store, &listed[i])?.data_path().to_path_buf());
+        }
+        // TFRecord indexes beside their files (NAME.idx), read through the cache too.
+        if f == Format::TfRecord {
+            for o in listed.iter().filter(|o| o.key.ends_with(".idx")) {
+                cache.object(&store, o)?;
+            }
+        }
+    }
+    let format = format.ok_or_else(|| invalid("no dataset URL given"))?;
+    let mut ds = Dataset::open_files(format, &paths, opts)?;
+    ds.set_source(urls.iter().map(|u| u.to_string()).collect());
+    Ok(ds)
+}
 
 /// What a warm-up did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -64,7 +119,7 @@ fn objects(ds: &Dataset) -> Result<Vec<Arc<CachedObject>>> {
 }
 
 /// What the node cache holds of `ds` (a remote dataset).
-pub fn status(ds: &Dataset) -> Result<CacheStatus> {
+pub fn cache_status(ds: &Dataset) -> Result<CacheStatus> {
     let objs = objects(ds)?;
     let dataset_bytes: u64 = objs.iter().map(|o| o.info().size).sum();
     let present_bytes: u64 = objs.iter().map(|o| o.present_bytes()).sum();
@@ -85,7 +140,7 @@ pub fn status(ds: &Dataset) -> Result<CacheStatus> {
 /// will read them (so that a cache too small for the dataset holds what comes first), on
 /// `threads` threads. Resumable: extents already on disk are skipped. `progress(done, total)`
 /// is called with bytes as extents arrive.
-pub fn warm(
+pub fn warm_cache(
     ds: &Dataset,
     plan: &PlanConfig,
     epoch: u64,
