@@ -11,7 +11,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -53,8 +52,6 @@ struct Shared {
     state: Mutex<State>,
     work: Condvar,
     done: Condvar,
-    /// Nanoseconds fetch threads spent on reads that needed the store.
-    fetch_ns: AtomicU64,
 }
 
 /// See the module documentation.
@@ -141,14 +138,11 @@ fn worker(s: &Shared) {
                 st = s.work.wait(st).unpoisoned();
             }
         };
-        let t0 = std::time::Instant::now();
         // SAFETY: the engine handed this read's buffer to the backend (the `push` contract):
         // it is valid for `len` bytes and nobody else touches it until the completion below is
         // reaped; this thread is the only one holding the read.
         let buf = unsafe { std::slice::from_raw_parts_mut(q.op.buf, q.op.len as usize) };
         let r = q.obj.read_through(buf, q.op.offset);
-        s.fetch_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let mut st = s.state.lock().unpoisoned();
         st.running -= 1;
         let res = match r {
@@ -335,10 +329,6 @@ impl Backend for RemoteGate {
 
     fn served_remotely(&mut self, id: u64) -> bool {
         self.shared.state.lock().unpoisoned().fetched.remove(&id)
-    }
-
-    fn remote_wait_ns(&self) -> u64 {
-        self.shared.fetch_ns.load(Ordering::Relaxed)
     }
 }
 

@@ -704,73 +704,46 @@ impl CachedObject {
             return Ok(Extent::Present);
         }
         // Another thread of this process fetching it: its bytes, once they are here.
-        let (mine, slot) = {
-            let mut f = self.fetching.lock().unpoisoned();
-            match f.get(&i) {
-                Some(s) => (false, s.clone()),
-                None => {
-                    let s = Arc::new(Fetching::default());
-                    f.insert(i, s.clone());
-                    (true, s)
+        let slot = match self.claim(i) {
+            Ok(mine) => mine,
+            Err(theirs) => {
+                let mut st = theirs.state.lock().unpoisoned();
+                while matches!(*st, FetchState::Running) {
+                    st = theirs.done.wait(st).unpoisoned();
                 }
+                if let FetchState::Bytes(b) = &*st {
+                    self.cache.add(U_WAITS, 1);
+                    return Ok(Extent::Fetched(b.clone()));
+                }
+                drop(st);
+                if mark.load(Ordering::Acquire) == PRESENT {
+                    return Ok(Extent::Present);
+                }
+                return self.fetch_part(part, dst);
             }
         };
-        if !mine {
-            let mut st = slot.state.lock().unpoisoned();
-            while matches!(*st, FetchState::Running) {
-                st = slot.done.wait(st).unpoisoned();
-            }
-            if let FetchState::Bytes(b) = &*st {
-                self.cache.add(U_WAITS, 1);
-                return Ok(Extent::Fetched(b.clone()));
-            }
-            drop(st);
-            if mark.load(Ordering::Acquire) == PRESENT {
-                return Ok(Extent::Present);
-            }
-            return self.fetch_part(part, dst);
-        }
-        let range = self.extent_range(i);
-        let n = range.end - range.start;
-        let r = if self.cache.admit(n) {
-            self.fetch_reserved(i)
-        } else {
-            Ok(Extent::Part)
-        };
-        // The waiters learn what came of it; the entry stays until publication while there are
-        // bytes to share.
-        let shared = match &r {
-            Ok(Extent::Fetched(b)) => FetchState::Bytes(b.clone()),
-            _ => FetchState::Elsewhere,
-        };
-        let keep = matches!(shared, FetchState::Bytes(_));
-        *slot.state.lock().unpoisoned() = shared;
-        slot.done.notify_all();
-        if !keep {
-            self.fetching.lock().unpoisoned().remove(&i);
-        }
-        match r {
+        match self.fetch_claimed(i, &slot) {
             Ok(Extent::Part) => self.fetch_part(part, dst),
             r => r,
         }
     }
 
-    /// Fetches extent `i` ahead of its readers, if it is absent, not being fetched by this
-    /// process, and fits in the cache: its readers then take its bytes (or find it on disk).
-    /// True if it was fetched.
-    pub(crate) fn prefetch(self: &Arc<Self>, i: u64) -> Result<bool> {
-        if i >= self.extents || self.extent_present(i) {
-            return Ok(false);
+    /// Claims extent `i` for a fetch by this thread: its slot if no other thread of this
+    /// process is fetching it (`Err` with theirs otherwise).
+    fn claim(&self, i: u64) -> std::result::Result<Arc<Fetching>, Arc<Fetching>> {
+        let mut f = self.fetching.lock().unpoisoned();
+        if let Some(s) = f.get(&i) {
+            return Err(s.clone());
         }
-        let slot = {
-            let mut f = self.fetching.lock().unpoisoned();
-            if f.contains_key(&i) {
-                return Ok(false);
-            }
-            let s = Arc::new(Fetching::default());
-            f.insert(i, s.clone());
-            s
-        };
+        let s = Arc::new(Fetching::default());
+        f.insert(i, s.clone());
+        Ok(s)
+    }
+
+    /// Fetches the claimed extent `i` into the cache if it fits (`Part` when it does not), and
+    /// tells the waiters on `slot` what came of it; the slot stays claimed until publication
+    /// while there are bytes to share.
+    fn fetch_claimed(self: &Arc<Self>, i: u64, slot: &Fetching) -> Result<Extent> {
         let range = self.extent_range(i);
         let r = if self.cache.admit(range.end - range.start) {
             self.fetch_reserved(i)
@@ -787,7 +760,20 @@ impl CachedObject {
         if !keep {
             self.fetching.lock().unpoisoned().remove(&i);
         }
-        r.map(|e| matches!(e, Extent::Fetched(_)))
+        r
+    }
+
+    /// Fetches extent `i` ahead of its readers, if it is absent, not being fetched by this
+    /// process, and fits in the cache: its readers then take its bytes (or find it on disk).
+    /// True if it was fetched.
+    pub(crate) fn prefetch(self: &Arc<Self>, i: u64) -> Result<bool> {
+        if i >= self.extents || self.extent_present(i) {
+            return Ok(false);
+        }
+        let Ok(slot) = self.claim(i) else {
+            return Ok(false);
+        };
+        Ok(matches!(self.fetch_claimed(i, &slot)?, Extent::Fetched(_)))
     }
 
     /// The extent holding byte `offset`.

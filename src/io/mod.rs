@@ -112,10 +112,6 @@ pub trait Backend: Send {
     fn error_detail(&mut self, _id: u64) -> Option<String> {
         None
     }
-    /// Nanoseconds reads spent waiting on an object store, summed over fetch threads.
-    fn remote_wait_ns(&self) -> u64 {
-        0
-    }
     /// Whether the read `id` fetched from an object store. Asked once, when it is reaped.
     fn served_remotely(&mut self, _id: u64) -> bool {
         false
@@ -485,11 +481,6 @@ impl Engine {
     /// Counters since creation.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
-    }
-
-    /// Nanoseconds reads waited on an object store (see [`Backend::remote_wait_ns`]).
-    pub fn remote_wait_ns(&self) -> u64 {
-        self.backend.remote_wait_ns()
     }
 
     /// Syscalls the backend issued so far.
