@@ -131,18 +131,23 @@ fn raw_gets(ds: &Dataset, urls: &[String], extent: u64, threads: usize) -> Resul
     let t0 = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
-            s.spawn(|| loop {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                let Some((si, o, r)) = jobs.get(k) else {
-                    return;
-                };
-                match stores[*si].get(o, r.clone()) {
-                    Ok(b) => {
-                        bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            s.spawn(|| {
+                // One buffer per thread, reused, as the cache's pooled extent buffers are.
+                let mut buf = vec![0u8; extent as usize];
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((si, o, r)) = jobs.get(k) else {
                         return;
+                    };
+                    let dst = &mut buf[..(r.end - r.start) as usize];
+                    match stores[*si].get_into(o, r.start, dst) {
+                        Ok(()) => {
+                            bytes.fetch_add(dst.len() as u64, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                            return;
+                        }
                     }
                 }
             });

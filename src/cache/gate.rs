@@ -215,7 +215,7 @@ impl Backend for RemoteGate {
                 self.shared.work.notify_all();
             }
         }
-        let remote = obj.filter(|o| !o.is_present(op.offset..op.offset + op.len as u64));
+        let remote = obj.filter(|o| !o.read_from_disk(op.offset..op.offset + op.len as u64));
         if let Some(obj) = remote {
             if let Err(e) = self.start_workers() {
                 if self.workers.is_empty() {

@@ -36,7 +36,7 @@
 //! fails (a full disk) gives its bytes back to the counter and the extent is served uncached,
 //! with one notice.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
 use std::ops::Range;
@@ -103,15 +103,22 @@ pub struct NodeCache {
     objects: Mutex<HashMap<String, Arc<CachedObject>>>,
     full_noticed: AtomicBool,
     /// Where fetched extents go to be written behind (started on the first).
-    writer: Mutex<Option<std::sync::mpsc::SyncSender<WriteJob>>>,
-    /// Extents handed to the writers and not yet published (or failed).
-    pending: (Mutex<usize>, std::sync::Condvar),
+    writer: Mutex<Option<std::sync::mpsc::Sender<WriteJob>>>,
+    /// Bytes of extents to be cached that are being fetched, written or synced (reserved
+    /// before the GET, given back when published or dropped): the write backlog.
+    pending: (Mutex<u64>, std::sync::Condvar),
     /// Extent buffers to reuse.
     bufs: Mutex<Vec<crate::sys::Mapping>>,
+    /// Published extents whose bytes are kept in memory for readers still to come (read-ahead
+    /// fetches extents before their readers), oldest first, and their bytes.
+    retained: Mutex<Retained>,
 }
 
+/// Published extents held in memory, oldest first (object, extent, bytes), and their bytes.
+type Retained = (VecDeque<(std::sync::Weak<CachedObject>, u64, u64)>, u64);
+
 /// Extent buffers kept for reuse at most (fetch threads and queued writes hold the rest).
-const BUFS_POOLED_MAX: usize = 24;
+const BUFS_POOLED_MAX: usize = 32;
 
 /// A fetched extent to write, make durable and publish; `lock` holds the extent's lock until
 /// it is dropped, after publication.
@@ -127,7 +134,12 @@ struct WriteJob {
 /// Writer threads per cache, and extents queued for them at most (each holds its bytes): a disk
 /// slower than the store holds the fetches back.
 const WRITERS: usize = 8;
-const WRITES_QUEUED_MAX: usize = 16;
+/// Bytes of fetched extents waiting to be written and made durable at most (at least two
+/// extents): see `NodeCache::reserve_write`.
+const WRITE_BACKLOG_BYTES: u64 = 256 << 20;
+/// Bytes of published extents kept in memory for the readers still to come, at most (oldest
+/// let go first; at least two extents): fetched bytes are not read back from the disk.
+const RETAINED_BYTES: u64 = 256 << 20;
 
 impl std::fmt::Debug for NodeCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -159,6 +171,106 @@ fn free_bytes(dir: &Path) -> Result<u64> {
         ));
     }
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Starts the cache's writer threads and its syncer: the writers write extents as they come
+/// (O_DIRECT, in parallel) and pass them on; the syncer takes every written extent waiting,
+/// makes them durable with one `fdatasync` per data file, and publishes them (one sync per
+/// extent halved what this VM's disk writes). `None` if no thread could be started.
+fn start_writers() -> Option<std::sync::mpsc::Sender<WriteJob>> {
+    // Unbounded: what is queued is bounded by the backlog reserved before each GET.
+    let (tx, rx) = std::sync::mpsc::channel::<WriteJob>();
+    let (synced_tx, synced_rx) = std::sync::mpsc::channel::<WriteJob>();
+    let syncer = std::thread::Builder::new()
+        .name("gpufeed-cache-sync".into())
+        .spawn(move || {
+            // Ends when every writer (every sender) is gone.
+            while let Ok(first) = synced_rx.recv() {
+                let mut batch = vec![first];
+                batch.extend(synced_rx.try_iter());
+                publish(batch);
+            }
+        });
+    if syncer.is_err() {
+        return None;
+    }
+    let rx = Arc::new(Mutex::new(rx));
+    let mut started = 0;
+    for k in 0..WRITERS {
+        let rx = rx.clone();
+        let synced_tx = synced_tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("gpufeed-cache-write-{k}"))
+            .spawn(move || loop {
+                // The threads end when every sender (the cache) is gone.
+                let Ok(job) = rx.lock().unpoisoned().recv() else {
+                    return;
+                };
+                match job.obj.write_extent(&job) {
+                    Ok(()) => {
+                        if let Err(std::sync::mpsc::SendError(job)) = synced_tx.send(job) {
+                            publish(vec![job]);
+                        }
+                    }
+                    Err(e) => {
+                        job.obj.write_failed(&job, &e);
+                        finish(job);
+                    }
+                }
+            });
+        started += spawned.is_ok() as usize;
+    }
+    (started > 0).then_some(tx)
+}
+
+/// Writes, syncs and publishes one extent on this thread.
+fn publish_now(job: WriteJob) {
+    match job.obj.write_extent(&job) {
+        Ok(()) => publish(vec![job]),
+        Err(e) => {
+            job.obj.write_failed(&job, &e);
+            finish(job);
+        }
+    }
+}
+
+/// Makes written extents durable (one `fdatasync` per data file) and publishes them.
+fn publish(batch: Vec<WriteJob>) {
+    let mut by_object: Vec<Vec<WriteJob>> = Vec::new();
+    for job in batch {
+        match by_object
+            .iter_mut()
+            .find(|g| Arc::ptr_eq(&g[0].obj, &job.obj))
+        {
+            Some(g) => g.push(job),
+            None => by_object.push(vec![job]),
+        }
+    }
+    for jobs in by_object {
+        let obj = jobs[0].obj.clone();
+        let synced = File::open(&obj.data_path).and_then(|f| f.sync_data());
+        for job in jobs {
+            match &synced {
+                Ok(()) => obj.mark_published(&job),
+                Err(e) => obj.write_failed(&job, e),
+            }
+            finish(job);
+        }
+    }
+}
+
+/// An extent's write is over (published or not to be): later readers go by the state byte, the
+/// extent's lock is released (dropping the job), and `flush` is told.
+fn finish(job: WriteJob) {
+    let cache = job.obj.cache.clone();
+    let n = job.bytes.bytes().len() as u64;
+    if job.obj.extent_present(job.extent) {
+        cache.retain(&job.obj, job.extent, n);
+    } else {
+        job.obj.fetching.lock().unpoisoned().remove(&job.extent);
+    }
+    drop(job);
+    cache.written(n);
 }
 
 /// The default cache directory: `$GPUFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/gpufeed`, else
@@ -255,55 +367,30 @@ impl NodeCache {
             writer: Mutex::new(None),
             pending: Default::default(),
             bufs: Mutex::default(),
+            retained: Mutex::default(),
         });
         open.insert(dir, Arc::downgrade(&cache));
         Ok(cache)
     }
 
-    /// Queues a fetched extent for the writer threads (starting them on the first); where no
-    /// thread can be started, writes it here.
+    /// Queues a fetched extent for the writer threads (starting them, and the syncer, on the
+    /// first); where no thread can be started, writes and publishes it here.
     fn write_behind(&self, job: WriteJob) {
-        *self.pending.0.lock().unpoisoned() += 1;
         let mut w = self.writer.lock().unpoisoned();
         if w.is_none() {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<WriteJob>(WRITES_QUEUED_MAX);
-            let rx = Arc::new(Mutex::new(rx));
-            let mut started = 0;
-            for k in 0..WRITERS {
-                let rx = rx.clone();
-                let spawned = std::thread::Builder::new()
-                    .name(format!("gpufeed-cache-write-{k}"))
-                    .spawn(move || loop {
-                        // The threads end when every sender (the cache) is gone.
-                        let Ok(job) = rx.lock().unpoisoned().recv() else {
-                            return;
-                        };
-                        let cache = job.obj.cache.clone();
-                        job.obj.publish(&job);
-                        drop(job); // releases the extent's lock, after publication
-                        cache.written_one();
-                    });
-                started += spawned.is_ok() as usize;
-            }
-            if started > 0 {
-                *w = Some(tx);
-            }
+            *w = start_writers();
         }
         match w.as_ref() {
             Some(tx) => {
                 let tx = tx.clone();
-                drop(w); // a full queue waits without holding the cache's lock
+                drop(w);
                 if let Err(std::sync::mpsc::SendError(job)) = tx.send(job) {
-                    job.obj.publish(&job);
-                    drop(job);
-                    self.written_one();
+                    publish_now(job);
                 }
             }
             None => {
                 drop(w);
-                job.obj.publish(&job);
-                drop(job);
-                self.written_one();
+                publish_now(job);
             }
         }
     }
@@ -324,12 +411,46 @@ impl NodeCache {
         })
     }
 
-    fn written_one(&self) {
+    /// Reserves `n` bytes of write backlog for an extent about to be fetched and cached,
+    /// waiting while the backlog is full (a disk behind the store holds the fetches back;
+    /// letting fetched extents go unwritten instead gained nothing in the first epoch here and
+    /// cost a refetch in the next — measured in issue 25).
+    fn reserve_write(&self, n: u64) {
+        let max = WRITE_BACKLOG_BYTES.max(2 * self.extent_bytes);
         let mut p = self.pending.0.lock().unpoisoned();
-        *p = p.saturating_sub(1);
-        if *p == 0 {
-            self.pending.1.notify_all();
+        while *p + n > max && *p > 0 {
+            p = self.pending.1.wait(p).unpoisoned();
         }
+        *p += n;
+    }
+
+    /// Keeps a published extent's bytes (its `fetching` slot) for readers still to come, letting
+    /// the oldest go past the budget.
+    fn retain(&self, obj: &Arc<CachedObject>, extent: u64, n: u64) {
+        let max = RETAINED_BYTES.max(2 * self.extent_bytes);
+        let mut gone = Vec::new();
+        {
+            let mut r = self.retained.lock().unpoisoned();
+            r.0.push_back((Arc::downgrade(obj), extent, n));
+            r.1 += n;
+            while r.1 > max {
+                let Some(old) = r.0.pop_front() else { break };
+                r.1 -= old.2;
+                gone.push(old);
+            }
+        }
+        for (o, i, _) in gone {
+            if let Some(o) = o.upgrade() {
+                o.fetching.lock().unpoisoned().remove(&i);
+            }
+        }
+    }
+
+    /// Gives back `n` bytes of write backlog (the extent is published, or will not be written).
+    fn written(&self, n: u64) {
+        let mut p = self.pending.0.lock().unpoisoned();
+        *p = p.saturating_sub(n);
+        self.pending.1.notify_all();
     }
 
     /// Waits until every extent fetched so far is written and published (`gpufeed cache warm`
@@ -537,6 +658,7 @@ impl NodeCache {
             self.usage.u64_at(o).store(0, Ordering::Release);
         }
         self.objects.lock().unpoisoned().clear();
+        *self.retained.lock().unpoisoned() = Default::default();
         Ok(held)
     }
 }
@@ -612,6 +734,8 @@ enum Extent {
     Fetched(Arc<ExtentBuf>),
     /// The cache is full: only the bytes asked for were fetched, into the caller's buffer.
     Part,
+    /// Held in memory by this process (fetched, then published or being written): its bytes.
+    Held(Arc<ExtentBuf>),
 }
 
 /// One extent's bytes in page-aligned memory from the cache's pool (so it can be written with
@@ -699,6 +823,9 @@ impl CachedObject {
     /// be kept). One fetch per node for what is cached: a fetch holds the extent's lock, and
     /// whoever waited on it finds the extent present.
     fn extent(self: &Arc<Self>, i: u64, part: Range<u64>, dst: &mut [u8]) -> Result<Extent> {
+        if let Some(b) = self.held(i) {
+            return Ok(Extent::Held(b));
+        }
         let mark = &self.marks()[i as usize];
         if mark.load(Ordering::Acquire) == PRESENT {
             return Ok(Extent::Present);
@@ -728,6 +855,27 @@ impl CachedObject {
         }
     }
 
+    /// Extent `i`'s bytes, if this process fetched it and holds them still (being written, or
+    /// published and retained).
+    fn held(&self, i: u64) -> Option<Arc<ExtentBuf>> {
+        let slot = self.fetching.lock().unpoisoned().get(&i)?.clone();
+        let st = slot.state.lock().unpoisoned();
+        match &*st {
+            FetchState::Bytes(b) => Some(b.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether reads of `range` go to the data file: every extent is on disk and none is held
+    /// in memory (those are copied from there instead of read back).
+    pub(crate) fn read_from_disk(&self, range: Range<u64>) -> bool {
+        if !self.is_present(range.clone()) {
+            return false;
+        }
+        let f = self.fetching.lock().unpoisoned();
+        f.is_empty() || !self.extents_of(range).any(|i| f.contains_key(&i))
+    }
+
     /// Claims extent `i` for a fetch by this thread: its slot if no other thread of this
     /// process is fetching it (`Err` with theirs otherwise).
     fn claim(&self, i: u64) -> std::result::Result<Arc<Fetching>, Arc<Fetching>> {
@@ -745,7 +893,11 @@ impl CachedObject {
     /// while there are bytes to share.
     fn fetch_claimed(self: &Arc<Self>, i: u64, slot: &Fetching) -> Result<Extent> {
         let range = self.extent_range(i);
-        let r = if self.cache.admit(range.end - range.start) {
+        let n = range.end - range.start;
+        let r = if self.cache.admit(n) {
+            // A disk behind the store holds the fetches back here (before the GET, so no
+            // fetched bytes wait in memory for it).
+            self.cache.reserve_write(n);
             self.fetch_reserved(i)
         } else {
             Ok(Extent::Part)
@@ -792,8 +944,9 @@ impl CachedObject {
         Ok(Extent::Part)
     }
 
-    /// Fetches extent `i` into the cache, its bytes already reserved under the limit (given
-    /// back if another fetched it meanwhile, or if it cannot be fetched). The bytes go to the
+    /// Fetches extent `i` into the cache, its bytes already reserved under the limit and in the
+    /// write backlog (both given back if another fetched it meanwhile, or if it cannot be
+    /// fetched). The bytes go to the
     /// caller at once; the write to disk, its `fdatasync` and the publication happen behind, on
     /// the cache's writer threads, which hold the extent's lock until it is published (so a
     /// reader that waits on the lock finds the extent on disk).
@@ -815,6 +968,7 @@ impl CachedObject {
             Ok(f) => f,
             Err(e) => {
                 self.cache.release(n);
+                self.cache.written(n);
                 return Err(e);
             }
         };
@@ -822,14 +976,23 @@ impl CachedObject {
             // Fetched (and published) by another while this one waited for the lock.
             self.cache.add(U_WAITS, 1);
             self.cache.release(n);
+            self.cache.written(n);
             return Ok(Extent::Present); // dropping `state` releases the lock
         }
-        let mut buf = self.cache.extent_buf(n as usize)?;
+        let mut buf = match self.cache.extent_buf(n as usize) {
+            Ok(b) => b,
+            Err(e) => {
+                self.cache.release(n);
+                self.cache.written(n);
+                return Err(e);
+            }
+        };
         let map = buf.map.as_ref().expect("a fresh buffer has its mapping");
         // SAFETY: the mapping holds at least `n` bytes and this buffer is not shared yet.
         let dst = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), n as usize) };
         if let Err(e) = self.store.get_into(&self.info, range.start, dst) {
             self.cache.release(n);
+            self.cache.written(n);
             return Err(e);
         }
         buf.len = n as usize;
@@ -846,53 +1009,57 @@ impl CachedObject {
         Ok(Extent::Fetched(bytes))
     }
 
-    /// Writes a fetched extent, makes it durable and publishes it (on a writer thread); a
-    /// failed write gives its reservation back and is said once.
-    fn publish(&self, job: &WriteJob) {
-        let cache = &self.cache;
+    /// Writes a fetched extent to the data file (on a writer thread): O_DIRECT for whole 4 KiB
+    /// blocks from page-aligned memory; the object's last, partial extent (or a file system
+    /// that refuses O_DIRECT) through the page cache. Not yet durable: the syncer makes it so (`publish`).
+    fn write_extent(&self, job: &WriteJob) -> io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
         let bytes = job.bytes.bytes();
-        let n = bytes.len() as u64;
-        let written = (|| -> io::Result<()> {
-            use std::os::unix::fs::OpenOptionsExt;
-            // Whole 4 KiB blocks from page-aligned memory go around the page cache (O_DIRECT);
-            // the object's last, partial extent (or a file system that refuses O_DIRECT) is
-            // written through it and dropped from it after.
-            if n.is_multiple_of(4096) {
-                let direct = File::options()
-                    .write(true)
-                    .custom_flags(libc::O_DIRECT)
-                    .open(&self.data_path);
-                if let Ok(f) = direct {
-                    if f.write_all_at(bytes, job.offset).is_ok() {
-                        return f.sync_data();
-                    }
-                }
-            }
-            let f = File::options().write(true).open(&self.data_path)?;
-            f.write_all_at(bytes, job.offset)?;
-            f.sync_data()?;
-            let _ = crate::sys::fadvise(f.as_fd(), job.offset, n, libc::POSIX_FADV_DONTNEED);
-            Ok(())
-        })();
-        match written {
-            Ok(()) => {
-                self.marks()[job.extent as usize].store(PRESENT, Ordering::Release);
-                cache.add(U_WRITTEN, n);
-            }
-            Err(e) => {
-                cache.release(n);
-                cache.add(U_DIRECT, n);
-                if !cache.full_noticed.swap(true, Ordering::Relaxed) {
-                    crate::util::notice(&format!(
-                        "the node cache cannot write {} ({e}); fetched extents are served \
-                         without being cached",
-                        self.data_path.display()
-                    ));
+        if (bytes.len() as u64).is_multiple_of(4096) {
+            let direct = File::options()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&self.data_path);
+            if let Ok(f) = direct {
+                if f.write_all_at(bytes, job.offset).is_ok() {
+                    return Ok(());
                 }
             }
         }
-        // Published (or not to be): later readers go by the state byte.
-        self.fetching.lock().unpoisoned().remove(&job.extent);
+        File::options()
+            .write(true)
+            .open(&self.data_path)?
+            .write_all_at(bytes, job.offset)
+    }
+
+    /// A failed write or sync: the reservation goes back, the bytes count as served uncached,
+    /// and the first failure of the cache is said.
+    fn write_failed(&self, job: &WriteJob, e: &io::Error) {
+        let cache = &self.cache;
+        let n = job.bytes.bytes().len() as u64;
+        cache.release(n);
+        cache.add(U_DIRECT, n);
+        if !cache.full_noticed.swap(true, Ordering::Relaxed) {
+            crate::util::notice(&format!(
+                "the node cache cannot write {} ({e}); fetched extents are served \
+                 without being cached",
+                self.data_path.display()
+            ));
+        }
+    }
+
+    /// Marks written, durable extents present; the extent's readers go by the state byte from
+    /// here on (its in-memory bytes are let go).
+    fn mark_published(&self, job: &WriteJob) {
+        let n = job.bytes.bytes().len() as u64;
+        if !(n.is_multiple_of(4096)) {
+            // Written through the page cache (now on disk): drop it from there.
+            if let Ok(f) = File::open(&self.data_path) {
+                let _ = crate::sys::fadvise(f.as_fd(), job.offset, n, libc::POSIX_FADV_DONTNEED);
+            }
+        }
+        self.marks()[job.extent as usize].store(PRESENT, Ordering::Release);
+        self.cache.add(U_WRITTEN, n);
     }
 
     /// Reads bytes from `offset` into `buf` through the cache, as `pread` would: the count
@@ -914,10 +1081,12 @@ impl CachedObject {
             let ext = self.extent_range(i);
             let part = offset.max(ext.start)..end.min(ext.end);
             let dst = &mut buf[(part.start - offset) as usize..(part.end - offset) as usize];
-            match self.extent(i, part.clone(), dst)? {
+            let got = self.extent(i, part.clone(), dst)?;
+            match &got {
                 Extent::Part => fetched = true,
-                Extent::Fetched(bytes) => {
-                    fetched = true;
+                Extent::Fetched(bytes) | Extent::Held(bytes) => {
+                    // Bytes held in memory were fetched before this read came: it did not wait.
+                    fetched |= matches!(got, Extent::Fetched(_));
                     dst.copy_from_slice(
                         &bytes.bytes()
                             [(part.start - ext.start) as usize..(part.end - ext.start) as usize],
@@ -964,6 +1133,8 @@ impl CachedObject {
                 ),
             ));
         }
+        // Warming caches everything it fetches: it waits for the disk instead.
+        self.cache.reserve_write(ext.end - ext.start);
         Ok(match self.fetch_reserved(i)? {
             Extent::Fetched(b) => Some(b.len as u64),
             _ => None,

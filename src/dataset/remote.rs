@@ -121,6 +121,11 @@ fn objects(ds: &Dataset) -> Result<Vec<Arc<CachedObject>>> {
 /// What the node cache holds of `ds` (a remote dataset).
 pub fn cache_status(ds: &Dataset) -> Result<CacheStatus> {
     let objs = objects(ds)?;
+    if let Some(o) = objs.first() {
+        // What this process fetched (opening the dataset fetches its indexes) is counted once
+        // it is written.
+        o.cache().flush();
+    }
     let dataset_bytes: u64 = objs.iter().map(|o| o.info().size).sum();
     let present_bytes: u64 = objs.iter().map(|o| o.present_bytes()).sum();
     let counters = objs

@@ -315,8 +315,8 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
     let mut metas = Strings::default();
     // Image records when every shard has them (a mix of versions has none).
     let mut images = Some(Vec::new());
-    for (fi, p) in paths.iter().enumerate() {
-        let idx = read_index(p)?;
+    for (fi, (p, idx)) in paths.iter().zip(read_indexes(paths)).enumerate() {
+        let idx = idx?;
         if idx.header.flags & FLAG_IMAGE_INFO == 0 {
             images = None;
         }
@@ -348,6 +348,35 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
         let _ = ds.images.set(v);
     }
     Ok(ds)
+}
+
+/// Every shard's index, read by up to 16 threads at once: a remote dataset's shards are opened
+/// with ranged GETs, one round trip or more each, which one thread would wait for in turn.
+fn read_indexes(paths: &[PathBuf]) -> Vec<Result<ShardIndex>> {
+    const THREADS_MAX: usize = 16;
+    let threads = paths.len().min(THREADS_MAX);
+    if threads <= 1 {
+        return paths.iter().map(|p| read_index(p)).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<Result<ShardIndex>>> = (0..paths.len()).map(|_| None).collect();
+    let done = std::sync::Mutex::new(&mut out);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            // A thread that cannot be started leaves its share to the others (or to the loop
+            // below).
+            let _ = std::thread::Builder::new().spawn_scoped(s, || loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(p) = paths.get(k) else { return };
+                let r = read_index(p);
+                crate::util::lock(&done)[k] = Some(r);
+            });
+        }
+    });
+    out.into_iter()
+        .zip(paths)
+        .map(|(r, p)| r.unwrap_or_else(|| read_index(p)))
+        .collect()
 }
 
 /// Writes one shard: samples are appended, the index and header are written by [`finish`].
