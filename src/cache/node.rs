@@ -462,6 +462,21 @@ impl NodeCache {
         }
     }
 
+    /// [`flush`](Self::flush), waiting `limit` at most (a loader fetching meanwhile keeps the
+    /// backlog from emptying): whether it emptied.
+    pub fn flush_within(&self, limit: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + limit;
+        let mut p = self.pending.0.lock().unpoisoned();
+        while *p > 0 {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            p = self.pending.1.wait_timeout(p, left).unpoisoned().0;
+        }
+        true
+    }
+
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir

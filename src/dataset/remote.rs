@@ -123,8 +123,8 @@ pub fn cache_status(ds: &Dataset) -> Result<CacheStatus> {
     let objs = objects(ds)?;
     if let Some(o) = objs.first() {
         // What this process fetched (opening the dataset fetches its indexes) is counted once
-        // it is written.
-        o.cache().flush();
+        // it is written; a loader fetching meanwhile is not waited for long.
+        o.cache().flush_within(std::time::Duration::from_secs(10));
     }
     let dataset_bytes: u64 = objs.iter().map(|o| o.info().size).sum();
     let present_bytes: u64 = objs.iter().map(|o| o.present_bytes()).sum();
