@@ -175,8 +175,9 @@ fn free_bytes(dir: &Path) -> Result<u64> {
 
 /// Starts the cache's writer threads and its syncer: the writers write extents as they come
 /// (O_DIRECT, in parallel) and pass them on; the syncer takes every written extent waiting,
-/// makes them durable with one `fdatasync` per data file, and publishes them (one sync per
-/// extent halved what this VM's disk writes). `None` if no thread could be started.
+/// makes them durable with one `fdatasync` per data file, and publishes them (fio on this VM's
+/// disk, 8 MiB writes by 8 writers: 441–574 MiB/s with a sync after each, 632–715 without).
+/// `None` if no thread could be started.
 fn start_writers() -> Option<std::sync::mpsc::Sender<WriteJob>> {
     // Unbounded: what is queued is bounded by the backlog reserved before each GET.
     let (tx, rx) = std::sync::mpsc::channel::<WriteJob>();
