@@ -126,6 +126,7 @@ pub mod cache;
 #[doc(hidden)]
 pub mod cli;
 pub mod config;
+pub mod crc32c;
 pub mod dataset;
 #[cfg(feature = "decode")]
 pub mod decode;

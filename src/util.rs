@@ -472,6 +472,46 @@ pub fn duration_words(s: f64) -> String {
     }
 }
 
+/// Locks `m`, recovering from poisoning: for locks that guard plain bookkeeping (or buffers
+/// rewritten whole before they are read) which a panic elsewhere cannot leave half-valid, and
+/// that `Drop` takes, where a panic must not happen.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unpoisoned()
+}
+
+/// The one way gpufeed recovers from a poisoned lock or wait (a thread panicked holding it): it
+/// takes the guard anyway. What such a thread leaves is bookkeeping that is checked where it is
+/// read (counts, queues, flags), and one panic must not become a cascade of them — least of all
+/// in a `Drop` that waits for reads in flight. `lock(&m)` is the common case; waits on a
+/// condition variable call `.unpoisoned()` on their result.
+pub(crate) trait Unpoison<G> {
+    /// The guard (and what came with it), poisoned or not.
+    fn unpoisoned(self) -> G;
+}
+
+impl<G> Unpoison<G> for std::sync::LockResult<G> {
+    fn unpoisoned(self) -> G {
+        self.unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// crc32c (Castagnoli, as iSCSI and TFRecord use it) of `data`: [`crate::crc32c::crc32c`].
+pub use crate::crc32c::crc32c;
+
+/// Prints a notice on stderr (once per distinct text), unless `GPUFEED_QUIET=1`.
+pub(crate) fn notice(msg: &str) {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    if std::env::var("GPUFEED_QUIET").as_deref() == Ok("1") {
+        return;
+    }
+    let mut g = SEEN.lock().unpoisoned();
+    if g.get_or_insert_with(HashSet::new).insert(msg.to_string()) {
+        eprintln!("gpufeed: {msg}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -540,70 +580,5 @@ mod tests {
         assert!((p50 / 5_000_000.0 - 1.0).abs() < 0.04, "{p50}");
         assert!((p99 / 9_900_000.0 - 1.0).abs() < 0.04, "{p99}");
         assert_eq!(Histogram::default().quantile(0.5), 0);
-    }
-}
-
-/// Locks `m`, recovering from poisoning: for locks that guard plain bookkeeping (or buffers
-/// rewritten whole before they are read) which a panic elsewhere cannot leave half-valid, and
-/// that `Drop` takes, where a panic must not happen.
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unpoisoned()
-}
-
-/// The one way gpufeed recovers from a poisoned lock or wait (a thread panicked holding it): it
-/// takes the guard anyway. What such a thread leaves is bookkeeping that is checked where it is
-/// read (counts, queues, flags), and one panic must not become a cascade of them — least of all
-/// in a `Drop` that waits for reads in flight. `lock(&m)` is the common case; waits on a
-/// condition variable call `.unpoisoned()` on their result.
-pub(crate) trait Unpoison<G> {
-    /// The guard (and what came with it), poisoned or not.
-    fn unpoisoned(self) -> G;
-}
-
-impl<G> Unpoison<G> for std::sync::LockResult<G> {
-    fn unpoisoned(self) -> G {
-        self.unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// crc32c (Castagnoli, as iSCSI and TFRecord use it) of `data`.
-pub fn crc32c(data: &[u8]) -> u32 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
-}
-
-#[cfg(test)]
-mod crc_tests {
-    /// Against an independent implementation, on every length up to 4 KiB and large buffers
-    /// at every alignment the SIMD paths split on.
-    #[test]
-    fn crc32c_matches_the_reference_crate() {
-        let mut r = crate::rng::Rng::new(9);
-        let data: Vec<u8> = (0..(1 << 20) + 77).map(|_| r.next_u64() as u8).collect();
-        for len in 0..4096 {
-            assert_eq!(
-                super::crc32c(&data[..len]),
-                crc32c::crc32c(&data[..len]),
-                "len {len}"
-            );
-        }
-        for start in 0..64 {
-            let d = &data[start..];
-            assert_eq!(super::crc32c(d), crc32c::crc32c(d), "start {start}");
-        }
-        assert_eq!(super::crc32c(b"123456789"), 0xE306_9283);
-    }
-}
-
-/// Prints a notice on stderr (once per distinct text), unless `GPUFEED_QUIET=1`.
-pub(crate) fn notice(msg: &str) {
-    use std::collections::HashSet;
-    use std::sync::Mutex;
-    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    if std::env::var("GPUFEED_QUIET").as_deref() == Ok("1") {
-        return;
-    }
-    let mut g = SEEN.lock().unpoisoned();
-    if g.get_or_insert_with(HashSet::new).insert(msg.to_string()) {
-        eprintln!("gpufeed: {msg}");
     }
 }

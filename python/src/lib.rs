@@ -163,6 +163,15 @@ struct Shared {
 }
 
 impl Shared {
+    /// Epoch `epoch`'s reading from batch `start`: for images, with the checksums left to the
+    /// decode stage (it verifies each sample where it decodes it).
+    fn read_epoch(&self, epoch: u64, start: u32) -> gpufeed::Result<Epoch> {
+        match &self.images {
+            Some(il) => il.read_epoch(epoch, start),
+            None => self.loader.epoch_from(epoch, start),
+        }
+    }
+
     /// Makes `me` the pass that reads: parks the one that read before, and starts `me`'s
     /// reading where it stands if it is not reading.
     fn activate(&self, me: &Arc<Mutex<Cursor>>) -> gpufeed::Result<()> {
@@ -186,11 +195,11 @@ impl Shared {
             Some((e, it)) if e == c.epoch && c.next == 0 => it,
             other => {
                 drop(other);
-                self.loader.epoch_from(c.epoch, c.next)?
+                self.read_epoch(c.epoch, c.next)?
             }
         };
         if self.prefetch_next_epoch {
-            *lock(&self.ahead) = Some((c.epoch + 1, self.loader.epoch(c.epoch + 1)?));
+            *lock(&self.ahead) = Some((c.epoch + 1, self.read_epoch(c.epoch + 1, 0)?));
         }
         c.inner = Some(match &self.images {
             Some(il) => EpochKind::Images(il.decode_epoch(it)),

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::shard::{ShardWriter, EXTENSION};
-use super::Dataset;
+use super::{Dataset, PROBLEMS_KEPT};
 use crate::error::{invalid, Error, Result};
 use crate::progress::Task;
 
@@ -26,6 +26,11 @@ pub struct PackOptions {
     pub threads: usize,
     /// Show a progress line.
     pub progress: bool,
+    /// Stop at the first sample that is left out (see [`pack`]) instead of going on.
+    pub strict: bool,
+    /// Also leave out samples that are not the image they claim to be (a truncated JPEG, an
+    /// HTML page named `.jpg`), as `verify` checks them; off, such bytes are packed as they are.
+    pub check_images: bool,
 }
 
 impl Default for PackOptions {
@@ -35,6 +40,8 @@ impl Default for PackOptions {
             align: 1,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             progress: true,
+            strict: false,
+            check_images: false,
         }
     }
 }
@@ -48,6 +55,12 @@ pub struct PackSummary {
     pub samples: u64,
     /// Bytes written (all shards, headers and indexes included).
     pub bytes: u64,
+    /// Samples left out (see [`pack`]).
+    pub skipped: u64,
+    /// Why the first [`PROBLEMS_KEPT`] skipped samples were left out, in sample order; each
+    /// error names the file, the sample and what was wrong.
+    #[serde(skip)]
+    pub skipped_samples: Vec<Error>,
 }
 
 pub use super::shard::STAGING;
@@ -55,6 +68,12 @@ pub use super::shard::STAGING;
 /// Packs every sample of `src` (in its order) into `out_dir/shard-NNNNN.gpf`, through the
 /// staging folder ([`STAGING`]); shards named `shard-NNNNN.gpf` that an earlier, larger pack
 /// left in `out_dir` are removed, so the directory holds this dataset and nothing else.
+///
+/// A sample that cannot be read (a file gone, unreadable or shrunk since indexing, a failed
+/// checksum or frame) — and with [`PackOptions::check_images`] one that is not the image it
+/// claims to be — is left out and reported in the summary's `skipped_samples`, as `verify`
+/// reports it, and the pack goes on; with [`PackOptions::strict`] it fails instead. Shard boundaries follow the index's sizes, so the
+/// shards stay the same whatever the thread count.
 pub fn pack(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSummary> {
     if opts.shard_bytes == 0 {
         return Err(invalid("shard size must be positive"));
@@ -145,6 +164,9 @@ fn pack_into(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSu
     let total = src.total_bytes();
     let done = AtomicU64::new(0);
     let next = AtomicUsize::new(0);
+    // Samples left out (count, bytes) and the errors of the lowest-numbered ones (at most
+    // 2 × PROBLEMS_KEPT held at a time).
+    let skipped = std::sync::Mutex::new((0u64, 0u64, Vec::<(usize, Error)>::new()));
     let threads = opts.threads.clamp(1, ranges.len().max(1));
     let result: Result<()> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
@@ -161,10 +183,30 @@ fn pack_into(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSu
                             let s = src.sample(i);
                             // The payload (a TFRecord Example's image, say) and the label its
                             // data carries, or the index's.
-                            let c = src.read_sample(i, &mut buf, true)?;
+                            let c = src.read_sample(i, &mut buf, true).and_then(|c| {
+                                if opts.check_images {
+                                    src.check_image(i, &buf[c.payload.clone()])?;
+                                }
+                                Ok(c)
+                            });
+                            done.fetch_add(s.len as u64, Ordering::Relaxed);
+                            let c = match c {
+                                Ok(c) => c,
+                                Err(e) if opts.strict => return Err(e),
+                                Err(e) => {
+                                    let mut k = crate::util::lock(&skipped);
+                                    k.0 += 1;
+                                    k.1 += s.len as u64;
+                                    k.2.push((i, e));
+                                    if k.2.len() >= 2 * PROBLEMS_KEPT {
+                                        k.2.sort_by_key(|(i, _)| *i);
+                                        k.2.truncate(PROBLEMS_KEPT);
+                                    }
+                                    continue;
+                                }
+                            };
                             let label = src.label_of(i, &c);
                             w.add(&src.key(i), label, src.meta(i), &buf[c.payload])?;
-                            done.fetch_add(s.len as u64, Ordering::Relaxed);
                         }
                         w.finish()?;
                     }
@@ -198,9 +240,14 @@ fn pack_into(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSu
         Ok(())
     });
     result?;
+    let (skipped, skipped_bytes, mut bad) = skipped.into_inner().unwrap_or_else(|e| e.into_inner());
+    bad.sort_by_key(|(i, _)| *i);
+    bad.truncate(PROBLEMS_KEPT);
     Ok(PackSummary {
         shards: paths,
-        samples: src.len() as u64,
-        bytes: total,
+        samples: src.len() as u64 - skipped,
+        bytes: total - skipped_bytes,
+        skipped,
+        skipped_samples: bad.into_iter().map(|(_, e)| e).collect(),
     })
 }

@@ -138,6 +138,9 @@ struct Job {
     next: AtomicUsize,
     /// The epoch was dropped: skip what is not claimed yet.
     cancelled: Arc<AtomicBool>,
+    /// Host target: each sample's checksum is verified by the decode thread before it decodes
+    /// it (the loader left it, unframed and with checksums, to this stage).
+    verify_here: bool,
     state: Mutex<JobState>,
     finished: Condvar,
 }
@@ -404,6 +407,13 @@ impl Job {
             // Already an error (read, frame or checksum): zero-filled, the error stays.
             Err(e) => return Some(e.clone()),
         };
+        if self.verify_here {
+            // The loader left this unframed sample's checksum to this thread.
+            if let Err(e) = self.dataset.check_sample(id as usize, data, true) {
+                dst.fill(0);
+                return Some(e);
+            }
+        }
         let reason = match dec {
             Ok(d) => match d.decode_into(
                 &self.spec,
@@ -651,11 +661,16 @@ impl ImageLoader {
     /// The image batches of `epoch` from batch `start` (resuming): the same tensors an
     /// uninterrupted epoch gives from there.
     pub fn epoch_from(&self, epoch: u64, start: u32) -> Result<ImageEpoch> {
-        // On the device path the crc32c kernel verifies what the I/O thread would.
-        let inner = self
-            .loader
-            .epoch_checked(epoch, start, self.device.is_some())?;
-        Ok(self.decode_epoch(inner))
+        Ok(self.decode_epoch(self.read_epoch(epoch, start)?))
+    }
+
+    /// The underlying loader's epoch for [`decode_epoch`](Self::decode_epoch), from batch
+    /// `start`, with the checksums of unframed samples left to this stage: on the device path
+    /// the crc32c kernel verifies them; on the host each decode thread, just before it decodes
+    /// the sample (its bytes then come through the cache once, for both). An epoch asked of the
+    /// loader directly is verified by it instead.
+    pub fn read_epoch(&self, epoch: u64, start: u32) -> Result<Epoch> {
+        self.loader.epoch_checked(epoch, start, true)
     }
 
     /// Decodes an epoch already asked of the underlying loader (one asked ahead, say).
@@ -676,6 +691,7 @@ impl ImageLoader {
             let dataset = self.loader.dataset().clone();
             let seed = self.loader.plan_config().seed;
             let device = self.device.clone();
+            let verify_here = device.is_none() && inner.checksums_left() && dataset.has_checksums();
             std::thread::Builder::new()
                 .name("gpufeed-decode-feed".into())
                 .spawn(move || {
@@ -686,6 +702,7 @@ impl ImageLoader {
                         dataset,
                         seed,
                         device,
+                        verify_here,
                     };
                     feed(inner, tx, &ctx)
                 })
@@ -737,6 +754,8 @@ struct FeedCtx<'a> {
     dataset: Arc<Dataset>,
     seed: u64,
     device: Option<Arc<DeviceStage>>,
+    /// The decode threads verify each sample's checksum (see [`Job::verify_here`]).
+    verify_here: bool,
 }
 
 fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
@@ -747,6 +766,7 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
         ref dataset,
         seed,
         ref device,
+        verify_here,
     } = *ctx;
     loop {
         let next = inner.next_patiently();
@@ -786,6 +806,7 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
                         seed,
                         next: AtomicUsize::new(0),
                         cancelled: shared.cancelled.clone(),
+                        verify_here,
                         state: Mutex::new(JobState::default()),
                         finished: Condvar::new(),
                     })

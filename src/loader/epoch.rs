@@ -34,6 +34,10 @@ pub struct Epoch {
     pub(super) epoch: u64,
     pub(super) dataset: Arc<Dataset>,
     pub(super) verify: bool,
+    /// The samples' checksums (unframed format) are left to whoever takes the batches (the
+    /// image stage): neither the I/O thread nor [`Epoch::next`] verifies them.
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))]
+    pub(super) checksums_left: bool,
     pub(super) rx: Option<Receiver<Msg>>,
     /// Keeps the loader's I/O thread alive while this epoch is read.
     pub(super) service: Option<Arc<Service>>,
@@ -190,6 +194,12 @@ impl Epoch {
                 return r;
             }
         }
+    }
+
+    /// Whether the samples' checksums were left to whoever takes the batches.
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))]
+    pub(crate) fn checksums_left(&self) -> bool {
+        self.checksums_left
     }
 
     /// The ledger of who holds the read buffers, shared with a stage that consumes this epoch.

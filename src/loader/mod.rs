@@ -511,14 +511,16 @@ impl Loader {
         self.epoch_checked(epoch, start, false)
     }
 
-    /// [`epoch_from`](Self::epoch_from), where with `device_checksums` the caller verifies the
-    /// checksums of an unframed format's samples on the device (the device image stage's
-    /// crc32c kernel), so the I/O thread does not read them on the host.
+    /// [`epoch_from`](Self::epoch_from), where with `caller_checksums` the caller verifies the
+    /// checksums of an unframed format's samples itself — on the device (the device image
+    /// stage's crc32c kernel), or on the host in the decode thread just before it decodes the
+    /// sample, while the bytes are in its cache — so neither the I/O thread nor the consumer
+    /// reads them for that.
     pub(crate) fn epoch_checked(
         &self,
         epoch: u64,
         start: u32,
-        device_checksums: bool,
+        caller_checksums: bool,
     ) -> Result<Epoch> {
         if std::process::id() != self.pid {
             // Threads do not survive fork: the I/O thread (and its ring) exist only in the
@@ -535,6 +537,7 @@ impl Loader {
                 ),
             ));
         }
+        let caller_takes = caller_checksums && self.dataset.frame() == crate::dataset::Frame::None;
         let plan = self.plan_epoch(epoch)?;
         if start > plan.batches() {
             return Err(invalid(format!(
@@ -570,10 +573,7 @@ impl Loader {
             tx,
             retired: retired.clone(),
             sent,
-            verify_on_host: self.verify_checksums
-                && !(device_checksums
-                    && self.gpu.is_some()
-                    && self.dataset.frame() == crate::dataset::Frame::None),
+            verify_on_host: self.verify_checksums && !(caller_takes && self.gpu.is_some()),
         });
         // The loader's I/O thread, started now if it is not running (or ended on an error).
         let mut service = self.service.lock().unpoisoned();
@@ -607,7 +607,8 @@ impl Loader {
         Ok(Epoch {
             epoch,
             dataset: self.dataset.clone(),
-            verify: self.verify_checksums,
+            verify: self.verify_checksums && !caller_takes,
+            checksums_left: self.verify_checksums && caller_takes,
             rx: Some(rx),
             service: Some(svc),
             retired,

@@ -251,6 +251,89 @@ fn pack_inspect_verify_round_trip_and_catch_corruption() {
         "{text}"
     );
     assert!(text.contains("1 bad"), "{text}");
+
+    // Packing the damaged copy leaves that sample out, names it, packs the other 61 and exits
+    // non-zero; --strict stops at it and leaves nothing that reads as a dataset.
+    let out3 = dir.path().join("repacked");
+    let o = run(&[
+        "pack",
+        out.to_str().unwrap(),
+        out3.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(!o.status.success());
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let bad = lines[0].to_string();
+    assert!(
+        bad.contains("shard-00001.gpf") && bad.contains("checksum mismatch"),
+        "{bad}"
+    );
+    assert_eq!(
+        (lines[1]["samples"].as_u64(), lines[1]["skipped"].as_u64()),
+        (Some(61), Some(1))
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("1 sample(s) could not be packed"), "{err}");
+    let o = run(&["inspect", out3.to_str().unwrap(), "--json"]);
+    let i: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(i["samples"].as_u64(), Some(61));
+    let out4 = dir.path().join("strict");
+    let o = run(&[
+        "pack",
+        out.to_str().unwrap(),
+        out4.to_str().unwrap(),
+        "--strict",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("checksum mismatch") && err.contains("shard-00001.gpf"),
+        "{err}"
+    );
+    assert!(
+        gpufeed::Dataset::open(&out4).is_err(),
+        "a strict pack that failed left shards"
+    );
+
+    // --check-images also leaves out what is not the image it claims (an HTML page, a
+    // truncated JPEG); without it their bytes are packed as they are.
+    let mixed = dir.path().join("mixed");
+    std::fs::create_dir_all(mixed.join("a")).unwrap();
+    let good = gpufeed::testing::synth::jpeg(3, 0).unwrap();
+    std::fs::write(mixed.join("a/0-good.jpg"), &good).unwrap();
+    std::fs::write(
+        mixed.join("a/1-good.jpg"),
+        gpufeed::testing::synth::jpeg(3, 1).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(mixed.join("a/2-html.jpg"), b"<html>404</html>").unwrap();
+    std::fs::write(mixed.join("a/3-cut.jpg"), &good[..good.len() / 2]).unwrap();
+    let o = run(&[
+        "pack",
+        mixed.to_str().unwrap(),
+        dir.path().join("checked").to_str().unwrap(),
+        "--check-images",
+    ]);
+    assert!(!o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("2-html.jpg")
+            && text.contains("3-cut.jpg")
+            && !text.contains("good.jpg")
+            && text.contains("packed 2 samples")
+            && text.contains("2 skipped"),
+        "{text}"
+    );
+    let o = run(&[
+        "pack",
+        mixed.to_str().unwrap(),
+        dir.path().join("as-is").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// Every path form the docs show — a Megatron prefix, a token file with `--format tokens`, a

@@ -310,6 +310,16 @@ pub(crate) fn device_batches_equal_the_cpu_stage(on: On) {
         assert_eq!(want.len(), n);
         let names: Vec<&String> = want_errors.iter().map(|(k, _)| k).collect();
         assert_eq!(names, set.failing.iter().collect::<Vec<_>>());
+        // On the host the decode thread found the checksum failure, just before decoding.
+        let crc = &want_errors
+            .iter()
+            .find(|(k, _)| k == "0010-synth.jpg")
+            .unwrap()
+            .1;
+        assert!(
+            crc.contains("checksum mismatch") && !crc.contains("device"),
+            "{crc}"
+        );
 
         let (mut worst, mut mean_max) = (0f32, 0f64);
         for (oi, order) in orders.iter().enumerate() {
