@@ -72,8 +72,8 @@ pub use super::shard::STAGING;
 /// A sample that cannot be read (a file gone, unreadable or shrunk since indexing, a failed
 /// checksum or frame) — and with [`PackOptions::check_images`] one that is not the image it
 /// claims to be — is left out and reported in the summary's `skipped_samples`, as `verify`
-/// reports it, and the pack goes on; with [`PackOptions::strict`] it fails instead. Shard boundaries follow the index's sizes, so the
-/// shards stay the same whatever the thread count.
+/// reports it, and the pack goes on; with [`PackOptions::strict`] it fails instead. Shard
+/// boundaries follow the index's sizes, so the shards stay the same whatever the thread count.
 pub fn pack(src: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackSummary> {
     if opts.shard_bytes == 0 {
         return Err(invalid("shard size must be positive"));
