@@ -15,7 +15,7 @@ pub fn crc32c(data: &[u8]) -> u32 {
     if let Some(t) = x86::tables() {
         // SAFETY: `tables()` returns `Some` only where the CPU has SSE4.2 (runtime-detected),
         // the one feature `crc32c_sse42` is compiled for.
-        return unsafe { x86::crc32c_sse42(0, data, t) };
+        return unsafe { x86::crc32c_sse42(data, t) };
     }
     portable(data)
 }
@@ -118,13 +118,13 @@ mod x86 {
         shift.apply(c) ^ c2 as u32
     }
 
-    /// crc32c of `data` continuing from `crc` (a finished crc32c, 0 to start).
+    /// crc32c of `data`.
     ///
     /// # Safety
     /// The CPU must have SSE4.2.
     #[target_feature(enable = "sse4.2")]
-    pub(super) unsafe fn crc32c_sse42(crc: u32, data: &[u8], t: &Tables) -> u32 {
-        let mut c = !crc;
+    pub(super) unsafe fn crc32c_sse42(data: &[u8], t: &Tables) -> u32 {
+        let mut c = !0u32;
         let mut p = data;
         while p.len() >= 3 * LONG {
             c = three_way(c, p, LONG, &t.long);
