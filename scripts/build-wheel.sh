@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Python package as a binary wheel into dist/ (maturin, from PyPI, in a virtualenv
-# of its own under target/), so that users install it with pip and need neither Rust, cmake nor
-# NASM: `pip install dist/gpufeed-*.whl`.
+# of its own under target/), so that users install it with pip and need neither Rust nor a C
+# compiler: `pip install dist/gpufeed-*.whl`.
 #
 #   scripts/build-wheel.sh [OUT]      # OUT/gpufeed-VERSION-cp39-abi3-manylinux_2_NN_x86_64.whl
 #                                     # (OUT: dist by default)

@@ -524,6 +524,12 @@ impl Dataset {
         r.map_err(|e| self.sample_error(i, e))
     }
 
+    /// Whether [`check_spans`](Dataset::check_spans) has anything to do: checksums to verify
+    /// or frames to parse.
+    pub(crate) fn checks_anything(&self, verify: bool) -> bool {
+        (verify && self.has_checksums) || self.frame != Frame::None
+    }
+
     /// Checks each delivered sample of a read group against the group's `bytes` (where
     /// `spans` says each lies): its frame and (with `verify`) its checksum, as
     /// [`check_sample`](Dataset::check_sample) does, narrowing its span to the payload or
@@ -538,7 +544,7 @@ impl Dataset {
         labels: &mut Vec<i64>,
         verify: bool,
     ) {
-        if !(verify && self.has_checksums) && self.frame == Frame::None {
+        if !self.checks_anything(verify) {
             return;
         }
         for (k, (span, &id)) in spans.iter_mut().zip(ids).enumerate() {

@@ -1,12 +1,12 @@
-//! libjpeg-turbo through its TurboJPEG 3 API (`turbojpeg-sys`, which builds the bundled 3.1
-//! with cmake and NASM): the one place that calls it. Decoding uses the accurate integer IDCT
+//! libjpeg-turbo through its TurboJPEG 3 API (`gpufeed-jpeg-sys`, which builds the bundled 3.1
+//! with the cc crate, and NASM for its SIMD where present): the one place that calls it. Decoding uses the accurate integer IDCT
 //! and fancy chroma upsampling — libjpeg-turbo's defaults, and what Pillow's decoder gives, so
 //! Pillow is the oracle for both this decoder and the GPU one. Encoding is for generated test
 //! and bench sets only.
 
 use std::ffi::{c_int, CStr};
 
-use turbojpeg_sys as tj;
+use gpufeed_jpeg_sys as tj;
 
 /// What a JPEG's header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

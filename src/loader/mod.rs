@@ -23,6 +23,7 @@ use crate::gpu::{cuda, Device, DevicePool, GpuPath};
 use crate::plan::{EpochPlan, LastBatch, Order, PlanConfig};
 use crate::util::Unpoison;
 
+mod check;
 mod epoch;
 mod holders;
 mod worker;
@@ -548,8 +549,17 @@ impl Loader {
         let batches = plan.batches();
         let padding_from = plan.padding_from();
         // One message per slot at most, plus the engine's name.
-        let (tx, rx) =
-            sync_channel(self.prefetch_groups as usize + self.in_flight_groups as usize + 1);
+        let capacity = self.prefetch_groups as usize + self.in_flight_groups as usize + 1;
+        let (tx, rx) = sync_channel(capacity);
+        // Host groups' frames and checksums are checked on a thread of the epoch's own, ahead
+        // of the consumer (check.rs); device groups were checked before their copy.
+        let verify = self.verify_checksums && !caller_takes;
+        let (rx, checker) = if self.gpu.is_none() && self.dataset.checks_anything(verify) {
+            let (rx, thread) = check::start(self.dataset.clone(), verify, rx, capacity)?;
+            (rx, Some(thread))
+        } else {
+            (rx, None)
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let retired = Arc::new(Retired::default());
         let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -607,9 +617,9 @@ impl Loader {
         Ok(Epoch {
             epoch,
             dataset: self.dataset.clone(),
-            verify: self.verify_checksums && !caller_takes,
             checksums_left: self.verify_checksums && caller_takes,
             rx: Some(rx),
+            checker,
             service: Some(svc),
             retired,
             stop,
