@@ -69,15 +69,12 @@ pub fn open_read(path: &Path, direct: bool) -> io::Result<OwnedFd> {
 }
 
 /// `posix_fadvise(fd, offset, len, advice)`.
-pub fn fadvise(fd: BorrowedFd<'_>, offset: u64, len: u64, advice: i32) -> io::Result<()> {
-    // SAFETY: plain syscall on an fd; no memory is passed.
-    let rc = unsafe { libc::posix_fadvise(fd.as_raw_fd(), offset as i64, len as i64, advice) };
-    if rc != 0 {
-        Err(io::Error::from_raw_os_error(rc))
-    } else {
-        Ok(())
-    }
+pub fn fadvise(fd: BorrowedFd<'_>, offset: u64, len: u64, advice: Advice) -> io::Result<()> {
+    nix::fcntl::posix_fadvise(fd, offset as i64, len as i64, advice).map_err(io::Error::from)
 }
+
+/// What `fadvise` tells the kernel (`POSIX_FADV_*`).
+pub use nix::fcntl::PosixFadviseAdvice as Advice;
 
 /// `pread(fd, buf, len, offset)` into raw memory, retried on EINTR. Returns bytes read.
 ///
@@ -100,51 +97,37 @@ pub unsafe fn pread_raw(fd: RawFd, buf: *mut u8, len: usize, offset: u64) -> io:
 /// User + system CPU seconds of this process, all threads included (io_uring's io-wq workers
 /// and SQPOLL thread belong to the process and are counted too).
 pub fn process_cpu_seconds() -> f64 {
-    // SAFETY: `ru` is a plain C struct; getrusage fills it.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a rusage struct.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    use nix::sys::resource::{getrusage, UsageWho};
+    use nix::sys::time::TimeValLike;
+    // getrusage(RUSAGE_SELF) cannot fail with a valid `who`.
+    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |ru| {
+        (ru.user_time().num_microseconds() + ru.system_time().num_microseconds()) as f64 * 1e-6
+    })
 }
 
 /// User + system CPU seconds of the calling thread (`CLOCK_THREAD_CPUTIME_ID`).
 pub fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid clock id and a writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(0.0, |ts| ts.tv_sec() as f64 + ts.tv_nsec() as f64 * 1e-9)
 }
 
 /// The soft and hard RLIMIT_MEMLOCK in bytes (`u64::MAX` for unlimited).
 pub fn memlock_limit() -> (u64, u64) {
-    rlimit(libc::RLIMIT_MEMLOCK)
+    rlimit(Resource::RLIMIT_MEMLOCK)
 }
 
 /// The soft and hard RLIMIT_NOFILE (`u64::MAX` for unlimited).
 pub fn nofile_limit() -> (u64, u64) {
-    rlimit(libc::RLIMIT_NOFILE)
+    rlimit(Resource::RLIMIT_NOFILE)
 }
 
-/// A resource's soft and hard limit (`u64::MAX` for unlimited).
-fn rlimit(resource: libc::__rlimit_resource_t) -> (u64, u64) {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid pointer to an rlimit struct.
-    unsafe { libc::getrlimit(resource, &mut r) };
-    let conv = |v: libc::rlim_t| {
-        if v == libc::RLIM_INFINITY {
-            u64::MAX
-        } else {
-            v
-        }
-    };
-    (conv(r.rlim_cur), conv(r.rlim_max))
+use nix::sys::resource::{Resource, RLIM_INFINITY};
+
+/// A resource's soft and hard limit (`u64::MAX` for unlimited; 0 if it cannot be read).
+fn rlimit(resource: Resource) -> (u64, u64) {
+    let conv = |v: libc::rlim_t| if v == RLIM_INFINITY { u64::MAX } else { v };
+    nix::sys::resource::getrlimit(resource).map_or((0, 0), |(cur, max)| (conv(cur), conv(max)))
 }
 
 /// Raises the soft RLIMIT_NOFILE to `soft` (at most the hard limit); the limit in effect after.
@@ -152,17 +135,14 @@ pub fn raise_nofile(soft: u64) -> u64 {
     let (cur, hard) = nofile_limit();
     let want = soft.min(hard);
     if want > cur {
-        let r = libc::rlimit {
-            rlim_cur: want as libc::rlim_t,
-            rlim_max: if hard == u64::MAX {
-                libc::RLIM_INFINITY
-            } else {
-                hard as libc::rlim_t
-            },
+        let max = if hard == u64::MAX {
+            RLIM_INFINITY
+        } else {
+            hard
         };
-        // SAFETY: valid pointer to an rlimit struct; raising the soft limit up to the hard one
-        // needs no privilege, and a failure leaves the limit as it was.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+        // Raising the soft limit up to the hard one needs no privilege; a failure leaves the
+        // limit as it was (what is returned below).
+        let _ = nix::sys::resource::setrlimit(Resource::RLIMIT_NOFILE, want, max);
     }
     nofile_limit().0
 }
@@ -382,22 +362,19 @@ impl Drop for SharedMap {
 /// holding it leaves no stale lock).
 #[cfg(feature = "remote")]
 pub fn ofd_lock(fd: BorrowedFd<'_>, start: u64, len: u64, lock: bool) -> io::Result<()> {
-    // SAFETY: all-zero is a valid `flock` (plain integers).
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = start as libc::off_t;
-    fl.l_len = len as libc::off_t;
-    fl.l_pid = 0; // required for OFD locks
+    use nix::fcntl::{fcntl, FcntlArg};
+    let fl = libc::flock {
+        l_type: if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: start as libc::off_t,
+        l_len: len as libc::off_t,
+        l_pid: 0, // required for OFD locks
+    };
     loop {
-        // SAFETY: `fl` is a valid flock that outlives the call; F_OFD_SETLKW only reads it.
-        let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLKW, &fl) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match fcntl(fd, FcntlArg::F_OFD_SETLKW(&fl)) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }

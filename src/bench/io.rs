@@ -262,7 +262,7 @@ pub(crate) fn drop_cached(path: &Path) {
             std::os::fd::AsFd::as_fd(&fd),
             0,
             0,
-            libc::POSIX_FADV_DONTNEED,
+            crate::sys::Advice::POSIX_FADV_DONTNEED,
         );
     }
 }

@@ -208,8 +208,7 @@ pub fn ensure_dataset(dir: &Path, samples: u64, shard_bytes: u64) -> Result<(Pat
 
 /// Drops the page cache when root; returns whether the cache is cold.
 pub fn drop_caches() -> bool {
-    // SAFETY: sync(2) takes no arguments.
-    unsafe { libc::sync() };
+    nix::unistd::sync();
     std::fs::write("/proc/sys/vm/drop_caches", b"3").is_ok()
 }
 

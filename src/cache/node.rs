@@ -158,19 +158,9 @@ fn io_err(what: &str, path: &Path) -> impl FnOnce(io::Error) -> Error {
 
 /// Free bytes for an unprivileged writer on the file system holding `dir`.
 fn free_bytes(dir: &Path) -> Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| invalid(format!("{}: a path with a NUL byte", dir.display())))?;
-    // SAFETY: all-zero is a valid statvfs (plain integers); `c` is a valid C string that outlives
-    // the call, which only writes `st`.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(io_err("cannot statvfs the cache directory", dir)(
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+    let st = nix::sys::statvfs::statvfs(dir)
+        .map_err(|e| io_err("cannot statvfs the cache directory", dir)(e.into()))?;
+    Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
 }
 
 /// Starts the cache's writer threads and its syncer: the writers write extents as they come
@@ -1071,7 +1061,12 @@ impl CachedObject {
         if !(n.is_multiple_of(4096)) {
             // Written through the page cache (now on disk): drop it from there.
             if let Ok(f) = File::open(&self.data_path) {
-                let _ = crate::sys::fadvise(f.as_fd(), job.offset, n, libc::POSIX_FADV_DONTNEED);
+                let _ = crate::sys::fadvise(
+                    f.as_fd(),
+                    job.offset,
+                    n,
+                    crate::sys::Advice::POSIX_FADV_DONTNEED,
+                );
             }
         }
         self.marks()[job.extent as usize].store(PRESENT, Ordering::Release);

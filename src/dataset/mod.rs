@@ -1069,7 +1069,7 @@ impl Window {
             std::os::fd::AsFd::as_fd(file.file()),
             0,
             0,
-            libc::POSIX_FADV_RANDOM,
+            crate::sys::Advice::POSIX_FADV_RANDOM,
         );
         Ok(Window {
             file,

@@ -1038,7 +1038,7 @@ impl std::fmt::Debug for ImageEpoch {
 }
 
 /// An element type a batch tensor can be viewed as.
-pub trait Element: Copy + sealed::Sealed {
+pub trait Element: bytemuck::Pod + sealed::Sealed {
     /// The pixel type it stands for.
     const TYPE: PixelType;
 }
@@ -1171,12 +1171,9 @@ impl ImageBatch {
         };
         let b = t.bytes();
         let n = b.len() / std::mem::size_of::<T>();
-        if n == 0 {
-            return Some(&[]);
-        }
-        // SAFETY: the tensor is 64-byte aligned, holds `n` elements of T's size, and every bit
-        // pattern is a valid u8, f32, f16 or bf16; it is immutable while the batch lives.
-        Some(unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<T>(), n) })
+        // The tensor is 64-byte aligned and every bit pattern is a valid element (`Pod`), so
+        // the cast cannot fail; it borrows the bytes, immutable while the batch lives.
+        bytemuck::try_cast_slice(&b[..n * std::mem::size_of::<T>()]).ok()
     }
     /// The address of the tensor's first byte in host memory (stable while any clone lives);
     /// null for a device batch.

@@ -54,7 +54,7 @@ impl Kernel {
 
 /// One sample of the resize kernel (`struct gf_sample` in `kernels/resize.cu`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct GfSample {
     /// Byte offset of the decoded image (packed 8-bit RGB) in the source buffer.
     pub src: u64,
@@ -84,7 +84,7 @@ pub struct GfSample {
 
 /// The output description of the resize kernel (`struct gf_emit`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct GfEmit {
     /// Output width.
     pub out_w: u32,
@@ -102,7 +102,7 @@ pub struct GfEmit {
 
 /// A sample span of the crc32c kernel (`struct gf_span`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct GfSpan {
     /// Byte offset in the group's buffer.
     pub offset: u64,
@@ -116,8 +116,9 @@ const _: () = assert!(std::mem::size_of::<GfSample>() == 64);
 const _: () = assert!(std::mem::size_of::<GfEmit>() == 40);
 const _: () = assert!(std::mem::size_of::<GfSpan>() == 16);
 
-/// The kernel parameter structs: `#[repr(C)]`, plain integers and floats, no padding.
-pub trait KernelParam: Copy + sealed::Sealed {}
+/// The kernel parameter structs: `#[repr(C)]`, plain integers and floats, no padding (the
+/// `Pod` derive refuses a struct with padding at compile time).
+pub trait KernelParam: bytemuck::Pod + sealed::Sealed {}
 impl KernelParam for GfSample {}
 impl KernelParam for GfSpan {}
 impl KernelParam for GfEmit {}
@@ -130,10 +131,7 @@ mod sealed {
 
 /// `v`'s bytes as the kernel reads them (for an upload), without a copy.
 pub fn as_bytes<T: KernelParam>(v: &[T]) -> &[u8] {
-    // SAFETY: `T` is one of the `#[repr(C)]` parameter structs, made of u32/u64/f32 fields
-    // with no padding (their sizes are asserted above), so every byte is initialised; the
-    // slice covers exactly `v`'s memory and borrows it.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+    bytemuck::cast_slice(v)
 }
 
 impl GfEmit {

@@ -545,7 +545,7 @@ impl Engine {
         };
         if !direct {
             // Random access: no readahead of bytes nobody asked for.
-            let _ = sys::fadvise(fd.as_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+            let _ = sys::fadvise(fd.as_fd(), 0, 0, crate::sys::Advice::POSIX_FADV_RANDOM);
         }
         if let Err(e) = self.backend.register_file(index as u32, fd.as_raw_fd()) {
             return Err(Error::io("cannot register file with the backend", e).with_path(shared));
@@ -866,7 +866,12 @@ impl Engine {
             entry.cached_bytes += n as u64;
             if entry.cached_bytes >= DONTNEED_EVERY_BYTES {
                 // Keep buffered reads from filling the page cache: drop what this file left.
-                let _ = sys::fadvise(entry.fd.as_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+                let _ = sys::fadvise(
+                    entry.fd.as_fd(),
+                    0,
+                    0,
+                    crate::sys::Advice::POSIX_FADV_DONTNEED,
+                );
                 entry.cached_bytes = 0;
             }
         }
