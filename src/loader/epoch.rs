@@ -39,8 +39,9 @@ pub struct Epoch {
     #[cfg_attr(not(feature = "decode"), allow(dead_code))]
     pub(super) checksums_left: bool,
     pub(super) rx: Option<Receiver<Msg>>,
-    /// The checker thread between the I/O thread and `rx` (host groups to check).
-    pub(super) checker: Option<std::thread::JoinHandle<()>>,
+    /// The checker between the I/O thread and `rx` (host groups to check): its loader's
+    /// checkers, kept alive, and this epoch's signal that it holds nothing of it any more.
+    pub(super) checked: Option<(Arc<super::check::Checkers>, Arc<Retired>)>,
     /// Keeps the loader's I/O thread alive while this epoch is read.
     pub(super) service: Option<Arc<Service>>,
     pub(super) retired: Arc<Retired>,
@@ -344,10 +345,10 @@ impl Drop for Epoch {
         // Until none of this epoch's reads or copies is in flight (they finish and are
         // discarded), so its slots and regions are back when this returns.
         self.retired.wait();
-        // The checker ends once its input is closed (the I/O thread is done) or its output
-        // (`rx`, dropped above), dropping the groups it held.
-        if let Some(t) = self.checker.take() {
-            let _ = t.join();
+        // The checker is done with this epoch once its input is closed (the I/O thread is
+        // done) or its output (`rx`, dropped above), having dropped the groups it held.
+        if let Some((_, done)) = &self.checked {
+            done.wait();
         }
         self.service = None;
     }

@@ -316,6 +316,7 @@ impl LoaderBuilder {
         };
         Ok(Loader {
             service: Arc::default(),
+            checkers: check::Checkers::new(),
             arena,
             gpu,
             plan,
@@ -372,6 +373,8 @@ struct GpuState {
 pub struct Loader {
     /// The I/O thread, started by the first epoch; shared by clones.
     service: Arc<std::sync::Mutex<Option<Arc<Service>>>>,
+    /// The threads that check host groups ahead of the consumer; shared by clones.
+    checkers: Arc<check::Checkers>,
     arena: Arc<Arena>,
     gpu: Option<Arc<GpuState>>,
     dataset: Arc<Dataset>,
@@ -554,9 +557,11 @@ impl Loader {
         // Host groups' frames and checksums are checked on a thread of the epoch's own, ahead
         // of the consumer (check.rs); device groups were checked before their copy.
         let verify = self.verify_checksums && !caller_takes;
-        let (rx, checker) = if self.gpu.is_none() && self.dataset.checks_anything(verify) {
-            let (rx, thread) = check::start(self.dataset.clone(), verify, rx, capacity)?;
-            (rx, Some(thread))
+        let (rx, checked) = if self.gpu.is_none() && self.dataset.checks_anything(verify) {
+            let (rx, done) = self
+                .checkers
+                .start(self.dataset.clone(), verify, rx, capacity)?;
+            (rx, Some((self.checkers.clone(), done)))
         } else {
             (rx, None)
         };
@@ -619,7 +624,7 @@ impl Loader {
             dataset: self.dataset.clone(),
             checksums_left: self.verify_checksums && caller_takes,
             rx: Some(rx),
-            checker,
+            checked,
             service: Some(svc),
             retired,
             stop,

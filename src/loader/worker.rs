@@ -77,7 +77,7 @@ pub(super) struct Retired {
 }
 
 impl Retired {
-    fn signal(&self) {
+    pub(super) fn signal(&self) {
         *self.done.lock().unpoisoned() = true;
         self.cv.notify_all();
     }
