@@ -1192,11 +1192,21 @@ pub fn lookup(file: &File) -> Option<Arc<CachedObject>> {
 
 /// The cached object whose data file has this device and inode, if any.
 pub fn lookup_id(dev: u64, ino: u64) -> Option<Arc<CachedObject>> {
-    let reg = registry().lock().unpoisoned();
+    let mut reg = registry().lock().unpoisoned();
     if reg.is_empty() {
         return None;
     }
-    reg.get(&(dev, ino)).cloned()
+    let obj = reg.get(&(dev, ino)).cloned()?;
+    // Once a data file is deleted (the cache dropped, its folder removed), its inode can be
+    // given to any new file, which must not be read as this object: only a data file still at
+    // its path with this device and inode is it.
+    match std::fs::metadata(&obj.data_path) {
+        Ok(md) if md.dev() == dev && md.ino() == ino => Some(obj),
+        _ => {
+            reg.remove(&(dev, ino));
+            None
+        }
+    }
 }
 
 /// Bytes of these files that are remote objects' extents not on disk (0 for local files).
