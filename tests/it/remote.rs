@@ -597,3 +597,69 @@ fn cache_warm_status_and_drop_from_the_command_line() {
     assert!(d["freed_bytes"].as_u64().unwrap() > 0, "{d}");
     assert!(!cache.path().join("data").exists());
 }
+
+/// A removed cache folder frees its files' inodes; a local file that gets one of them is read
+/// as itself, not as the cached object that inode used to be. (The node cache's registry found
+/// objects by device and inode and never forgot one: CI saw a simulated-disk test's pattern
+/// file, created just after these tests, read as a stale object's bytes.) Local shards are made
+/// until one reuses such an inode, then read whole through a loader.
+#[test]
+fn a_local_file_on_a_removed_cache_files_inode_reads_as_itself() {
+    use std::os::unix::fs::MetadataExt;
+    if !shared_server() {
+        return;
+    }
+    let _local = upload_shards("gpufeed", "reuse", 300, 2, 16_000);
+    let cache = disk_dir();
+    let opts = remote_opts(cache.path(), None, 64 << 10);
+    let order = Order::Block {
+        block_bytes: 256 << 10,
+        open_blocks: 2,
+    };
+    let counts = epoch_counts("s3://gpufeed/reuse", &opts, 1, order, 0);
+    assert!(counts.iter().all(|&c| c == 1));
+    let mut freed = std::collections::HashSet::new();
+    let mut stack = vec![cache.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let md = e.as_ref().unwrap().metadata().unwrap();
+            if md.is_dir() {
+                stack.push(e.unwrap().path());
+            } else {
+                freed.insert((md.dev(), md.ino()));
+            }
+        }
+    }
+    drop(cache); // the folder and its files go
+    let dir = disk_dir();
+    let mut reused = None;
+    for k in 0..3000 {
+        let p = dir.path().join(format!("local-{k:05}.gpf"));
+        let mut w = ShardWriter::create(&p, 1).unwrap();
+        for i in 0..40 {
+            w.add(&format!("sample-{i}"), 0, &[], &content(i, 3000 + i * 97))
+                .unwrap();
+        }
+        w.finish().unwrap();
+        let md = std::fs::metadata(&p).unwrap();
+        if freed.contains(&(md.dev(), md.ino())) {
+            reused = Some(p);
+            break;
+        }
+    }
+    let Some(p) = reused else {
+        eprintln!("no new file got a removed cache file's inode: read nothing stale");
+        return;
+    };
+    let ds = Arc::new(Dataset::open_shards(&[p]).unwrap());
+    let loader = Loader::builder(ds.clone()).batch_size(8).build().unwrap();
+    let mut n = 0;
+    for b in loader.epoch(0).unwrap() {
+        let b = b.unwrap();
+        for (j, &id) in b.sample_ids().iter().enumerate() {
+            check(&ds, id, b.sample(j).unwrap());
+            n += 1;
+        }
+    }
+    assert_eq!(n, 40);
+}
