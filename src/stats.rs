@@ -17,7 +17,7 @@ pub struct StallStats {
     pub remote_s: f64,
     /// Waiting for the host → device copy.
     pub copy_s: f64,
-    /// Waiting for the frames and checksums to be checked (the epoch's checker thread).
+    /// Checking frames and checksums on the consumer's thread.
     pub verify_s: f64,
     /// Waiting for decode.
     pub decode_s: f64,
@@ -70,14 +70,14 @@ impl StallStats {
     }
 
     /// Splits the wait `[t0, t1]` by the group's timeline: reads until `read_done` (`remote`
-    /// when they fetched from an object store), then the copy until `copy_done`, and the
-    /// checks during `checked` (start, end).
+    /// when they fetched from an object store), then the copy until `copy_done`; `verify_s`
+    /// (after `t1`) is added as given.
     pub(crate) fn of_wait(
         t0: std::time::Instant,
         t1: std::time::Instant,
         read_done: std::time::Instant,
         copy_done: Option<std::time::Instant>,
-        checked: Option<(std::time::Instant, std::time::Instant)>,
+        verify_s: f64,
         remote: bool,
     ) -> StallStats {
         let span = |a: std::time::Instant, b: std::time::Instant| {
@@ -90,7 +90,6 @@ impl StallStats {
         };
         let storage_s = span(t0, read_done);
         let copy_s = copy_done.map_or(0.0, |c| span(read_done, c));
-        let verify_s = checked.map_or(0.0, |(a, b)| span(a, b));
         let total = (t1 - t0).as_secs_f64();
         let (storage_s, remote_s) = if remote {
             (0.0, storage_s)
@@ -103,7 +102,7 @@ impl StallStats {
             copy_s,
             verify_s,
             decode_s: 0.0,
-            other_s: (total - storage_s - remote_s - copy_s - verify_s).max(0.0),
+            other_s: (total - storage_s - remote_s - copy_s).max(0.0),
         }
     }
 }
@@ -146,10 +145,8 @@ pub struct LoaderStats {
     /// CPU seconds of the loader's I/O thread while it read this epoch (its groups from the
     /// first handed over to the last; the thread also serves neighbouring epochs).
     pub io_thread_cpu_s: f64,
-    /// CPU seconds of the consumer's thread inside `next`.
+    /// CPU seconds of the consumer's thread inside `next` (frame and checksum checks).
     pub consumer_cpu_s: f64,
-    /// CPU seconds of the epoch's checker thread (frames and checksums of host batches).
-    pub check_cpu_s: f64,
     /// CPU seconds of the decode threads on this epoch's samples (decoded epochs).
     pub decode_cpu_s: f64,
     /// Engine kind that served the reads (after fallbacks).

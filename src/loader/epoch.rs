@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use crate::batch::{Batch, BatchMeta};
+use crate::batch::{Batch, BatchMeta, Memory};
 use crate::dataset::{Dataset, SampleSpan};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -23,7 +23,6 @@ pub(super) struct GroupTimes {
     read_done: Instant,
     remote: bool,
     copy_done: Option<Instant>,
-    checked: Option<(Instant, Instant)>,
     arrived: Instant,
     read_s: f64,
     copy_s: f64,
@@ -34,14 +33,12 @@ pub(super) struct GroupTimes {
 pub struct Epoch {
     pub(super) epoch: u64,
     pub(super) dataset: Arc<Dataset>,
+    pub(super) verify: bool,
     /// The samples' checksums (unframed format) are left to whoever takes the batches (the
     /// image stage): neither the I/O thread nor [`Epoch::next`] verifies them.
     #[cfg_attr(not(feature = "decode"), allow(dead_code))]
     pub(super) checksums_left: bool,
     pub(super) rx: Option<Receiver<Msg>>,
-    /// The checker between the I/O thread and `rx` (host groups to check): its loader's
-    /// checkers, kept alive, and this epoch's signal that it holds nothing of it any more.
-    pub(super) checked: Option<(Arc<super::check::Checkers>, Arc<Retired>)>,
     /// Keeps the loader's I/O thread alive while this epoch is read.
     pub(super) service: Option<Arc<Service>>,
     pub(super) retired: Arc<Retired>,
@@ -52,8 +49,10 @@ pub struct Epoch {
     /// Positions of the rank's order from here on are padding.
     pub(super) padding_from: usize,
     /// Batches received, by index: groups complete out of order, batches leave in order.
-    /// Host batches come checked (frames and checksums) by the epoch's checker thread.
-    pub(super) queue: std::collections::BTreeMap<u32, (Batch, GroupTimes)>,
+    /// With each: whether its samples' frames and checksums are still to be checked (host
+    /// batches are checked one at a time as they are handed out, so a group's check is not
+    /// one long wait before its first batch).
+    pub(super) queue: std::collections::BTreeMap<u32, (Batch, bool, GroupTimes)>,
     /// The I/O thread's CPU seconds at the first and the latest group of this epoch.
     pub(super) io_cpu: Option<(f64, f64)>,
     pub(super) stats: LoaderStats,
@@ -223,7 +222,6 @@ impl Epoch {
             read_done: g.read_done,
             remote: g.remote,
             copy_done: g.copy_done,
-            checked: g.checked,
             arrived,
             read_s: (g.read_done - g.submitted).as_secs_f64(),
             copy_s: g.copy_done.map_or(0.0, |c| (c - g.read_done).as_secs_f64()),
@@ -233,9 +231,10 @@ impl Epoch {
         let first = self.io_cpu.map_or(g.io_cpu_s, |(f, _)| f);
         self.io_cpu = Some((first, g.io_cpu_s));
         self.stats.io_thread_cpu_s = g.io_cpu_s - first;
-        if g.checked.is_some() {
-            self.stats.check_cpu_s = g.check_cpu_s;
-        }
+        // Checksums and frames are checked on the consumer's thread, batch by batch in
+        // `next`: on the I/O thread they would keep it from reaping and resubmitting, and the
+        // device queue would run dry. (Device groups were checked before their copy.)
+        let unchecked = matches!(mem, Memory::Host(_));
         // Labels are looked up here, on the consumer's thread, unless a check already found the
         // data's own.
         if g.labels.is_empty() {
@@ -274,6 +273,7 @@ impl Epoch {
                         spans: bspans,
                         mem: mem.clone(),
                     },
+                    unchecked,
                     times,
                 ),
             );
@@ -282,18 +282,28 @@ impl Epoch {
 }
 
 impl Epoch {
-    /// Takes batch `self.next` out of the queue (it is there) and accounts the wait that
-    /// began at `t0`.
+    /// Takes batch `self.next` out of the queue (it is there), checks it on the host, and
+    /// accounts the wait that began at `t0`.
     fn hand_out(&mut self, t0: Instant, c0: f64) -> Batch {
         let t1 = Instant::now();
         self.stats.consumer_wait_s += (t1 - t0).as_secs_f64();
-        let (mut batch, times) = self.queue.remove(&self.next).expect("batch is queued");
+        let (mut batch, unchecked, times) = self.queue.remove(&self.next).expect("batch is queued");
+        if let (true, Memory::Host(region)) = (unchecked, &batch.mem) {
+            self.dataset.check_spans(
+                region.bytes(),
+                &batch.meta.ids,
+                &mut batch.spans,
+                &mut batch.meta.labels,
+                self.verify,
+            );
+        }
+        let verify_s = t1.elapsed().as_secs_f64();
         let stall = StallStats::of_wait(
             t0,
             t1,
             times.read_done,
             times.copy_done,
-            times.checked,
+            verify_s,
             times.remote,
         );
         self.stats.stall.add(&stall);
@@ -345,11 +355,6 @@ impl Drop for Epoch {
         // Until none of this epoch's reads or copies is in flight (they finish and are
         // discarded), so its slots and regions are back when this returns.
         self.retired.wait();
-        // The checker is done with this epoch once its input is closed (the I/O thread is
-        // done) or its output (`rx`, dropped above), having dropped the groups it held.
-        if let Some((_, done)) = &self.checked {
-            done.wait();
-        }
         self.service = None;
     }
 }

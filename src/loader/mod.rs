@@ -23,7 +23,6 @@ use crate::gpu::{cuda, Device, DevicePool, GpuPath};
 use crate::plan::{EpochPlan, LastBatch, Order, PlanConfig};
 use crate::util::Unpoison;
 
-mod check;
 mod epoch;
 mod holders;
 mod worker;
@@ -316,7 +315,6 @@ impl LoaderBuilder {
         };
         Ok(Loader {
             service: Arc::default(),
-            checkers: check::Checkers::new(),
             arena,
             gpu,
             plan,
@@ -373,8 +371,6 @@ struct GpuState {
 pub struct Loader {
     /// The I/O thread, started by the first epoch; shared by clones.
     service: Arc<std::sync::Mutex<Option<Arc<Service>>>>,
-    /// The threads that check host groups ahead of the consumer; shared by clones.
-    checkers: Arc<check::Checkers>,
     arena: Arc<Arena>,
     gpu: Option<Arc<GpuState>>,
     dataset: Arc<Dataset>,
@@ -552,19 +548,8 @@ impl Loader {
         let batches = plan.batches();
         let padding_from = plan.padding_from();
         // One message per slot at most, plus the engine's name.
-        let capacity = self.prefetch_groups as usize + self.in_flight_groups as usize + 1;
-        let (tx, rx) = sync_channel(capacity);
-        // Host groups' frames and checksums are checked on a thread of the epoch's own, ahead
-        // of the consumer (check.rs); device groups were checked before their copy.
-        let verify = self.verify_checksums && !caller_takes;
-        let (rx, checked) = if self.gpu.is_none() && self.dataset.checks_anything(verify) {
-            let (rx, done) = self
-                .checkers
-                .start(self.dataset.clone(), verify, rx, capacity)?;
-            (rx, Some((self.checkers.clone(), done)))
-        } else {
-            (rx, None)
-        };
+        let (tx, rx) =
+            sync_channel(self.prefetch_groups as usize + self.in_flight_groups as usize + 1);
         let stop = Arc::new(AtomicBool::new(false));
         let retired = Arc::new(Retired::default());
         let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -622,9 +607,9 @@ impl Loader {
         Ok(Epoch {
             epoch,
             dataset: self.dataset.clone(),
+            verify: self.verify_checksums && !caller_takes,
             checksums_left: self.verify_checksums && caller_takes,
             rx: Some(rx),
-            checked,
             service: Some(svc),
             retired,
             stop,

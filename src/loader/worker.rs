@@ -42,10 +42,6 @@ pub(super) struct GroupMeta {
     pub(super) copy_done: Option<Instant>,
     /// The I/O thread's CPU seconds so far, when the group was handed over.
     pub(super) io_cpu_s: f64,
-    /// When the checker checked it (host groups).
-    pub(super) checked: Option<(Instant, Instant)>,
-    /// The checker thread's CPU seconds so far, when it had checked the group.
-    pub(super) check_cpu_s: f64,
 }
 
 /// A finished group, sent from the I/O thread.
@@ -77,7 +73,7 @@ pub(super) struct Retired {
 }
 
 impl Retired {
-    pub(super) fn signal(&self) {
+    fn signal(&self) {
         *self.done.lock().unpoisoned() = true;
         self.cv.notify_all();
     }
@@ -467,8 +463,6 @@ impl WorkerCtx {
                 remote: c.remote,
                 copy_done: None,
                 io_cpu_s: 0.0,
-                checked: None,
-                check_cpu_s: 0.0,
             },
             slot: c.slot,
             used,

@@ -460,39 +460,6 @@ fn a_corrupt_sample_is_named_and_every_other_sample_delivered() {
     );
 }
 
-/// Checksums are checked on the epoch's checker thread, ahead of the consumer: its CPU shows
-/// as `check_cpu_s`, not the consumer's; with checks off on a format without frames there is
-/// nothing to check and no checker (0 s).
-#[test]
-fn checksums_are_checked_on_the_checker_thread() {
-    let dir = disk_dir();
-    let paths = write_shards(dir.path(), 200, 2, 60_000, 9);
-    let ds = Dataset::open_shards(&paths).unwrap();
-    let run = |verify: bool| {
-        let loader = Loader::builder(ds.clone())
-            .batch_size(16)
-            .verify_checksums(verify)
-            .build()
-            .unwrap();
-        let mut e = loader.epoch(0).unwrap();
-        let mut n = 0;
-        for b in e.by_ref() {
-            let b = b.unwrap();
-            for (j, &id) in b.sample_ids().iter().enumerate() {
-                check_sample(&ds, id, b.sample(j).unwrap());
-                n += 1;
-            }
-        }
-        assert_eq!(n, 200);
-        e.stats().clone()
-    };
-    let on = run(true);
-    assert!(on.check_cpu_s > 0.0, "{on:?}");
-    let off = run(false);
-    assert_eq!(off.check_cpu_s, 0.0, "{off:?}");
-    assert_eq!(off.stall.verify_s, 0.0, "{off:?}");
-}
-
 #[test]
 fn a_shard_truncated_after_open_fails_only_its_samples() {
     let dir = disk_dir();
