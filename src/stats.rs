@@ -17,7 +17,8 @@ pub struct StallStats {
     pub remote_s: f64,
     /// Waiting for the host → device copy.
     pub copy_s: f64,
-    /// Checking frames and checksums on the consumer's thread.
+    /// Waiting for frames and checksums to be checked: on the consumer's thread, or by the
+    /// I/O thread (which checks host groups ahead of the consumer when it has time).
     pub verify_s: f64,
     /// Waiting for decode.
     pub decode_s: f64,
@@ -70,13 +71,15 @@ impl StallStats {
     }
 
     /// Splits the wait `[t0, t1]` by the group's timeline: reads until `read_done` (`remote`
-    /// when they fetched from an object store), then the copy until `copy_done`; `verify_s`
-    /// (after `t1`) is added as given.
+    /// when they fetched from an object store), then the copy until `copy_done` or the I/O
+    /// thread's checks until `checked` (its group waited for them from `read_done`);
+    /// `verify_s` (the consumer's own checks, after `t1`) is added as given.
     pub(crate) fn of_wait(
         t0: std::time::Instant,
         t1: std::time::Instant,
         read_done: std::time::Instant,
         copy_done: Option<std::time::Instant>,
+        checked: Option<std::time::Instant>,
         verify_s: f64,
         remote: bool,
     ) -> StallStats {
@@ -90,6 +93,7 @@ impl StallStats {
         };
         let storage_s = span(t0, read_done);
         let copy_s = copy_done.map_or(0.0, |c| span(read_done, c));
+        let checks_s = checked.map_or(0.0, |c| span(read_done, c));
         let total = (t1 - t0).as_secs_f64();
         let (storage_s, remote_s) = if remote {
             (0.0, storage_s)
@@ -100,9 +104,9 @@ impl StallStats {
             storage_s,
             remote_s,
             copy_s,
-            verify_s,
+            verify_s: verify_s + checks_s,
             decode_s: 0.0,
-            other_s: (total - storage_s - remote_s - copy_s).max(0.0),
+            other_s: (total - storage_s - remote_s - copy_s - checks_s).max(0.0),
         }
     }
 }
@@ -145,8 +149,12 @@ pub struct LoaderStats {
     /// CPU seconds of the loader's I/O thread while it read this epoch (its groups from the
     /// first handed over to the last; the thread also serves neighbouring epochs).
     pub io_thread_cpu_s: f64,
-    /// CPU seconds of the consumer's thread inside `next` (frame and checksum checks).
+    /// CPU seconds of the consumer's thread inside `next` (the frame and checksum checks of
+    /// batches it took before the I/O thread had checked them).
     pub consumer_cpu_s: f64,
+    /// CPU seconds the I/O thread spent checking this epoch's host groups (frames and
+    /// checksums; part of `io_thread_cpu_s`).
+    pub check_cpu_s: f64,
     /// CPU seconds of the decode threads on this epoch's samples (decoded epochs).
     pub decode_cpu_s: f64,
     /// Engine kind that served the reads (after fallbacks).

@@ -968,6 +968,7 @@ fn stats_dict<'py>(py: Python<'py>, st: &gpufeed::LoaderStats) -> PyResult<Bound
     d.set_item("bound", st.stall.bound())?;
     d.set_item("io_thread_cpu_s", st.io_thread_cpu_s)?;
     d.set_item("consumer_cpu_s", st.consumer_cpu_s)?;
+    d.set_item("check_cpu_s", st.check_cpu_s)?;
     d.set_item("decode_cpu_s", st.decode_cpu_s)?;
     d.set_item("engine", &st.engine)?;
     Ok(d)

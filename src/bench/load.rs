@@ -66,8 +66,11 @@ pub struct LoadBenchResult {
     pub stall: crate::loader::StallStats,
     /// CPU seconds of the loaders' I/O threads.
     pub io_thread_cpu_s: f64,
-    /// CPU seconds of the consumers' threads inside `next` (checks).
+    /// CPU seconds of the consumers' threads inside `next`.
     pub consumer_cpu_s: f64,
+    /// CPU seconds of the loaders' I/O threads checking frames and checksums (ahead of the
+    /// consumers; part of `io_thread_cpu_s`).
+    pub check_cpu_s: f64,
     /// In one line: does it keep up with the demand, and if not, what limits it.
     pub verdict: Option<String>,
 }
@@ -281,6 +284,7 @@ pub fn run_small_files(
         stall: Default::default(),
         io_thread_cpu_s: 0.0,
         consumer_cpu_s: 0.0,
+        check_cpu_s: 0.0,
         verdict: None,
     })
 }
@@ -433,6 +437,7 @@ fn add_stats(st: &mut crate::loader::LoaderStats, es: &crate::loader::LoaderStat
     st.consumer_wait_s += es.consumer_wait_s;
     st.io_thread_cpu_s += es.io_thread_cpu_s;
     st.consumer_cpu_s += es.consumer_cpu_s;
+    st.check_cpu_s += es.check_cpu_s;
     st.engine = es.engine.clone();
 }
 
@@ -535,6 +540,7 @@ pub fn run_packed(
         stall: st.stall,
         io_thread_cpu_s: st.io_thread_cpu_s,
         consumer_cpu_s: st.consumer_cpu_s,
+        check_cpu_s: st.check_cpu_s,
         verdict: demand.map(|d| verdict(d, achieved, stall_fraction, &st.stall)),
     })
 }

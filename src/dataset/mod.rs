@@ -530,12 +530,13 @@ impl Dataset {
         (verify && self.has_checksums) || self.frame != Frame::None
     }
 
-    /// Checks each delivered sample of a read group against the group's `bytes` (where
-    /// `spans` says each lies): its frame and (with `verify`) its checksum, as
+    /// Checks the delivered samples at positions `at` of a read group against the group's
+    /// `bytes` (where `spans` says each lies): its frame and (with `verify`) its checksum, as
     /// [`check_sample`](Dataset::check_sample) does, narrowing its span to the payload or
     /// replacing it with the error. Where the data carries labels (TFRecord Examples), `labels`
-    /// becomes one per sample (the index's, overridden by the data's); it stays empty
-    /// otherwise. Nothing to do for formats without frames when not verifying.
+    /// becomes one per sample of `ids` (the index's, overridden by the data's); it stays empty
+    /// otherwise. Nothing to do for formats without frames when not verifying. Returns how
+    /// many bytes it checked.
     pub(crate) fn check_spans(
         &self,
         bytes: &[u8],
@@ -543,12 +544,18 @@ impl Dataset {
         spans: &mut [SampleSpan],
         labels: &mut Vec<i64>,
         verify: bool,
-    ) {
+        at: std::ops::Range<usize>,
+    ) -> usize {
         if !self.checks_anything(verify) {
-            return;
+            return 0;
         }
-        for (k, (span, &id)) in spans.iter_mut().zip(ids).enumerate() {
+        let mut checked = 0;
+        for k in at {
+            let (Some(span), Some(&id)) = (spans.get_mut(k), ids.get(k)) else {
+                break;
+            };
             if let Ok(r) = span {
+                checked += r.len();
                 *span = match self.check_sample(id as usize, &bytes[r.clone()], verify) {
                     Ok(c) => {
                         if let Some(label) = c.label {
@@ -563,6 +570,7 @@ impl Dataset {
                 };
             }
         }
+        checked
     }
 
     /// The index's label of each sample of `ids`.

@@ -23,6 +23,7 @@ pub(super) struct GroupTimes {
     read_done: Instant,
     remote: bool,
     copy_done: Option<Instant>,
+    checks_done: Option<Instant>,
     arrived: Instant,
     read_s: f64,
     copy_s: f64,
@@ -49,10 +50,11 @@ pub struct Epoch {
     /// Positions of the rank's order from here on are padding.
     pub(super) padding_from: usize,
     /// Batches received, by index: groups complete out of order, batches leave in order.
-    /// With each: whether its samples' frames and checksums are still to be checked (host
-    /// batches are checked one at a time as they are handed out, so a group's check is not
-    /// one long wait before its first batch).
-    pub(super) queue: std::collections::BTreeMap<u32, (Batch, bool, GroupTimes)>,
+    /// With each: how many of its samples (from the first) the I/O thread checked; the
+    /// consumer checks the rest of a host batch as it hands it out.
+    pub(super) queue: std::collections::BTreeMap<u32, (Batch, usize, GroupTimes)>,
+    /// The batch this epoch's consumer is waiting for, for the I/O thread.
+    pub(super) wants: Arc<super::worker::Wants>,
     /// The I/O thread's CPU seconds at the first and the latest group of this epoch.
     pub(super) io_cpu: Option<(f64, f64)>,
     pub(super) stats: LoaderStats,
@@ -111,6 +113,9 @@ impl Epoch {
             let Some(rx) = self.rx.as_ref() else {
                 return Poll::Ready(None);
             };
+            // The I/O thread hands this batch's group over as soon as it is read, checked
+            // or not (the rest of its checks are done here).
+            self.wants.set(self.next);
             let msg = rx.recv_timeout(until.saturating_duration_since(Instant::now()));
             match msg {
                 Ok(Msg::Group(g)) => self.take_group(g),
@@ -139,6 +144,7 @@ impl Epoch {
                 }
             }
         }
+        self.wants.clear();
         self.waiting_since = None;
         Poll::Ready(Some(Ok(self.hand_out(t0, c0))))
     }
@@ -222,6 +228,7 @@ impl Epoch {
             read_done: g.read_done,
             remote: g.remote,
             copy_done: g.copy_done,
+            checks_done: g.checks_done,
             arrived,
             read_s: (g.read_done - g.submitted).as_secs_f64(),
             copy_s: g.copy_done.map_or(0.0, |c| (c - g.read_done).as_secs_f64()),
@@ -231,10 +238,7 @@ impl Epoch {
         let first = self.io_cpu.map_or(g.io_cpu_s, |(f, _)| f);
         self.io_cpu = Some((first, g.io_cpu_s));
         self.stats.io_thread_cpu_s = g.io_cpu_s - first;
-        // Checksums and frames are checked on the consumer's thread, batch by batch in
-        // `next`: on the I/O thread they would keep it from reaping and resubmitting, and the
-        // device queue would run dry. (Device groups were checked before their copy.)
-        let unchecked = matches!(mem, Memory::Host(_));
+        self.stats.check_cpu_s += g.check_cpu_s;
         // Labels are looked up here, on the consumer's thread, unless a check already found the
         // data's own.
         if g.labels.is_empty() {
@@ -247,7 +251,10 @@ impl Epoch {
         let mut ids = g.ids.into_iter();
         let mut spans = g.spans.into_iter();
         let mut labels = g.labels.into_iter();
+        let mut checked = g.checked;
         for index in g.batches {
+            let batch_checked = checked.min(b);
+            checked -= batch_checked;
             let bids: Vec<u32> = ids.by_ref().take(b).collect();
             let bspans: Vec<SampleSpan> = spans.by_ref().take(b).collect();
             let blabels: Vec<i64> = labels.by_ref().take(b).collect();
@@ -273,7 +280,7 @@ impl Epoch {
                         spans: bspans,
                         mem: mem.clone(),
                     },
-                    unchecked,
+                    batch_checked,
                     times,
                 ),
             );
@@ -287,22 +294,29 @@ impl Epoch {
     fn hand_out(&mut self, t0: Instant, c0: f64) -> Batch {
         let t1 = Instant::now();
         self.stats.consumer_wait_s += (t1 - t0).as_secs_f64();
-        let (mut batch, unchecked, times) = self.queue.remove(&self.next).expect("batch is queued");
-        if let (true, Memory::Host(region)) = (unchecked, &batch.mem) {
-            self.dataset.check_spans(
-                region.bytes(),
-                &batch.meta.ids,
-                &mut batch.spans,
-                &mut batch.meta.labels,
-                self.verify,
-            );
+        let (mut batch, checked, times) = self.queue.remove(&self.next).expect("batch is queued");
+        let mut verify_s = 0.0;
+        if let Memory::Host(region) = &batch.mem {
+            let n = batch.meta.ids.len();
+            if checked < n && self.dataset.checks_anything(self.verify) {
+                // What the I/O thread had not checked when the consumer came for it.
+                self.dataset.check_spans(
+                    region.bytes(),
+                    &batch.meta.ids,
+                    &mut batch.spans,
+                    &mut batch.meta.labels,
+                    self.verify,
+                    checked..n,
+                );
+                verify_s = t1.elapsed().as_secs_f64();
+            }
         }
-        let verify_s = t1.elapsed().as_secs_f64();
         let stall = StallStats::of_wait(
             t0,
             t1,
             times.read_done,
             times.copy_done,
+            times.checks_done,
             verify_s,
             times.remote,
         );

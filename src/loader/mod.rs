@@ -73,6 +73,8 @@ pub struct LoaderBuilder {
     slot_explicit: bool,
     backend: Option<CustomBackend>,
     door: FrontDoor,
+    /// At most this many samples of a host group are checked by the I/O thread (tests).
+    check_ahead_samples: usize,
 }
 
 /// The most files the I/O thread keeps open at once (see [`crate::config::OPEN_FILES_MAX`]).
@@ -218,6 +220,14 @@ impl LoaderBuilder {
         self.door = door;
         self
     }
+    /// Testing: the I/O thread hands each host group over once it has checked `n` of its
+    /// samples, leaving the rest to the consumer (default: all of them, unless the consumer is
+    /// already waiting for the group). Makes the part-checked hand-over happen on demand.
+    #[doc(hidden)]
+    pub fn check_ahead_samples(mut self, n: usize) -> Self {
+        self.check_ahead_samples = n;
+        self
+    }
 
     /// Checks the settings, sizes the slots and allocates the arena (on a device, also registers
     /// it and allocates the device regions).
@@ -328,6 +338,7 @@ impl LoaderBuilder {
             backend: self.backend,
             pid: std::process::id(),
             door: self.door,
+            check_ahead_samples: self.check_ahead_samples,
             gauges: Arc::default(),
         })
     }
@@ -391,6 +402,7 @@ pub struct Loader {
     settings: LoaderSettings,
     /// What the I/O thread is doing (for the reports of a long wait).
     gauges: Arc<Gauges>,
+    check_ahead_samples: usize,
 }
 
 impl Loader {
@@ -408,6 +420,7 @@ impl Loader {
             slot_explicit: false,
             backend: None,
             door: FrontDoor::Rust,
+            check_ahead_samples: usize::MAX,
         }
     }
 
@@ -565,6 +578,7 @@ impl Loader {
             epoch,
             sent.clone(),
         ));
+        let wants = Arc::new(worker::Wants::default());
         let mut job = Box::new(EpochJob {
             epoch,
             plan,
@@ -573,7 +587,9 @@ impl Loader {
             tx,
             retired: retired.clone(),
             sent,
-            verify_on_host: self.verify_checksums && !(caller_takes && self.gpu.is_some()),
+            verify: self.verify_checksums && !caller_takes,
+            wants: wants.clone(),
+            check_ahead_samples: self.check_ahead_samples,
         });
         // The loader's I/O thread, started now if it is not running (or ended on an error).
         let mut service = self.service.lock().unpoisoned();
@@ -618,6 +634,7 @@ impl Loader {
             batch_size: self.plan.batch_size as usize,
             padding_from,
             queue: std::collections::BTreeMap::new(),
+            wants,
             io_cpu: None,
             stats: LoaderStats::default(),
             failed: false,

@@ -1,8 +1,16 @@
 //! The loader's I/O thread: serves epochs in order — submits read groups, checks and copies
 //! them, hands them to each epoch's consumer.
+//!
+//! Host groups are checked (frames, checksums) here, ahead of the consumer, in the time the
+//! thread would otherwise spend waiting for the disk: a piece of a group at a time
+//! ([`CHECK_PIECE`]), between which it reaps finished reads and starts new ones, so the queue
+//! of reads stays full. A group the consumer is already waiting for is handed over at once,
+//! however much of it is checked, and the consumer checks the rest itself — so a consumer
+//! faster than one thread's checks is never held to that pace, and one slower than the disk
+//! never waits for a check.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -42,6 +50,52 @@ pub(super) struct GroupMeta {
     pub(super) copy_done: Option<Instant>,
     /// The I/O thread's CPU seconds so far, when the group was handed over.
     pub(super) io_cpu_s: f64,
+    /// How many of its samples (from the first) have been checked; the consumer checks the
+    /// rest. All of them on the device path, and where there is nothing to check.
+    pub(super) checked: usize,
+    /// When the I/O thread handed the group over after checking it (or part of it), if it
+    /// held it back for that: the group waited for checks from `read_done` until then.
+    pub(super) checks_done: Option<Instant>,
+    /// CPU seconds the I/O thread spent checking this group.
+    pub(super) check_cpu_s: f64,
+}
+
+/// The bytes of a host group the I/O thread checks before it looks at its reads again (about
+/// 80 µs of crc32c from memory here): small enough that the read queue does not run dry, large
+/// enough that the clock reads and the reaping are noise.
+pub(super) const CHECK_PIECE: usize = 1 << 20;
+
+/// The batch an epoch's consumer is waiting for (`u32::MAX`: none), shared by the epoch and
+/// the I/O thread so that a group the consumer waits for is not held back for checks.
+#[derive(Debug)]
+pub(super) struct Wants(AtomicU32);
+
+impl Default for Wants {
+    fn default() -> Wants {
+        Wants(AtomicU32::new(u32::MAX))
+    }
+}
+
+impl Wants {
+    pub(super) fn set(&self, batch: u32) {
+        self.0.store(batch, Ordering::Relaxed);
+    }
+
+    pub(super) fn clear(&self) {
+        self.0.store(u32::MAX, Ordering::Relaxed);
+    }
+
+    fn any_of(&self, batches: &std::ops::Range<u32>) -> bool {
+        batches.contains(&self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// A host group whose reads completed, being checked before it is handed over.
+struct Unchecked {
+    /// The epoch's id on this thread.
+    id: u64,
+    meta: GroupMeta,
+    region: Arc<Region>,
 }
 
 /// A finished group, sent from the I/O thread.
@@ -96,9 +150,14 @@ pub(super) struct EpochJob {
     pub(super) retired: Arc<Retired>,
     /// Groups handed to `tx` (the consumer's ledger counts those it received).
     pub(super) sent: Arc<AtomicUsize>,
-    /// Whether this thread verifies checksums of the epoch's device groups (the device image
-    /// stage verifies those of unframed formats with a kernel instead).
-    pub(super) verify_on_host: bool,
+    /// Whether this thread verifies checksums when it checks the epoch's groups (not when the
+    /// image stage verifies those of an unframed format itself: a kernel on the device, the
+    /// decode threads on the host).
+    pub(super) verify: bool,
+    /// The batch the epoch's consumer is waiting for.
+    pub(super) wants: Arc<Wants>,
+    /// A group is handed over once this many of its samples are checked (tests; else all).
+    pub(super) check_ahead_samples: usize,
 }
 
 impl Drop for EpochJob {
@@ -270,6 +329,9 @@ impl WorkerCtx {
         let mut in_flight: HashMap<u64, (u64, Group, Instant, Unopened)> = HashMap::new();
         let mut next_tag = 0u64;
         let mut specs = Vec::new();
+        // Host groups read and not yet handed over: being checked. (Their regions return
+        // their slots if this returns early.)
+        let mut unchecked: Vec<Unchecked> = Vec::new();
         loop {
             // Epochs asked for; wait for one only when there is nothing else to do.
             if jobs.is_empty()
@@ -331,9 +393,10 @@ impl WorkerCtx {
                 a.outstanding += 1;
             }
             // What the thread is about to wait on, for a consumer's report of a long wait.
+            // (A group being checked counts as being read: it is on its way.)
             self.gauges
                 .reading
-                .store(in_flight.len(), Ordering::Relaxed);
+                .store(in_flight.len() + unchecked.len(), Ordering::Relaxed);
             self.gauges.copying.store(
                 copies.as_ref().map_or(0, |q| q.copying()),
                 Ordering::Relaxed,
@@ -352,7 +415,11 @@ impl WorkerCtx {
                     }
                 })?;
             }
-            if in_flight.is_empty() {
+            if !unchecked.is_empty() {
+                // Checks to do: a piece of them, then the reads again, without waiting.
+                self.check_piece(&mut unchecked, jobs);
+                engine.flush()?;
+            } else if in_flight.is_empty() {
                 if copies.as_ref().is_some_and(|q| !q.is_empty()) {
                     continue; // waiting on a copy or a device region: the pump waited a little
                 }
@@ -365,8 +432,9 @@ impl WorkerCtx {
                 // The wait is in short steps so that a stopped epoch or a new one is seen.
                 arena.wait_free(Duration::from_millis(20));
                 continue;
+            } else {
+                engine.wait(1)?;
             }
-            engine.wait(1)?;
             while let Some(c) = engine.pop() {
                 let (id, g, submitted, unopened) =
                     in_flight.remove(&c.user_data).expect("a group per job");
@@ -377,13 +445,22 @@ impl WorkerCtx {
                 let f = self.filled(&a.job.plan, g, c, submitted, &unopened);
                 match copies.as_mut() {
                     Some(q) => {
-                        let f = self.checked(f, a.job.verify_on_host);
+                        let f = self.checked(f, a.job.verify);
                         q.push(f.slot, f.used, (id, f.meta));
                     }
-                    None => a.deliver(GroupDone {
-                        meta: f.meta,
-                        mem: Memory::Host(Arc::new(Region::new(arena.clone(), f.slot))),
-                    }),
+                    None => {
+                        let region = Arc::new(Region::new(arena.clone(), f.slot));
+                        let mut meta = f.meta;
+                        if ds.checks_anything(a.job.verify) {
+                            unchecked.push(Unchecked { id, meta, region });
+                        } else {
+                            meta.checked = meta.ids.len();
+                            a.deliver(GroupDone {
+                                meta,
+                                mem: Memory::Host(region),
+                            });
+                        }
+                    }
                 }
             }
         }
@@ -463,6 +540,9 @@ impl WorkerCtx {
                 remote: c.remote,
                 copy_done: None,
                 io_cpu_s: 0.0,
+                checked: 0,
+                checks_done: None,
+                check_cpu_s: 0.0,
             },
             slot: c.slot,
             used,
@@ -473,14 +553,81 @@ impl WorkerCtx {
     /// host bytes).
     fn checked(&self, mut f: Filled, verify: bool) -> Filled {
         let bytes = self.arena.bytes(&f.slot);
+        let n = f.meta.ids.len();
         self.dataset.check_spans(
             bytes,
             &f.meta.ids,
             &mut f.meta.spans,
             &mut f.meta.labels,
             verify,
+            0..n,
         );
+        f.meta.checked = n;
         f
+    }
+
+    /// One step of the host groups' checks: hands over the groups nobody should wait for (a
+    /// stopped epoch's are dropped; one its consumer is waiting for goes as it is, and the
+    /// consumer checks the rest), then checks up to [`CHECK_PIECE`] bytes of the group that
+    /// comes first (the earliest epoch's earliest batches), handing it over once it is done.
+    fn check_piece(&self, unchecked: &mut Vec<Unchecked>, jobs: &mut VecDeque<Active>) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < unchecked.len() {
+            let u = &unchecked[i];
+            match jobs.iter_mut().find(|a| a.id == u.id) {
+                // (Cannot happen: an epoch stays while it has groups outstanding.)
+                None => drop(unchecked.swap_remove(i)),
+                Some(a) if a.stopped() || a.job.wants.any_of(&u.meta.batches) => {
+                    a.deliver(unchecked.swap_remove(i).handed_over(now));
+                }
+                Some(_) => i += 1,
+            }
+        }
+        let Some(k) = (0..unchecked.len()).min_by_key(|&k| {
+            let u = &unchecked[k];
+            (u.id, u.meta.batches.start)
+        }) else {
+            return;
+        };
+        let Some(a) = jobs.iter_mut().find(|a| a.id == unchecked[k].id) else {
+            return;
+        };
+        let u = &mut unchecked[k];
+        // (Tests may have the thread check only the first samples of each group.)
+        let n = u.meta.ids.len().min(a.job.check_ahead_samples);
+        if u.meta.checked == n {
+            a.deliver(unchecked.swap_remove(k).handed_over(Instant::now()));
+            return;
+        }
+        let c0 = crate::sys::thread_cpu_seconds();
+        let mut bytes = 0;
+        while u.meta.checked < n && bytes < CHECK_PIECE {
+            let at = u.meta.checked;
+            bytes += self.dataset.check_spans(
+                u.region.bytes(),
+                &u.meta.ids,
+                &mut u.meta.spans,
+                &mut u.meta.labels,
+                a.job.verify,
+                at..at + 1,
+            );
+            u.meta.checked += 1;
+        }
+        u.meta.check_cpu_s += crate::sys::thread_cpu_seconds() - c0;
+        if u.meta.checked == n {
+            a.deliver(unchecked.swap_remove(k).handed_over(Instant::now()));
+        }
+    }
+}
+
+impl Unchecked {
+    fn handed_over(mut self, at: Instant) -> GroupDone {
+        self.meta.checks_done = Some(at);
+        GroupDone {
+            meta: self.meta,
+            mem: Memory::Host(self.region),
+        }
     }
 }
 

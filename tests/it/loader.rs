@@ -2,6 +2,7 @@
 //! order mode and across ranks; resume; bad samples; dropping mid-epoch.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use gpufeed::dataset::shard::ShardWriter;
 use gpufeed::testing::Rng;
@@ -458,6 +459,96 @@ fn a_corrupt_sample_is_named_and_every_other_sample_delivered() {
         msg.contains("checksum mismatch") && msg.contains("sample-"),
         "{msg}"
     );
+}
+
+/// The I/O thread checks host groups ahead of the consumer when it has time, and hands a group
+/// the consumer waits for over part-checked (the consumer checks the rest): whoever checks, a
+/// corrupt sample is named and every other sample arrives exact. A slow consumer's checks are
+/// the I/O thread's (`check_cpu_s`); with checks off on a format without frames nobody checks.
+#[test]
+fn checks_ahead_of_the_consumer_name_corrupt_samples_at_any_pace() {
+    let dir = disk_dir();
+    // Samples up to 400 KB: groups of several check pieces (1 MiB), so fast consumers meet
+    // groups the I/O thread has checked in part.
+    let paths = write_shards(dir.path(), 300, 3, 400_000, 11);
+    let mut victims = Vec::new();
+    for (f, p) in paths.iter().enumerate() {
+        let idx = gpufeed::dataset::shard::read_index(p).unwrap();
+        let mut bytes = std::fs::read(p).unwrap();
+        // A third of the samples: a check skipped anywhere shows.
+        for k in (0..idx.entries.len()).step_by(3) {
+            let v = idx.entries[k];
+            bytes[v.offset as usize + v.len as usize / 2] ^= 0x5a;
+            victims.push((f as u32, v.offset));
+        }
+        std::fs::write(p, &bytes).unwrap();
+    }
+    let ds = Dataset::open_shards(&paths).unwrap();
+    let mut victim_ids: Vec<u32> = (0..ds.len() as u32)
+        .filter(|&i| {
+            let s = ds.sample(i as usize);
+            victims.contains(&(s.file, s.offset))
+        })
+        .collect();
+    victim_ids.sort();
+    assert_eq!(victim_ids.len(), 102);
+    let run = |verify: bool, step: Duration, ahead: usize| {
+        let loader = Loader::builder(ds.clone())
+            .batch_size(8)
+            .verify_checksums(verify)
+            .check_ahead_samples(ahead)
+            .build()
+            .unwrap();
+        let mut e = loader.epoch(0).unwrap();
+        let mut bad = Vec::new();
+        let mut ok = 0;
+        for b in e.by_ref() {
+            let b = b.unwrap();
+            for (j, &id) in b.sample_ids().iter().enumerate() {
+                match b.sample(j) {
+                    Ok(s) if verify || !victim_ids.contains(&id) => {
+                        check_sample(&ds, id, s);
+                        ok += 1;
+                    }
+                    Ok(_) => ok += 1, // checks off: a corrupt sample arrives as it is on disk
+                    Err(e) => {
+                        let msg = e.to_string();
+                        assert!(msg.contains("checksum mismatch"), "{msg}");
+                        assert_eq!(e.sample(), Some(id as u64), "{msg}");
+                        assert_eq!(
+                            e.path(),
+                            Some(paths[ds.sample(id as usize).file as usize].as_path())
+                        );
+                        bad.push(id);
+                    }
+                }
+            }
+            std::thread::sleep(step);
+        }
+        bad.sort();
+        (ok, bad, e.stats().clone())
+    };
+    for step_ms in [0, 1, 4] {
+        let (ok, bad, st) = run(true, Duration::from_millis(step_ms), usize::MAX);
+        assert_eq!(ok, 198, "step {step_ms} ms");
+        assert_eq!(bad, victim_ids, "step {step_ms} ms");
+        if step_ms == 4 {
+            // 38 batches 4 ms apart: the disk is far ahead, and the I/O thread checks.
+            assert!(st.check_cpu_s > 0.0, "{st:?}");
+        }
+    }
+    // Groups handed over part-checked, the split falling inside a batch, on a batch's edge, and
+    // after the first batches (groups hold 4 batches of 8): the consumer checks the rest.
+    for ahead in [0, 3, 8, 13, 24] {
+        let (ok, bad, st) = run(true, Duration::from_millis(2), ahead);
+        assert_eq!((ok, &bad), (198, &victim_ids), "{ahead} checked ahead");
+        assert_eq!(st.check_cpu_s > 0.0, ahead > 0, "{ahead}: {st:?}");
+        assert!(st.consumer_cpu_s > 0.0, "{ahead}: {st:?}");
+    }
+    let (ok, bad, st) = run(false, Duration::ZERO, usize::MAX);
+    assert_eq!((ok, bad.len()), (300, 0));
+    assert_eq!(st.check_cpu_s, 0.0, "{st:?}");
+    assert_eq!(st.stall.verify_s, 0.0, "{st:?}");
 }
 
 #[test]
