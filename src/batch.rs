@@ -26,6 +26,11 @@ impl Region {
         self.arena
             .bytes(self.slot.as_ref().expect("slot held until drop"))
     }
+
+    /// The slot itself, no longer returned to the arena on drop (the caller is now its owner).
+    pub(crate) fn into_slot(mut self) -> Slot {
+        self.slot.take().expect("slot held until drop")
+    }
 }
 
 impl Drop for Region {

@@ -152,8 +152,8 @@ pub struct LoaderStats {
     /// CPU seconds of the consumer's thread inside `next` (the frame and checksum checks of
     /// batches it took before the I/O thread had checked them).
     pub consumer_cpu_s: f64,
-    /// CPU seconds the I/O thread spent checking this epoch's host groups (frames and
-    /// checksums; part of `io_thread_cpu_s`).
+    /// CPU seconds the I/O thread spent checking this epoch's groups (frames and checksums;
+    /// part of `io_thread_cpu_s`).
     pub check_cpu_s: f64,
     /// CPU seconds of the decode threads on this epoch's samples (decoded epochs).
     pub decode_cpu_s: f64,

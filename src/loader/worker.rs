@@ -1,13 +1,13 @@
 //! The loader's I/O thread: serves epochs in order — submits read groups, checks and copies
 //! them, hands them to each epoch's consumer.
 //!
-//! Host groups are checked (frames, checksums) here, ahead of the consumer, in the time the
-//! thread would otherwise spend waiting for the disk: a piece of a group at a time
-//! ([`CHECK_PIECE`]), between which it reaps finished reads and starts new ones, so the queue
-//! of reads stays full. A group the consumer is already waiting for is handed over at once,
-//! however much of it is checked, and the consumer checks the rest itself — so a consumer
-//! faster than one thread's checks is never held to that pace, and one slower than the disk
-//! never waits for a check.
+//! Groups are checked (frames, checksums) here, ahead of the consumer, in the time the thread
+//! would otherwise spend waiting for the disk: a piece of a group at a time ([`CHECK_PIECE`]),
+//! between which it reaps finished reads and starts new ones, so the queue of reads stays full.
+//! A host group the consumer is already waiting for is handed over at once, however much of it
+//! is checked, and the consumer checks the rest itself — so a consumer faster than one
+//! thread's checks is never held to that pace, and one slower than the disk never waits for a
+//! check. A device group is copied once it is checked whole (its consumer cannot check it).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -90,12 +90,16 @@ impl Wants {
     }
 }
 
-/// A host group whose reads completed, being checked before it is handed over.
+/// A group whose reads completed, being checked before it is handed over (host) or copied
+/// (device).
 struct Unchecked {
     /// The epoch's id on this thread.
     id: u64,
     meta: GroupMeta,
-    region: Arc<Region>,
+    /// Its slot (back to the arena if the group is dropped).
+    region: Region,
+    /// Device path: the bytes to copy.
+    copy: Option<usize>,
 }
 
 /// A finished group, sent from the I/O thread.
@@ -417,7 +421,7 @@ impl WorkerCtx {
             }
             if !unchecked.is_empty() {
                 // Checks to do: a piece of them, then the reads again, without waiting.
-                self.check_piece(&mut unchecked, jobs);
+                self.check_piece(&mut unchecked, jobs, copies.as_mut());
                 engine.flush()?;
             } else if in_flight.is_empty() {
                 if copies.as_ref().is_some_and(|q| !q.is_empty()) {
@@ -443,24 +447,27 @@ impl WorkerCtx {
                     continue;
                 };
                 let f = self.filled(&a.job.plan, g, c, submitted, &unopened);
+                let Filled {
+                    mut meta,
+                    slot,
+                    used,
+                } = f;
+                if ds.checks_anything(a.job.verify) {
+                    unchecked.push(Unchecked {
+                        id,
+                        meta,
+                        region: Region::new(arena.clone(), slot),
+                        copy: copies.is_some().then_some(used),
+                    });
+                    continue;
+                }
+                meta.checked = meta.ids.len();
                 match copies.as_mut() {
-                    Some(q) => {
-                        let f = self.checked(f, a.job.verify);
-                        q.push(f.slot, f.used, (id, f.meta));
-                    }
-                    None => {
-                        let region = Arc::new(Region::new(arena.clone(), f.slot));
-                        let mut meta = f.meta;
-                        if ds.checks_anything(a.job.verify) {
-                            unchecked.push(Unchecked { id, meta, region });
-                        } else {
-                            meta.checked = meta.ids.len();
-                            a.deliver(GroupDone {
-                                meta,
-                                mem: Memory::Host(region),
-                            });
-                        }
-                    }
+                    Some(q) => q.push(slot, used, (id, meta)),
+                    None => a.deliver(GroupDone {
+                        meta,
+                        mem: Memory::Host(Arc::new(Region::new(arena.clone(), slot))),
+                    }),
                 }
             }
         }
@@ -549,28 +556,17 @@ impl WorkerCtx {
         }
     }
 
-    /// Checks frames and checksums on this thread (device path: the consumer never sees the
-    /// host bytes).
-    fn checked(&self, mut f: Filled, verify: bool) -> Filled {
-        let bytes = self.arena.bytes(&f.slot);
-        let n = f.meta.ids.len();
-        self.dataset.check_spans(
-            bytes,
-            &f.meta.ids,
-            &mut f.meta.spans,
-            &mut f.meta.labels,
-            verify,
-            0..n,
-        );
-        f.meta.checked = n;
-        f
-    }
-
-    /// One step of the host groups' checks: hands over the groups nobody should wait for (a
-    /// stopped epoch's are dropped; one its consumer is waiting for goes as it is, and the
+    /// One step of the checks: hands over the groups nobody should wait for (a stopped
+    /// epoch's are dropped; a host group its consumer is waiting for goes as it is, and the
     /// consumer checks the rest), then checks up to [`CHECK_PIECE`] bytes of the group that
-    /// comes first (the earliest epoch's earliest batches), handing it over once it is done.
-    fn check_piece(&self, unchecked: &mut Vec<Unchecked>, jobs: &mut VecDeque<Active>) {
+    /// comes first (the earliest epoch's earliest batches), handing it over (host) or to the
+    /// copies (device) once it is done.
+    fn check_piece(
+        &self,
+        unchecked: &mut Vec<Unchecked>,
+        jobs: &mut VecDeque<Active>,
+        mut copies: Option<&mut CopyPipeline<(u64, GroupMeta)>>,
+    ) {
         let now = Instant::now();
         let mut i = 0;
         while i < unchecked.len() {
@@ -578,8 +574,12 @@ impl WorkerCtx {
             match jobs.iter_mut().find(|a| a.id == u.id) {
                 // (Cannot happen: an epoch stays while it has groups outstanding.)
                 None => drop(unchecked.swap_remove(i)),
-                Some(a) if a.stopped() || a.job.wants.any_of(&u.meta.batches) => {
-                    a.deliver(unchecked.swap_remove(i).handed_over(now));
+                Some(a)
+                    if a.stopped() || (u.copy.is_none() && a.job.wants.any_of(&u.meta.batches)) =>
+                {
+                    unchecked
+                        .swap_remove(i)
+                        .hand_over(a, copies.as_deref_mut(), now);
                 }
                 Some(_) => i += 1,
             }
@@ -597,7 +597,9 @@ impl WorkerCtx {
         // (Tests may have the thread check only the first samples of each group.)
         let n = u.meta.ids.len().min(a.job.check_ahead_samples);
         if u.meta.checked == n {
-            a.deliver(unchecked.swap_remove(k).handed_over(Instant::now()));
+            unchecked
+                .swap_remove(k)
+                .hand_over(a, copies, Instant::now());
             return;
         }
         let c0 = crate::sys::thread_cpu_seconds();
@@ -616,17 +618,35 @@ impl WorkerCtx {
         }
         u.meta.check_cpu_s += crate::sys::thread_cpu_seconds() - c0;
         if u.meta.checked == n {
-            a.deliver(unchecked.swap_remove(k).handed_over(Instant::now()));
+            unchecked
+                .swap_remove(k)
+                .hand_over(a, copies, Instant::now());
         }
     }
 }
 
 impl Unchecked {
-    fn handed_over(mut self, at: Instant) -> GroupDone {
-        self.meta.checks_done = Some(at);
-        GroupDone {
-            meta: self.meta,
-            mem: Memory::Host(self.region),
+    /// Hands a host group to its consumer (held back for checks until `at`), or a device group
+    /// to the copies; a stopped epoch's group is dropped (its slot returns).
+    fn hand_over(
+        mut self,
+        a: &mut Active,
+        copies: Option<&mut CopyPipeline<(u64, GroupMeta)>>,
+        at: Instant,
+    ) {
+        match (self.copy, copies) {
+            (Some(used), Some(q)) if !a.stopped() => {
+                // (The copy's wait counts from the read's end: `copy_done`.)
+                q.push(self.region.into_slot(), used, (self.id, self.meta));
+            }
+            (Some(_), _) => a.outstanding -= 1,
+            (None, _) => {
+                self.meta.checks_done = Some(at);
+                a.deliver(GroupDone {
+                    meta: self.meta,
+                    mem: Memory::Host(Arc::new(self.region)),
+                });
+            }
         }
     }
 }
