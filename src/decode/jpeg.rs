@@ -91,8 +91,18 @@ pub struct EncodeOptions {
 }
 
 /// A TurboJPEG instance (decompressor or compressor); not shared between threads.
+///
+/// After any failed call the instance is replaced by a fresh one: `tj3DecompressHeader`
+/// returns from libjpeg's error jump without aborting the decompressor (turbojpeg.c, 3.1), so
+/// the next header read resumes the damaged stream's marker state and reports the damaged
+/// image's dimensions for a good one (a JPEG cut inside its headers zeroed the next image).
 pub struct Turbo {
     handle: tj::tjhandle,
+    kind: tj::TJINIT,
+    /// The decompressor's limits, set again on a fresh instance.
+    limits: Option<(u32, u64)>,
+    /// A replacement could not be made (out of memory): made before the next call instead.
+    stale: bool,
 }
 
 // SAFETY: a TurboJPEG handle has no thread affinity; it is only used through `&mut self`, so
@@ -107,33 +117,66 @@ impl Drop for Turbo {
 }
 
 impl Turbo {
-    fn init(kind: tj::TJINIT) -> Result<Turbo, JpegError> {
+    fn init(kind: tj::TJINIT, limits: Option<(u32, u64)>) -> Result<Turbo, JpegError> {
         // SAFETY: tj3Init has no preconditions; a null handle is checked.
         let handle = unsafe { tj::tj3Init(kind as c_int) };
         if handle.is_null() {
             return Err(JpegError::Fatal("tj3Init failed (out of memory?)".into()));
         }
-        Ok(Turbo { handle })
+        let mut t = Turbo {
+            handle,
+            kind,
+            limits,
+            stale: false,
+        };
+        if let Some((scan_limit, pixels_max)) = limits {
+            t.set(
+                tj::TJPARAM_TJPARAM_SCANLIMIT,
+                scan_limit.min(i32::MAX as u32) as c_int,
+            )?;
+            t.set(
+                tj::TJPARAM_TJPARAM_MAXPIXELS,
+                pixels_max.min(i32::MAX as u64) as c_int,
+            )?;
+        }
+        Ok(t)
     }
 
     /// A decompressor. `scan_limit` caps progressive scans (a crafted file can have thousands,
     /// each a pass over the image); `pixels_max` refuses larger images before any allocation.
     pub fn decompressor(scan_limit: u32, pixels_max: u64) -> Result<Turbo, JpegError> {
-        let mut t = Turbo::init(tj::TJINIT_TJINIT_DECOMPRESS)?;
-        t.set(
-            tj::TJPARAM_TJPARAM_SCANLIMIT,
-            scan_limit.min(i32::MAX as u32) as c_int,
-        )?;
-        t.set(
-            tj::TJPARAM_TJPARAM_MAXPIXELS,
-            pixels_max.min(i32::MAX as u64) as c_int,
-        )?;
-        Ok(t)
+        Turbo::init(tj::TJINIT_TJINIT_DECOMPRESS, Some((scan_limit, pixels_max)))
     }
 
     /// A compressor.
     pub fn compressor() -> Result<Turbo, JpegError> {
-        Turbo::init(tj::TJINIT_TJINIT_COMPRESS)
+        Turbo::init(tj::TJINIT_TJINIT_COMPRESS, None)
+    }
+
+    /// Replaces the instance by a fresh one with the same limits (after a failed call, whose
+    /// state the next image must not inherit). If none can be made now, the next call tries
+    /// again and fails until one is made.
+    fn renew(&mut self) {
+        match Turbo::init(self.kind, self.limits) {
+            Ok(fresh) => *self = fresh,
+            Err(_) => self.stale = true,
+        }
+    }
+
+    /// Runs `call` on a ready instance (a fresh one if the last renewal could not make one)
+    /// and renews the instance if it fails, so that no state of a failed call reaches the next.
+    fn guarded<T>(
+        &mut self,
+        call: impl FnOnce(&mut Turbo) -> Result<T, JpegError>,
+    ) -> Result<T, JpegError> {
+        if self.stale {
+            *self = Turbo::init(self.kind, self.limits)?;
+        }
+        let r = call(self);
+        if r.is_err() {
+            self.renew();
+        }
+        r
     }
 
     fn error(&mut self) -> (bool, String) {
@@ -164,6 +207,10 @@ impl Turbo {
 
     /// Reads the header: only the bytes before the first scan are parsed.
     pub fn header(&mut self, data: &[u8]) -> Result<JpegHeader, JpegError> {
+        self.guarded(|t| t.header_once(data))
+    }
+
+    fn header_once(&mut self, data: &[u8]) -> Result<JpegHeader, JpegError> {
         // TurboJPEG accepts a stream of tables only and then reports the previous image's
         // dimensions: a frame header must be there.
         let (fw, fh) = crate::image::info(data)
@@ -255,12 +302,24 @@ impl Turbo {
         crop: Option<(u32, u32, u32, u32)>,
         channels: u32,
         out: &mut [u8],
+        size: (u32, u32),
+    ) -> Result<(), JpegError> {
+        self.guarded(|t| t.decode_once(data, denom, crop, channels, out, size))
+    }
+
+    fn decode_once(
+        &mut self,
+        data: &[u8],
+        denom: u32,
+        crop: Option<(u32, u32, u32, u32)>,
+        channels: u32,
+        out: &mut [u8],
         (w, h): (u32, u32),
     ) -> Result<(), JpegError> {
         // What TurboJPEG will write is decided by `data`'s header, the scaling factor and the
         // crop: read the header here (a few microseconds) so the size checked below is the
         // size written, whatever header the caller read before.
-        let hd = self.header(data)?;
+        let hd = self.header_once(data)?;
         if !matches!(denom, 1 | 2 | 4 | 8) || !matches!(channels, 3 | 4) {
             return Err(JpegError::Fatal(format!(
                 "scale 1/{denom} or {channels} channels is not supported"
@@ -469,5 +528,51 @@ mod tests {
                 worst.0, worst.1, worst.2
             );
         }
+    }
+
+    /// A failed header read or decode leaves nothing behind: the next image on the same
+    /// decompressor reads and decodes as on a fresh one (before the instance was renewed, a
+    /// JPEG cut inside its headers made the next header read report the cut image's size).
+    #[test]
+    fn a_failed_call_leaves_no_state_for_the_next_image() {
+        let enc = |seed, samp: &'static str| {
+            let (px, size) = crate::decode::synth::pixels(seed, seed, 3);
+            let o = EncodeOptions {
+                channels: 3,
+                quality: 90,
+                subsampling: samp,
+                progressive: false,
+                restart_rows: 0,
+            };
+            Turbo::compressor().unwrap().encode(&px, size, &o).unwrap()
+        };
+        let (bad, good) = (enc(1, "4:2:0"), enc(2, "4:4:4"));
+        let mut fresh = Turbo::decompressor(100, 1 << 30).unwrap();
+        let h = fresh.header(&good).unwrap();
+        let mut want = vec![0u8; (h.width * h.height * 3) as usize];
+        fresh
+            .decode(&good, 1, None, 3, &mut want, (h.width, h.height))
+            .unwrap();
+        let mut d = Turbo::decompressor(100, 1 << 30).unwrap();
+        let mut got = vec![0u8; want.len()];
+        let mut tmp = vec![0u8; 1 << 22];
+        let mut failed = 0;
+        for cut in (2..bad.len().min(2000)).step_by(25) {
+            let cut_image = &bad[..cut];
+            let r = d.header(cut_image).and_then(|bh| {
+                let n = (bh.width * bh.height * 3) as usize;
+                d.decode(cut_image, 1, None, 3, &mut tmp[..n], (bh.width, bh.height))
+            });
+            failed += usize::from(r.is_err());
+            assert_eq!(d.header(&good).as_ref(), Ok(&h), "after a cut at {cut}");
+            got.fill(0);
+            d.decode(&good, 1, None, 3, &mut got, (h.width, h.height))
+                .unwrap_or_else(|e| panic!("after a cut at {cut}: {e}"));
+            assert!(
+                got == want,
+                "the image after a cut at {cut} decodes differently"
+            );
+        }
+        assert!(failed > 0);
     }
 }

@@ -4,9 +4,10 @@
 //! side: every sample exactly once, corrupt images as named errors, and the same tensor for a
 //! sample whatever the thread count, the rank count or the resume point.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use gpufeed::decode::{ImageSpec, Layout, PixelType, RgbDecoder, SampleDecoder, Transform};
 use gpufeed::{Dataset, Loader};
@@ -651,4 +652,206 @@ fn mutated_images_give_errors_not_panics() {
     }
     eprintln!("{ok} decoded, {failed} refused");
     assert!(failed > 0 && ok > 0);
+}
+
+/// The damaged variants of `jpeg` the decode-state test feeds: cut at `at`, the bytes from `at`
+/// zero-filled (the length kept), and the byte at `at` with one bit flipped; for every `at`
+/// that `cuts` yields.
+fn damaged_variants(jpeg: &[u8], cuts: impl Iterator<Item = usize>) -> Vec<(String, Vec<u8>)> {
+    let mut v = Vec::new();
+    for at in cuts.filter(|&a| a < jpeg.len()) {
+        v.push((format!("cut at {at}"), jpeg[..at].to_vec()));
+        let mut z = jpeg.to_vec();
+        z[at..].fill(0);
+        v.push((format!("zeroed from {at}"), z));
+        let mut f = jpeg.to_vec();
+        f[at] ^= 1 << (at % 8);
+        v.push((format!("bit {} of byte {at} flipped", at % 8), f));
+    }
+    v
+}
+
+/// Every 25th byte through the headers and the first scan segment, then every `scan_step`th.
+fn cut_points(len: usize, sos: usize, scan_step: usize) -> impl Iterator<Item = usize> {
+    let head = (1..(sos + 200).min(len)).step_by(25);
+    let scan = ((sos + 200)..len).step_by(scan_step);
+    head.chain(scan)
+}
+
+/// Pillow's JPEGs by name (the set of [`pillow_set`]), or `None` without Python.
+fn pillow_jpegs(dir: &Path) -> Option<BTreeMap<String, Vec<u8>>> {
+    let py = pillow()?;
+    Some(
+        pillow_set(py, dir)
+            .into_iter()
+            .map(|p| {
+                let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+                (name, std::fs::read(&p).unwrap())
+            })
+            .collect(),
+    )
+}
+
+/// The good images that follow each damaged one, round-robin: each of another size and
+/// subsampling than the damaged 4:2:0 images (progressive 4:2:0 500×333, baseline 4:4:4,
+/// gray, 4:2:2, CMYK, restart markers).
+const GOOD_AFTER_DAMAGE: [&str; 6] = [
+    "progressive",
+    "s444",
+    "gray",
+    "s422",
+    "cmyk",
+    "restart_blocks",
+];
+
+/// A damaged image never damages the next one decoded on the same thread (issue 36): a
+/// Pillow-written JPEG cut every 25 bytes through its headers and into its scan, zero-filled
+/// and bit-flipped there, each followed by a good image of another size and subsampling, which
+/// must equal its clean decode byte for byte. Before the decoder was renewed after an error,
+/// TurboJPEG's header reader kept the damaged stream's state and the good image failed with
+/// the damaged one's dimensions ("bad dimensions 375x500"), zero-filled.
+#[test]
+fn a_damaged_jpeg_never_changes_the_next_decode_on_the_thread() {
+    let dir = disk_dir();
+    let Some(jpegs) = pillow_jpegs(dir.path()) else {
+        return;
+    };
+    // The whole-image decoder (bench decode's) and the training transform's.
+    let spec = ImageSpec::train(48).dtype(PixelType::U8);
+    let mut clean = BTreeMap::new();
+    for name in GOOD_AFTER_DAMAGE {
+        let mut rgb = Vec::new();
+        let size = RgbDecoder::new()
+            .unwrap()
+            .decode(&jpegs[name], &mut rgb)
+            .unwrap();
+        let mut dec = SampleDecoder::new(spec.clone()).unwrap();
+        let mut t = vec![0u8; dec.sample_bytes()];
+        dec.decode(&jpegs[name], 5, 0, 7, &mut t).unwrap();
+        clean.insert(name, (size, rgb, t));
+    }
+    let mut damaged = Vec::new();
+    for (base, step) in [("s420_odd", 25), ("s420", 997)] {
+        let j = &jpegs[base];
+        let sos = j.windows(2).position(|w| w == [0xff, 0xda]).unwrap();
+        for (what, bytes) in damaged_variants(j, cut_points(j.len(), sos, step)) {
+            damaged.push((format!("{base}.jpg {what}"), bytes));
+        }
+    }
+    assert!(damaged.len() > 1500, "{} damaged images", damaged.len());
+    let mut rgb_dec = RgbDecoder::new().unwrap();
+    let mut sample_dec = SampleDecoder::new(spec).unwrap();
+    let mut out = vec![0u8; sample_dec.sample_bytes()];
+    let mut rgb = Vec::new();
+    let mut refused = 0;
+    for (k, (what, bytes)) in damaged.iter().enumerate() {
+        let name = GOOD_AFTER_DAMAGE[k % GOOD_AFTER_DAMAGE.len()];
+        let (size, want_rgb, want) = &clean[name];
+        let r1 = rgb_dec.decode(bytes, &mut rgb);
+        let got = rgb_dec.decode(&jpegs[name], &mut rgb);
+        assert_eq!(
+            got.as_ref().ok(),
+            Some(size),
+            "{name}.jpg after {what} ({r1:?}): {got:?}"
+        );
+        assert!(
+            rgb == *want_rgb,
+            "{name}.jpg decoded differently after {what}"
+        );
+        let r2 = sample_dec.decode(bytes, 5, 0, 7, &mut out);
+        refused += usize::from(r1.is_err()) + usize::from(r2.is_err());
+        sample_dec
+            .decode(&jpegs[name], 5, 0, 7, &mut out)
+            .unwrap_or_else(|e| panic!("{name}.jpg after {what} ({r2:?}): {e}"));
+        assert!(out == *want, "{name}.jpg's tensor differs after {what}");
+    }
+    eprintln!("{} damaged images, {refused} refusals", damaged.len());
+    assert!(refused > damaged.len() / 2, "damaged images are refused");
+}
+
+/// The same through image loaders on one decode thread, in sequential order, on the host and
+/// on the simulated device (whose hardware route decodes with libjpeg-turbo standing in for
+/// nvJPEG, on the decode thread): a folder alternating damaged and good images. Every good
+/// image's tensor equals its tensor from a folder of good images alone; every damaged one that
+/// fails is named, and no good one.
+#[test]
+fn a_damaged_jpeg_never_changes_the_next_image_in_a_loader() {
+    let dir = disk_dir();
+    let Some(jpegs) = pillow_jpegs(&dir.path().join("pillow")) else {
+        return;
+    };
+    let j = &jpegs["s420_odd"];
+    let sos = j.windows(2).position(|w| w == [0xff, 0xda]).unwrap();
+    let damaged = damaged_variants(j, cut_points(j.len(), sos, 400));
+    let (mixed, alone) = (dir.path().join("mixed"), dir.path().join("alone"));
+    std::fs::create_dir_all(mixed.join("c")).unwrap();
+    std::fs::create_dir_all(alone.join("c")).unwrap();
+    for name in GOOD_AFTER_DAMAGE {
+        std::fs::write(alone.join(format!("c/{name}.jpg")), &jpegs[name]).unwrap();
+    }
+    for (k, (_, bytes)) in damaged.iter().enumerate() {
+        let name = GOOD_AFTER_DAMAGE[k % GOOD_AFTER_DAMAGE.len()];
+        std::fs::write(mixed.join(format!("c/{k:05}-a-bad.jpg")), bytes).unwrap();
+        std::fs::write(mixed.join(format!("c/{k:05}-b-{name}.jpg")), &jpegs[name]).unwrap();
+    }
+    // Eval: the tensor depends on the image alone, not on its sample id.
+    let mut spec = ImageSpec::eval(40).dtype(PixelType::U8).threads(1);
+    spec.dct_scaling = false;
+    let sim = gpufeed::testing::host_kernels::available();
+    if !sim {
+        eprintln!("the simulated device's part skipped: its kernels are not built (no C++)");
+    }
+    for device in [false, true].into_iter().filter(|&d| !d || sim) {
+        let run = |root: &Path| {
+            let mut b = Loader::builder(Arc::new(Dataset::open(root).unwrap()))
+                .batch_size(7)
+                .order(gpufeed::Order::Sequential);
+            if device {
+                b = b.device(gpufeed::Device::Simulated(gpufeed::gpu::SimDevice::new(3)));
+            }
+            let il = b.build().unwrap().decode_images(spec.clone()).unwrap();
+            assert_eq!(il.is_device(), device);
+            let ds = il.loader().dataset().clone();
+            let mut out = BTreeMap::new();
+            for b in il.epoch(0).unwrap() {
+                let b = b.unwrap();
+                let all = b.to_host().unwrap();
+                let per = all.len() / b.len();
+                for (i, &id) in b.sample_ids().iter().enumerate() {
+                    let key = ds.key(id as usize).rsplit('/').next().unwrap().to_string();
+                    let err = b.error(i).map(|e| e.to_string());
+                    out.insert(key, (all[i * per..(i + 1) * per].to_vec(), err));
+                }
+            }
+            out
+        };
+        let want = run(&alone);
+        let got = run(&mixed);
+        assert_eq!(got.len(), 2 * damaged.len());
+        let mut refused = 0;
+        for (key, (t, err)) in &got {
+            if key.contains("-a-bad") {
+                refused += usize::from(err.is_some());
+                continue;
+            }
+            let name = key.split("-b-").nth(1).unwrap();
+            let k: usize = key[..5].parse().unwrap();
+            assert!(
+                err.is_none(),
+                "device {device}: {key} after {}: {}",
+                damaged[k].0,
+                err.as_deref().unwrap_or("")
+            );
+            assert!(
+                *t == want[name].0,
+                "device {device}: {key} differs from its clean decode after {}",
+                damaged[k].0
+            );
+        }
+        eprintln!(
+            "device {device}: {} damaged images, {refused} refused",
+            damaged.len()
+        );
+        assert!(refused > damaged.len() / 2);
+    }
 }
