@@ -197,6 +197,17 @@ impl LoaderBuilder {
         self.plan = plan;
         self
     }
+    /// Reads only part `part` of `parts` of each epoch: the rank's batches `k` with
+    /// `k % parts == part` (default 0 of 1: all of them). `parts` loaders, one per part, then
+    /// deliver the rank's epoch between them — each batch once, equal to the batch one loader
+    /// gives, in its order when taken from the parts in turn — which is what
+    /// `gpufeed.torch.IterableDataset` gives each `DataLoader` worker. Batch indices
+    /// ([`Epoch`] positions, resume points) count this part's batches.
+    pub fn batch_part(mut self, part: u32, parts: u32) -> Self {
+        self.plan.batch_part = (part, parts);
+        self
+    }
+
     /// A time limit on each wait for a batch (default none: the loader waits as long as it
     /// takes, as a trainer may pause for minutes). When a wait passes it, `next` gives an
     /// [`ErrorKind::TimedOut`] error naming what the batch waits for and who holds the read

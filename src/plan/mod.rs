@@ -158,6 +158,11 @@ pub struct PlanConfig {
     /// Reads a group may issue at most (the engine's `reads_per_job_max`): a group is never
     /// planned that the engine cannot take.
     pub reads_per_group_max: u32,
+    /// This part and the number of parts: a plan of `(p, P)` holds the rank's batches `k` with
+    /// `k % P == p`, in order, so that `P` loaders (a `DataLoader`'s workers) together deliver
+    /// the rank's epoch — each batch once, the batches as one loader makes them, and in its
+    /// order when taken from the parts in turn. `(0, 1)`: the whole epoch.
+    pub batch_part: (u32, u32),
 }
 
 impl Default for PlanConfig {
@@ -175,6 +180,7 @@ impl Default for PlanConfig {
             read_bytes_max: 16 << 20,
             align: 4096,
             reads_per_group_max: READS_PER_GROUP_MAX,
+            batch_part: (0, 1),
         }
     }
 }
@@ -241,11 +247,37 @@ impl PlanConfig {
         }
     }
 
-    /// Batches this rank reads per epoch of `n` samples (the last may be short).
+    /// Batches this rank reads per epoch of `n` samples (the last may be short): this part's
+    /// share of them ([`batch_part`](PlanConfig::batch_part)).
     pub fn rank_batches(&self, n: usize) -> usize {
-        self.rank_samples(n)
+        let all = self
+            .rank_samples(n)
             .0
-            .div_ceil(self.batch_size.max(1) as usize)
+            .div_ceil(self.batch_size.max(1) as usize);
+        let (part, parts) = (
+            self.batch_part.0 as usize,
+            self.batch_part.1.max(1) as usize,
+        );
+        all.saturating_sub(part).div_ceil(parts)
+    }
+
+    /// The rank's order and where its padding starts, cut to this part's batches.
+    fn part_of(&self, order: Vec<u32>, padding_from: usize) -> (Vec<u32>, usize) {
+        let (part, parts) = (self.batch_part.0 as usize, self.batch_part.1 as usize);
+        if parts <= 1 {
+            return (order, padding_from);
+        }
+        let b = self.batch_size.max(1) as usize;
+        let mut kept = Vec::with_capacity(order.len() / parts + b);
+        let mut real = 0;
+        for (k, batch) in order.chunks(b).enumerate() {
+            if k % parts == part {
+                // Padding is a suffix of the rank's order, so it stays one of the part's.
+                real += padding_from.saturating_sub(k * b).min(batch.len());
+                kept.extend_from_slice(batch);
+            }
+        }
+        (kept, real)
     }
 
     /// Refuses settings outside their limits, naming the setting.
@@ -258,6 +290,12 @@ impl PlanConfig {
         }
         if self.batch_size == 0 || self.window_batches == 0 {
             return Err(invalid("batch_size and window_batches must be at least 1"));
+        }
+        if self.batch_part.0 >= self.batch_part.1 {
+            return Err(invalid(format!(
+                "batch part {} is not in 0..{} (parts)",
+                self.batch_part.0, self.batch_part.1
+            )));
         }
         if self.batch_size > self.reads_per_group_max {
             return Err(invalid(format!(
@@ -778,8 +816,10 @@ pub struct EpochPlan {
 impl EpochPlan {
     /// Plans `epoch` for `cfg.rank`. Fails if one batch alone does not fit `group_bytes_max`.
     pub fn new(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<EpochPlan> {
-        let order = epoch_order(samples, cfg, epoch)?;
-        let padding_from = cfg.rank_samples(samples.len()).1;
+        let (order, padding_from) = cfg.part_of(
+            epoch_order(samples, cfg, epoch)?,
+            cfg.rank_samples(samples.len()).1,
+        );
         let b = cfg.batch_size as usize;
         // The last batch may be short.
         let batches = order.len().div_ceil(b) as u32;

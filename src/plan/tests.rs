@@ -446,3 +446,75 @@ fn batches_that_would_not_fit_are_evened_out_deterministically() {
         assert!(a.group(&samples, g).slot_bytes <= cfg.group_bytes_max);
     }
 }
+
+/// Batch parts (one per DataLoader worker): the parts of a rank's epoch, taken in turn, are
+/// exactly the rank's batches in its order — the same samples in each batch, the same padding
+/// flags — and each part's batch count is what `rank_batches` says.
+#[test]
+fn batch_parts_taken_in_turn_are_the_ranks_epoch() {
+    let mut rng = Rng::new(36);
+    for case in 0..120 {
+        let n = 1 + rng.below(400) as usize;
+        let files = 1 + rng.below(5) as u32;
+        let samples = dataset(&mut rng, n, files, 3000);
+        let world = 1 + rng.below(3) as u32;
+        let rank = rng.below(world as u64) as u32;
+        let batch = 1 + rng.below(13) as u32;
+        for last_batch in [LastBatch::Short, LastBatch::Drop, LastBatch::Pad] {
+            for order in modes() {
+                let cfg = PlanConfig {
+                    order,
+                    seed: case,
+                    rank,
+                    world_size: world,
+                    batch_size: batch,
+                    last_batch,
+                    ..PlanConfig::default()
+                };
+                let Ok(whole) = EpochPlan::new(&samples, &cfg, 2) else {
+                    continue;
+                };
+                let flagged = |p: &EpochPlan, k: u32| -> Vec<(u32, bool)> {
+                    p.batch_range(k)
+                        .map(|pos| (p.order[pos], p.is_padding(pos)))
+                        .collect()
+                };
+                let want: Vec<_> = (0..whole.batches()).map(|k| flagged(&whole, k)).collect();
+                for parts in 1..=4u32 {
+                    let what = format!("case {case} {order:?} {last_batch:?} parts {parts}");
+                    let plans: Vec<EpochPlan> = (0..parts)
+                        .map(|p| {
+                            let c = PlanConfig {
+                                batch_part: (p, parts),
+                                ..cfg.clone()
+                            };
+                            let plan = EpochPlan::new(&samples, &c, 2).unwrap();
+                            assert_eq!(
+                                plan.batches() as usize,
+                                c.rank_batches(n),
+                                "{what}: part {p}"
+                            );
+                            plan
+                        })
+                        .collect();
+                    let mut got = Vec::new();
+                    for k in 0.. {
+                        let (p, j) = ((k % parts) as usize, k / parts);
+                        if j >= plans[p].batches() {
+                            break;
+                        }
+                        got.push(flagged(&plans[p], j));
+                    }
+                    assert_eq!(got, want, "{what}");
+                    let total: u32 = plans.iter().map(|p| p.batches()).sum();
+                    assert_eq!(total, whole.batches(), "{what}");
+                }
+            }
+        }
+    }
+    let bad = PlanConfig {
+        batch_part: (2, 2),
+        ..PlanConfig::default()
+    };
+    assert!(bad.validate().is_err());
+}
