@@ -57,6 +57,12 @@ pub const BFLOAT16: DLDataType = DLDataType {
     bits: 16,
     lanes: 1,
 };
+/// `int32` (`kDLInt`, 32 bits).
+pub const INT32: DLDataType = DLDataType {
+    code: 0,
+    bits: 32,
+    lanes: 1,
+};
 /// `int64` (`kDLInt`, 64 bits).
 pub const INT64: DLDataType = DLDataType {
     code: 0,

@@ -86,6 +86,16 @@ class Batch:
         """``stall`` (this batch's wait, by cause), and its group's read_s, copy_s, queue_s."""
     def sample(self, i: int) -> bytes:
         """Sample ``i``'s bytes, copied (host batches)."""
+    @property
+    def seq_len(self) -> Optional[int]:
+        """Tokens per window less one, for a token corpus read as windows; else None."""
+    @property
+    def token_dtype(self) -> Optional[str]:
+        """A token corpus's element type as numpy names it ("uint16"…); else None."""
+    def tokens(self, dtype: Any = None) -> Buffer:
+        """``[N, seq_len + 1]`` token ids (int64, or ``dtype="int32"``), one row per window."""
+    def pairs(self, dtype: Any = None) -> Tuple[Buffer, Buffer]:
+        """``(x, y)``: inputs and targets, each ``[N, seq_len]``, ``y`` shifted by one."""
 
 class Images:
     """What decoded image batches look like: ``Loader(..., images=Images("train", 224))``.

@@ -13,13 +13,33 @@ its own threads, so worker processes add nothing but copies::
         for images, labels in gpufeed.torch.batches(loader, device="cuda"):
             ...   # images: [256, 3, 224, 224] float16, labels: int64
 
+Each batch is a :class:`TorchBatch`: it unpacks as ``images, labels`` (``x, y`` for a token
+corpus, ``data, offsets, lengths, labels`` for other bytes) and also carries what the loader
+knows of its samples — ``sample_ids``, ``keys``, ``padding`` (repeats that only even out the
+ranks, ``last_batch="pad"``), ``failed`` (samples that could not be read or decoded and are
+zeros, ``on_error="mark"``) and ``valid`` (neither)::
+
+    for b in gpufeed.torch.batches(val_loader, device="cuda"):   # last_batch="pad"
+        logits = model(b.images)
+        correct += (logits.argmax(1) == b.labels)[b.valid].sum()
+
+A token corpus (``format="tokens"``, or a Megatron prefix with ``seq_len``) gives the inputs and
+targets nanoGPT's ``get_batch`` gives, ``[batch, seq_len]`` int64, ``y`` shifted by one::
+
+    loader = gpufeed.Loader("owt/train.bin", format="tokens", seq_len=1024, batch_size=12)
+    for x, y in gpufeed.torch.batches(loader, device="cuda"):
+        logits, loss = model(x, y)
+
 Code that must hand a dataset to a ``DataLoader`` wraps the loader in
 :class:`IterableDataset` and passes ``batch_size=None`` (gpufeed batches already). With
 ``num_workers > 0`` the workers must be started with ``spawn`` or ``forkserver``
-(``multiprocessing_context="spawn"``): each one then reads its own part of the epoch (the ranks
-are split further by worker), so the epoch still delivers every sample exactly once. A forked
-worker is refused with a message: a loader's I/O thread and io_uring ring do not survive
-``fork``.
+(``multiprocessing_context="spawn"``): worker ``w`` of ``W`` reads the rank's batches
+``w, w + W, w + 2W, …`` (the rank's decode threads shared among them), so the ``DataLoader``
+yields exactly the batches, and in the order, that iterating the loader gives, and ``len()`` is
+exact. A forked worker is refused with a message: a loader's I/O thread and io_uring ring do not
+survive ``fork``. Leaving such a loop early (``break``) shuts the workers down as the
+``DataLoader`` does for any dataset; see the package README for what that costs and why the
+direct loop is the way where it can be.
 """
 
 import os
@@ -29,35 +49,180 @@ import torch.utils.data
 
 from . import GpufeedError, Loader
 
-__all__ = ["IterableDataset", "batches", "to_torch"]
+__all__ = ["IterableDataset", "TorchBatch", "batches", "to_torch"]
 
 
-def to_torch(batch, device=None, non_blocking=True):
-    """One gpufeed batch as torch tensors, sharing gpufeed's memory (DLPack) unless moved.
+def _flags(buf, device):
+    """A uint8 flag buffer as a bool tensor (on ``device`` when given)."""
+    t = torch.from_dlpack(buf).bool()
+    return t if device is None else t.to(device)
 
-    An image batch gives ``(images, labels)``; a byte batch ``(data, offsets, lengths,
-    labels)``. With ``device``, the tensors are moved there (``non_blocking``: host image batches
-    are pageable memory, so the copy is synchronous unless they are pinned first; a loader with
-    ``device="cuda"`` delivers byte batches on the GPU already).
+
+class TorchBatch:
+    """One batch as torch tensors, and what the loader knows of its samples.
+
+    It unpacks as the tuple it stands for — ``images, labels`` (decoded images), ``x, y`` (a
+    token corpus read as windows), ``data, offsets, lengths, labels`` (other bytes) — and
+    ``len()`` and indexing behave as on that tuple, so code written for the tuple keeps working.
+
+    Attributes: ``kind`` ("images", "tokens" or "bytes"); the tensors of that kind (``images``;
+    ``x`` and ``y``; ``data``, ``offsets``, ``lengths``; the others None); ``labels`` (int64,
+    −1 where none); ``sample_ids`` (int64: each sample's index in the dataset); ``keys``
+    (file names or keys, a list of str); ``padding`` (bool: a repeat that only evens out the
+    ranks, ``last_batch="pad"`` — drop it when evaluating); ``failed`` (bool: could not be read
+    or decoded, ``on_error="mark"``; its image is zeros, its token row zeros, its length −1);
+    ``valid`` (bool: neither padding nor failed — the samples to train on or count); ``errors``
+    (``(index, message)`` of each failed sample); ``epoch``; ``index`` (the batch's place in the
+    rank's epoch). The masks and ids live with the tensors (``device``).
     """
-    if hasattr(batch, "images"):
-        out = (torch.from_dlpack(batch.images), torch.from_dlpack(batch.labels))
-    else:
-        out = (
-            torch.from_dlpack(batch.data),
-            torch.from_dlpack(batch.offsets),
-            torch.from_dlpack(batch.lengths),
-            torch.from_dlpack(batch.labels),
+
+    _FIELDS = {
+        "images": ("images", "labels"),
+        "tokens": ("x", "y"),
+        "bytes": ("data", "offsets", "lengths", "labels"),
+    }
+
+    def __init__(self, kind, tensors, sample_ids, keys, padding, failed, errors, epoch, index):
+        self.kind = kind
+        self.images = self.x = self.y = None
+        self.data = self.offsets = self.lengths = None
+        self.labels = None
+        for name, t in tensors.items():
+            setattr(self, name, t)
+        self.sample_ids = sample_ids
+        self.keys = keys
+        self.padding = padding
+        self.failed = failed
+        self.errors = errors
+        self.epoch = epoch
+        self.index = index
+
+    @property
+    def valid(self):
+        """bool: the samples that are neither padding nor failed."""
+        return ~(self.padding | self.failed)
+
+    def _tuple(self):
+        return tuple(getattr(self, f) for f in self._FIELDS[self.kind])
+
+    def __iter__(self):
+        return iter(self._tuple())
+
+    def __len__(self):
+        return len(self._FIELDS[self.kind])
+
+    def __getitem__(self, i):
+        return self._tuple()[i]
+
+    def _map(self, fn):
+        tensors = {}
+        for name in ("images", "x", "y", "data", "offsets", "lengths", "labels"):
+            t = getattr(self, name)
+            if t is not None:
+                tensors[name] = fn(t)
+        return TorchBatch(
+            self.kind,
+            tensors,
+            fn(self.sample_ids),
+            self.keys,
+            fn(self.padding),
+            fn(self.failed),
+            self.errors,
+            self.epoch,
+            self.index,
         )
+
+    def to(self, device, non_blocking=True):
+        """The same batch with every tensor moved to ``device``."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self):
+        """The same batch in pinned host memory (``DataLoader(pin_memory=True)`` calls it)."""
+        return self._map(lambda t: t.pin_memory())
+
+    def __repr__(self):
+        main = self._tuple()[0]
+        return (
+            f"gpufeed.torch.TorchBatch({self.kind}: {list(main.shape)} {main.dtype} on "
+            f"{main.device}, epoch {self.epoch}, batch {self.index}, {len(self.keys)} samples, "
+            f"{int(self.padding.sum())} padding, {int(self.failed.sum())} failed)"
+        )
+
+
+def _token_rows(batch, data, offsets, lengths, dtype):
+    """``[N, seq_len + 1]`` token ids gathered from a batch's bytes with torch (on the GPU for a
+    device batch): the same values ``batch.tokens()`` computes on the host."""
+    width = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4,
+             "int64": 8}.get(batch.token_dtype)
+    if width is None:
+        raise GpufeedError(f"token corpus of {batch.token_dtype}: not token ids")
+    t = batch.seq_len + 1
+    dev = data.device
+    if data.numel() == 0:  # every sample failed
+        return torch.zeros((len(offsets), t), dtype=dtype, device=dev)
+    starts = offsets.to(dev).clamp(min=0)
+    idx = starts[:, None] + torch.arange(t * width, device=dev)[None, :]
+    raw = data[idx.clamp(max=data.numel() - 1)].reshape(-1, t, width).to(torch.int64)
+    rows = torch.zeros(raw.shape[:2], dtype=torch.int64, device=dev)
+    for k in range(width):
+        rows |= raw[:, :, k] << (8 * k)
+    if batch.token_dtype.startswith("int") and width < 8:
+        sign = 1 << (8 * width - 1)
+        rows = (rows ^ sign) - sign
+    rows[lengths.to(dev) < 0] = 0
+    return rows.to(dtype)
+
+
+def to_torch(batch, device=None, non_blocking=True, token_dtype=torch.int64):
+    """One gpufeed batch as a :class:`TorchBatch`, sharing gpufeed's memory (DLPack) unless
+    moved.
+
+    A decoded image batch unpacks as ``(images, labels)``; a batch of a token corpus read as
+    windows as ``(x, y)``, each ``[N, seq_len]`` of ``token_dtype`` (int64 or int32); other byte
+    batches as ``(data, offsets, lengths, labels)``. With ``device``, the tensors are moved
+    there (``non_blocking``: host image batches are pageable memory, so the copy is synchronous
+    unless they are pinned first; a loader with ``device="cuda"`` delivers its batches on the
+    GPU already).
+    """
+    padding = _flags(batch.padding, None)
+    ids = torch.from_dlpack(batch.sample_ids)
+    labels = torch.from_dlpack(batch.labels)
+    if hasattr(batch, "images"):
+        kind = "images"
+        tensors = {"images": torch.from_dlpack(batch.images), "labels": labels}
+        failed = _flags(batch.failed, None)
+    else:
+        lengths = torch.from_dlpack(batch.lengths)
+        failed = lengths < 0
+        if batch.seq_len is not None:
+            kind = "tokens"
+            if batch.device == "cpu":
+                x, y = batch.pairs(dtype=token_dtype)
+                x, y = torch.from_dlpack(x), torch.from_dlpack(y)
+            else:
+                rows = _token_rows(batch, torch.from_dlpack(batch.data),
+                                   torch.from_dlpack(batch.offsets), lengths, token_dtype)
+                x, y = rows[:, :-1], rows[:, 1:]
+            tensors = {"x": x, "y": y, "labels": labels}
+        else:
+            kind = "bytes"
+            tensors = {
+                "data": torch.from_dlpack(batch.data),
+                "offsets": torch.from_dlpack(batch.offsets),
+                "lengths": lengths,
+                "labels": labels,
+            }
+    out = TorchBatch(kind, tensors, ids, batch.keys, padding, failed, batch.errors,
+                     batch.epoch, batch.index)
     if device is not None:
-        out = tuple(t.to(device, non_blocking=non_blocking) for t in out)
+        out = out.to(device, non_blocking=non_blocking)
     return out
 
 
-def batches(loader, device=None, non_blocking=True):
-    """One pass of ``loader`` as torch tensors (:func:`to_torch` of each batch)."""
+def batches(loader, device=None, non_blocking=True, token_dtype=torch.int64):
+    """One pass of ``loader`` as :class:`TorchBatch` records (:func:`to_torch` of each batch)."""
     for batch in loader:
-        yield to_torch(batch, device=device, non_blocking=non_blocking)
+        yield to_torch(batch, device=device, non_blocking=non_blocking, token_dtype=token_dtype)
 
 
 class IterableDataset(torch.utils.data.IterableDataset):
@@ -65,18 +230,22 @@ class IterableDataset(torch.utils.data.IterableDataset):
 
     Use with ``DataLoader(ds, batch_size=None, ...)``. In the main process (``num_workers=0``) it
     iterates ``loader`` itself; in a worker started by ``spawn`` or ``forkserver`` it makes a
-    loader of its own for its part of the epoch (rank ``rank * num_workers + worker id`` of
-    ``world_size * num_workers``), so the workers together deliver every sample exactly once.
-    ``set_epoch`` chooses the epoch (as ``DistributedSampler.set_epoch``); it reaches the workers
-    the next time they are started (``persistent_workers=False``, the default).
+    loader of its own for its part of the rank's epoch: worker ``w`` of ``W`` reads batches
+    ``w, w + W, …``, which the ``DataLoader`` takes from the workers in turn — so it yields the
+    loader's own batches in the loader's order, each once, and ``len()`` is the loader's. The
+    rank's decode threads are shared among the workers (unless ``GPUFEED_DECODE_THREADS`` or
+    ``Images(threads=)`` says otherwise). ``set_epoch`` chooses the epoch (as
+    ``DistributedSampler.set_epoch``); it reaches the workers the next time they are started
+    (``persistent_workers=False``, the default).
     """
 
-    def __init__(self, loader, device=None, non_blocking=True):
+    def __init__(self, loader, device=None, non_blocking=True, token_dtype=torch.int64):
         if not isinstance(loader, Loader):
             raise TypeError(f"expected a gpufeed.Loader, got {type(loader).__name__}")
         self.loader = loader
         self.device = device
         self.non_blocking = non_blocking
+        self.token_dtype = token_dtype
         self._epoch = None
         # Set when unpickled: a spawn-started worker made this copy in its own process.
         self._kwargs = None
@@ -88,6 +257,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
         self.loader.set_epoch(epoch)
 
     def __len__(self):
+        # Exact with workers too: they read the rank's batches between them.
         return len(self.loader)
 
     def __getstate__(self):
@@ -98,6 +268,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
             "epoch": self._epoch if self._epoch is not None else state["epoch"],
             "device": self.device,
             "non_blocking": self.non_blocking,
+            "token_dtype": self.token_dtype,
         }
 
     def __setstate__(self, state):
@@ -106,6 +277,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
         self._epoch = state["epoch"]
         self.device = state["device"]
         self.non_blocking = state["non_blocking"]
+        self.token_dtype = state["token_dtype"]
         self._made_in = os.getpid()
 
     def __iter__(self):
@@ -114,7 +286,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
             if self.loader is None:
                 self.loader = Loader(**self._kwargs)
                 self.loader.set_epoch(self._epoch)
-            yield from batches(self.loader, self.device, self.non_blocking)
+            yield from batches(self.loader, self.device, self.non_blocking, self.token_dtype)
             return
         if self._kwargs is None:
             # Not unpickled here: the worker was forked and holds the parent's loader.
@@ -126,10 +298,16 @@ class IterableDataset(torch.utils.data.IterableDataset):
                 "rarely needed"
             )
         kwargs = dict(self._kwargs)
-        world = kwargs.get("world_size") or 1
-        kwargs["rank"] = (kwargs.get("rank") or 0) * info.num_workers + info.id
-        kwargs["world_size"] = world * info.num_workers
+        kwargs["_batch_part"] = (info.id, info.num_workers)
+        if "GPUFEED_DECODE_THREADS" not in os.environ:
+            # The rank's share of the cores, shared among its workers (the default would give
+            # each worker the rank's whole share).
+            cores = len(os.sched_getaffinity(0))
+            ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+            os.environ["GPUFEED_DECODE_THREADS"] = str(max(1, cores // (ranks * info.num_workers)))
         part = Loader(**kwargs)
         part._mark_worker_part()
         part.set_epoch(self._epoch)
-        yield from batches(part, self.device, self.non_blocking)
+        for b in batches(part, self.device, self.non_blocking, self.token_dtype):
+            b.index = b.index * info.num_workers + info.id  # the batch's place in the rank's epoch
+            yield b

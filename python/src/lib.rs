@@ -44,7 +44,58 @@ create_exception!(
 );
 
 fn err(e: gpufeed::Error) -> PyErr {
-    GpufeedError::new_err(e.report())
+    GpufeedError::new_err(python_spelling(&e.report()))
+}
+
+/// A message in Python's words: the library names options as the command line spells them
+/// (`--format tokens`, `--token-dtype`); here they are keyword arguments (`format="tokens"`,
+/// `token_dtype=`).
+fn python_spelling(msg: &str) -> String {
+    let mut names: Vec<(&str, &str)> = DATASET_OPTIONS
+        .iter()
+        .map(|o| (o.flag, o.name))
+        .chain(LOADER_SETTINGS.iter().map(|s| (s.flag, s.name)))
+        .collect();
+    names.sort_by_key(|(flag, _)| std::cmp::Reverse(flag.len()));
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    'scan: while let Some(at) = rest.find("--") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        for (flag, name) in &names {
+            let Some(tail) = after.strip_prefix(flag) else {
+                continue;
+            };
+            if tail.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                continue; // a longer flag
+            }
+            // `--flag value` (a lower-case word) becomes name="value"; `--flag` alone name=.
+            let word_len = tail
+                .strip_prefix(' ')
+                .map(|t| {
+                    t.find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+                        .unwrap_or(t.len())
+                })
+                .unwrap_or(0);
+            if word_len > 0 && !tail[1..].starts_with('-') {
+                let word = &tail[1..1 + word_len];
+                if word.bytes().all(|b| b.is_ascii_digit()) {
+                    out.push_str(&format!("{name}={word}"));
+                } else {
+                    out.push_str(&format!("{name}=\"{word}\""));
+                }
+                rest = &tail[1 + word_len..];
+            } else {
+                out.push_str(&format!("{name}="));
+                rest = tail;
+            }
+            continue 'scan;
+        }
+        out.push_str("--");
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The keyword arguments `Loader` takes besides the dataset options: the loader settings of
@@ -241,6 +292,67 @@ struct Settings {
     samples: usize,
 }
 
+impl Settings {
+    /// What differs between a saved state's settings and these, in Python's words:
+    /// `world_size=8 when saved, 6 here`.
+    fn differences(&self, here: &Settings) -> Vec<String> {
+        let mut d = Vec::new();
+        let mut cmp = |name: &str, saved: String, now: String| {
+            if saved != now {
+                d.push(format!("{name}={saved} when saved, {now} here"));
+            }
+        };
+        cmp(
+            "batch_size",
+            self.batch_size.to_string(),
+            here.batch_size.to_string(),
+        );
+        cmp(
+            "order",
+            format!("{:?}", self.order),
+            format!("{:?}", here.order),
+        );
+        cmp("seed", self.seed.to_string(), here.seed.to_string());
+        cmp("rank", self.rank.to_string(), here.rank.to_string());
+        cmp(
+            "world_size",
+            self.world_size.to_string(),
+            here.world_size.to_string(),
+        );
+        cmp(
+            "last_batch",
+            format!("{:?}", self.last_batch),
+            format!("{:?}", here.last_batch),
+        );
+        cmp(
+            "num_samples",
+            self.samples.to_string(),
+            here.samples.to_string(),
+        );
+        // The dataset options (format, seq_len, …), one by one where both parse.
+        let parse = |t: &str| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(t);
+        match (parse(&self.dataset_options), parse(&here.dataset_options)) {
+            (Ok(a), Ok(b)) => {
+                let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+                keys.sort();
+                keys.dedup();
+                for k in keys {
+                    let show = |m: &serde_json::Map<String, serde_json::Value>| {
+                        m.get(k).map_or("None".to_string(), |v| v.to_string())
+                    };
+                    cmp(k, show(&a), show(&b));
+                }
+            }
+            _ => cmp(
+                "the dataset options",
+                self.dataset_options.clone(),
+                here.dataset_options.clone(),
+            ),
+        }
+        d
+    }
+}
+
 /// Tells a Python user, without being asked, that indexing lost samples: one
 /// `gpufeed.DatasetWarning` per dataset opened, with the count and the first few problems.
 fn warn_problems(py: Python<'_>, ds: &Dataset, paths: &[PathBuf]) -> PyResult<()> {
@@ -359,7 +471,7 @@ impl PyLoader {
         prefetch=None, last_batch=None, drop_last=None, verify=None, on_error=None,
         shuffle_buffer=None, block_bytes=None, open_blocks=None, queue_depth=None,
         memory_budget=None, prefetch_next_epoch=None, images=None, timeout=None, in_flight=None,
-        open_files_max=None, **dataset
+        open_files_max=None, _batch_part=None, **dataset
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -386,6 +498,7 @@ impl PyLoader {
         timeout: Option<&Bound<'_, PyAny>>,
         in_flight: Option<&Bound<'_, PyAny>>,
         open_files_max: Option<&Bound<'_, PyAny>>,
+        _batch_part: Option<(u32, u32)>,
         dataset: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let image_spec = images.map(|i| i.get().spec.clone());
@@ -436,9 +549,11 @@ impl PyLoader {
         let loader = py
             .detach(|| -> gpufeed::Result<Loader> {
                 let ds = Dataset::open_paths(&path_list, &opts)?;
+                let (part, parts) = _batch_part.unwrap_or((0, 1));
                 Loader::builder(ds)
                     .front_door(FrontDoor::Python)
                     .settings(&settings)
+                    .batch_part(part, parts)
                     .build()
             })
             .map_err(err)?;
@@ -460,6 +575,9 @@ impl PyLoader {
         init.set_item("world_size", settings.world_size)?;
         init.set_item("last_batch", settings.last_batch.name())?;
         init.set_item("images", images)?;
+        if let Some(p) = _batch_part {
+            init.set_item("_batch_part", p)?;
+        }
         if let Some(kw) = dataset {
             for (k, v) in kw.iter() {
                 init.set_item(k, v)?;
@@ -726,9 +844,9 @@ impl PyLoader {
         };
         if saved != self.settings {
             return Err(PyValueError::new_err(format!(
-                "the state was saved with {saved:?}, this loader has {:?}: resuming would give \
-                 other batches",
-                self.settings
+                "this state cannot resume this loader: {} — resuming would give other batches; \
+                 make the loader with the settings the state was saved with",
+                saved.differences(&self.settings).join("; ")
             )));
         }
         let batch: u32 = get("batch")?.extract()?;
@@ -1018,6 +1136,21 @@ impl Next {
 /// A dtype given as a string ("float16"), a torch dtype (`torch.float16`, whose str is
 /// "torch.float16"), a numpy dtype (`np.dtype("float16")`) or a numpy scalar type (`np.float16`).
 fn pixel_type(dtype: &Bound<'_, PyAny>) -> PyResult<PixelType> {
+    let (name, bare) = dtype_name(dtype)?;
+    match bare.as_str() {
+        "uint8" => Ok(PixelType::U8),
+        "float16" | "half" => Ok(PixelType::F16),
+        "bfloat16" => Ok(PixelType::Bf16),
+        "float32" | "float" => Ok(PixelType::F32),
+        _ => Err(PyValueError::new_err(format!(
+            "dtype {name:?}: \"uint8\", \"float16\", \"bfloat16\" or \"float32\" (a string, a \
+             torch dtype such as torch.float16, or a numpy dtype)"
+        ))),
+    }
+}
+
+/// A dtype's name as given and without a `torch.` prefix (see [`pixel_type`]).
+fn dtype_name(dtype: &Bound<'_, PyAny>) -> PyResult<(String, String)> {
     let name = if let Ok(s) = dtype.extract::<String>() {
         s
     } else if let Ok(n) = dtype
@@ -1028,15 +1161,23 @@ fn pixel_type(dtype: &Bound<'_, PyAny>) -> PyResult<PixelType> {
     } else {
         dtype.str()?.extract::<String>()?
     };
-    let bare = name.strip_prefix("torch.").unwrap_or(&name);
-    match bare {
-        "uint8" => Ok(PixelType::U8),
-        "float16" | "half" => Ok(PixelType::F16),
-        "bfloat16" => Ok(PixelType::Bf16),
-        "float32" | "float" => Ok(PixelType::F32),
+    let bare = name.strip_prefix("torch.").unwrap_or(&name).to_string();
+    Ok((name, bare))
+}
+
+/// The element type of token tensors: int64 (as nanoGPT's `get_batch` gives, the default)
+/// or int32, each as a string, a torch dtype or a numpy dtype.
+fn token_dtype(dtype: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    let Some(dtype) = dtype.filter(|d| !d.is_none()) else {
+        return Ok(true);
+    };
+    let (name, bare) = dtype_name(dtype)?;
+    match bare.as_str() {
+        "int64" | "long" => Ok(true),
+        "int32" | "int" => Ok(false),
         _ => Err(PyValueError::new_err(format!(
-            "dtype {name:?}: \"uint8\", \"float16\", \"bfloat16\" or \"float32\" (a string, a \
-             torch dtype such as torch.float16, or a numpy dtype)"
+            "dtype {name:?}: token tensors are \"int64\" (the default) or \"int32\" (a \
+             string, a torch dtype such as torch.int64, or a numpy dtype)"
         ))),
     }
 }
@@ -1448,6 +1589,60 @@ impl PyBatch {
         }
     }
 
+    /// Tokens per window less one (the model's sequence length) for a token corpus read as
+    /// windows (``format="tokens"``, or a Megatron prefix with ``seq_len``); else None.
+    #[getter]
+    fn seq_len(&self) -> Option<u32> {
+        self.dataset
+            .token_layout()
+            .and_then(|l| l.window)
+            .map(|w| w - 1)
+    }
+
+    /// The element type of a token corpus as numpy names it (``"uint16"``…); else None.
+    #[getter]
+    fn token_dtype(&self) -> Option<&'static str> {
+        self.dataset.token_layout().map(|l| l.dtype)
+    }
+
+    /// A token corpus's batch as one ``[N, seq_len + 1]`` tensor of token ids (``int64``, or
+    /// ``dtype="int32"``), widened from the file's own element type in one pass: row ``i`` is
+    /// sample ``i``'s window. A sample that failed (``on_error="mark"``) is a row of zeros.
+    /// Host batches; a batch on the GPU goes through ``gpufeed.torch``.
+    #[pyo3(signature = (dtype=None))]
+    fn tokens(&self, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<PyBuffer> {
+        let wide = token_dtype(dtype)?;
+        let (rows, t) = self.token_rows()?;
+        let shape = vec![self.batch.len(), t];
+        Ok(PyBuffer {
+            mem: token_mem(rows, shape, wide)?,
+        })
+    }
+
+    /// ``(x, y)``: the inputs and targets of a token corpus's batch, each ``[N, seq_len]``
+    /// (``int64``, or ``dtype="int32"``), ``y`` shifted by one — what nanoGPT's ``get_batch``
+    /// gives — from the batch in one pass (see :meth:`tokens`).
+    #[pyo3(signature = (dtype=None))]
+    fn pairs(&self, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<(PyBuffer, PyBuffer)> {
+        let wide = token_dtype(dtype)?;
+        let (rows, t) = self.token_rows()?;
+        let n = self.batch.len();
+        let s = t - 1;
+        let (mut x, mut y) = (Vec::with_capacity(n * s), Vec::with_capacity(n * s));
+        for r in rows.chunks_exact(t) {
+            x.extend_from_slice(&r[..s]);
+            y.extend_from_slice(&r[1..]);
+        }
+        Ok((
+            PyBuffer {
+                mem: token_mem(x, vec![n, s], wide)?,
+            },
+            PyBuffer {
+                mem: token_mem(y, vec![n, s], wide)?,
+            },
+        ))
+    }
+
     /// Sample `i`'s bytes, copied (host batches).
     fn sample<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyBytes>> {
         if i >= self.batch.len() {
@@ -1463,7 +1658,68 @@ impl PyBatch {
     }
 }
 
+impl PyBatch {
+    /// The batch's token windows, widened to i64, and the tokens per window.
+    fn token_rows(&self) -> PyResult<(Vec<i64>, usize)> {
+        let layout = self.dataset.token_layout().ok_or_else(|| {
+            PyValueError::new_err(
+                "tokens()/pairs() need a token corpus (format=\"tokens\" or a Megatron \
+                 prefix); this batch's dataset holds other samples",
+            )
+        })?;
+        let t = layout.window.ok_or_else(|| {
+            PyValueError::new_err(
+                "tokens()/pairs(): a Megatron dataset opened without seq_len holds sequences of \
+                 different lengths; open it with seq_len=N for windows of N + 1 tokens, or read \
+                 data, offsets and lengths",
+            )
+        })? as usize;
+        if !layout.is_integer() {
+            return Err(PyValueError::new_err(format!(
+                "tokens()/pairs(): the dataset stores {}, not token ids",
+                layout.dtype
+            )));
+        }
+        if t < 2 {
+            return Err(PyValueError::new_err(
+                "tokens()/pairs(): windows of one token have no target",
+            ));
+        }
+        if self.batch.region_bytes().is_none() {
+            return Err(PyValueError::new_err(
+                "tokens()/pairs() read host batches; this one is on the GPU: \
+                 gpufeed.torch.token_pairs(batch) makes the pairs there",
+            ));
+        }
+        let n = self.batch.len();
+        let mut rows = vec![0i64; n * t];
+        for (i, row) in rows.chunks_exact_mut(t).enumerate() {
+            // A failed sample (on_error="mark") stays a row of zeros; `lengths` says -1.
+            if let Ok(bytes) = self.batch.sample(i) {
+                layout.read(bytes, row).map_err(err)?;
+            }
+        }
+        Ok((rows, t))
+    }
+}
+
+/// Token ids as a tensor of `shape`: int64 as they are, or int32 (each checked to fit).
+fn token_mem(v: Vec<i64>, shape: Vec<usize>, wide: bool) -> PyResult<Mem> {
+    if wide {
+        return Ok(Mem::I64Nd(Arc::new(v), shape));
+    }
+    let narrow = v
+        .iter()
+        .map(|&x| i32::try_from(x))
+        .collect::<Result<Vec<i32>, _>>()
+        .map_err(|_| PyValueError::new_err("a token id does not fit int32: use dtype=\"int64\""))?;
+    Ok(Mem::I32Nd(Arc::new(narrow), shape))
+}
+
 enum Mem {
+    /// Token ids, N-D (int64 / int32).
+    I64Nd(Arc<Vec<i64>>, Vec<usize>),
+    I32Nd(Arc<Vec<i32>>, Vec<usize>),
     Region {
         batch: Arc<Batch>,
         offset: usize,
@@ -1509,7 +1765,8 @@ impl PyBuffer {
                     (None, None) => (0, *len, HOST),
                 }
             }
-            Mem::I64(v) => (v.as_ptr() as u64, v.len(), HOST),
+            Mem::I64(v) | Mem::I64Nd(v, _) => (v.as_ptr() as u64, v.len(), HOST),
+            Mem::I32Nd(v, _) => (v.as_ptr() as u64, v.len(), HOST),
             Mem::U8(v) => (v.as_ptr() as u64, v.len(), HOST),
             Mem::Images(b) => match b.device_ptr() {
                 Some(p) => (
@@ -1590,7 +1847,8 @@ impl PyBuffer {
                 }
                 (Box::new(batch.clone()), dlpack::UINT8)
             }
-            Mem::I64(v) => (Box::new(v.clone()), dlpack::INT64),
+            Mem::I64(v) | Mem::I64Nd(v, _) => (Box::new(v.clone()), dlpack::INT64),
+            Mem::I32Nd(v, _) => (Box::new(v.clone()), dlpack::INT32),
             Mem::U8(v) => (Box::new(v.clone()), dlpack::UINT8),
             Mem::Images(b) => {
                 if dev.device_type == dlpack::KDL_CUDA {
@@ -1608,6 +1866,12 @@ impl PyBuffer {
             Mem::Images(b) => {
                 let shape: Vec<i64> = b.shape().iter().map(|&d| d as i64).collect();
                 // SAFETY: `owner` keeps the tensor (shape's product of elements at `ptr`)
+                // alive until the deleter runs.
+                unsafe { dlpack::export_nd(owner, ptr as *mut c_void, dev, dtype, &shape) }
+            }
+            Mem::I64Nd(_, shape) | Mem::I32Nd(_, shape) => {
+                let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+                // SAFETY: `owner` keeps the vector (shape's product of elements at `ptr`)
                 // alive until the deleter runs.
                 unsafe { dlpack::export_nd(owner, ptr as *mut c_void, dev, dtype, &shape) }
             }
@@ -1652,7 +1916,8 @@ impl PyBuffer {
     fn dtype(&self) -> &'static str {
         match &self.mem {
             Mem::Region { .. } | Mem::U8(_) => "uint8",
-            Mem::I64(_) => "int64",
+            Mem::I64(_) | Mem::I64Nd(..) => "int64",
+            Mem::I32Nd(..) => "int32",
             Mem::Images(b) => b.dtype().as_str(),
         }
     }
@@ -1662,6 +1927,7 @@ impl PyBuffer {
     fn shape(&self) -> Vec<usize> {
         match &self.mem {
             Mem::Images(b) => b.shape().to_vec(),
+            Mem::I64Nd(_, shape) | Mem::I32Nd(_, shape) => shape.clone(),
             _ => vec![self.raw().1],
         }
     }
@@ -1671,7 +1937,8 @@ impl PyBuffer {
     fn nbytes(&self) -> usize {
         match &self.mem {
             Mem::Region { len, .. } => *len,
-            Mem::I64(v) => v.len() * 8,
+            Mem::I64(v) | Mem::I64Nd(v, _) => v.len() * 8,
+            Mem::I32Nd(v, _) => v.len() * 4,
             Mem::U8(v) => v.len(),
             Mem::Images(b) => b.bytes().len(),
         }
@@ -1681,6 +1948,8 @@ impl PyBuffer {
     fn tolist(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         match &self.mem {
             Mem::I64(v) => Ok(v.as_ref().clone().into_pyobject(py)?.into_any().unbind()),
+            Mem::I64Nd(v, shape) => Ok(nested(py, v, shape[1])?),
+            Mem::I32Nd(v, shape) => Ok(nested(py, v, shape[1])?),
             Mem::U8(v) => {
                 let ints = v.iter().map(|&x| u32::from(x));
                 Ok(pyo3::types::PyList::new(py, ints)?.into_any().unbind())
@@ -1698,7 +1967,11 @@ impl PyBuffer {
     /// The bytes, copied (host buffers).
     fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         match &self.mem {
-            Mem::I64(v) => Ok(PyBytes::new(
+            Mem::I64(v) | Mem::I64Nd(v, _) => Ok(PyBytes::new(
+                py,
+                &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+            )),
+            Mem::I32Nd(v, _) => Ok(PyBytes::new(
                 py,
                 &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
             )),
@@ -1729,11 +2002,21 @@ impl PyBuffer {
                     "a device buffer: use from_dlpack with a device framework",
                 )),
             },
-            Mem::I64(_) | Mem::U8(_) | Mem::Images(_) => {
-                Err(PyValueError::new_err("not a batch's byte buffer"))
-            }
+            _ => Err(PyValueError::new_err("not a batch's byte buffer")),
         }
     }
+}
+
+/// Rows of `cols` elements as a list of lists.
+fn nested<T>(py: Python<'_>, v: &[T], cols: usize) -> PyResult<Py<PyAny>>
+where
+    T: Copy + for<'a> IntoPyObject<'a>,
+{
+    let rows = v
+        .chunks(cols.max(1))
+        .map(|r| pyo3::types::PyList::new(py, r.iter().copied()))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(pyo3::types::PyList::new(py, rows)?.into_any().unbind())
 }
 
 /// Whether a CUDA GPU is usable, and why not (never raises for lack of a GPU).
@@ -1850,4 +2133,26 @@ fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("LOADER_SETTINGS", table)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::python_spelling;
+
+    #[test]
+    fn command_line_flags_read_as_keyword_arguments() {
+        assert_eq!(
+            python_spelling(
+                "name it with --format (packed, tokens); flat token files always need --format \
+                 tokens: x.bin"
+            ),
+            "name it with format= (packed, tokens); flat token files always need \
+             format=\"tokens\": x.bin"
+        );
+        assert_eq!(
+            python_spelling("wrong --token-dtype? or --seq-len 64, --batch-size"),
+            "wrong token_dtype=? or seq_len=64, batch_size="
+        );
+        assert_eq!(python_spelling("a -- b --unknown"), "a -- b --unknown");
+    }
 }

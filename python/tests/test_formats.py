@@ -191,6 +191,117 @@ class DatasetOptions(unittest.TestCase):
             self.assertEqual(ld.num_samples, cli_inspect([prefix], seq_len=8)["samples"])
 
 
+def megatron(prefix, seqs, code, dtype):
+    """A Megatron indexed dataset as megatron-core's ``_IndexWriter`` lays it out: ``seqs`` (arrays
+    of ``dtype``, its code ``code``), one document per sequence."""
+    lens = [len(q) for q in seqs]
+    with open(prefix + ".bin", "wb") as f:
+        for q in seqs:
+            f.write(np.asarray(q, dtype=dtype).tobytes())
+    width = np.dtype(dtype).itemsize
+    ptrs = np.concatenate([[0], np.cumsum([width * n for n in lens])[:-1]]).astype(np.int64)
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00")
+        f.write(struct.pack("<Q", 1))
+        f.write(struct.pack("<B", code))
+        f.write(struct.pack("<Q", len(lens)))
+        f.write(struct.pack("<Q", len(lens) + 1))
+        f.write(np.array(lens, dtype=np.int32).tobytes())
+        f.write(ptrs.tobytes())
+        f.write(np.arange(len(lens) + 1, dtype=np.int64).tobytes())
+
+
+def get_batch(data, ix, block_size):
+    """nanoGPT's ``get_batch`` over a memmap, for the windows starting at ``ix``."""
+    x = np.stack([data[i : i + block_size].astype(np.int64) for i in ix])
+    y = np.stack([data[i + 1 : i + 1 + block_size].astype(np.int64) for i in ix])
+    return x, y
+
+
+@unittest.skipUnless(DATA, "GPUFEED_TEST_DATA is not set (tests/it/python.rs sets it)")
+class TokenPairs(unittest.TestCase):
+    """A token corpus's batch as a model's inputs and targets (issue 36): ``pairs()`` is what
+    nanoGPT's ``get_batch`` gives for the same windows, for flat files and Megatron windows."""
+
+    def check(self, ld, tokens, stride, seq_len):
+        seen = 0
+        for b in ld:
+            self.assertEqual(b.seq_len, seq_len)
+            ids = np.from_dlpack(b.sample_ids)
+            x, y = (np.from_dlpack(t) for t in b.pairs())
+            self.assertEqual((x.dtype, x.shape, y.shape), (np.int64, (len(b), seq_len), (len(b), seq_len)))
+            want_x, want_y = get_batch(tokens, ids * stride, seq_len)
+            np.testing.assert_array_equal(x, want_x)
+            np.testing.assert_array_equal(y, want_y)
+            x32, y32 = (np.from_dlpack(t) for t in b.pairs(dtype="int32"))
+            self.assertEqual(x32.dtype, np.int32)
+            np.testing.assert_array_equal(x32, want_x)
+            rows = np.from_dlpack(b.tokens())
+            np.testing.assert_array_equal(rows[:, :-1], want_x)
+            np.testing.assert_array_equal(rows[:, -1], want_y[:, -1])
+            seen += len(b)
+        self.assertEqual(seen, ld.num_samples)
+
+    def test_flat_files_give_nanogpts_pairs(self):
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            for dtype, token_dtype in ((np.uint16, None), (np.uint32, "u32")):
+                path = os.path.join(d, f"train-{token_dtype}.bin")
+                toks = (np.arange(30_000, dtype=np.uint64) * 7919 % 100_277).astype(dtype)
+                arr = np.memmap(path, dtype=dtype, mode="w+", shape=(len(toks),))
+                arr[:] = toks
+                arr.flush()
+                del arr
+                data = np.memmap(path, dtype=dtype, mode="r")
+                for stride in (None, 50):
+                    ld = gpufeed.Loader(path, batch_size=12, format="tokens", seq_len=100,
+                                        stride=stride, token_dtype=token_dtype)
+                    self.check(ld, data, stride or 100, 100)
+
+    def test_megatron_windows_give_the_same_pairs_and_sequences_say_what_to_do(self):
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            rng = np.random.default_rng(4)
+            for code, dtype in ((8, np.uint16), (4, np.int32)):
+                prefix = os.path.join(d, f"corpus-{code}_text_document")
+                seqs = [rng.integers(0, 60_000 if code == 8 else 200_000, n).astype(dtype)
+                        for n in rng.integers(1, 400, 40)]
+                megatron(prefix, seqs, code, dtype)
+                whole = np.concatenate(seqs)
+                ld = gpufeed.Loader(prefix, batch_size=5, seq_len=32)
+                self.check(ld, whole, 32, 32)
+                # One sample per sequence: of different lengths, so no [N, seq_len] pairs.
+                b = next(iter(gpufeed.Loader(prefix, batch_size=5)))
+                self.assertIsNone(b.seq_len)
+                with self.assertRaises(ValueError) as e:
+                    b.pairs()
+                self.assertIn("seq_len=", str(e.exception))
+
+    def test_pairs_of_other_data_and_other_dtypes_are_refused_in_python_words(self):
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            path = os.path.join(d, "train.bin")
+            np.arange(5000, dtype=np.uint16).tofile(path)
+            b = next(iter(gpufeed.Loader(path, batch_size=4, format="tokens", seq_len=16)))
+            with self.assertRaises(ValueError) as e:
+                b.pairs(dtype="float32")
+            self.assertIn("int64", str(e.exception))
+            big = os.path.join(d, "big.bin")
+            np.full(100, 3_000_000_000, dtype=np.uint32).tofile(big)
+            b = next(iter(gpufeed.Loader(big, batch_size=2, format="tokens", seq_len=8, token_dtype="u32")))
+            with self.assertRaises(ValueError) as e:
+                b.pairs(dtype="int32")
+            self.assertIn("int32", str(e.exception))
+            self.assertEqual(int(np.from_dlpack(b.pairs()[0])[0, 0]), 3_000_000_000)
+            b = next(iter(gpufeed.Loader(os.path.join(DATA, "d2000"), batch_size=4)))
+            self.assertIsNone(b.seq_len)
+            with self.assertRaises(ValueError) as e:
+                b.pairs()
+            self.assertIn('format="tokens"', str(e.exception))
+            # The library's messages name options as Python spells them.
+            with self.assertRaises(gpufeed.GpufeedError) as e:
+                gpufeed.Loader(path, batch_size=4)
+            self.assertIn('format="tokens"', str(e.exception))
+            self.assertNotIn("--format", str(e.exception))
+
+
 @unittest.skipUnless(DATA and BIN, "GPUFEED_TEST_DATA / GPUFEED_BIN not set (tests/it/python.rs sets them)")
 class Problems(unittest.TestCase):
     def make_tars(self, d):

@@ -8,12 +8,15 @@ shards; sample ``i`` is ``(i * 7 + j * 13) % 256`` for its length), ``slow-bytes
 ``slow-images/`` (104 samples each) and ``samples.txt``.
 """
 
+import glob
 import json
 import multiprocessing
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 import warnings
@@ -319,6 +322,88 @@ class TorchGlue(unittest.TestCase):
             seen = sorted(int(data[o]) * 183 % 256 for data, off, lens, labels in dl
                           for o in off.tolist())
             self.assertEqual(seen, list(range(240)), f"{workers} workers")
+
+    def test_a_batch_carries_what_the_loader_knows_and_unpacks_as_before(self):
+        import gpufeed.torch as gt
+
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            # The 104 images with one cut short: evaluated on rank 0 of 3 with padding.
+            shutil.copytree(os.path.join(DATA, "slow-images"), os.path.join(d, "imgs"))
+            files = sorted(glob.glob(os.path.join(d, "imgs", "*", "*")))
+            with open(files[10], "r+b") as f:
+                f.truncate(300)
+            bad = os.path.basename(files[10])
+            seen, pads, failed = [], 0, []
+            for rank in range(3):
+                ld = gpufeed.Loader(os.path.join(d, "imgs"), batch_size=8, order="sequential",
+                                    rank=rank, world_size=3, last_batch="pad", on_error="mark",
+                                    images=gpufeed.Images("eval", size=24, dtype="uint8"))
+                for b in gt.batches(ld):
+                    images, labels = b  # as the tuple it was
+                    self.assertIs(b[0], b.images)
+                    self.assertEqual(len(b), 2)
+                    self.assertEqual((b.kind, images.shape[1:]), ("images", (3, 24, 24)))
+                    for t in (b.sample_ids, b.padding, b.failed, b.valid):
+                        self.assertEqual(len(t), len(labels))
+                    self.assertEqual((b.padding.dtype, b.failed.dtype), (torch.bool, torch.bool))
+                    self.assertTrue(torch.equal(b.valid, ~(b.padding | b.failed)))
+                    self.assertEqual(len(b.keys), len(labels))
+                    for i in torch.nonzero(b.failed).flatten().tolist():
+                        failed.append(os.path.basename(b.keys[i]))
+                        self.assertEqual(int(images[i].abs().sum()), 0)
+                        self.assertIn(i, [j for j, _ in b.errors])
+                    pads += int(b.padding.sum())
+                    seen += b.sample_ids[b.valid | b.failed].tolist()
+                    # Through a pickle (a DataLoader worker's queue) it stays whole.
+                    c = pickle.loads(pickle.dumps(b))
+                    self.assertTrue(torch.equal(c.images, b.images) and c.keys == b.keys)
+                    self.assertIn("padding", repr(b))
+            self.assertEqual(sorted(seen), list(range(104)))
+            self.assertEqual(pads, 3 * 35 - 104)
+            self.assertEqual(failed, [bad])
+
+    def test_a_dataloader_gives_the_loaders_batches_in_its_order_and_its_length(self):
+        import gpufeed.torch as gt
+        from torch.utils.data import DataLoader
+
+        # 240 samples in batches of 7: 35 batches, which 2 or 3 workers do not split evenly.
+        ld = good(batch_size=7, order="global", seed=9)
+        ld.set_epoch(4)
+        direct = [b.sample_ids.tolist() for b in gt.batches(ld)]
+        self.assertEqual(len(direct), 35)
+        for workers in (2, 3):
+            ds = gt.IterableDataset(ld)
+            ds.set_epoch(4)
+            dl = DataLoader(ds, batch_size=None, num_workers=workers,
+                            multiprocessing_context="spawn")
+            got = [(b.index, b.sample_ids.tolist()) for b in dl]
+            self.assertEqual(len(dl), len(got), f"{workers} workers")
+            self.assertEqual([ids for _, ids in got], direct, f"{workers} workers")
+            self.assertEqual([i for i, _ in got], list(range(35)))
+
+    def test_token_batches_are_nanogpts_pairs(self):
+        import gpufeed.torch as gt
+
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            path = os.path.join(d, "train.bin")
+            toks = (np.arange(20_000) * 7919 % 50257).astype(np.uint16)
+            toks.tofile(path)
+            ld = gpufeed.Loader(path, batch_size=6, format="tokens", seq_len=64)
+            n = 0
+            for x, y in gt.batches(ld):
+                self.assertEqual((x.dtype, x.shape[1]), (torch.int64, 64))
+                n += len(x)
+            for b in gt.batches(ld):
+                for i, sid in enumerate(b.sample_ids.tolist()):
+                    want = torch.from_numpy(toks[sid * 64 : sid * 64 + 65].astype(np.int64))
+                    self.assertTrue(torch.equal(b.x[i], want[:-1]) and torch.equal(b.y[i], want[1:]))
+                # The on-device gather (a CUDA batch's path) agrees with the host's pairs.
+                raw = next(iter(ld))
+                rows = gt._token_rows(raw, torch.from_dlpack(raw.data), torch.from_dlpack(raw.offsets),
+                                      torch.from_dlpack(raw.lengths), torch.int64)
+                self.assertTrue(torch.equal(rows, torch.from_dlpack(raw.tokens())))
+                break
+            self.assertEqual(n, ld.num_samples)
 
     def test_a_forked_worker_is_refused_with_a_message(self):
         import gpufeed.torch as gt

@@ -35,7 +35,7 @@ use crate::image;
 use crate::util::Unpoison;
 pub use options::{OptionDoc, DATASET_OPTIONS};
 pub use pack::{pack, PackOptions};
-pub use tokens::{TokenOptions, TokenType};
+pub use tokens::{TokenLayout, TokenOptions, TokenType};
 pub use verify::{verify, VerifyReport};
 
 pub(crate) use crate::batch::SampleSpan;
@@ -258,6 +258,8 @@ pub struct Dataset {
     pub(crate) images: std::sync::OnceLock<Vec<image::ImageInfo>>,
     /// The URLs a remote dataset was opened from (its files are their node-cache copies).
     pub(crate) remote: Vec<String>,
+    /// Token corpora: how a sample holds its tokens.
+    pub(crate) tokens: Option<tokens::TokenLayout>,
 }
 
 /// A summary: a dataset's index can hold millions of samples.
@@ -631,6 +633,12 @@ impl Dataset {
         &self.classes
     }
 
+    /// How a sample holds its tokens: token files and Megatron datasets (whose prefixes all
+    /// store one element type); `None` for other formats.
+    pub fn token_layout(&self) -> Option<TokenLayout> {
+        self.tokens
+    }
+
     /// Sum of all sample lengths.
     pub fn total_bytes(&self) -> u64 {
         self.samples.iter().map(|s| s.len as u64).sum()
@@ -707,6 +715,7 @@ impl Dataset {
             },
             images: std::sync::OnceLock::new(),
             remote: Vec::new(),
+            tokens: None,
         }
     }
 

@@ -30,6 +30,14 @@ pub enum TokenType {
 }
 
 impl TokenType {
+    /// The element type as numpy names it.
+    pub fn dtype(self) -> &'static str {
+        match self {
+            TokenType::U16 => "uint16",
+            TokenType::U32 => "uint32",
+        }
+    }
+
     /// `u16` or `u32`.
     pub fn name(self) -> &'static str {
         match self {
@@ -44,6 +52,59 @@ impl TokenType {
             TokenType::U16 => 2,
             TokenType::U32 => 4,
         }
+    }
+}
+
+/// How a token dataset's samples hold their tokens: what turns a batch into a model's inputs
+/// and targets ([`TokenLayout::read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenLayout {
+    /// The element type as numpy names it: `"uint16"`, `"uint32"`, or a Megatron index's
+    /// (`"int32"`, `"uint8"`, …; `"float32"`/`"float64"` are not token ids).
+    pub dtype: &'static str,
+    /// Bytes per token.
+    pub width: u8,
+    /// Tokens per sample (`seq_len + 1`: the inputs and, shifted by one, the targets), or
+    /// `None` for a Megatron dataset's variable-length sequences (opened without `seq_len`).
+    pub window: Option<u32>,
+}
+
+impl TokenLayout {
+    /// Whether the elements are integers (token ids).
+    pub fn is_integer(&self) -> bool {
+        !self.dtype.starts_with("float")
+    }
+
+    /// The tokens of one sample's bytes (little-endian elements of [`dtype`](Self::dtype)),
+    /// widened to `i64` into `out`, which must hold exactly one per token.
+    pub fn read(&self, sample: &[u8], out: &mut [i64]) -> Result<()> {
+        let w = self.width as usize;
+        if !self.is_integer() {
+            return Err(invalid(format!(
+                "the tokens are {}, not integers",
+                self.dtype
+            )));
+        }
+        if sample.len() != out.len() * w {
+            return Err(invalid(format!(
+                "a sample of {} bytes is not {} tokens of {w} bytes",
+                sample.len(),
+                out.len()
+            )));
+        }
+        let signed = self.dtype.starts_with("int");
+        for (o, b) in out.iter_mut().zip(sample.chunks_exact(w)) {
+            *o = match (w, signed) {
+                (1, false) => b[0] as i64,
+                (1, true) => b[0] as i8 as i64,
+                (2, false) => u16::from_le_bytes([b[0], b[1]]) as i64,
+                (2, true) => i16::from_le_bytes([b[0], b[1]]) as i64,
+                (4, false) => u32::from_le_bytes(b.try_into().expect("4 bytes")) as i64,
+                (4, true) => i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64,
+                _ => i64::from_le_bytes(b.try_into().expect("8 bytes")),
+            };
+        }
+        Ok(())
     }
 }
 
@@ -166,7 +227,13 @@ pub fn open_flat(paths: &[PathBuf], opts: &TokenOptions) -> Result<Dataset> {
             b.problem(e);
         }
     }
-    b.finish(Format::Tokens, "these token files")
+    let mut ds = b.finish(Format::Tokens, "these token files")?;
+    ds.tokens = Some(TokenLayout {
+        dtype: opts.dtype.unwrap_or(TokenType::U16).dtype(),
+        width: width as u8,
+        window: Some(geom.0 as u32),
+    });
+    Ok(ds)
 }
 
 /// Opens Megatron indexed datasets (each path a `PREFIX`, `PREFIX.idx` or `PREFIX.bin`).
@@ -175,26 +242,52 @@ pub fn open_megatron(paths: &[PathBuf], opts: &TokenOptions) -> Result<Dataset> 
     if opts.seq_len.is_some() {
         windows(opts, 0)?; // options that fit no file are refused before any is read
     }
+    let window = match opts.seq_len {
+        Some(_) => Some(windows(opts, 0)?.0 as u32),
+        None => None,
+    };
+    // The element type of every prefix read; the layout only if they agree.
+    let mut dtypes: Vec<(&'static str, u64)> = Vec::new();
     for p in paths {
         let prefix = match p.extension().and_then(|x| x.to_str()) {
             Some("idx") | Some("bin") => strip_ext(p),
             _ => p.clone(),
         };
-        if let Err(e) = megatron_one(&prefix, opts, &mut b) {
-            if paths.len() == 1 {
-                return Err(e);
+        match megatron_one(&prefix, opts, &mut b) {
+            Ok(t) => {
+                if !dtypes.contains(&t) {
+                    dtypes.push(t);
+                }
             }
-            b.problem(e);
+            Err(e) => {
+                if paths.len() == 1 {
+                    return Err(e);
+                }
+                b.problem(e);
+            }
         }
     }
-    b.finish(Format::Megatron, "these Megatron datasets")
+    let mut ds = b.finish(Format::Megatron, "these Megatron datasets")?;
+    if let [(dtype, width)] = dtypes[..] {
+        ds.tokens = Some(TokenLayout {
+            dtype,
+            width: width as u8,
+            window,
+        });
+    }
+    Ok(ds)
 }
 
 fn read_u64(b: &[u8]) -> u64 {
     u64::from_le_bytes(b.try_into().expect("8 bytes"))
 }
 
-fn megatron_one(prefix: &Path, opts: &TokenOptions, b: &mut Builder) -> Result<()> {
+/// Indexes one Megatron prefix into `b`; returns its element type and width.
+fn megatron_one(
+    prefix: &Path,
+    opts: &TokenOptions,
+    b: &mut Builder,
+) -> Result<(&'static str, u64)> {
     let idx = with_suffix(prefix, ".idx");
     let bin = with_suffix(prefix, ".bin");
     let bad = |msg: String| invalid(msg).with_path(idx.clone());
@@ -310,7 +403,7 @@ fn megatron_one(prefix: &Path, opts: &TokenOptions, b: &mut Builder) -> Result<(
             .with_path(bin.clone()));
         }
         add_windows(b, fi, 0, end / width, width, windows(opts, 0)?)?;
-        return Ok(());
+        return Ok((dtype, width));
     }
     b.samples.reserve(seqs as usize);
     for i in 0..seqs as usize {
@@ -340,5 +433,5 @@ fn megatron_one(prefix: &Path, opts: &TokenOptions, b: &mut Builder) -> Result<(
             ),
         }
     }
-    Ok(())
+    Ok((dtype, width))
 }
