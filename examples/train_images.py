@@ -8,7 +8,8 @@
 
 What it shows is the loop every trainer writes, and that it survives being killed:
 
-    loader = gpufeed.Loader(DATA, batch_size=B, images=gpufeed.Images("train", size=S))
+    loader = gpufeed.Loader(DATA, batch_size=B, on_error="mark",
+                            images=gpufeed.Images("train", size=S))
     start = 0
     if checkpoint exists:
         model, opt, saved = load(checkpoint)
@@ -16,9 +17,12 @@ What it shows is the loop every trainer writes, and that it survives being kille
         start = saved["epoch"]
     for epoch in range(start, epochs):
         loader.set_epoch(epoch)                 # keeps the resume point for the saved epoch
-        for batch in loader:                    # the rest of that epoch, then whole epochs
-            step(batch.images, batch.labels)
+        for b in gpufeed.torch.batches(loader, device="cuda"):   # the rest of that epoch, ...
+            step(b.images[b.valid], b.labels[b.valid])   # a damaged image is not trained on
             if time to save: save(model, opt, loader.state_dict())
+
+A damaged image (truncated, corrupt) is named once on stderr and left out of the step
+(``on_error="mark"``: its batch arrives with the image zeroed and flagged in ``failed``).
 
 A step may take seconds and the run may pause for minutes (evaluation, a checkpoint): gpufeed
 waits as long as the step takes. ``--stop-after N`` ends the run after N steps, as a crash would
@@ -48,12 +52,11 @@ class NumpyModel:
         self.w = np.zeros((3 * 8 * 8, classes), dtype=np.float32)
         self.b = np.zeros(classes, dtype=np.float32)
 
-    def step(self, images, labels, lr=0.05):
-        x = np.from_dlpack(images).astype(np.float32)
+    def step(self, x, y, lr=0.05):
+        x = x.astype(np.float32)
         n, c, h, w = x.shape
         p = self.pool
         x = x[:, :, : 8 * p, : 8 * p].reshape(n, c, 8, p, 8, p).mean(axis=(3, 5)).reshape(n, -1)
-        y = np.from_dlpack(labels)
         logits = x @ self.w + self.b
         logits -= logits.max(axis=1, keepdims=True)
         prob = np.exp(logits)
@@ -91,11 +94,9 @@ class TorchModel:
         ).to(self.device)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=0.05, momentum=0.9)
 
-    def step(self, images, labels):
+    def step(self, x, y):
         torch = self.torch
-        x = torch.from_dlpack(images).to(self.device, non_blocking=True).float()
-        y = torch.from_dlpack(labels).to(self.device, non_blocking=True)
-        loss = torch.nn.functional.cross_entropy(self.net(x), y)
+        loss = torch.nn.functional.cross_entropy(self.net(x.float()), y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -111,6 +112,21 @@ class TorchModel:
         self.net.load_state_dict(st["net"])
         self.opt.load_state_dict(st["opt"])
         return st["loader"]
+
+
+def batches(loader, backend, device):
+    """(images, labels of the valid samples; sample ids, epoch, errors) of each batch of a pass:
+    with torch the ``gpufeed.torch`` records, with numpy the batch's own buffers and flags."""
+    if backend == "torch":
+        import gpufeed.torch
+
+        for b in gpufeed.torch.batches(loader, device=device):
+            yield b.images[b.valid], b.labels[b.valid], b.sample_ids.tolist(), b.epoch, b.errors
+    else:
+        for b in loader:
+            valid = (np.from_dlpack(b.failed) == 0) & (np.from_dlpack(b.padding) == 0)
+            yield (np.from_dlpack(b.images)[valid], np.from_dlpack(b.labels)[valid],
+                   np.from_dlpack(b.sample_ids).tolist(), b.epoch, b.errors)
 
 
 def main():
@@ -129,7 +145,7 @@ def main():
     args = p.parse_args()
 
     loader = gpufeed.Loader(
-        args.dataset, batch_size=args.batch_size,
+        args.dataset, batch_size=args.batch_size, on_error="mark",
         images=gpufeed.Images("train", size=args.size,
                               dtype="float16" if args.backend == "torch" else "float32"),
     )
@@ -151,13 +167,15 @@ def main():
     for epoch in range(start, args.epochs):
         loader.set_epoch(epoch)
         t0, seen, loss = time.perf_counter(), 0, float("nan")
-        for batch in loader:
-            loss = model.step(batch.images, batch.labels)
-            seen += len(batch)
+        for x, y, ids, batch_epoch, errors in batches(loader, args.backend, args.device):
+            for _, message in errors:
+                print(f"left out: {message}", file=sys.stderr, flush=True)
+            if len(y):
+                loss = model.step(x, y)
+            seen += len(ids)
             steps += 1
             if log:
-                ids = [int(i) for i in np.from_dlpack(batch.sample_ids)]
-                log.write(json.dumps({"epoch": batch.epoch, "ids": ids}) + "\n")
+                log.write(json.dumps({"epoch": batch_epoch, "ids": ids}) + "\n")
                 log.flush()
             if args.checkpoint and steps % args.save_every == 0:
                 model.save(args.checkpoint, loader.state_dict())

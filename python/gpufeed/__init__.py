@@ -23,6 +23,12 @@ Decoded images (JPEG → augmented tensors on the CPU decode threads)::
         x = torch.from_dlpack(batch.images)   # [256, 3, 224, 224] float16, no copy
         y = torch.from_dlpack(batch.labels)
 
+A bad sample (truncated, corrupt, failing its checksum) raises ``gpufeed.SampleError`` naming the
+file, the sample and what was wrong (``on_error="raise"``, the default); the error carries the
+batch (``err.batch``: its good samples intact, the bad ones flagged in ``failed`` / ``lengths``
+and ``err.errors``) and the pass goes on at the next batch. ``on_error="mark"`` hands such
+batches out without raising.
+
 ``gpufeed.torch`` (imported only when you import it) gives torch tensors directly, and a
 ``torch.utils.data.IterableDataset`` for code that wants a ``DataLoader``.
 
@@ -31,6 +37,8 @@ Resuming: ``loader.state_dict()`` goes in the checkpoint; after a restart,
 loader.set_epoch(epoch); for batch in loader: ...``) yields exactly the batches the
 interrupted run had not yet yielded, then the following epochs.
 """
+
+import copyreg
 
 from ._gpufeed import (
     DATASET_OPTIONS,
@@ -48,6 +56,15 @@ from ._gpufeed import (
     set_progress,
     verify,
 )
+
+
+def _reduce_sample_error(e):
+    """Pickles a ``SampleError`` by its message: the batch it carries (``e.batch``) holds the
+    loader's buffers and stays in this process."""
+    return (SampleError, e.args)
+
+
+copyreg.pickle(SampleError, _reduce_sample_error)
 
 
 def _rebuild(cls, kwargs):

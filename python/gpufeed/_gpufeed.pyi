@@ -25,7 +25,13 @@ class GpufeedError(Exception):
     """An error from gpufeed; the message names the file, the sample and what was wrong."""
 
 class SampleError(GpufeedError):
-    """A batch held a sample that could not be read or failed its checksum."""
+    """A batch held a sample that could not be read, decoded or checked (``on_error="raise"``).
+    ``batch`` is that batch — its good samples intact, the bad ones flagged (``failed``, or
+    ``lengths`` −1) — and ``errors`` its ``(index, message)`` pairs; the pass goes on at the
+    next batch. Pickled by its message alone."""
+
+    batch: Union["Batch", "ImageBatch"]
+    errors: List[Tuple[int, str]]
 
 class Buffer:
     """A buffer (uint8 sample bytes, int64 offsets/lengths/labels/ids, or a decoded image
@@ -55,6 +61,7 @@ class Buffer:
 class Batch:
     """One batch: ``data[offsets[i] : offsets[i] + lengths[i]]`` is sample ``i``."""
 
+    def __repr__(self) -> str: ...
     def __len__(self) -> int: ...
     @property
     def data(self) -> Buffer: ...
@@ -135,6 +142,7 @@ class Images:
 class ImageBatch:
     """A batch of decoded images: ``images`` is one tensor, [N, 3, H, W] or [N, H, W, 3]."""
 
+    def __repr__(self) -> str: ...
     def __len__(self) -> int: ...
     @property
     def images(self) -> Buffer:
@@ -306,6 +314,13 @@ class Loader(Generic[_B]):
     @property
     def problems(self) -> List[Dict[str, Any]]:
         """What indexing found wrong: message, path, offset, sample (the first 1000)."""
+    @property
+    def classes(self) -> List[str]:
+        """Class names by label where the dataset names them (an ImageFolder's subfolders);
+        empty otherwise."""
+    @property
+    def class_to_idx(self) -> Dict[str, int]:
+        """``{class name: label}``, as torchvision's ``ImageFolder.class_to_idx``."""
     @property
     def problems_total(self) -> int: ...
     @property

@@ -43,16 +43,19 @@ direct loop is the way where it can be.
 """
 
 import os
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.utils.data
 
-from . import GpufeedError, Loader
+from . import Batch, GpufeedError, ImageBatch, Loader
+
+Device = Union[str, torch.device, None]
 
 __all__ = ["IterableDataset", "TorchBatch", "batches", "to_torch"]
 
 
-def _flags(buf, device):
+def _flags(buf: Any, device: Device) -> torch.Tensor:
     """A uint8 flag buffer as a bool tensor (on ``device`` when given)."""
     t = torch.from_dlpack(buf).bool()
     return t if device is None else t.to(device)
@@ -82,11 +85,37 @@ class TorchBatch:
         "bytes": ("data", "offsets", "lengths", "labels"),
     }
 
-    def __init__(self, kind, tensors, sample_ids, keys, padding, failed, errors, epoch, index):
+    kind: str
+    images: Optional[torch.Tensor]
+    x: Optional[torch.Tensor]
+    y: Optional[torch.Tensor]
+    data: Optional[torch.Tensor]
+    offsets: Optional[torch.Tensor]
+    lengths: Optional[torch.Tensor]
+    labels: torch.Tensor
+    sample_ids: torch.Tensor
+    keys: List[str]
+    padding: torch.Tensor
+    failed: torch.Tensor
+    errors: List[Tuple[int, str]]
+    epoch: int
+    index: int
+
+    def __init__(
+        self,
+        kind: str,
+        tensors: Dict[str, torch.Tensor],
+        sample_ids: torch.Tensor,
+        keys: List[str],
+        padding: torch.Tensor,
+        failed: torch.Tensor,
+        errors: List[Tuple[int, str]],
+        epoch: int,
+        index: int,
+    ) -> None:
         self.kind = kind
         self.images = self.x = self.y = None
         self.data = self.offsets = self.lengths = None
-        self.labels = None
         for name, t in tensors.items():
             setattr(self, name, t)
         self.sample_ids = sample_ids
@@ -98,23 +127,23 @@ class TorchBatch:
         self.index = index
 
     @property
-    def valid(self):
+    def valid(self) -> torch.Tensor:
         """bool: the samples that are neither padding nor failed."""
         return ~(self.padding | self.failed)
 
-    def _tuple(self):
+    def _tuple(self) -> Tuple[Any, ...]:
         return tuple(getattr(self, f) for f in self._FIELDS[self.kind])
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[torch.Tensor]:
         return iter(self._tuple())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._FIELDS[self.kind])
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> torch.Tensor:
         return self._tuple()[i]
 
-    def _map(self, fn):
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "TorchBatch":
         tensors = {}
         for name in ("images", "x", "y", "data", "offsets", "lengths", "labels"):
             t = getattr(self, name)
@@ -132,15 +161,15 @@ class TorchBatch:
             self.index,
         )
 
-    def to(self, device, non_blocking=True):
+    def to(self, device: Device, non_blocking: bool = True) -> "TorchBatch":
         """The same batch with every tensor moved to ``device``."""
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
-    def pin_memory(self):
+    def pin_memory(self) -> "TorchBatch":
         """The same batch in pinned host memory (``DataLoader(pin_memory=True)`` calls it)."""
         return self._map(lambda t: t.pin_memory())
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         main = self._tuple()[0]
         return (
             f"gpufeed.torch.TorchBatch({self.kind}: {list(main.shape)} {main.dtype} on "
@@ -149,7 +178,13 @@ class TorchBatch:
         )
 
 
-def _token_rows(batch, data, offsets, lengths, dtype):
+def _token_rows(
+    batch: Batch,
+    data: torch.Tensor,
+    offsets: torch.Tensor,
+    lengths: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """``[N, seq_len + 1]`` token ids gathered from a batch's bytes with torch (on the GPU for a
     device batch): the same values ``batch.tokens()`` computes on the host."""
     width = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4,
@@ -173,7 +208,12 @@ def _token_rows(batch, data, offsets, lengths, dtype):
     return rows.to(dtype)
 
 
-def to_torch(batch, device=None, non_blocking=True, token_dtype=torch.int64):
+def to_torch(
+    batch: Union[Batch, ImageBatch],
+    device: Device = None,
+    non_blocking: bool = True,
+    token_dtype: torch.dtype = torch.int64,
+) -> TorchBatch:
     """One gpufeed batch as a :class:`TorchBatch`, sharing gpufeed's memory (DLPack) unless
     moved.
 
@@ -219,7 +259,12 @@ def to_torch(batch, device=None, non_blocking=True, token_dtype=torch.int64):
     return out
 
 
-def batches(loader, device=None, non_blocking=True, token_dtype=torch.int64):
+def batches(
+    loader: Loader,
+    device: Device = None,
+    non_blocking: bool = True,
+    token_dtype: torch.dtype = torch.int64,
+) -> Iterator[TorchBatch]:
     """One pass of ``loader`` as :class:`TorchBatch` records (:func:`to_torch` of each batch)."""
     for batch in loader:
         yield to_torch(batch, device=device, non_blocking=non_blocking, token_dtype=token_dtype)
@@ -239,7 +284,13 @@ class IterableDataset(torch.utils.data.IterableDataset):
     (``persistent_workers=False``, the default).
     """
 
-    def __init__(self, loader, device=None, non_blocking=True, token_dtype=torch.int64):
+    def __init__(
+        self,
+        loader: Loader,
+        device: Device = None,
+        non_blocking: bool = True,
+        token_dtype: torch.dtype = torch.int64,
+    ) -> None:
         if not isinstance(loader, Loader):
             raise TypeError(f"expected a gpufeed.Loader, got {type(loader).__name__}")
         self.loader = loader
@@ -251,12 +302,12 @@ class IterableDataset(torch.utils.data.IterableDataset):
         self._kwargs = None
         self._made_in = os.getpid()
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """The epoch the next pass reads (here and in workers started afterwards)."""
         self._epoch = epoch
         self.loader.set_epoch(epoch)
 
-    def __len__(self):
+    def __len__(self) -> int:
         # Exact with workers too: they read the rank's batches between them.
         return len(self.loader)
 
@@ -280,7 +331,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
         self.token_dtype = state["token_dtype"]
         self._made_in = os.getpid()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[TorchBatch]:
         info = torch.utils.data.get_worker_info()
         if info is None:
             if self.loader is None:

@@ -754,6 +754,58 @@ impl PyLoader {
         ))
     }
 
+    /// Class names by label, where the dataset names them (an ImageFolder's subfolders, sorted
+    /// as torchvision sorts them); empty where it does not (labels read from the data).
+    #[getter]
+    fn classes(&self) -> Vec<String> {
+        self.loader().dataset().classes().to_vec()
+    }
+
+    /// ``{class name: label}``, as torchvision's ``ImageFolder.class_to_idx``.
+    #[getter]
+    fn class_to_idx<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (i, c) in self.loader().dataset().classes().iter().enumerate() {
+            d.set_item(c, i)?;
+        }
+        Ok(d)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let ds = self.loader().dataset();
+        let s = &self.settings;
+        let paths = self.init.bind(py).get_item("paths")?;
+        let paths = match paths {
+            Some(p) => p.repr()?.extract::<String>()?,
+            None => "?".into(),
+        };
+        let classes = match ds.classes().len() {
+            0 => String::new(),
+            n => format!(", {n} classes"),
+        };
+        let images = match self.init.bind(py).get_item("images")? {
+            Some(i) if !i.is_none() => format!(", images={}", i.repr()?.extract::<String>()?),
+            _ => String::new(),
+        };
+        Ok(format!(
+            "gpufeed.Loader({paths}: {} samples ({}{classes}), batch_size={}, order={:?}, \
+             rank {} of {}, {} batches per epoch, last_batch={:?}, device={:?}{images})",
+            s.samples,
+            ds.format().name(),
+            s.batch_size,
+            s.order,
+            s.rank,
+            s.world_size,
+            self.__len__(),
+            s.last_batch,
+            match self.loader().settings().device {
+                gpufeed::Device::Cuda(i) => format!("cuda:{i}"),
+                gpufeed::Device::Host => "cpu".to_string(),
+                _ => "simulated".to_string(),
+            },
+        ))
+    }
+
     /// Batches per epoch for this rank.
     fn __len__(&self) -> usize {
         self.loader().batches_per_epoch() as usize
@@ -1053,6 +1105,10 @@ impl PyEpoch {
             Next::Bytes(b) => b.errors().map(|(_, e)| e.report()).collect(),
             Next::Images(b) => b.errors().map(|(_, e)| e.report()).collect(),
         };
+        let batch = match b {
+            Next::Bytes(b) => Py::new(py, PyBatch::new(b, self.dataset.clone()))?.into_any(),
+            Next::Images(b) => Py::new(py, PyImageBatch::new(b, self.dataset.clone()))?.into_any(),
+        };
         if self.shared.raise_on_error {
             if let Some(first) = errors.first() {
                 let more = if errors.len() > 1 {
@@ -1060,13 +1116,16 @@ impl PyEpoch {
                 } else {
                     String::new()
                 };
-                return Err(SampleError::new_err(format!("{first}{more}")));
+                // The batch comes with the error: its good samples are intact, the bad ones
+                // flagged (images zeroed, lengths -1), and the pass goes on at the next batch.
+                let e = SampleError::new_err(python_spelling(&format!("{first}{more}")));
+                let v = e.value(py);
+                v.setattr("batch", batch.bind(py))?;
+                v.setattr("errors", batch.bind(py).getattr("errors")?)?;
+                return Err(e);
             }
         }
-        Ok(match b {
-            Next::Bytes(b) => Py::new(py, PyBatch::new(b, self.dataset.clone()))?.into_any(),
-            Next::Images(b) => Py::new(py, PyImageBatch::new(b, self.dataset.clone()))?.into_any(),
-        })
+        Ok(batch)
     }
 }
 
@@ -1305,8 +1364,42 @@ impl PyImages {
         })
     }
 
-    fn __repr__(&self) -> String {
-        format!("gpufeed.Images({:?})", self.spec)
+    /// The arguments it was made with, as Python writes them: `size` as torchvision's
+    /// `(height, width)`.
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let init = self.init.bind(py);
+        let show = |k: &str| -> PyResult<String> {
+            let v = init.get_item(k)?.map_or(Ok("None".to_string()), |v| {
+                v.repr().and_then(|r| r.extract::<String>())
+            })?;
+            Ok(format!("{k}={v}"))
+        };
+        let mut parts = vec![
+            init.get_item("transform")?
+                .map_or(Ok("'train'".to_string()), |v| {
+                    v.repr().and_then(|r| r.extract::<String>())
+                })?,
+            show("size")?,
+            show("dtype")?,
+            show("layout")?,
+        ];
+        // The others where they differ from their defaults.
+        let defaults = py.eval(
+            c"dict(threads=0, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip_p=0.5, \
+               dct_scaling=True, prefetch_batches=2, mean=None, std=None, resize=None, \
+               max_pixels=None)",
+            None,
+            None,
+        )?;
+        for (k, d) in defaults.cast::<PyDict>()?.iter() {
+            let k: String = k.extract()?;
+            if let Some(v) = init.get_item(&k)? {
+                if !v.eq(&d)? {
+                    parts.push(show(&k)?);
+                }
+            }
+        }
+        Ok(format!("gpufeed.Images({})", parts.join(", ")))
     }
 
     /// Pickled by its arguments.
@@ -1369,6 +1462,20 @@ impl PyImageBatch {
         PyBuffer {
             mem: Mem::I64(self.labels.clone()),
         }
+    }
+
+    fn __repr__(&self) -> String {
+        let shape: Vec<String> = self.batch.shape().iter().map(|d| d.to_string()).collect();
+        format!(
+            "gpufeed.ImageBatch(epoch {}, batch {}: [{}] {} on {}, {} failed, {} padding)",
+            self.batch.epoch(),
+            self.batch.index(),
+            shape.join(", "),
+            self.batch.dtype().as_str(),
+            self.device(),
+            self.failed.iter().filter(|&&f| f != 0).count(),
+            self.padding.iter().filter(|&&p| p != 0).count(),
+        )
     }
 
     /// Each sample's index in the dataset (int64).
@@ -1491,6 +1598,20 @@ impl PyBatch {
 impl PyBatch {
     fn __len__(&self) -> usize {
         self.batch.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "gpufeed.Batch(epoch {}, batch {}: {} samples, {} bytes on {}, {} failed, {} \
+             padding)",
+            self.batch.epoch(),
+            self.batch.index(),
+            self.batch.len(),
+            self.hi - self.lo,
+            self.device(),
+            self.lengths.iter().filter(|&&l| l < 0).count(),
+            self.padding.iter().filter(|&&p| p != 0).count(),
+        )
     }
 
     /// All samples' bytes, one uint8 buffer (host or device): sample `i` is

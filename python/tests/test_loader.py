@@ -7,7 +7,11 @@ key and length. Sample ``i``'s bytes are ``(i * 7 + j * 13) % 256`` for ``j < le
 """
 
 import gc
+import glob
 import os
+import pickle
+import shutil
+import tempfile
 import unittest
 
 import numpy as np
@@ -387,3 +391,95 @@ class Settings(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(DATA, "GPUFEED_TEST_DATA is not set (tests/it/python.rs sets it)")
+class WhatATorchUserReachesFor(unittest.TestCase):
+    """Issue 36, item 5: classes, reprs, resume mismatches in Python's words, and the batch a
+    SampleError carries."""
+
+    def images_with_one_cut(self, d):
+        shutil.copytree(os.path.join(DATA, "slow-images"), os.path.join(d, "imgs"))
+        files = sorted(glob.glob(os.path.join(d, "imgs", "*", "*")))
+        with open(files[17], "r+b") as f:
+            f.truncate(300)
+        return os.path.join(d, "imgs"), os.path.basename(files[17])
+
+    def test_classes_are_torchvisions(self):
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            root = os.path.join(d, "folder")
+            for c in ("zebra", "Apple", "ant", "b10", "b9"):
+                os.makedirs(os.path.join(root, c))
+                shutil.copy(glob.glob(os.path.join(DATA, "slow-images", "*", "*"))[0],
+                            os.path.join(root, c, "x.jpg"))
+            ld = gpufeed.Loader(root, batch_size=2)
+            # torchvision's find_classes: the subfolders' names, sorted.
+            want = sorted(e.name for e in os.scandir(root) if e.is_dir())
+            self.assertEqual(ld.classes, want)
+            self.assertEqual(ld.class_to_idx, {c: i for i, c in enumerate(want)})
+            labels = {}
+            for b in ld:
+                for k, y in zip(b.keys, np.from_dlpack(b.labels)):
+                    labels[k.split("/")[0]] = int(y)
+            self.assertEqual(labels, ld.class_to_idx)
+        self.assertEqual(loader().classes, [])
+
+    def test_reprs_say_what_a_user_needs(self):
+        img = gpufeed.Images("eval", size=(32, 48), dtype="uint8")
+        self.assertIn("size=(32, 48)", repr(img))
+        self.assertIn("'eval'", repr(img))
+        self.assertNotIn("flip_p", repr(img))  # defaults left out
+        self.assertIn("flip_p=0.2", repr(gpufeed.Images("train", flip_p=0.2)))
+        ld = loader(batch_size=8)
+        r = repr(ld)
+        for part in ("240 samples", "batch_size=8", "30 batches per epoch", "packed", 'device="cpu"'):
+            self.assertIn(part, r)
+        b = next(iter(ld))
+        self.assertIn("8 samples", repr(b))
+        self.assertIn("batch 0", repr(b))
+        ib = next(iter(gpufeed.Loader(os.path.join(DATA, "slow-images"), batch_size=4, images=img)))
+        self.assertIn("[4, 3, 32, 48] uint8", repr(ib))
+
+    def test_a_resume_mismatch_names_the_setting_in_python_words(self):
+        state = loader(world_size=8, rank=0).state_dict()
+        with self.assertRaises(ValueError) as e:
+            loader(world_size=6, rank=0).load_state_dict(state)
+        msg = str(e.exception)
+        self.assertIn("world_size=8 when saved, 6 here", msg)
+        self.assertNotIn("Settings", msg)
+        self.assertNotIn("batch_size", msg)  # only what differs
+
+    def test_a_sample_error_carries_its_batch_and_the_pass_goes_on(self):
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            root, bad = self.images_with_one_cut(d)
+            img = gpufeed.Images("eval", size=24, dtype="uint8")
+            marked = {}
+            for b in gpufeed.Loader(root, batch_size=8, order="sequential", on_error="mark", images=img):
+                x = np.from_dlpack(b.images)
+                for i, sid in enumerate(np.from_dlpack(b.sample_ids)):
+                    marked[int(sid)] = x[i].copy()
+            seen, errors = {}, []
+            it = iter(gpufeed.Loader(root, batch_size=8, order="sequential", images=img))
+            while True:
+                try:
+                    b = next(it)
+                except StopIteration:
+                    break
+                except gpufeed.SampleError as e:
+                    errors.append(e)
+                    b = e.batch
+                    self.assertEqual(len(e.errors), 1)
+                    i = e.errors[0][0]
+                    self.assertEqual(int(np.from_dlpack(b.failed)[i]), 1)
+                    self.assertIn(bad, b.keys[i])
+                    # Pickled (a worker's error to its parent) by its message.
+                    self.assertEqual(str(pickle.loads(pickle.dumps(e))), str(e))
+                x = np.from_dlpack(b.images)
+                for i, sid in enumerate(np.from_dlpack(b.sample_ids)):
+                    seen[int(sid)] = x[i].copy()
+            self.assertEqual(len(errors), 1)
+            self.assertIn(bad, str(errors[0]))
+            self.assertEqual(sorted(seen), list(range(104)))
+            for sid, x in marked.items():
+                np.testing.assert_array_equal(seen[sid], x)
+

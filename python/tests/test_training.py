@@ -233,11 +233,12 @@ class AcrossProcesses(unittest.TestCase):
         self.assertIn("batch_size", msg)
         self.assertIn("timeout", msg)
         self.assertIn("tfrecord_index", msg)
-        # The list is the signature's (text_signature), dataset options aside.
+        # The list is the signature's (text_signature), dataset options and the private
+        # _batch_part (gpufeed.torch's DataLoader workers) aside.
         import inspect
 
         params = [p for p in inspect.signature(gpufeed.Loader).parameters
-                  if p not in ("dataset",)]
+                  if p not in ("dataset",) and not p.startswith("_")]
         for p in params:
             self.assertIn(p, msg)
 

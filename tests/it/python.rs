@@ -74,6 +74,34 @@ fn make_data(dir: &Path) {
     gpufeed::testing::synth::write_image_folder(&dir.join("slow-images"), 104, 7).unwrap();
     // 2,000 small samples in two shards (the last-batch acceptance: batches of 64).
     two_shards(&dir.join("d2000"), 1000, |i| (i % 10, 1 + i % 97));
+    // A token corpus of 1,985 uint16 tokens below 256 (62 windows of 32 + 1), as a flat file
+    // (nanoGPT's train.bin) and as a Megatron prefix of 9 documents (megatron-core's layout).
+    let toks: Vec<u16> = (0..1985u32)
+        .map(|i| ((i * 7 + i / 31) % 256) as u16)
+        .collect();
+    let bytes: Vec<u8> = toks.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let tdir = dir.join("tokens");
+    std::fs::create_dir_all(&tdir).unwrap();
+    std::fs::write(tdir.join("train.bin"), &bytes).unwrap();
+    let prefix = tdir.join("corpus_text_document");
+    std::fs::write(prefix.with_extension("bin"), &bytes).unwrap();
+    let cuts = [0usize, 100, 350, 351, 800, 1200, 1500, 1900, 1950, 1985];
+    let mut idx = b"MMIDIDX\0\0".to_vec();
+    idx.extend(1u64.to_le_bytes());
+    idx.push(8); // uint16
+    let seqs = cuts.len() - 1;
+    idx.extend((seqs as u64).to_le_bytes());
+    idx.extend((seqs as u64 + 1).to_le_bytes());
+    for w in cuts.windows(2) {
+        idx.extend(((w[1] - w[0]) as i32).to_le_bytes());
+    }
+    for w in cuts.windows(2) {
+        idx.extend(((w[0] * 2) as i64).to_le_bytes());
+    }
+    for d in 0..=seqs {
+        idx.extend((d as i64).to_le_bytes());
+    }
+    std::fs::write(prefix.with_extension("idx"), idx).unwrap();
 }
 
 /// The ImageNet-style TFRecord set the `tfrecord` package wrote (`make_imagenet_tfrecord.py`)
@@ -171,25 +199,62 @@ fn run(c: &mut Command, what: &str) {
 
 /// `examples/train_images.py` (the numpy backend: no torch in CI) trains two epochs on the
 /// generated JPEGs, is stopped after 6 steps (just after a checkpoint) and run again: it resumes
-/// there, and each epoch sees every image exactly once across the interruption.
+/// there, and each epoch sees every image exactly once across the interruption. The same for
+/// `examples/train_tokens.py` over a flat token file and a Megatron prefix.
 fn train_example_resumes(py: &Path, dir: &Path) {
-    let data = dir.join("data/slow-images");
-    let ckpt = dir.join("train.ckpt");
-    let ids = dir.join("train-ids.jsonl");
+    let images = ["--batch-size", "8", "--size", "32"];
+    example_resumes(
+        py,
+        dir,
+        "train_images.py",
+        "data/slow-images",
+        &images,
+        104,
+        "images",
+    );
+    let tokens = ["--batch-size", "6", "--seq-len", "32", "--vocab", "256"];
+    example_resumes(
+        py,
+        dir,
+        "train_tokens.py",
+        "data/tokens/train.bin",
+        &tokens,
+        62,
+        "windows",
+    );
+    example_resumes(
+        py,
+        dir,
+        "train_tokens.py",
+        "data/tokens/corpus_text_document",
+        &tokens,
+        62,
+        "windows",
+    );
+}
+
+/// Runs `examples/SCRIPT` over `data` (under `dir`) with the numpy backend for two epochs,
+/// stopped after 6 steps and resumed: each epoch's `samples` ids each exactly once.
+fn example_resumes(
+    py: &Path,
+    dir: &Path,
+    script: &str,
+    data: &str,
+    extra_args: &[&str],
+    samples: u64,
+    what: &str,
+) {
+    let data = dir.join(data);
+    let tag =
+        script.trim_end_matches(".py").to_string() + &data.file_name().unwrap().to_string_lossy();
+    let ckpt = dir.join(format!("{tag}.ckpt"));
+    let ids = dir.join(format!("{tag}-ids.jsonl"));
     let example = |extra: &[&str]| {
         let mut c = Command::new(py);
-        c.arg(root().join("examples/train_images.py"))
+        c.arg(root().join("examples").join(script))
             .arg(&data)
-            .args([
-                "--backend",
-                "numpy",
-                "--epochs",
-                "2",
-                "--batch-size",
-                "8",
-                "--size",
-                "32",
-            ])
+            .args(["--backend", "numpy", "--epochs", "2"])
+            .args(extra_args)
             .args(["--save-every", "3", "--checkpoint"])
             .arg(&ckpt)
             .arg("--log-ids")
@@ -203,19 +268,25 @@ fn train_example_resumes(py: &Path, dir: &Path) {
     assert_eq!(
         first.status.code(),
         Some(3),
-        "{out}{}",
+        "{script}: {out}{}",
         String::from_utf8_lossy(&first.stderr)
     );
-    assert!(out.contains("stopping after 6 steps"), "{out}");
+    assert!(out.contains("stopping after 6 steps"), "{script}: {out}");
     let second = example(&[]);
     let out = String::from_utf8_lossy(&second.stdout);
     assert!(
         second.status.success(),
-        "{out}{}",
+        "{script}: {out}{}",
         String::from_utf8_lossy(&second.stderr)
     );
-    assert!(out.contains("resuming at epoch 0, batch 6"), "{out}");
-    assert!(out.contains("epoch 1: 104 images"), "{out}");
+    assert!(
+        out.contains("resuming at epoch 0, batch 6"),
+        "{script}: {out}"
+    );
+    assert!(
+        out.contains(&format!("epoch 1: {samples} {what}")),
+        "{script}: {out}"
+    );
     let mut per_epoch: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for line in std::fs::read_to_string(&ids).unwrap().lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -228,13 +299,14 @@ fn train_example_resumes(py: &Path, dir: &Path) {
                 .map(|x| x.as_u64().unwrap()),
         );
     }
-    assert_eq!(per_epoch.len(), 2, "two epochs");
+    assert_eq!(per_epoch.len(), 2, "{script}: two epochs");
     for (e, mut seen) in per_epoch {
         seen.sort_unstable();
         assert_eq!(
             seen,
-            (0..104).collect::<Vec<_>>(),
-            "epoch {e}: every image once"
+            (0..samples).collect::<Vec<_>>(),
+            "{script} {}: epoch {e}: every sample once",
+            data.display()
         );
     }
 }
@@ -355,6 +427,7 @@ fn python_package_installs_and_passes_its_tests() {
             .arg(root().join("examples/train_torch.py"))
             .arg(root().join("examples/train_torch_dataloader.py"))
             .arg(root().join("examples/train_images.py"))
+            .arg(root().join("examples/train_tokens.py"))
             .arg(root().join("scripts/bench-python.py")),
         "py_compile examples",
     );
