@@ -13,6 +13,13 @@
 //!   of allocator rounding) over its largest first-minute value, and descriptors and threads
 //!   not at all.
 //!
+//! - decoded images: epochs of an image loader (host, and the simulated device where its
+//!   kernels are built) over a folder where good JPEGs of every kind the generator makes
+//!   alternate with damaged files — truncated at random points, zero-filled from a random
+//!   point, other formats under a `.jpg` name — damaged afresh every epoch: every good image's
+//!   tensor equals its clean decode exactly (a damaged image never harms the next one), a
+//!   damaged one is decoded or named, never anything else.
+//!
 //! Prints a summary (or `--json`) and exits 1 on any violation.
 //!
 //! ```text
@@ -25,9 +32,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpufeed::dataset::shard::ShardWriter;
+use gpufeed::decode::{ImageLoader, ImageSpec, PixelType};
 use gpufeed::loader::BackendFactory;
 use gpufeed::testing::sim::{Rng, SimBackend, SimConfig};
-use gpufeed::{Dataset, EngineKind, LastBatch, Loader, Order};
+use gpufeed::{Dataset, Device, EngineKind, LastBatch, Loader, Order};
 
 /// Sample `i`'s bytes: a function of its id and position, so a misplaced byte shows.
 fn content(i: usize, len: usize) -> Vec<u8> {
@@ -103,13 +111,167 @@ struct Counts {
     sim_seeds: u64,
     sim_samples: u64,
     sim_injected_errors: u64,
+    image_epochs: u64,
+    image_epochs_on_device: u64,
+    good_images_checked: u64,
+    damaged_images_named: u64,
+    damaged_images_decoded: u64,
     by_order: BTreeMap<String, u64>,
     by_engine: BTreeMap<String, u64>,
+}
+
+/// The decoded-image part: a folder where good JPEGs (`NNNN-good-K.jpg`) alternate with
+/// damaged files (`NNNN-bad.jpg`) whose bytes are made anew every epoch at the size they were
+/// opened with (so the loaders, made once as a trainer makes them, stay valid); each good
+/// image's clean tensor on the host and, where the simulated device's kernels are built, on it.
+struct Images {
+    dir: PathBuf,
+    good: Vec<Vec<u8>>,
+    /// The size of each damaged file.
+    bad_len: Vec<usize>,
+    dataset: Arc<Dataset>,
+    host: ImageLoader,
+    device: Option<ImageLoader>,
+    clean_host: Vec<Vec<u8>>,
+    clean_device: Vec<Vec<u8>>,
+}
+
+const GOOD_IMAGES: usize = 24;
+
+/// Tensors of one epoch of `il` by sample id, and each sample's error.
+type Decoded = BTreeMap<u32, (Vec<u8>, Option<String>)>;
+
+fn decode_epoch(il: &ImageLoader, epoch: u64) -> gpufeed::Result<Decoded> {
+    let mut out = BTreeMap::new();
+    for batch in il.epoch(epoch)? {
+        let batch = batch?;
+        let all = batch.to_host()?;
+        let per = all.len() / batch.len().max(1);
+        for (i, &id) in batch.sample_ids().iter().enumerate() {
+            let err = batch.error(i).map(|e| e.report());
+            if out
+                .insert(id, (all[i * per..(i + 1) * per].to_vec(), err))
+                .is_some()
+            {
+                return Err(gpufeed::Error::new(
+                    gpufeed::ErrorKind::InvalidInput,
+                    format!("sample {id} twice in epoch {epoch}"),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Images {
+    fn new(dir: &Path, rng: &mut Rng) -> Images {
+        let good: Vec<Vec<u8>> = (0..GOOD_IMAGES as u64)
+            .map(|i| gpufeed::testing::synth::jpeg(3, i).expect("a generated JPEG"))
+            .collect();
+        let mut spec = ImageSpec::eval(32).dtype(PixelType::U8).threads(2);
+        spec.dct_scaling = false; // the device decodes at full size: the same on both
+        let sim = gpufeed::testing::host_kernels::available();
+        let loaders = |root: &Path| {
+            let ds = Arc::new(Dataset::open(root).expect("open the images"));
+            let make = |order: Order, batch: u32, device: Option<Device>, threads: usize| {
+                // A small arena: the images are small (the default budget sizes 4 x 128 MiB).
+                let mut b = Loader::builder(ds.clone())
+                    .batch_size(batch)
+                    .order(order)
+                    .memory_budget(16 << 20);
+                if let Some(d) = device {
+                    b = b.device(d);
+                }
+                b.build()
+                    .and_then(|l| l.decode_images(spec.clone().threads(threads)))
+                    .expect("an image loader")
+            };
+            let host = make(Order::Global, 5, None, 2);
+            let device = sim.then(|| {
+                let d = Device::Simulated(gpufeed::gpu::SimDevice::new(1));
+                make(Order::Sequential, 3, Some(d), 1)
+            });
+            (ds, host, device)
+        };
+        // Clean tensors: the good images alone, on each device.
+        let clean = dir.join("clean");
+        std::fs::create_dir_all(clean.join("c")).expect("image directory");
+        for (k, g) in good.iter().enumerate() {
+            std::fs::write(clean.join(format!("c/{k:04}-good-{k}.jpg")), g).expect("write");
+        }
+        let tensors = |il: &ImageLoader| -> Vec<Vec<u8>> {
+            let d = decode_epoch(il, 0).expect("the clean images decode");
+            d.into_values()
+                .map(|(t, e)| {
+                    assert!(e.is_none(), "a clean image failed: {e:?}");
+                    t
+                })
+                .collect()
+        };
+        let (_, host, device) = loaders(&clean);
+        let clean_host = tensors(&host);
+        let clean_device = device.as_ref().map(tensors).unwrap_or_default();
+        drop((host, device));
+        // The mixed folder: a damaged file of a random size before each good image.
+        let mixed = dir.join("mixed");
+        std::fs::create_dir_all(mixed.join("c")).expect("image directory");
+        let mut bad_len = Vec::new();
+        for (k, g) in good.iter().enumerate() {
+            std::fs::write(mixed.join(format!("c/{:04}-good-{k}.jpg", 2 * k + 1)), g)
+                .expect("write");
+            let len = 1 + rng.below(g.len() as u64) as usize;
+            std::fs::write(
+                mixed.join(format!("c/{:04}-bad.jpg", 2 * k)),
+                vec![0u8; len],
+            )
+            .expect("write");
+            bad_len.push(len);
+        }
+        let (dataset, host, device) = loaders(&mixed);
+        Images {
+            dir: mixed,
+            good,
+            bad_len,
+            dataset,
+            host,
+            device,
+            clean_host,
+            clean_device,
+        }
+    }
+
+    /// Writes every damaged file anew, at its size: a good image truncated there, one
+    /// zero-filled from a random point, an HTML page, a PNG signature before JPEG bytes, noise.
+    fn damage(&self, rng: &mut Rng) {
+        for (k, &len) in self.bad_len.iter().enumerate() {
+            let bases: Vec<&Vec<u8>> = self.good.iter().filter(|g| g.len() >= len).collect();
+            let base = bases[rng.below(bases.len() as u64) as usize];
+            let at = rng.below(len as u64) as usize;
+            let mut bad: Vec<u8> = match rng.below(5) {
+                0 => base[..len].to_vec(),
+                1 => {
+                    let mut b = base[..len].to_vec();
+                    b[at..].fill(0);
+                    b
+                }
+                2 => b"<html><body>404 Not Found</body></html>".repeat(len / 39 + 1),
+                3 => {
+                    let mut b = b"\x89PNG\r\n\x1a\n".to_vec();
+                    b.extend_from_slice(base);
+                    b
+                }
+                _ => (0..len).map(|i| ((i * 7919 + at) % 251) as u8).collect(),
+            };
+            bad.resize(len, 0);
+            std::fs::write(self.dir.join(format!("c/{:04}-bad.jpg", 2 * k)), bad).expect("write");
+        }
+    }
 }
 
 struct Soak {
     ds: Arc<Dataset>,
     small: Arc<Dataset>,
+    images: Images,
     rng: Rng,
     counts: Counts,
     violations: Vec<String>,
@@ -297,6 +459,66 @@ impl Soak {
         }
     }
 
+    /// One epoch of decoded images over the good JPEGs with damaged files between them, made
+    /// afresh: on the host, or on the simulated device every other epoch where it is built.
+    fn image_epoch(&mut self, epoch: u64) {
+        self.images.damage(&mut self.rng);
+        let on_device = epoch % 2 == 1 && self.images.device.is_some();
+        let what = format!(
+            "image epoch {epoch} ({})",
+            if on_device {
+                "simulated device"
+            } else {
+                "host"
+            }
+        );
+        let il = match (on_device, &self.images.device) {
+            (true, Some(d)) => d,
+            _ => &self.images.host,
+        };
+        let decoded = match decode_epoch(il, epoch) {
+            Ok(d) => d,
+            Err(e) => return self.fail(format!("{what}: {}", e.report())),
+        };
+        if decoded.len() != self.images.dataset.len() {
+            self.fail(format!(
+                "{what}: {} of {} images",
+                decoded.len(),
+                self.images.dataset.len()
+            ));
+        }
+        for (id, (tensor, err)) in decoded {
+            let key = self.images.dataset.key(id as usize).to_string();
+            let good = key
+                .split("-good-")
+                .nth(1)
+                .and_then(|k| k.trim_end_matches(".jpg").parse::<usize>().ok());
+            match (good, err) {
+                (Some(k), None) => {
+                    let clean = if on_device {
+                        &self.images.clean_device[k]
+                    } else {
+                        &self.images.clean_host[k]
+                    };
+                    if tensor != *clean {
+                        self.fail(format!(
+                            "{what}: good image {key} differs from its clean decode"
+                        ));
+                    }
+                    self.counts.good_images_checked += 1;
+                }
+                (Some(_), Some(e)) => self.fail(format!("{what}: good image {key} failed: {e}")),
+                (None, Some(e)) if e.contains(&key) => self.counts.damaged_images_named += 1,
+                (None, Some(e)) => {
+                    self.fail(format!("{what}: {key}'s error does not name it: {e}"))
+                }
+                (None, None) => self.counts.damaged_images_decoded += 1,
+            }
+        }
+        self.counts.image_epochs += 1;
+        self.counts.image_epochs_on_device += u64::from(on_device);
+    }
+
     /// One fresh seed of the faulty simulated disk: a whole epoch of the small dataset.
     fn sim_seed(&mut self, seed: u64) {
         let clean = seed.is_multiple_of(7);
@@ -401,9 +623,11 @@ fn main() {
         ds.total_bytes() as f64 / (1 << 20) as f64,
         dir.display()
     );
+    let images = Images::new(&dir.join("images"), &mut Rng::new(0x1a6e));
     let mut s = Soak {
         ds,
         small,
+        images,
         rng: Rng::new(0x50a4),
         counts: Counts::default(),
         violations: Vec::new(),
@@ -416,6 +640,7 @@ fn main() {
     while Instant::now() < deadline {
         let t = Instant::now();
         s.disk_epoch(epoch);
+        s.image_epoch(epoch);
         epoch += 1;
         // Twice as long on fresh simulator seeds (at least 20).
         let disk_took = t.elapsed();
@@ -506,6 +731,14 @@ fn main() {
         println!(
             "  simulated disk: {} seeds, {} samples, {} injected errors reported as such",
             c.sim_seeds, c.sim_samples, c.sim_injected_errors
+        );
+        println!(
+            "  decoded images: {} epochs ({} on the simulated device), {} good images exact, {} damaged named, {} damaged decoded",
+            c.image_epochs,
+            c.image_epochs_on_device,
+            c.good_images_checked,
+            c.damaged_images_named,
+            c.damaged_images_decoded
         );
         println!(
             "  lost or duplicated samples: {}",
