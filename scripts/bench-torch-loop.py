@@ -12,8 +12,9 @@ ImageNet's typical size, q90, in 10 class folders) with the training transform t
 (RandomResizedCrop + RandomHorizontalFlip + Normalize; gpufeed float16, torchvision float32 as
 its ToTensor gives) in batches of 64, and touches each batch as a training step would begin to.
 "CPU" is user + system time of the process and its reaped children, from the start of the
-epoch to its end (a DataLoader's workers are started, and joined, inside it: their start-up is
-part of every epoch unless ``persistent_workers``). Page caches are left warm (decode, not I/O,
+first epoch to the end of the last (``--epochs``, one process): a DataLoader's workers are
+started, and joined, inside each epoch — their start-up (spawn, importing torch) is part of
+every epoch — unless ``persistent_workers`` (the ``-persistent`` rows) keeps them for the run. Page caches are left warm (decode, not I/O,
 is what is compared).
 """
 
@@ -54,41 +55,52 @@ def make(root, n):
     open(mark, "w").close()
 
 
-def run(mode, root, workers):
+def run(mode, root, workers, epochs):
+    import gc
+
     import torch
 
     t0, c0 = time.perf_counter(), cpu_s()
     images = 0
     touched = 0.0
-    if mode in ("direct", "dataloader"):
+    persistent = mode.endswith("-persistent")
+    if mode.startswith(("direct", "dataloader")):
         import gpufeed
         import gpufeed.torch as gt
 
         loader = gpufeed.Loader(root, batch_size=BATCH, order="global", seed=1,
                                 images=gpufeed.Images("train", SIZE, dtype=torch.float16))
-        if mode == "direct":
-            it = gt.batches(loader)
-        else:
-            ds = gt.IterableDataset(loader)
-            it = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
-                                                  multiprocessing_context="spawn"))
-        for b in it:
-            x = b.images
-            touched += float(x[0, 0, 0, 0])
-            images += x.shape[0]
+        ds = gt.IterableDataset(loader)
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
+                                         multiprocessing_context="spawn",
+                                         persistent_workers=persistent)
+        for e in range(epochs):
+            if mode == "direct":
+                loader.set_epoch(e)
+                it = gt.batches(loader)
+            else:
+                ds.set_epoch(e)
+                it = iter(dl)
+            for b in it:
+                x = b.images
+                touched += float(x[0, 0, 0, 0])
+                images += x.shape[0]
+            del it  # a DataLoader's (non-persistent) workers are joined and reaped here
     else:
         import torchvision
         from torchvision import transforms as T
 
         tf = T.Compose([T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip(), T.ToTensor(),
                         T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
-        ds = torchvision.datasets.ImageFolder(root, transform=tf)
-        it = iter(torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True,
-                                              num_workers=workers))
-        for x, _ in it:
-            touched += float(x[0, 0, 0, 0])
-            images += x.shape[0]
-    del it  # a DataLoader's workers are joined (and reaped) here
+        folder = torchvision.datasets.ImageFolder(root, transform=tf)
+        dl = torch.utils.data.DataLoader(folder, batch_size=BATCH, shuffle=True,
+                                         num_workers=workers, persistent_workers=persistent)
+        for _ in range(epochs):
+            for x, _ in dl:
+                touched += float(x[0, 0, 0, 0])
+                images += x.shape[0]
+    del dl  # persistent workers are joined and reaped here
+    gc.collect()
     seconds, cpu = time.perf_counter() - t0, cpu_s() - c0
     print(json.dumps({"mode": mode, "images": images, "seconds": seconds, "cpu_s": cpu}))
 
@@ -99,20 +111,23 @@ def main():
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers")
-    ap.add_argument("--modes", default="direct,dataloader,torchvision")
+    ap.add_argument("--epochs", type=int, default=1, help="epochs in each run (one process)")
+    ap.add_argument("--modes", default="direct,dataloader,dataloader-persistent,torchvision",
+                    help="direct, dataloader, dataloader-persistent, torchvision, "
+                         "torchvision-persistent")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--run", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.run:
-        return run(a.run, a.dir, a.workers)
+        return run(a.run, a.dir, a.workers, a.epochs)
     make(a.dir, a.images)
     modes = a.modes.split(",")
     rows = {m: [] for m in modes}
     for r in range(a.rounds):
         for m in modes:
             out = subprocess.run([sys.executable, __file__, "--dir", a.dir, "--workers",
-                                  str(a.workers), "--run", m], check=True, capture_output=True,
-                                 text=True)
+                                  str(a.workers), "--epochs", str(a.epochs), "--run", m],
+                                 check=True, capture_output=True, text=True)
             row = json.loads(out.stdout.strip().splitlines()[-1])
             row["round"] = r
             rows[m].append(row)

@@ -59,9 +59,9 @@ from ._gpufeed import (
 
 
 def _reduce_sample_error(e):
-    """Pickles a ``SampleError`` by its message: the batch it carries (``e.batch``) holds the
-    loader's buffers and stays in this process."""
-    return (SampleError, e.args)
+    """Pickles a ``SampleError`` by its message and ``errors``: the batch it carries
+    (``e.batch``) holds the loader's buffers and stays in this process (``None`` elsewhere)."""
+    return (SampleError, e.args, {"batch": None, "errors": getattr(e, "errors", [])})
 
 
 copyreg.pickle(SampleError, _reduce_sample_error)

@@ -28,9 +28,10 @@ class SampleError(GpufeedError):
     """A batch held a sample that could not be read, decoded or checked (``on_error="raise"``).
     ``batch`` is that batch — its good samples intact, the bad ones flagged (``failed``, or
     ``lengths`` −1) — and ``errors`` its ``(index, message)`` pairs; the pass goes on at the
-    next batch. Pickled by its message alone."""
+    next batch. Pickled with its message and ``errors``; ``batch`` stays in its process (None
+    in another)."""
 
-    batch: Union["Batch", "ImageBatch"]
+    batch: Optional[Union["Batch", "ImageBatch"]]
     errors: List[Tuple[int, str]]
 
 class Buffer:
@@ -364,7 +365,9 @@ class Loader(Generic[_B]):
     def __len__(self) -> int: ...
     def __iter__(self) -> _Epoch[_B]: ...
     def state_dict(self) -> Dict[str, Any]:
-        """Where the next pass starts (``epoch``, ``batch``) and the settings that must match."""
+        """Where a run resumed from it starts (``epoch``, ``batch``: after the last batch yielded)
+        and the settings that must match. In this process a new pass after an unfinished one
+        starts that epoch again, as a new ``DataLoader`` iterator does."""
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next pass resumes there (``set_epoch`` of the saved epoch keeps it)."""
     def init_kwargs(self) -> Dict[str, Any]:

@@ -24,7 +24,8 @@ zeros, ``on_error="mark"``) and ``valid`` (neither)::
         correct += (logits.argmax(1) == b.labels)[b.valid].sum()
 
 A token corpus (``format="tokens"``, or a Megatron prefix with ``seq_len``) gives the inputs and
-targets nanoGPT's ``get_batch`` gives, ``[batch, seq_len]`` int64, ``y`` shifted by one::
+targets nanoGPT's ``get_batch`` gives, ``[batch, seq_len]`` int64 (``ids_dtype=torch.int32``
+for int32; the Loader's ``token_dtype`` is the file's element type), ``y`` shifted by one::
 
     loader = gpufeed.Loader("owt/train.bin", format="tokens", seq_len=1024, batch_size=12)
     for x, y in gpufeed.torch.batches(loader, device="cuda"):
@@ -48,7 +49,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 import torch.utils.data
 
-from . import Batch, GpufeedError, ImageBatch, Loader
+from . import Batch, GpufeedError, ImageBatch, Loader, SampleError
 
 Device = Union[str, torch.device, None]
 
@@ -161,9 +162,25 @@ class TorchBatch:
             self.index,
         )
 
-    def to(self, device: Device, non_blocking: bool = True) -> "TorchBatch":
-        """The same batch with every tensor moved to ``device``."""
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+    def to(
+        self,
+        device: Union[Device, torch.dtype] = None,
+        dtype: Optional[torch.dtype] = None,
+        non_blocking: bool = True,
+    ) -> "TorchBatch":
+        """The same batch with every tensor moved to ``device``; ``dtype`` (also accepted in the
+        first place, as ``tensor.to(torch.float16)``) converts the images only — labels, ids and
+        masks keep their types."""
+        if isinstance(device, torch.dtype):
+            device, dtype = None, device
+        if dtype is not None and self.kind != "images":
+            raise ValueError(f"TorchBatch.to(dtype=...) converts images; this batch holds {self.kind}")
+        out = self if device is None else self._map(
+            lambda t: t.to(device, non_blocking=non_blocking))
+        if dtype is not None:
+            out = out._map(lambda t: t)
+            out.images = out.images.to(dtype)
+        return out
 
     def pin_memory(self) -> "TorchBatch":
         """The same batch in pinned host memory (``DataLoader(pin_memory=True)`` calls it)."""
@@ -212,13 +229,13 @@ def to_torch(
     batch: Union[Batch, ImageBatch],
     device: Device = None,
     non_blocking: bool = True,
-    token_dtype: torch.dtype = torch.int64,
+    ids_dtype: torch.dtype = torch.int64,
 ) -> TorchBatch:
     """One gpufeed batch as a :class:`TorchBatch`, sharing gpufeed's memory (DLPack) unless
     moved.
 
     A decoded image batch unpacks as ``(images, labels)``; a batch of a token corpus read as
-    windows as ``(x, y)``, each ``[N, seq_len]`` of ``token_dtype`` (int64 or int32); other byte
+    windows as ``(x, y)``, each ``[N, seq_len]`` of ``ids_dtype`` (int64 or int32); other byte
     batches as ``(data, offsets, lengths, labels)``. With ``device``, the tensors are moved
     there (``non_blocking``: host image batches are pageable memory, so the copy is synchronous
     unless they are pinned first; a loader with ``device="cuda"`` delivers its batches on the
@@ -237,11 +254,11 @@ def to_torch(
         if batch.seq_len is not None:
             kind = "tokens"
             if batch.device == "cpu":
-                x, y = batch.pairs(dtype=token_dtype)
+                x, y = batch.pairs(dtype=ids_dtype)
                 x, y = torch.from_dlpack(x), torch.from_dlpack(y)
             else:
                 rows = _token_rows(batch, torch.from_dlpack(batch.data),
-                                   torch.from_dlpack(batch.offsets), lengths, token_dtype)
+                                   torch.from_dlpack(batch.offsets), lengths, ids_dtype)
                 x, y = rows[:, :-1], rows[:, 1:]
             tensors = {"x": x, "y": y, "labels": labels}
         else:
@@ -263,11 +280,67 @@ def batches(
     loader: Loader,
     device: Device = None,
     non_blocking: bool = True,
-    token_dtype: torch.dtype = torch.int64,
+    ids_dtype: torch.dtype = torch.int64,
 ) -> Iterator[TorchBatch]:
-    """One pass of ``loader`` as :class:`TorchBatch` records (:func:`to_torch` of each batch)."""
-    for batch in loader:
-        yield to_torch(batch, device=device, non_blocking=non_blocking, token_dtype=token_dtype)
+    """One pass of ``loader`` as :class:`TorchBatch` records (:func:`to_torch` of each batch).
+
+    A ``SampleError`` (``on_error="raise"``) is raised with its ``batch`` as a
+    :class:`TorchBatch` (the good samples intact, the bad ones flagged in ``failed``), and the
+    pass goes on at the next batch when iterated again, as the loader's own pass does."""
+    return _Batches(iter(loader), dict(device=device, non_blocking=non_blocking,
+                                       ids_dtype=ids_dtype))
+
+
+class _Batches:
+    """The iterator of :func:`batches`: an object, not a generator, so that an exception raised
+    by one batch does not end the pass."""
+
+    def __init__(self, it: Any, opts: Dict[str, Any]) -> None:
+        self._it = it
+        self._opts = opts
+
+    def __iter__(self) -> "_Batches":
+        return self
+
+    def __next__(self) -> TorchBatch:
+        try:
+            batch = next(self._it)
+        except SampleError as e:
+            if getattr(e, "batch", None) is not None:
+                e.batch = to_torch(e.batch, **self._opts)
+            raise
+        return to_torch(batch, **self._opts)
+
+
+class _EpochBoard:
+    """The epoch the workers' next pass reads, shared with them: a multiprocessing array that
+    each spawn-started worker inherits at its start, so the trainer's ``set_epoch`` reaches
+    persistent workers too, and a pass every worker finished moves it to the next epoch (as a
+    finished pass of the loader itself does). ``[next epoch, pass id, workers done with it]``."""
+
+    def __init__(self, epoch: int) -> None:
+        import multiprocessing
+
+        self.a = multiprocessing.get_context("spawn").Array("q", [epoch, 0, 0])
+
+    def set(self, epoch: int) -> None:
+        with self.a.get_lock():
+            self.a[0] = epoch
+            self.a[2] = 0
+
+    def next_epoch(self) -> int:
+        with self.a.get_lock():
+            return int(self.a[0])
+
+    def finished(self, pass_id: int, workers: int, epoch: int) -> None:
+        """A worker's part of pass ``pass_id`` (one of ``workers``) read whole: the pass of
+        epoch ``epoch`` is finished when every worker's is."""
+        with self.a.get_lock():
+            if self.a[1] != pass_id:
+                self.a[1], self.a[2] = pass_id, 0
+            self.a[2] += 1
+            if self.a[2] == workers and self.a[0] == epoch:
+                self.a[0] = epoch + 1
 
 
 class IterableDataset(torch.utils.data.IterableDataset):
@@ -280,8 +353,10 @@ class IterableDataset(torch.utils.data.IterableDataset):
     loader's own batches in the loader's order, each once, and ``len()`` is the loader's. The
     rank's decode threads are shared among the workers (unless ``GPUFEED_DECODE_THREADS`` or
     ``Images(threads=)`` says otherwise). ``set_epoch`` chooses the epoch (as
-    ``DistributedSampler.set_epoch``); it reaches the workers the next time they are started
-    (``persistent_workers=False``, the default).
+    ``DistributedSampler.set_epoch``), for the workers too, persistent or not; without it a pass
+    every worker finished is followed by the next epoch, as the loader's own passes are. A
+    ``SampleError`` in a worker ends the ``DataLoader``'s pass (torch re-raises a worker's
+    exception in the trainer and stops): with workers, use ``on_error="mark"`` and ``valid``.
     """
 
     def __init__(
@@ -289,47 +364,60 @@ class IterableDataset(torch.utils.data.IterableDataset):
         loader: Loader,
         device: Device = None,
         non_blocking: bool = True,
-        token_dtype: torch.dtype = torch.int64,
+        ids_dtype: torch.dtype = torch.int64,
     ) -> None:
         if not isinstance(loader, Loader):
             raise TypeError(f"expected a gpufeed.Loader, got {type(loader).__name__}")
         self.loader = loader
         self.device = device
         self.non_blocking = non_blocking
-        self.token_dtype = token_dtype
+        self.ids_dtype = ids_dtype
         self._epoch = None
+        self._board: Optional[_EpochBoard] = _EpochBoard(loader.state_dict()["epoch"])
         # Set when unpickled: a spawn-started worker made this copy in its own process.
         self._kwargs = None
         self._made_in = os.getpid()
+        self._part_of: Optional[Tuple[int, int]] = None
+        self._passes = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next pass reads (here and in workers started afterwards)."""
+        """The epoch the next pass reads (here and in the workers)."""
         self._epoch = epoch
         self.loader.set_epoch(epoch)
+        if self._board is not None:
+            self._board.set(epoch)
 
     def __len__(self) -> int:
         # Exact with workers too: they read the rank's batches between them.
         return len(self.loader)
 
-    def __getstate__(self):
-        # A worker gets the loader's arguments, not the loader: it makes its own part.
+    def __getstate__(self) -> Dict[str, Any]:
+        # A worker gets the loader's arguments, not the loader: it makes its own part. The
+        # epoch board travels only to a process being started (it is shared by inheritance).
+        from multiprocessing import context
+
         state = self.loader.state_dict()
+        spawning = context.get_spawning_popen() is not None
         return {
             "kwargs": self.loader.init_kwargs(),
             "epoch": self._epoch if self._epoch is not None else state["epoch"],
+            "board": self._board if spawning else None,
             "device": self.device,
             "non_blocking": self.non_blocking,
-            "token_dtype": self.token_dtype,
+            "ids_dtype": self.ids_dtype,
         }
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Dict[str, Any]) -> None:
         self.loader = None
         self._kwargs = state["kwargs"]
         self._epoch = state["epoch"]
+        self._board = state["board"]
         self.device = state["device"]
         self.non_blocking = state["non_blocking"]
-        self.token_dtype = state["token_dtype"]
+        self.ids_dtype = state["ids_dtype"]
         self._made_in = os.getpid()
+        self._part_of = None
+        self._passes = 0
 
     def __iter__(self) -> Iterator[TorchBatch]:
         info = torch.utils.data.get_worker_info()
@@ -337,7 +425,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
             if self.loader is None:
                 self.loader = Loader(**self._kwargs)
                 self.loader.set_epoch(self._epoch)
-            yield from batches(self.loader, self.device, self.non_blocking, self.token_dtype)
+            yield from batches(self.loader, self.device, self.non_blocking, self.ids_dtype)
             return
         if self._kwargs is None:
             # Not unpickled here: the worker was forked and holds the parent's loader.
@@ -356,9 +444,21 @@ class IterableDataset(torch.utils.data.IterableDataset):
             cores = len(os.sched_getaffinity(0))
             ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
             os.environ["GPUFEED_DECODE_THREADS"] = str(max(1, cores // (ranks * info.num_workers)))
-        part = Loader(**kwargs)
-        part._mark_worker_part()
-        part.set_epoch(self._epoch)
-        for b in batches(part, self.device, self.non_blocking, self.token_dtype):
+        board = self._board
+        epoch = board.next_epoch() if board is not None else self._epoch
+        # Which pass this is: the DataLoader iterator's base seed (one per iterator; the same for
+        # every pass of persistent workers) and this worker's count of passes (one each pass,
+        # the same in every worker, a pass left early included).
+        self._passes += 1
+        pass_id = ((info.seed - info.id) * 1_000_003 + self._passes) & 0x7FFF_FFFF_FFFF_FFFF
+        if self.loader is None or self._part_of != (info.id, info.num_workers):
+            self.loader = Loader(**kwargs)  # a persistent worker keeps its part's loader
+            self.loader._mark_worker_part()
+            self._part_of = (info.id, info.num_workers)
+        self.loader.set_epoch(epoch)
+        for b in batches(self.loader, self.device, self.non_blocking, self.ids_dtype):
             b.index = b.index * info.num_workers + info.id  # the batch's place in the rank's epoch
             yield b
+        if board is not None:
+            # Every worker's part of this pass (one DataLoader iterator: one base seed) read.
+            board.finished(pass_id, info.num_workers, epoch)

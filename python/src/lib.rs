@@ -62,7 +62,12 @@ fn python_spelling(msg: &str) -> String {
     'scan: while let Some(at) = rest.find("--") {
         out.push_str(&rest[..at]);
         let after = &rest[at + 2..];
-        for (flag, name) in &names {
+        // A flag starts a word: `x--format` in a path is not one.
+        let starts_word = match out.chars().last() {
+            None => true,
+            Some(c) => c.is_whitespace() || matches!(c, '(' | '`' | '\'' | '"' | ','),
+        };
+        for (flag, name) in names.iter().filter(|_| starts_word) {
             let Some(tail) = after.strip_prefix(flag) else {
                 continue;
             };
@@ -337,8 +342,15 @@ impl Settings {
                 keys.sort();
                 keys.dedup();
                 for k in keys {
-                    let show = |m: &serde_json::Map<String, serde_json::Value>| {
-                        m.get(k).map_or("None".to_string(), |v| v.to_string())
+                    let show = |m: &serde_json::Map<String, serde_json::Value>| match m.get(k) {
+                        None | Some(serde_json::Value::Null) => "None".to_string(),
+                        Some(serde_json::Value::Bool(b)) => {
+                            if *b { "True" } else { "False" }.to_string()
+                        }
+                        // Numbers given as text ("64") read as the numbers they are.
+                        Some(serde_json::Value::String(t)) if t.parse::<f64>().is_ok() => t.clone(),
+                        Some(serde_json::Value::String(t)) => format!("{t:?}"),
+                        Some(v) => v.to_string(),
                     };
                     cmp(k, show(&a), show(&b));
                 }
@@ -789,7 +801,7 @@ impl PyLoader {
         };
         Ok(format!(
             "gpufeed.Loader({paths}: {} samples ({}{classes}), batch_size={}, order={:?}, \
-             rank {} of {}, {} batches per epoch, last_batch={:?}, device={:?}{images})",
+             rank {} of {}, {} batch{} per epoch, last_batch={:?}, device={:?}{images})",
             s.samples,
             ds.format().name(),
             s.batch_size,
@@ -797,6 +809,7 @@ impl PyLoader {
             s.rank,
             s.world_size,
             self.__len__(),
+            if self.__len__() == 1 { "" } else { "es" },
             s.last_batch,
             match self.loader().settings().device {
                 gpufeed::Device::Cuda(i) => format!("cuda:{i}"),
@@ -856,9 +869,10 @@ impl PyLoader {
     }
 
     /// Where iteration stands, for `load_state_dict` (the shape torchdata's
-    /// `StatefulDataLoader` users expect: a plain dict). ``epoch`` and ``batch`` are where the
-    /// next pass starts: after the last batch yielded, the next epoch after a finished pass, or
-    /// what ``set_epoch`` / ``load_state_dict`` chose.
+    /// `StatefulDataLoader` users expect: a plain dict). ``epoch`` and ``batch`` are where a
+    /// run resumed from it starts: after the last batch yielded, the next epoch after a finished
+    /// pass, or what ``set_epoch`` / ``load_state_dict`` chose. (In this process, a new pass
+    /// after an unfinished one starts that epoch again, as a new `DataLoader` iterator does.)
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (epoch, batch) = lock(&self.shared.state).saved_point(self.__len__() as u32);
         let d = PyDict::new(py);
@@ -2275,5 +2289,9 @@ mod tests {
             "wrong token_dtype=? or seq_len=64, batch_size="
         );
         assert_eq!(python_spelling("a -- b --unknown"), "a -- b --unknown");
+        assert_eq!(
+            python_spelling("/data/x--format/y --format"),
+            "/data/x--format/y format="
+        );
     }
 }

@@ -448,6 +448,15 @@ class WhatATorchUserReachesFor(unittest.TestCase):
         self.assertIn("world_size=8 when saved, 6 here", msg)
         self.assertNotIn("Settings", msg)
         self.assertNotIn("batch_size", msg)  # only what differs
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            path = os.path.join(d, "train.bin")
+            np.arange(4000, dtype=np.uint16).tofile(path)
+            state = gpufeed.Loader(path, batch_size=4, format="tokens", seq_len=64).state_dict()
+            with self.assertRaises(ValueError) as e:
+                gpufeed.Loader(path, batch_size=4, format="tokens", seq_len=128,
+                               stride=32).load_state_dict(state)
+            self.assertIn("seq_len=64 when saved, 128 here", str(e.exception))
+            self.assertIn("stride=None when saved, 32 here", str(e.exception))
 
     def test_a_sample_error_carries_its_batch_and_the_pass_goes_on(self):
         with tempfile.TemporaryDirectory(dir=DATA) as d:
@@ -472,8 +481,9 @@ class WhatATorchUserReachesFor(unittest.TestCase):
                     i = e.errors[0][0]
                     self.assertEqual(int(np.from_dlpack(b.failed)[i]), 1)
                     self.assertIn(bad, b.keys[i])
-                    # Pickled (a worker's error to its parent) by its message.
-                    self.assertEqual(str(pickle.loads(pickle.dumps(e))), str(e))
+                    # Pickled (a worker's error to its parent) by its message and errors.
+                    back = pickle.loads(pickle.dumps(e))
+                    self.assertEqual((str(back), back.errors, back.batch), (str(e), e.errors, None))
                 x = np.from_dlpack(b.images)
                 for i, sid in enumerate(np.from_dlpack(b.sample_ids)):
                     seen[int(sid)] = x[i].copy()

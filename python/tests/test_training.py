@@ -406,6 +406,67 @@ class TorchGlue(unittest.TestCase):
                 break
             self.assertEqual(n, ld.num_samples)
 
+    def test_a_sample_error_does_not_end_a_pass_of_torch_batches(self):
+        import gpufeed.torch as gt
+
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            shutil.copytree(os.path.join(DATA, "slow-images"), os.path.join(d, "imgs"))
+            files = sorted(glob.glob(os.path.join(d, "imgs", "*", "*")))
+            for f in (files[3], files[50]):
+                with open(f, "r+b") as fh:
+                    fh.truncate(200)
+            ld = gpufeed.Loader(os.path.join(d, "imgs"), batch_size=8, order="sequential",
+                                images=gpufeed.Images("eval", size=24, dtype="uint8"))
+            it = gt.batches(ld)
+            seen, raised = [], 0
+            while True:
+                try:
+                    b = next(it)
+                except StopIteration:
+                    break
+                except gpufeed.SampleError as e:
+                    raised += 1
+                    b = e.batch  # a TorchBatch, its bad sample flagged
+                    self.assertIsInstance(b, gt.TorchBatch)
+                    self.assertEqual(int(b.failed.sum()), 1)
+                seen += b.sample_ids.tolist()
+            self.assertEqual((raised, sorted(seen)), (2, list(range(104))))
+
+    def test_to_a_dtype_converts_the_images_only(self):
+        import gpufeed.torch as gt
+
+        ld = gpufeed.Loader(os.path.join(DATA, "slow-images"), batch_size=8,
+                            images=gpufeed.Images("eval", size=16, dtype="uint8"))
+        b = next(gt.batches(ld))
+        for c in (b.to(torch.float16), b.to("cpu", torch.float16), b.to(dtype=torch.float16)):
+            self.assertEqual(c.images.dtype, torch.float16)
+            self.assertEqual((c.labels.dtype, c.sample_ids.dtype), (torch.int64, torch.int64))
+            self.assertEqual(c.valid.dtype, torch.bool)
+            self.assertTrue(torch.equal(c.images.to(torch.uint8), b.images))
+
+    def test_dataloader_workers_follow_the_epochs(self):
+        import gpufeed.torch as gt
+        from torch.utils.data import DataLoader
+
+        def epochs_of(dl):
+            return sorted({b.epoch for b in dl})
+
+        for persistent in (False, True):
+            ds = gt.IterableDataset(good(batch_size=16))
+            dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn",
+                            persistent_workers=persistent)
+            # Without set_epoch a finished pass is followed by the next epoch, as the loader's.
+            self.assertEqual([epochs_of(dl), epochs_of(dl)], [[0], [1]], f"persistent {persistent}")
+            # set_epoch reaches the workers, persistent ones too.
+            ds.set_epoch(7)
+            self.assertEqual(epochs_of(dl), [7], f"persistent {persistent}")
+            # A pass left early reads its epoch again.
+            for i, _ in enumerate(dl):
+                if i == 1:
+                    break
+            self.assertEqual(epochs_of(dl), [8], f"persistent {persistent}")
+            del dl
+
     def test_a_forked_worker_is_refused_with_a_message(self):
         import gpufeed.torch as gt
         from torch.utils.data import DataLoader

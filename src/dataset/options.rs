@@ -189,7 +189,8 @@ pub(crate) fn token_type(value: &str) -> Result<TokenType> {
         "u16" | "uint16" => Ok(TokenType::U16),
         "u32" | "uint32" => Ok(TokenType::U32),
         _ => Err(invalid(format!(
-            "token_dtype {value:?}: expected u16 or u32"
+            "token_dtype {value:?}: the token file's element type, u16 or u32 (the batch's \
+             token pairs are int64 whatever it is)"
         ))),
     }
 }
