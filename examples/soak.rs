@@ -7,8 +7,10 @@
 //!   its exact bytes and label;
 //! - on the real disk no error at all; on the simulated disk only the EIO it injects, naming
 //!   the file and the sample;
-//! - resources when no loader is alive: resident memory, open descriptors, threads, locked and
-//!   pinned memory, sampled every few seconds. After the first minute (warm-up: allocator
+//! - resources when no loader is alive but the two image loaders (made once, below): resident
+//!   memory, open descriptors, threads, locked and
+//!   pinned memory, sampled every few seconds (io_uring's kernel workers, `iou-wrk-*`, apart:
+//!   the kernel starts and ends them). After the first minute (warm-up: allocator
 //!   arenas, the page cache of the dataset's index) none may grow by more than 5% (plus 64 KiB
 //!   of allocator rounding) over its largest first-minute value, and descriptors and threads
 //!   not at all.
@@ -76,6 +78,8 @@ struct Resources {
     rss_kib: u64,
     fds: u64,
     threads: u64,
+    /// io_uring's kernel workers at the sample (not in `threads`).
+    io_uring_workers: u64,
     locked_kib: u64,
     pinned_kib: u64,
 }
@@ -90,11 +94,23 @@ fn resources(t0: Instant) -> Resources {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
+    // io_uring's own workers (`iou-wrk-*`, for reads it cannot complete inline, such as
+    // buffered reads of files the image loaders keep open) are the kernel's: it starts them
+    // under load and ends them when idle. They are counted apart, not as the process's threads.
+    let kernel_workers = std::fs::read_dir("/proc/self/task").map_or(0, |d| {
+        d.flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.starts_with("iou-wrk"))
+            })
+            .count() as u64
+    });
     Resources {
         t_s: t0.elapsed().as_secs_f64(),
         rss_kib: field("VmRSS:"),
         fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
-        threads: field("Threads:"),
+        threads: field("Threads:").saturating_sub(kernel_workers),
+        io_uring_workers: kernel_workers,
         locked_kib: field("VmLck:"),
         pinned_kib: field("VmPin:"),
     }
