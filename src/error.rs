@@ -187,7 +187,8 @@ impl Error {
         let mut next = std::error::Error::source(self);
         while let Some(e) = next {
             out.push_str(": ");
-            out.push_str(&e.to_string());
+            // A cause from another crate (an HTTP client's error) may quote a URL whole.
+            out.push_str(&redact(&e.to_string()));
             next = e.source();
         }
         out
@@ -221,7 +222,7 @@ impl fmt::Display for Error {
         if i.message.is_empty() {
             f.write_str(i.kind.as_str())?;
         } else {
-            f.write_str(&i.message)?;
+            f.write_str(&redact(&i.message))?;
         }
         if let Some(p) = &i.path {
             write!(f, ": {}", p.display())?;
@@ -242,7 +243,8 @@ impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let i = &*self.0;
         let mut d = f.debug_struct("Error");
-        d.field("kind", &i.kind).field("message", &i.message);
+        d.field("kind", &i.kind)
+            .field("message", &redact(&i.message));
         if let Some(p) = &i.path {
             d.field("path", p);
         }
@@ -256,7 +258,14 @@ impl fmt::Debug for Error {
             d.field("sample", &s);
         }
         if let Some(s) = &i.source {
-            d.field("source", s);
+            // The cause's own debug form, its secrets redacted.
+            struct Redacted(String);
+            impl fmt::Debug for Redacted {
+                fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str(&self.0)
+                }
+            }
+            d.field("source", &Redacted(redact(&format!("{s:?}")).into_owned()));
         }
         d.finish()
     }
@@ -283,6 +292,76 @@ impl From<Error> for io::Error {
         };
         io::Error::new(kind, e)
     }
+}
+
+/// Query parameters whose values are credentials (lower case): S3 presigned URLs, Azure SAS,
+/// GCS signed URLs, and the usual names.
+const SECRET_PARAMS: &[&str] = &[
+    "x-amz-signature",
+    "x-amz-credential",
+    "x-amz-security-token",
+    "x-goog-signature",
+    "x-goog-credential",
+    "sig",
+    "signature",
+    "token",
+    "access_token",
+    "password",
+    "secret",
+    "awsaccesskeyid",
+];
+
+/// `text` with the secrets a URL may carry replaced by `***`: the userinfo of every
+/// `scheme://user:password@host` (`scheme://***@host`) and the values of credential query
+/// parameters (`X-Amz-Signature=***`, `sig=***`, …). Every error's text goes through it
+/// (display, [`Error::report`], debug), and so do the URLs the front doors print.
+pub fn redact(text: &str) -> std::borrow::Cow<'_, str> {
+    let ends = |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ')' | '>' | ',' | ';');
+    if !text.contains("://") {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        out.push_str(&rest[..at + 3]);
+        rest = &rest[at + 3..];
+        // The authority, up to the path, query, fragment or the end of the URL in the text.
+        let auth_end = rest
+            .find(|c: char| ends(c) || matches!(c, '/' | '?' | '#'))
+            .unwrap_or(rest.len());
+        let (auth, after) = rest.split_at(auth_end);
+        match auth.rfind('@') {
+            Some(k) => {
+                out.push_str("***");
+                out.push_str(&auth[k..]);
+            }
+            None => out.push_str(auth),
+        }
+        // The rest of this URL: its query's credential values.
+        let url_end = after.find(ends).unwrap_or(after.len());
+        let (url, tail) = after.split_at(url_end);
+        match url.find('?') {
+            Some(q) => {
+                out.push_str(&url[..=q]);
+                let params: Vec<String> = url[q + 1..]
+                    .split('&')
+                    .map(|p| match p.split_once('=') {
+                        Some((k, _))
+                            if SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str()) =>
+                        {
+                            format!("{k}=***")
+                        }
+                        _ => p.to_string(),
+                    })
+                    .collect();
+                out.push_str(&params.join("&"));
+            }
+            None => out.push_str(url),
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
 }
 
 /// Shorthand for an [`ErrorKind::InvalidInput`] error.
@@ -357,5 +436,43 @@ mod tests {
             Error::errno("x", libc::ENOSYS).kind(),
             ErrorKind::Unsupported
         );
+    }
+
+    /// Secrets a URL carries never reach a message: userinfo and credential parameters are
+    /// replaced, in the error's own text, its causes' and its debug form; the rest is kept.
+    #[test]
+    fn urls_lose_their_secrets_in_every_form_of_an_error() {
+        let cases = [
+            (
+                "http://user:PASSWORD@host:8333/bucket/x.tar: GET failed",
+                "http://***@host:8333/bucket/x.tar: GET failed",
+            ),
+            (
+                "s3://AKIA:PASSWORD@bucket/p (no such bucket)",
+                "s3://***@bucket/p (no such bucket)",
+            ),
+            (
+                "https://h/b/o?X-Amz-Credential=AKIA%2FPASSWORD&X-Amz-Signature=PASSWORD&part=2 x",
+                "https://h/b/o?X-Amz-Credential=***&X-Amz-Signature=***&part=2 x",
+            ),
+            (
+                "az://acct/c/o?sv=1&sig=PASSWORD",
+                "az://acct/c/o?sv=1&sig=***",
+            ),
+            (
+                "two: http://a:PASSWORD@h/x and http://b@h/y?token=PASSWORD",
+                "two: http://***@h/x and http://***@h/y?token=***",
+            ),
+            ("no url: a@b and ?sig=1", "no url: a@b and ?sig=1"),
+            ("http://host/path@v2/x", "http://host/path@v2/x"),
+        ];
+        for (text, want) in cases {
+            assert_eq!(redact(text), want, "{text}");
+            let cause = std::io::Error::other(text.to_string());
+            let e = invalid(text).with_source(cause);
+            for shown in [e.to_string(), e.report(), format!("{e:?}")] {
+                assert!(!shown.contains("PASSWORD"), "{shown}");
+            }
+        }
     }
 }

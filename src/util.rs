@@ -506,6 +506,7 @@ pub(crate) fn notice(msg: &str) {
     if std::env::var("GPUFEED_QUIET").as_deref() == Ok("1") {
         return;
     }
+    let msg = crate::error::redact(msg);
     let mut g = SEEN.lock().unpoisoned();
     if g.get_or_insert_with(HashSet::new).insert(msg.to_string()) {
         eprintln!("gpufeed: {msg}");

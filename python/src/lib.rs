@@ -788,7 +788,7 @@ impl PyLoader {
         let s = &self.settings;
         let paths = self.init.bind(py).get_item("paths")?;
         let paths = match paths {
-            Some(p) => p.repr()?.extract::<String>()?,
+            Some(p) => gpufeed::error::redact(&p.repr()?.extract::<String>()?).into_owned(),
             None => "?".into(),
         };
         let classes = match ds.classes().len() {

@@ -99,7 +99,9 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("url", &self.url).finish()
+        f.debug_struct("Store")
+            .field("url", &crate::error::redact(&self.url))
+            .finish()
     }
 }
 

@@ -571,3 +571,28 @@ fn bench_io_draws_a_plot() {
         "{s}"
     );
 }
+
+/// A URL's password never appears in what the command line prints (issue 37, item 5): the
+/// error names the URL with its userinfo replaced, as text and with `--json`.
+#[test]
+fn a_urls_password_is_never_printed() {
+    for json in [false, true] {
+        let mut c = gpufeed();
+        c.arg("inspect");
+        if json {
+            c.arg("--json");
+        }
+        let out = c
+            .arg("http://user:PASSWORD@127.0.0.1:notaport/bucket/x.tar")
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{all}");
+        assert!(!all.contains("PASSWORD"), "{all}");
+        assert!(all.contains("http://***@127.0.0.1"), "{all}");
+    }
+}
