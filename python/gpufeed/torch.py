@@ -56,10 +56,9 @@ Device = Union[str, torch.device, None]
 __all__ = ["IterableDataset", "TorchBatch", "batches", "to_torch"]
 
 
-def _flags(buf: Any, device: Device) -> torch.Tensor:
-    """A uint8 flag buffer as a bool tensor (on ``device`` when given)."""
-    t = torch.from_dlpack(buf).bool()
-    return t if device is None else t.to(device)
+def _flags(buf: Any) -> torch.Tensor:
+    """A uint8 flag buffer as a bool tensor."""
+    return torch.from_dlpack(buf).bool()
 
 
 class TorchBatch:
@@ -241,13 +240,13 @@ def to_torch(
     unless they are pinned first; a loader with ``device="cuda"`` delivers its batches on the
     GPU already).
     """
-    padding = _flags(batch.padding, None)
+    padding = _flags(batch.padding)
     ids = torch.from_dlpack(batch.sample_ids)
     labels = torch.from_dlpack(batch.labels)
     if hasattr(batch, "images"):
         kind = "images"
         tensors = {"images": torch.from_dlpack(batch.images), "labels": labels}
-        failed = _flags(batch.failed, None)
+        failed = _flags(batch.failed)
     else:
         lengths = torch.from_dlpack(batch.lengths)
         failed = lengths < 0
