@@ -330,6 +330,45 @@ impl SharedMap {
         })
     }
 
+    /// `len` (> 0) bytes of anonymous memory shared by this process's threads only, in the
+    /// shape of a file's mapping: where a file cannot back one (a full disk), state lives here.
+    pub fn anonymous(len: usize) -> io::Result<SharedMap> {
+        assert!(len > 0);
+        // SAFETY: a new anonymous mapping at no fixed address; zero-filled, and backed by memory
+        // rather than a file, so no access within `len` faults.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMap {
+            ptr: raw.cast(),
+            len,
+        })
+    }
+
+    /// The `n` u32s from `offset` (a multiple of 4) as atomics.
+    pub fn u32s(&self, offset: usize, n: usize) -> &[std::sync::atomic::AtomicU32] {
+        assert!(
+            offset.is_multiple_of(4)
+                && n.checked_mul(4)
+                    .and_then(|b| b.checked_add(offset))
+                    .is_some_and(|e| e <= self.len)
+        );
+        // SAFETY: the range lies inside the mapping, which lives as long as `self`, and is
+        // 4-byte aligned (the mapping is page-aligned); AtomicU32 has the size and alignment of
+        // u32, and every access to these bytes (in any process) is atomic.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(offset).cast(), n) }
+    }
+
     /// The bytes `offset .. offset + n` as atomics.
     pub fn u8s(&self, offset: usize, n: usize) -> &[std::sync::atomic::AtomicU8] {
         assert!(offset.checked_add(n).is_some_and(|e| e <= self.len));
@@ -356,6 +395,38 @@ impl Drop for SharedMap {
     }
 }
 
+/// An OFD lock request of kind `kind` (`F_RDLCK`, `F_WRLCK`, `F_UNLCK`) on `start .. start + len`.
+#[cfg(feature = "remote")]
+fn ofd_range(kind: libc::c_int, start: u64, len: u64) -> libc::flock {
+    libc::flock {
+        l_type: kind as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: start as libc::off_t,
+        l_len: len as libc::off_t,
+        l_pid: 0, // required for OFD locks
+    }
+}
+
+/// Tries to take a shared (`shared`) or exclusive open-file-description lock on bytes `start ..
+/// start + len` of `fd` without waiting (converting one this open holds): whether it was taken.
+#[cfg(feature = "remote")]
+pub fn ofd_try_lock(fd: BorrowedFd<'_>, start: u64, len: u64, shared: bool) -> io::Result<bool> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    let fl = ofd_range(
+        if shared { libc::F_RDLCK } else { libc::F_WRLCK },
+        start,
+        len,
+    );
+    loop {
+        match fcntl(fd, FcntlArg::F_OFD_SETLK(&fl)) {
+            Ok(_) => return Ok(true),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Takes (waiting for it) or releases an open-file-description lock on bytes `start .. start +
 /// len` of `fd`: exclusive between different opens of the file, in this process or any other,
 /// and released by the kernel when the last descriptor of the open closes (a process that dies
@@ -363,13 +434,7 @@ impl Drop for SharedMap {
 #[cfg(feature = "remote")]
 pub fn ofd_lock(fd: BorrowedFd<'_>, start: u64, len: u64, lock: bool) -> io::Result<()> {
     use nix::fcntl::{fcntl, FcntlArg};
-    let fl = libc::flock {
-        l_type: if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: start as libc::off_t,
-        l_len: len as libc::off_t,
-        l_pid: 0, // required for OFD locks
-    };
+    let fl = ofd_range(if lock { libc::F_WRLCK } else { libc::F_UNLCK }, start, len);
     loop {
         match fcntl(fd, FcntlArg::F_OFD_SETLKW(&fl)) {
             Ok(_) => return Ok(()),

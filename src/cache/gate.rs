@@ -200,7 +200,7 @@ impl Backend for RemoteGate {
             // back): fetch the absent ones ahead, whether this read finds its own on disk or not.
             let last = o.extent_of(op.offset + op.len.max(1) as u64 - 1);
             let ahead: Vec<u64> = (last + 1..=last + READ_AHEAD_EXTENTS)
-                .filter(|&i| i < o.extent_count() && !o.extent_present(i))
+                .filter(|&i| i < o.extent_count() && !o.extent_ready(i))
                 .collect();
             if !ahead.is_empty() && self.start_workers().is_ok() {
                 let o = o.clone();

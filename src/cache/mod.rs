@@ -1,12 +1,15 @@
 //! The node-wide cache of a remote dataset's extents: the cache itself (`node`, feature
 //! `remote`), the engine's gate to it (`gate`), and the eviction policies with their replay over
-//! epochs' orders (`policy`), which decided that the cache keeps what fits.
+//! epochs' orders (`policy`), which decided that the cache keeps what fits; and the cache's
+//! directory tree, reached without following links (`tree`).
 
 #[cfg(feature = "remote")]
 pub(crate) mod gate;
 #[cfg(feature = "remote")]
 pub mod node;
 pub(crate) mod policy;
+#[cfg(feature = "remote")]
+pub(crate) mod tree;
 
 #[cfg(feature = "remote")]
 pub use node::{CacheCounters, CachedObject, NodeCache};

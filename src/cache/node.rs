@@ -2,22 +2,42 @@
 //!
 //! Every object of a remote dataset has a *data file* of the object's size — sparse: only the
 //! extents fetched so far take disk space — and a *state file* whose bytes say which extents
-//! are present. The data files are what the dataset's index points at, so the I/O engine reads
-//! a cached extent exactly as it reads a local file (O_DIRECT, io_uring); only an extent that is
-//! not present goes to the object store, through a gate in front of the engine's backend.
+//! are present, with each one's crc32c. The data files are what the dataset's index points at,
+//! so the I/O engine reads a cached extent exactly as it reads a local file (O_DIRECT,
+//! io_uring); only an extent that is not present goes to the object store, through a gate in
+//! front of the engine's backend.
 //!
 //! ```text
-//! DIR/usage                          node-wide counters (bytes cached, GETs, bytes fetched…)
-//! DIR/data/s3/BUCKET/KEY             the object's bytes, extent by extent (sparse)
-//! DIR/state/s3/BUCKET/KEY            header (size, ETag, extent bytes), then one byte per extent
+//! DIR/usage                  the cache's marker (magic, layout version, extent size) and the
+//!                            node-wide counters (bytes cached, GETs, bytes fetched…)
+//! DIR/CACHEDIR.TAG           tells backup tools to skip the directory
+//! DIR/data/SCHEME/HOST/KEY   the object's bytes, extent by extent (sparse)
+//! DIR/state/SCHEME/HOST/KEY  header (URL, size, ETag, extent bytes), one byte per extent, then
+//!                            one crc32c per extent
 //! ```
 //!
+//! Each key component is a file name through [`tree::escape_component`], which is injective
+//! (`x:y` and `x_y` are two files; `%` and non-ASCII keys read), and the state file holds the
+//! object's URL, which is checked on every open: one object, one cache file.
+//!
+//! **Trust.** The directory is reached only through `tree` (no link followed, nothing but a
+//! regular file of one link opened, private modes), and a directory is used only when it is
+//! empty or holds a cache's marker: nothing outside a cache is written, truncated or deleted.
+//! Every extent's crc32c is written when it is published and checked the first time a process
+//! reads it (on a fetch thread, ahead of the consumer): a damaged extent is fetched again from
+//! the store, counted, and said, naming the object's URL.
+//!
 //! **Shared by every process on the node.** The state and usage files are mapped shared, so
-//! their bytes are atomics across processes. An extent is fetched under an open-file-description
+//! their bytes are atomics across processes; their blocks are allocated when they are made, so
+//! no write through the mapping can fault on a full disk. An extent is fetched under an
+//! open-file-description
 //! lock on its state byte (taken by each fetch on an open of its own, so threads exclude each
 //! other as processes do): whoever waits on the lock finds the extent present when it gets it,
 //! and reads it from disk instead of fetching it again — one GET per extent per node, however
-//! many ranks. The kernel drops the lock of a process that dies, so no lock goes stale.
+//! many ranks. The kernel drops the lock of a process that dies, so no lock goes stale; the
+//! first process to open the cache after every other has gone recounts what it holds (a
+//! process killed between a fetch and its publication leaves nothing counted that is not
+//! there), and a process that exits normally publishes what it fetched first.
 //!
 //! **Atomic publication.** An extent's bytes are written and made durable (`fdatasync`) before
 //! its state byte says present (a release store that readers load with acquire): a half-written
@@ -26,7 +46,7 @@
 //! **Invalidation.** The state file's header holds the object's size, ETag and the extent size;
 //! opening an object whose listing differs empties the data file and marks every extent absent.
 //! Every GET asks for the listed ETag (`If-Match`), so an object replaced mid-epoch is an error,
-//! not a mix of two versions.
+//! not a mix of two versions. The extent size is the cache's own, set when it was made.
 //!
 //! **Keep what fits.** An extent is admitted only while the node's cached bytes stay within the
 //! limit (a compare-and-swap on the shared counter); once full, fetched extents go to the reader
@@ -43,12 +63,15 @@ use std::ops::Range;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::error::{invalid, Error, Result};
+use nix::fcntl::OFlag;
+
+use super::tree::{escape_component, Tree};
+use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::remote::{ObjectInfo, Store};
-use crate::sys::{ofd_lock, SharedMap};
+use crate::sys::{ofd_lock, ofd_try_lock, SharedMap};
 use crate::util::Unpoison;
 
 /// The default extent: the unit fetched, cached and counted (a multiple of 4 KiB).
@@ -58,12 +81,26 @@ pub const EXTENT_BYTES_MIN: u64 = 64 << 10;
 /// See [`EXTENT_BYTES_MIN`].
 pub const EXTENT_BYTES_MAX: u64 = 256 << 20;
 
-const USAGE_MAGIC: &[u8; 8] = b"GPFCUSE1";
-const STATE_MAGIC: &[u8; 8] = b"GPFSTAT1";
+/// The usage file's first bytes: what marks a directory as a gpufeed cache, and its layout.
+const USAGE_MAGIC: &[u8; 8] = b"GPFCUSE2";
+/// A cache of layout 1 (keys mapped lossily, no checksums): emptied and made layout 2.
+const USAGE_MAGIC_V1: &[u8; 8] = b"GPFCUSE1";
+const STATE_MAGIC: &[u8; 8] = b"GPFSTAT2";
 /// Bytes of a state file before its extent bytes (and of the usage file).
 const HEADER_BYTES: usize = 4096;
 /// The longest ETag kept (longer ones are stored as their crc32c, which still changes with them).
 const ETAG_MAX: usize = 1024;
+/// Where a state file keeps its object's URL (its length, then its bytes), and the longest kept.
+const URL_AT: usize = 1056;
+const URL_MAX: usize = HEADER_BYTES - URL_AT - 4;
+/// The byte of the usage file every process holds a shared lock on while it has the cache open
+/// (the first to open it alone recounts what it holds).
+const IN_USE_BYTE: u64 = HEADER_BYTES as u64 - 1;
+/// What a new cache's usage file is made as before it is renamed into place.
+const USAGE_NEW: &str = "usage.new.";
+
+/// The extent size the cache was made with.
+const U_EXTENT: usize = 8;
 
 /// The counters in the usage file, at these offsets.
 const U_USED: usize = 64;
@@ -74,6 +111,8 @@ const U_WRITTEN: usize = 96;
 const U_WAITS: usize = 104;
 /// The limit last given to the cache (0: none given yet); an opener that gives none uses it.
 const U_LIMIT: usize = 112;
+/// Extents found damaged on disk (their crc32c did not match) and fetched again.
+const U_DAMAGED: usize = 120;
 
 /// What the node's cache holds and has done, summed over every process that used it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -92,14 +131,19 @@ pub struct CacheCounters {
     pub written_bytes: u64,
     /// Times a reader waited for another's fetch of the same extent and then read it from disk.
     pub waits: u64,
+    /// Extents whose bytes on disk no longer matched their crc32c, fetched again from the store.
+    pub damaged_extents: u64,
 }
 
 /// A node cache directory, opened with a limit.
 pub struct NodeCache {
     dir: PathBuf,
+    tree: Tree,
     limit: u64,
     extent_bytes: u64,
     usage: SharedMap,
+    /// Held open for the shared lock on [`IN_USE_BYTE`].
+    _usage_file: File,
     objects: Mutex<HashMap<String, Arc<CachedObject>>>,
     full_noticed: AtomicBool,
     /// Where fetched extents go to be written behind (started on the first).
@@ -127,6 +171,8 @@ struct WriteJob {
     extent: u64,
     offset: u64,
     bytes: Arc<ExtentBuf>,
+    /// The bytes' crc32c, published with them.
+    crc: u32,
     /// Held, not read: dropping it releases the extent's lock.
     _lock: File,
 }
@@ -204,7 +250,7 @@ fn start_writers() -> Option<std::sync::mpsc::Sender<WriteJob>> {
                         }
                     }
                     Err(e) => {
-                        job.obj.write_failed(&job, &e);
+                        job.obj.write_failed(&job, &e.report());
                         finish(job);
                     }
                 }
@@ -219,7 +265,7 @@ fn publish_now(job: WriteJob) {
     match job.obj.write_extent(&job) {
         Ok(()) => publish(vec![job]),
         Err(e) => {
-            job.obj.write_failed(&job, &e);
+            job.obj.write_failed(&job, &e.report());
             finish(job);
         }
     }
@@ -239,11 +285,13 @@ fn publish(batch: Vec<WriteJob>) {
     }
     for jobs in by_object {
         let obj = jobs[0].obj.clone();
-        let synced = File::open(&obj.data_path).and_then(|f| f.sync_data());
+        let synced = obj
+            .open_data(OFlag::O_RDONLY)
+            .and_then(|f| f.sync_data().map_err(|e| Error::io("cannot sync", e)));
         for job in jobs {
             match &synced {
                 Ok(()) => obj.mark_published(&job),
-                Err(e) => obj.write_failed(&job, e),
+                Err(e) => obj.write_failed(&job, &e.report()),
             }
             finish(job);
         }
@@ -264,19 +312,58 @@ fn finish(job: WriteJob) {
     cache.written(n);
 }
 
-/// The default cache directory: `$GPUFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/gpufeed`, else
-/// `~/.cache/gpufeed` (point it at local NVMe on a training node).
+/// The default cache directory: `$GPUFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/gpufeed/objects`,
+/// else `~/.cache/gpufeed/objects` (point it at local NVMe on a training node).
 pub fn default_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("GPUFEED_CACHE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("gpufeed");
+        return PathBuf::from(d).join("gpufeed/objects");
     }
     std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir)
-        .join(".cache/gpufeed")
+        .join(".cache/gpufeed/objects")
+}
+
+/// Waits (10 s at most each) until every cache of this process has written and published what
+/// it fetched: run at exit, so a short process (`inspect`, `verify`) leaves its fetches for the
+/// next instead of counted and lost.
+pub fn flush_all() {
+    let caches: Vec<Arc<NodeCache>> = opened()
+        .lock()
+        .unpoisoned()
+        .values()
+        .filter_map(|w| w.upgrade())
+        .collect();
+    for c in caches {
+        c.flush_within(std::time::Duration::from_secs(10));
+    }
+}
+
+extern "C" fn flush_at_exit() {
+    // Nothing may unwind out of an exit handler.
+    let _ = std::panic::catch_unwind(flush_all);
+}
+
+/// Registers [`flush_all`] to run when the process exits normally (once).
+fn flush_at_exit_registered() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `flush_at_exit` is a plain `extern "C" fn()` that does not unwind (it catches
+        // panics) and lives for the whole program.
+        unsafe { libc::atexit(flush_at_exit) };
+    });
+}
+
+/// How [`NodeCache::open_as`] treats a directory that is not a cache yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Make a cache there if it is missing or empty.
+    Create,
+    /// Only open a cache that exists (`None` otherwise): read-only commands and `drop`.
+    Existing,
 }
 
 /// Every cache opened in this process, by directory: ranks that are threads of one process
@@ -286,12 +373,231 @@ fn opened() -> &'static Mutex<HashMap<PathBuf, std::sync::Weak<NodeCache>>> {
     OPENED.get_or_init(Mutex::default)
 }
 
+/// Says once that the cache keeps its own extent size over the one asked for.
+fn extent_notice(dir: &Path, own: u64, asked: u64) {
+    if asked != EXTENT_BYTES_DEFAULT {
+        crate::util::notice(&format!(
+            "the node cache at {} was made with {} extents and keeps them; cache_extent={} \
+             applies to a new cache (`gpufeed cache drop` empties this one)",
+            dir.display(),
+            crate::util::bytes_human(own),
+            crate::util::bytes_human(asked)
+        ));
+    }
+}
+
+/// The cache's usage file in `tree`, checked to be a cache's: made (with the marker) in an
+/// empty directory when `mode` is `Create`; a layout-1 cache's emptied and remade. `None`:
+/// no cache there and `mode` is `Existing`.
+fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<File>> {
+    let path = tree.path().join("usage");
+    let rw = OFlag::O_RDWR;
+    for _ in 0..100 {
+        if let Some(f) = tree.file(&[], "usage", rw, false)? {
+            let mut magic = [0u8; 8];
+            let len = f.metadata().map_err(io_err("cannot stat", &path))?.len();
+            if len >= HEADER_BYTES as u64 {
+                f.read_exact_at(&mut magic, 0)
+                    .map_err(io_err("cannot read", &path))?;
+            }
+            if &magic == USAGE_MAGIC {
+                return Ok(Some(f));
+            }
+            if &magic == USAGE_MAGIC_V1 {
+                // Ours, of an older layout: emptied under the lock, then marked layout 2.
+                ofd_lock(f.as_fd(), 0, 1, true).map_err(io_err("cannot lock", &path))?;
+                let r = (|| -> Result<()> {
+                    let mut m = [0u8; 8];
+                    f.read_exact_at(&mut m, 0)
+                        .map_err(io_err("cannot read", &path))?;
+                    if &m == USAGE_MAGIC_V1 {
+                        tree.remove_all("data")?;
+                        tree.remove_all("state")?;
+                        let mut h = vec![0u8; HEADER_BYTES];
+                        h[..8].copy_from_slice(USAGE_MAGIC);
+                        h[U_EXTENT..U_EXTENT + 8].copy_from_slice(&extent_bytes.to_le_bytes());
+                        f.write_all_at(&h, 0)
+                            .map_err(io_err("cannot write", &path))?;
+                        f.sync_all().map_err(io_err("cannot sync", &path))?;
+                        crate::util::notice(&format!(
+                            "the node cache at {} was made by an older gpufeed (layout 1): \
+                             emptied, to be filled again",
+                            tree.path().display()
+                        ));
+                    }
+                    Ok(())
+                })();
+                let _ = ofd_lock(f.as_fd(), 0, 1, false);
+                r?;
+                continue;
+            }
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "{} is not a gpufeed node cache: its `usage` file lacks the cache's marker \
+                     (it starts {:?}); point cache_dir (or --cache-dir) at a new or empty \
+                     directory",
+                    tree.path().display(),
+                    String::from_utf8_lossy(&magic)
+                ),
+            ));
+        }
+        let others: Vec<String> = tree
+            .root_names()?
+            .into_iter()
+            .filter(|n| !n.starts_with(USAGE_NEW))
+            .collect();
+        if !others.is_empty() {
+            let mut shown: Vec<String> = others.iter().take(4).cloned().collect();
+            if others.len() > shown.len() {
+                shown.push(format!("and {} more", others.len() - shown.len()));
+            }
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "{} is not a gpufeed node cache: it holds {} and no cache marker (a `usage` \
+                     file made by gpufeed); nothing there was changed. Point cache_dir (or \
+                     --cache-dir) at a new or empty directory",
+                    tree.path().display(),
+                    shown.join(", ")
+                ),
+            ));
+        }
+        if mode == OpenMode::Existing {
+            return Ok(None);
+        }
+        // Made whole under another name, then renamed into place unless another opener's was
+        // first (whose is then used).
+        static NTH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let tmp = format!(
+            "{USAGE_NEW}{}.{}",
+            std::process::id(),
+            NTH.fetch_add(1, Ordering::Relaxed)
+        );
+        let f = tree
+            .file(&[], &tmp, rw, true)?
+            .ok_or_else(|| invalid("the usage file was not made"))?;
+        let made = (|| -> io::Result<()> {
+            nix::fcntl::posix_fallocate(f.as_fd(), 0, HEADER_BYTES as libc::off_t)?;
+            let mut h = vec![0u8; HEADER_BYTES];
+            h[..8].copy_from_slice(USAGE_MAGIC);
+            h[U_EXTENT..U_EXTENT + 8].copy_from_slice(&extent_bytes.to_le_bytes());
+            f.write_all_at(&h, 0)?;
+            f.sync_all()?;
+            match nix::fcntl::renameat2(
+                tree.root(),
+                tmp.as_str(),
+                tree.root(),
+                "usage",
+                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+            ) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        })();
+        let _ = nix::unistd::unlinkat(
+            tree.root(),
+            tmp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+        made.map_err(io_err("cannot make the cache's usage file", &path))?;
+        if let Ok(Some(tag)) = tree.file(&[], "CACHEDIR.TAG", rw, true) {
+            let _ = tag.write_all_at(
+                b"Signature: 8a477f597d28d172789f06886806bc55\n\
+                  # This is gpufeed's node cache of remote datasets (`gpufeed cache drop` empties it).\n",
+                0,
+            );
+        }
+    }
+    Err(invalid(format!(
+        "{}: the cache's usage file kept changing while it was opened",
+        tree.path().display()
+    )))
+}
+
+/// Bytes of extents present in every state file under `tree` (of this layout and extent size):
+/// what the cache holds. Entries that are not a cache's are skipped here (and refused where
+/// they are used).
+fn recount(tree: &Tree, extent_bytes: u64) -> u64 {
+    fn walk(tree: &Tree, comps: &mut Vec<String>, extent_bytes: u64, total: &mut u64) {
+        let refs: Vec<&str> = comps.iter().map(String::as_str).collect();
+        let Ok(Some(dir)) = tree.dir(&refs, false) else {
+            return;
+        };
+        let Ok(names) = super::tree::names(dir) else {
+            return;
+        };
+        let mut subdirs = Vec::new();
+        for n in names {
+            match tree.file(&refs, &n, OFlag::O_RDONLY, false) {
+                Ok(Some(f)) => *total += held_bytes(&f, extent_bytes).unwrap_or(0),
+                _ => subdirs.push(n),
+            }
+        }
+        drop(refs);
+        for n in subdirs {
+            comps.push(n);
+            walk(tree, comps, extent_bytes, total);
+            comps.pop();
+        }
+    }
+    let mut total = 0;
+    walk(
+        tree,
+        &mut vec!["state".to_string()],
+        extent_bytes,
+        &mut total,
+    );
+    total
+}
+
+/// Bytes of extents a state file says are present (0 unless it is of this layout and extent).
+fn held_bytes(state: &File, extent_bytes: u64) -> io::Result<u64> {
+    let mut h = vec![0u8; 32];
+    state.read_exact_at(&mut h, 0)?;
+    if h[..8] != STATE_MAGIC[..] || u64_le(&h[24..32]) != extent_bytes {
+        return Ok(0);
+    }
+    let size = u64_le(&h[16..24]);
+    let n = size.div_ceil(extent_bytes).max(1) as usize;
+    let mut marks = vec![0u8; n];
+    state.read_exact_at(&mut marks, HEADER_BYTES as u64)?;
+    Ok(marks
+        .iter()
+        .enumerate()
+        .filter(|(_, &m)| m == PRESENT)
+        .map(|(i, _)| {
+            size.saturating_sub(i as u64 * extent_bytes)
+                .min(extent_bytes)
+        })
+        .sum())
+}
+
+fn u64_le(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b.try_into().unwrap_or_default())
+}
+
 impl NodeCache {
     /// Opens (creating) the cache in `dir`. `limit`: the most bytes it may hold, kept for the node
     /// (`None`: the limit last given to this cache, else 90% of what the file system has free
-    /// now plus what the cache already holds). `extent_bytes`: the
-    /// unit of fetching and caching, a multiple of 4 KiB.
+    /// now plus what the cache already holds). `extent_bytes`: the unit of fetching and caching
+    /// for a new cache, a multiple of 4 KiB (a cache keeps the one it was made with).
+    ///
+    /// A directory that exists is used only if it is empty or holds a gpufeed cache (its
+    /// `usage` file's marker): anything else is refused, naming what it holds.
     pub fn open(dir: &Path, limit: Option<u64>, extent_bytes: u64) -> Result<Arc<NodeCache>> {
+        Self::open_as(dir, limit, extent_bytes, OpenMode::Create)?
+            .ok_or_else(|| invalid("the node cache was not made"))
+    }
+
+    /// [`open`](Self::open), or with [`OpenMode::Existing`] only a cache that exists (`None`
+    /// if `dir` is missing or empty; nothing is created).
+    pub fn open_as(
+        dir: &Path,
+        limit: Option<u64>,
+        extent_bytes: u64,
+        mode: OpenMode,
+    ) -> Result<Option<Arc<NodeCache>>> {
         if !(EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&extent_bytes)
             || !extent_bytes.is_multiple_of(4096)
         {
@@ -300,41 +606,73 @@ impl NodeCache {
                 EXTENT_BYTES_MIN, EXTENT_BYTES_MAX
             )));
         }
-        std::fs::create_dir_all(dir).map_err(io_err("cannot create the cache directory", dir))?;
+        if !dir.exists() {
+            if mode == OpenMode::Existing {
+                return Ok(None);
+            }
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .map_err(io_err("cannot create the cache directory's parent", parent))?;
+            }
+            use std::os::unix::fs::DirBuilderExt;
+            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err("cannot create the cache directory", dir)(e)),
+            }
+        }
         let dir = dir
             .canonicalize()
             .map_err(io_err("cannot resolve the cache directory", dir))?;
         let mut open = opened().lock().unpoisoned();
         if let Some(c) = open.get(&dir).and_then(|w| w.upgrade()) {
-            if c.extent_bytes == extent_bytes && limit.is_none_or(|l| l == c.limit) {
-                return Ok(c);
+            if limit.is_none_or(|l| l == c.limit) {
+                if c.extent_bytes != extent_bytes {
+                    extent_notice(&dir, c.extent_bytes, extent_bytes);
+                }
+                return Ok(Some(c));
             }
         }
+        let tree = Tree::open(&dir)?;
+        let Some(f) = usage_file(&tree, extent_bytes, mode)? else {
+            return Ok(None);
+        };
         let path = dir.join("usage");
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_err("cannot open the cache's usage file", &path))?;
-        ofd_lock(f.as_fd(), 0, 1, true).map_err(io_err("cannot lock", &path))?;
-        let init = (|| -> io::Result<()> {
-            let mut magic = [0u8; 8];
-            let len = f.metadata()?.len();
-            if len >= HEADER_BYTES as u64 {
-                f.read_exact_at(&mut magic, 0)?;
-            }
-            if &magic != USAGE_MAGIC {
-                f.set_len(0)?;
-                f.set_len(HEADER_BYTES as u64)?;
-                f.write_all_at(USAGE_MAGIC, 0)?;
-            }
-            Ok(())
-        })();
-        let _ = ofd_lock(f.as_fd(), 0, 1, false);
-        init.map_err(io_err("cannot set up the cache's usage file", &path))?;
         let usage = SharedMap::new(f.as_fd(), HEADER_BYTES).map_err(io_err("cannot map", &path))?;
+        let own_extent = usage.u64_at(U_EXTENT).load(Ordering::Acquire);
+        let extent = if (EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&own_extent)
+            && own_extent.is_multiple_of(4096)
+        {
+            own_extent
+        } else {
+            return Err(invalid(format!(
+                "the node cache's usage file says its extents are {own_extent} bytes, which no \
+                 gpufeed makes: the file is damaged (`gpufeed cache drop --cache-dir {}` empties \
+                 the cache)",
+                dir.display()
+            ))
+            .with_path(path));
+        };
+        if extent != extent_bytes {
+            extent_notice(&dir, extent, extent_bytes);
+        }
+        // The first process in recounts what is there (a process that died between a fetch's
+        // admission and its publication left bytes counted that are not); then every process
+        // holds a shared lock while it has the cache open.
+        let alone =
+            ofd_try_lock(f.as_fd(), IN_USE_BYTE, 1, false).map_err(io_err("cannot lock", &path))?;
+        if alone {
+            let held = recount(&tree, extent);
+            usage.u64_at(U_USED).store(held, Ordering::Release);
+            ofd_try_lock(f.as_fd(), IN_USE_BYTE, 1, true).map_err(io_err("cannot lock", &path))?;
+        } else {
+            // Another opener is recounting: its exclusive lock ends soon.
+            while !ofd_try_lock(f.as_fd(), IN_USE_BYTE, 1, true)
+                .map_err(io_err("cannot lock", &path))?
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
         // The node has one limit: the last one given, which every opener that names none uses
         // (so `gpufeed cache status` and a rank without the setting keep to the trainer's).
         let stored = usage.u64_at(U_LIMIT);
@@ -350,9 +688,11 @@ impl NodeCache {
         };
         let cache = Arc::new(NodeCache {
             dir: dir.clone(),
+            tree,
             limit,
-            extent_bytes,
+            extent_bytes: extent,
             usage,
+            _usage_file: f,
             objects: Mutex::default(),
             full_noticed: AtomicBool::new(false),
             writer: Mutex::new(None),
@@ -361,7 +701,8 @@ impl NodeCache {
             retained: Mutex::default(),
         });
         open.insert(dir, Arc::downgrade(&cache));
-        Ok(cache)
+        flush_at_exit_registered();
+        Ok(Some(cache))
     }
 
     /// Queues a fetched extent for the writer threads (starting them, and the syncer, on the
@@ -494,6 +835,7 @@ impl NodeCache {
             direct_bytes: g(U_DIRECT),
             written_bytes: g(U_WRITTEN),
             waits: g(U_WAITS),
+            damaged_extents: g(U_DAMAGED),
         }
     }
 
@@ -520,146 +862,247 @@ impl NodeCache {
             });
     }
 
-    /// Where an object's files live: `DIR/{data,state}/SCHEME/HOST/KEY`.
-    fn object_paths(&self, url: &str) -> Result<(PathBuf, PathBuf)> {
+    /// Where an object's files live below the root: the components of `SCHEME/HOST/KEY`, each
+    /// escaped (injectively), and the URL the state file records (without any userinfo).
+    fn object_comps(&self, url: &str) -> Result<(Vec<String>, String)> {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| invalid(format!("{url}: not a URL")))?;
-        let mut rel = PathBuf::from(scheme);
-        for part in rest.split('/').filter(|p| !p.is_empty()) {
+        let (host, key) = rest.split_once('/').unwrap_or((rest, ""));
+        // Credentials never reach a file name.
+        let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+        let mut comps = vec![escape_component(scheme), escape_component(host)];
+        for part in key.split('/') {
             if part == "." || part == ".." || part.contains('\0') {
                 return Err(invalid(format!(
                     "{url}: an object key with a `{part}` component cannot be cached"
                 )));
             }
-            rel.push(part.replace(':', "_"));
+            let name = escape_component(part);
+            if name.len() > 255 {
+                return Err(invalid(format!(
+                    "{url}: the key component {:?} is {} bytes as a file name, over the 255 a \
+                     file system allows: it cannot be cached (rename the object)",
+                    part.chars().take(40).collect::<String>() + "…",
+                    name.len()
+                )));
+            }
+            comps.push(name);
         }
-        Ok((
-            self.dir.join("data").join(&rel),
-            self.dir.join("state").join(rel),
-        ))
+        let plain = format!("{scheme}://{host}/{key}");
+        if plain.len() > URL_MAX {
+            return Err(invalid(format!(
+                "{url}: an object URL over {URL_MAX} bytes cannot be cached"
+            )));
+        }
+        Ok((comps, plain))
     }
 
     /// The cached object for `info` of `store`: its data file exists with the object's size and
-    /// its state matches the listing (otherwise it is emptied first).
+    /// its state matches the listing (otherwise it is emptied first). On a disk too full for
+    /// its state, the object is read without being cached (said once).
     pub fn object(self: &Arc<Self>, store: &Store, info: &ObjectInfo) -> Result<Arc<CachedObject>> {
         if let Some(o) = self.objects.lock().unpoisoned().get(&info.url) {
             if o.info == *info {
                 return Ok(o.clone());
             }
         }
-        let (data_path, state_path) = self.object_paths(&info.url)?;
-        for p in [&data_path, &state_path] {
-            if let Some(parent) = p.parent() {
-                std::fs::create_dir_all(parent)
-                    .map_err(io_err("cannot create a cache directory", parent))?;
-            }
+        let (comps, plain_url) = self.object_comps(&info.url)?;
+        let (name, dirs) = comps.split_last().expect("scheme and host at least");
+        let name = name.clone();
+        let dirs: Vec<String> = dirs.to_vec();
+        fn at<'a>(top: &'a str, dirs: &'a [String]) -> Vec<&'a str> {
+            std::iter::once(top)
+                .chain(dirs.iter().map(String::as_str))
+                .collect()
         }
+        let what = |e: Error| {
+            if e.kind() == ErrorKind::PermissionDenied || e.kind() == ErrorKind::InvalidInput {
+                invalid(format!("{}: cannot be cached: {e}", info.url))
+            } else {
+                e
+            }
+        };
+        let rw = OFlag::O_RDWR;
+        let data = self
+            .tree
+            .file(&at("data", &dirs), &name, rw, true)
+            .map_err(what)?
+            .ok_or_else(|| invalid("the data file was not made"))?;
+        let state = self
+            .tree
+            .file(&at("state", &dirs), &name, rw, true)
+            .map_err(what)?
+            .ok_or_else(|| invalid("the state file was not made"))?;
+        let mut data_path = self.tree.join(&at("data", &dirs));
+        data_path.push(&name);
+        let mut state_path = self.tree.join(&at("state", &dirs));
+        state_path.push(&name);
         let extents = info.size.div_ceil(self.extent_bytes).max(1);
-        let map_len = HEADER_BYTES + extents as usize;
-        let state = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&state_path)
-            .map_err(io_err("cannot open a cache state file", &state_path))?;
-        let data = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&data_path)
-            .map_err(io_err("cannot open a cache data file", &data_path))?;
+        let map_len = state_len(extents);
         // The header is checked and (re)written under a lock on it, by one opener at a time.
         ofd_lock(state.as_fd(), 0, HEADER_BYTES as u64, true)
             .map_err(io_err("cannot lock", &state_path))?;
-        let r = self.check_state(info, &state, &data, map_len);
+        let r = self.check_state(info, &plain_url, &state, &data, map_len, &state_path);
         let _ = ofd_lock(state.as_fd(), 0, HEADER_BYTES as u64, false);
-        r.map_err(io_err("cannot set up a cache state file", &state_path))?;
-        let map =
-            SharedMap::new(state.as_fd(), map_len).map_err(io_err("cannot map", &state_path))?;
+        let uncached = match r {
+            Ok(()) => false,
+            Err(StateErr::Full(_)) => {
+                if !self.full_noticed.swap(true, Ordering::Relaxed) {
+                    crate::util::notice(&format!(
+                        "the node cache's disk is full ({}): {} and what else cannot be set up \
+                         is read from the store without being cached",
+                        self.dir.display(),
+                        info.url
+                    ));
+                }
+                true
+            }
+            Err(StateErr::Other(e)) => return Err(e),
+        };
+        let map = if uncached {
+            SharedMap::anonymous(map_len)
+        } else {
+            SharedMap::new(state.as_fd(), map_len)
+        }
+        .map_err(io_err("cannot map", &state_path))?;
         let md = data.metadata().map_err(io_err("cannot stat", &data_path))?;
+        let smd = state
+            .metadata()
+            .map_err(io_err("cannot stat", &state_path))?;
         let obj = Arc::new(CachedObject {
             cache: self.clone(),
             store: store.clone(),
             info: info.clone(),
             data_path,
-            state_path,
+            dirs,
+            name,
+            data_id: (md.dev(), md.ino()),
+            state_id: (smd.dev(), smd.ino()),
             extents,
             map,
+            uncached,
+            verified: (0..extents).map(|_| AtomicBool::new(false)).collect(),
             fetching: Mutex::default(),
         });
+        // One object per URL in a process (threads opening it at once keep the first made), so
+        // that its threads share one record of what they fetched and checked.
+        let obj = {
+            let mut objects = self.objects.lock().unpoisoned();
+            match objects.get(&info.url) {
+                Some(o) if o.info == *info => o.clone(),
+                _ => {
+                    objects.insert(info.url.clone(), obj.clone());
+                    obj
+                }
+            }
+        };
         registry()
             .lock()
             .unpoisoned()
             .insert((md.dev(), md.ino()), obj.clone());
-        self.objects
-            .lock()
-            .unpoisoned()
-            .insert(info.url.clone(), obj.clone());
         Ok(obj)
     }
 
-    /// Makes the state file describe `info`: as it is when its header matches, else emptied.
+    /// Bytes of `info` the cache holds, read without changing anything (0 if it has no files
+    /// or they describe another version): `gpufeed cache status`.
+    pub fn present_bytes_of(&self, info: &ObjectInfo) -> Result<u64> {
+        let (comps, plain_url) = self.object_comps(&info.url)?;
+        let (name, dirs) = comps.split_last().expect("scheme and host at least");
+        let at: Vec<&str> = std::iter::once("state")
+            .chain(dirs.iter().map(String::as_str))
+            .collect();
+        let Some(state) = self.tree.file(&at, name, OFlag::O_RDONLY, false)? else {
+            return Ok(0);
+        };
+        let mut old = vec![0u8; HEADER_BYTES];
+        if state.read_exact_at(&mut old, 0).is_err()
+            || old != state_header(info, &plain_url, self.extent_bytes)
+        {
+            return Ok(0);
+        }
+        Ok(held_bytes(&state, self.extent_bytes).unwrap_or(0))
+    }
+
+    /// Makes the state file describe `info`: as it is when its header matches, else emptied. A
+    /// state file of another object (a URL other than `url`) is refused; a disk too full to
+    /// allocate the state is a `StorageFull` error.
     fn check_state(
         &self,
         info: &ObjectInfo,
+        url: &str,
         state: &File,
         data: &File,
         map_len: usize,
-    ) -> io::Result<()> {
-        let header = state_header(info, self.extent_bytes);
+        state_path: &Path,
+    ) -> std::result::Result<(), StateErr> {
+        let header = state_header(info, url, self.extent_bytes);
         let mut old = vec![0u8; HEADER_BYTES];
-        let len = state.metadata()?.len();
+        let ioe = |e: io::Error| StateErr::of(e, state_path);
+        let len = state.metadata().map_err(ioe)?.len();
         if len >= HEADER_BYTES as u64 {
-            state.read_exact_at(&mut old, 0)?;
+            state.read_exact_at(&mut old, 0).map_err(ioe)?;
         }
-        if old == header && len >= map_len as u64 && data.metadata()?.len() == info.size {
-            return Ok(());
+        if old[..8] == STATE_MAGIC[..] {
+            let n = (u32::from_le_bytes(old[URL_AT..URL_AT + 4].try_into().unwrap_or_default())
+                as usize)
+                .min(URL_MAX);
+            let theirs = &old[URL_AT + 4..URL_AT + 4 + n];
+            if theirs != url.as_bytes() {
+                return Err(StateErr::Other(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "{}: its node-cache file {} holds another object ({}); refused rather \
+                         than serve one object's bytes for another",
+                        info.url,
+                        state_path.display(),
+                        String::from_utf8_lossy(theirs)
+                    ),
+                )));
+            }
         }
-        // A different object (or none yet): give back what its present extents held, drop their
-        // blocks, and mark every extent absent. The state file never shrinks (another process may
-        // have it mapped); only its extent bytes are zeroed.
+        if old == header
+            && len >= map_len as u64
+            && data.metadata().map_err(ioe)?.len() == info.size
+        {
+            // Blocks allocated (a no-op when they are), so the mapping never faults.
+            return fallocate(state, map_len).map_err(ioe);
+        }
+        // A different version (or none yet): give back what its present extents held, drop
+        // their blocks, and mark every extent absent. The state file never shrinks (another
+        // process may have it mapped); only its extent bytes are zeroed.
         if len > HEADER_BYTES as u64 && old[..8] == STATE_MAGIC[..] {
-            let old_size = u64::from_le_bytes(old[16..24].try_into().unwrap_or_default());
-            let old_ext = u64::from_le_bytes(old[24..32].try_into().unwrap_or_default()).max(1);
-            let mut marks = vec![0u8; (len - HEADER_BYTES as u64) as usize];
-            state.read_exact_at(&mut marks, HEADER_BYTES as u64)?;
-            let held: u64 = marks
-                .iter()
-                .enumerate()
-                .filter(|(_, &m)| m == PRESENT)
-                .map(|(i, _)| {
-                    let start = i as u64 * old_ext;
-                    old_size.saturating_sub(start).min(old_ext)
-                })
-                .sum();
+            let held = held_bytes(state, u64_le(&old[24..32])).unwrap_or(0);
             self.release(held);
-            state.write_all_at(&vec![0u8; marks.len()], HEADER_BYTES as u64)?;
+            state
+                .write_all_at(
+                    &vec![0u8; (len - HEADER_BYTES as u64) as usize],
+                    HEADER_BYTES as u64,
+                )
+                .map_err(ioe)?;
         }
-        data.set_len(0)?;
-        data.set_len(info.size)?;
-        if len < map_len as u64 {
-            state.set_len(map_len as u64)?;
-        }
-        state.write_all_at(&header, 0)?;
-        state.sync_all()?;
-        Ok(())
+        let setup = || -> io::Result<()> {
+            data.set_len(0)?;
+            data.set_len(info.size)?;
+            if len < map_len as u64 {
+                state.set_len(map_len as u64)?;
+            }
+            fallocate(state, map_len)?;
+            state.write_all_at(&header, 0)?;
+            state.sync_all()
+        };
+        setup().map_err(ioe)
     }
 
     /// Empties the cache: every object's files and the counters. Run it with no loader using the
     /// cache (`gpufeed cache drop`).
     pub fn drop_all(&self) -> Result<u64> {
         let held = self.counters().cached_bytes;
-        for sub in ["data", "state"] {
-            let p = self.dir.join(sub);
-            if p.exists() {
-                std::fs::remove_dir_all(&p).map_err(io_err("cannot remove", &p))?;
-            }
-        }
+        // Only the cache's own entries, without following a link (one is removed itself).
+        self.tree.remove_all("data")?;
+        self.tree.remove_all("state")?;
         for o in [
-            U_USED, U_GETS, U_FETCHED, U_DIRECT, U_WRITTEN, U_WAITS, U_LIMIT,
+            U_USED, U_GETS, U_FETCHED, U_DIRECT, U_WRITTEN, U_WAITS, U_LIMIT, U_DAMAGED,
         ] {
             self.usage.u64_at(o).store(0, Ordering::Release);
         }
@@ -669,10 +1112,46 @@ impl NodeCache {
     }
 }
 
+/// Why a state file could not be set up: the disk is full (the object is then read uncached),
+/// or anything else (an error).
+enum StateErr {
+    Full(#[allow(dead_code)] io::Error),
+    Other(Error),
+}
+
+impl StateErr {
+    fn of(e: io::Error, path: &Path) -> StateErr {
+        if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+            StateErr::Full(e)
+        } else {
+            StateErr::Other(
+                Error::io("cannot set up a cache state file", e).with_path(path.to_path_buf()),
+            )
+        }
+    }
+}
+
+/// Allocates the first `len` bytes of `f` (a no-op where they are): writes through a mapping of
+/// them then never fault on a full disk.
+fn fallocate(f: &File, len: usize) -> io::Result<()> {
+    nix::fcntl::posix_fallocate(f.as_fd(), 0, len as libc::off_t).map_err(io::Error::from)
+}
+
+/// Bytes of the state file of an object of `extents` extents: the header, one byte per extent
+/// (padded to 4), one crc32c per extent.
+fn state_len(extents: u64) -> usize {
+    crcs_at(extents) + 4 * extents as usize
+}
+
+/// Where the crc32cs of an object of `extents` extents start in its state file.
+fn crcs_at(extents: u64) -> usize {
+    HEADER_BYTES + (extents as usize).next_multiple_of(4)
+}
+
 /// An extent's state byte: absent (0) or present.
 const PRESENT: u8 = 1;
 
-fn state_header(info: &ObjectInfo, extent_bytes: u64) -> Vec<u8> {
+fn state_header(info: &ObjectInfo, url: &str, extent_bytes: u64) -> Vec<u8> {
     let mut h = vec![0u8; HEADER_BYTES];
     h[..8].copy_from_slice(STATE_MAGIC);
     let etag = info.etag.as_deref().unwrap_or("").as_bytes();
@@ -687,6 +1166,9 @@ fn state_header(info: &ObjectInfo, extent_bytes: u64) -> Vec<u8> {
     h[16..24].copy_from_slice(&info.size.to_le_bytes());
     h[24..32].copy_from_slice(&extent_bytes.to_le_bytes());
     h[32..32 + etag.len()].copy_from_slice(&etag);
+    let url = &url.as_bytes()[..url.len().min(URL_MAX)];
+    h[URL_AT..URL_AT + 4].copy_from_slice(&(url.len() as u32).to_le_bytes());
+    h[URL_AT + 4..URL_AT + 4 + url.len()].copy_from_slice(url);
     h
 }
 
@@ -696,10 +1178,19 @@ pub struct CachedObject {
     store: Store,
     info: ObjectInfo,
     data_path: PathBuf,
-    state_path: PathBuf,
+    /// The directories below `data/` and `state/` holding its files, and their name.
+    dirs: Vec<String>,
+    name: String,
+    /// The (device, inode) of its data and state files: a file opened later must be these.
+    data_id: (u64, u64),
+    state_id: (u64, u64),
     extents: u64,
-    /// The state file: header, then one byte per extent.
+    /// The state file: header, one byte per extent, one crc32c per extent (anonymous memory
+    /// where the disk was too full for the file: then nothing of it is cached).
     map: SharedMap,
+    uncached: bool,
+    /// Extents this process has read from disk and found matching their crc32c.
+    verified: Vec<AtomicBool>,
     /// Extents this process is fetching, until they are published: its other readers of them
     /// take the fetched bytes instead of waiting for the write behind.
     fetching: Mutex<HashMap<u64, Arc<Fetching>>>,
@@ -789,6 +1280,55 @@ impl CachedObject {
         self.map.u8s(HEADER_BYTES, self.extents as usize)
     }
 
+    fn crcs(&self) -> &[AtomicU32] {
+        self.map.u32s(crcs_at(self.extents), self.extents as usize)
+    }
+
+    /// Opens its data file again, through the cache's tree (no link followed), checked to be
+    /// the file it was opened as.
+    fn open_data(&self, flags: OFlag) -> Result<File> {
+        self.open_own("data", flags, self.data_id)
+    }
+
+    /// Opens its state file again (an open of its own, for the extent locks), checked likewise.
+    fn open_state(&self) -> Result<File> {
+        self.open_own("state", OFlag::O_RDWR, self.state_id)
+    }
+
+    fn open_own(&self, top: &str, flags: OFlag, id: (u64, u64)) -> Result<File> {
+        let comps: Vec<&str> = std::iter::once(top)
+            .chain(self.dirs.iter().map(String::as_str))
+            .collect();
+        let path = || {
+            let mut p = self.cache.tree.join(&comps);
+            p.push(&self.name);
+            p
+        };
+        let f = self
+            .cache
+            .tree
+            .file(&comps, &self.name, flags, false)?
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "{}: its node-cache file is gone (was the cache dropped while in use?)",
+                        self.info.url
+                    ),
+                )
+                .with_path(path())
+            })?;
+        let md = f.metadata().map_err(io_err("cannot stat", &path()))?;
+        if (md.dev(), md.ino()) != id {
+            return Err(invalid(format!(
+                "{}: its node-cache file was replaced by another while in use: refused",
+                self.info.url
+            ))
+            .with_path(path()));
+        }
+        Ok(f)
+    }
+
     fn extent_range(&self, i: u64) -> Range<u64> {
         let e = self.cache.extent_bytes;
         let start = i * e;
@@ -824,19 +1364,21 @@ impl CachedObject {
             .sum()
     }
 
-    /// Extent `i`, which holds the bytes `part`: on disk; or fetched now and cached, when it
-    /// fits; or, when the cache is full, only `part` fetched (nothing else of the extent would
-    /// be kept). One fetch per node for what is cached: a fetch holds the extent's lock, and
-    /// whoever waited on it finds the extent present.
+    /// Extent `i`, which holds the bytes `part`: on disk (checked against its crc32c the first
+    /// time this process reads it, and fetched again if it is damaged); or fetched now and
+    /// cached, when it fits; or, when the cache is full, only `part` fetched (nothing else of
+    /// the extent would be kept). One fetch per node for what is cached: a fetch holds the
+    /// extent's lock, and whoever waited on it finds the extent present.
     fn extent(self: &Arc<Self>, i: u64, part: Range<u64>, dst: &mut [u8]) -> Result<Extent> {
         if let Some(b) = self.held(i) {
             return Ok(Extent::Held(b));
         }
         let mark = &self.marks()[i as usize];
-        if mark.load(Ordering::Acquire) == PRESENT {
+        let ready = |i: u64| self.verified[i as usize].load(Ordering::Acquire);
+        if mark.load(Ordering::Acquire) == PRESENT && ready(i) {
             return Ok(Extent::Present);
         }
-        // Another thread of this process fetching it: its bytes, once they are here.
+        // Another thread of this process fetching or checking it: its bytes, once they are here.
         let slot = match self.claim(i) {
             Ok(mine) => mine,
             Err(theirs) => {
@@ -846,23 +1388,113 @@ impl CachedObject {
                 }
                 if let FetchState::Bytes(b) = &*st {
                     self.cache.add(U_WAITS, 1);
-                    return Ok(Extent::Fetched(b.clone()));
+                    return Ok(Extent::Held(b.clone()));
                 }
                 drop(st);
                 if mark.load(Ordering::Acquire) == PRESENT {
-                    return Ok(Extent::Present);
+                    // Published by another process meanwhile: checked before it is read.
+                    return if ready(i) {
+                        Ok(Extent::Present)
+                    } else {
+                        self.extent(i, part, dst)
+                    };
                 }
                 return self.fetch_part(part, dst);
             }
         };
-        match self.fetch_claimed(i, &slot) {
+        let r = if mark.load(Ordering::Acquire) == PRESENT {
+            self.check_claimed(i, &slot)
+        } else {
+            self.fetch_claimed(i, &slot)
+        };
+        match r {
             Ok(Extent::Part) => self.fetch_part(part, dst),
+            // `Present`: published by another process while this one waited for the lock — the
+            // bytes it just wrote from the store, read from disk (checked on a later read).
             r => r,
         }
     }
 
-    /// Extent `i`'s bytes, if this process fetched it and holds them still (being written, or
-    /// published and retained).
+    /// Reads the claimed, present extent `i` from disk and checks it against its crc32c: its
+    /// bytes when they match (kept in memory for the readers to come, and the extent counted as
+    /// checked); when they do not, or cannot be read, the extent is counted damaged, said,
+    /// marked absent and fetched again (`Part`: the cache was full, fetch the part).
+    fn check_claimed(self: &Arc<Self>, i: u64, slot: &Fetching) -> Result<Extent> {
+        let range = self.extent_range(i);
+        let n = range.end - range.start;
+        let read = (|| -> Result<Arc<ExtentBuf>> {
+            let mut buf = self.cache.extent_buf(n as usize)?;
+            let map = buf.map.as_ref().expect("a fresh buffer has its mapping");
+            // SAFETY: the mapping holds at least `n` bytes and this buffer is not shared yet.
+            let dst = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), n as usize) };
+            let direct = n.is_multiple_of(4096);
+            let f = if direct {
+                self.open_data(OFlag::O_RDONLY | OFlag::O_DIRECT)
+                    .or_else(|_| self.open_data(OFlag::O_RDONLY))?
+            } else {
+                self.open_data(OFlag::O_RDONLY)?
+            };
+            f.read_exact_at(dst, range.start).map_err(|e| {
+                Error::io("cannot read the cache", e)
+                    .with_path(self.data_path.clone())
+                    .with_range(range.start, n)
+            })?;
+            buf.len = n as usize;
+            Ok(Arc::new(buf))
+        })();
+        let want = self.crcs()[i as usize].load(Ordering::Acquire);
+        let why = match read {
+            Ok(bytes) => {
+                let got = crate::crc32c::crc32c(bytes.bytes());
+                if got == want {
+                    self.verified[i as usize].store(true, Ordering::Release);
+                    *slot.state.lock().unpoisoned() = FetchState::Bytes(bytes.clone());
+                    slot.done.notify_all();
+                    self.cache.retain(self, i, n);
+                    return Ok(Extent::Held(bytes));
+                }
+                format!("its crc32c is {got:08x}, published as {want:08x}")
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound || e.kind() == ErrorKind::InvalidInput => {
+                // The file is gone or replaced: nothing to repair here.
+                *slot.state.lock().unpoisoned() = FetchState::Elsewhere;
+                slot.done.notify_all();
+                self.fetching.lock().unpoisoned().remove(&i);
+                return Err(e);
+            }
+            Err(e) => e.report(),
+        };
+        self.cache.add(U_DAMAGED, 1);
+        crate::util::notice(&format!(
+            "{}: the cached copy was damaged (extent {i}, bytes {}..{} of the object in {}: \
+             {why}); fetched again from the store",
+            self.info.url,
+            range.start,
+            range.end,
+            self.data_path.display()
+        ));
+        self.unpublish(i)?;
+        self.fetch_claimed(i, slot)
+    }
+
+    /// Marks present extent `i` absent (it was found damaged), under its lock, giving its bytes
+    /// back to the limit.
+    fn unpublish(&self, i: u64) -> Result<()> {
+        let at = HEADER_BYTES as u64 + i;
+        let state = self.open_state()?;
+        ofd_lock(state.as_fd(), at, 1, true)
+            .map_err(|e| Error::io("cannot lock", e).with_path(self.data_path.clone()))?;
+        let mark = &self.marks()[i as usize];
+        if mark.swap(0, Ordering::AcqRel) == PRESENT {
+            let r = self.extent_range(i);
+            self.cache.release(r.end - r.start);
+        }
+        self.verified[i as usize].store(false, Ordering::Release);
+        Ok(()) // dropping `state` releases the lock
+    }
+
+    /// Extent `i`'s bytes, if this process fetched or checked it and holds them still (being
+    /// written, or published and retained).
     fn held(&self, i: u64) -> Option<Arc<ExtentBuf>> {
         let slot = self.fetching.lock().unpoisoned().get(&i)?.clone();
         let st = slot.state.lock().unpoisoned();
@@ -872,10 +1504,14 @@ impl CachedObject {
         }
     }
 
-    /// Whether reads of `range` go to the data file: every extent is on disk and none is held
-    /// in memory (those are copied from there instead of read back).
+    /// Whether reads of `range` go to the data file: every extent is on disk, checked by this
+    /// process, and none is held in memory (those are copied from there instead of read back).
     pub(crate) fn read_from_disk(&self, range: Range<u64>) -> bool {
-        if !self.is_present(range.clone()) {
+        if !self.is_present(range.clone())
+            || !self
+                .extents_of(range.clone())
+                .all(|i| self.verified[i as usize].load(Ordering::Acquire))
+        {
             return false;
         }
         let f = self.fetching.lock().unpoisoned();
@@ -900,7 +1536,7 @@ impl CachedObject {
     fn fetch_claimed(self: &Arc<Self>, i: u64, slot: &Fetching) -> Result<Extent> {
         let range = self.extent_range(i);
         let n = range.end - range.start;
-        let r = if self.cache.admit(n) {
+        let r = if !self.uncached && self.cache.admit(n) {
             // A disk behind the store holds the fetches back here (before the GET, so no
             // fetched bytes wait in memory for it).
             self.cache.reserve_write(n);
@@ -921,17 +1557,22 @@ impl CachedObject {
         r
     }
 
-    /// Fetches extent `i` ahead of its readers, if it is absent, not being fetched by this
-    /// process, and fits in the cache: its readers then take its bytes (or find it on disk).
-    /// True if it was fetched.
+    /// Fetches extent `i` ahead of its readers — or, if it is on disk but not yet checked by
+    /// this process, checks it — unless another thread of this process has it: its readers
+    /// then take its bytes. True if it was fetched or checked.
     pub(crate) fn prefetch(self: &Arc<Self>, i: u64) -> Result<bool> {
-        if i >= self.extents || self.extent_present(i) {
+        if i >= self.extents || self.extent_ready(i) || self.uncached {
             return Ok(false);
         }
         let Ok(slot) = self.claim(i) else {
             return Ok(false);
         };
-        Ok(matches!(self.fetch_claimed(i, &slot)?, Extent::Fetched(_)))
+        let r = if self.extent_present(i) {
+            self.check_claimed(i, &slot)?
+        } else {
+            self.fetch_claimed(i, &slot)?
+        };
+        Ok(matches!(r, Extent::Fetched(_) | Extent::Held(_)))
     }
 
     /// The extent holding byte `offset`.
@@ -952,44 +1593,40 @@ impl CachedObject {
 
     /// Fetches extent `i` into the cache, its bytes already reserved under the limit and in the
     /// write backlog (both given back if another fetched it meanwhile, or if it cannot be
-    /// fetched). The bytes go to the
-    /// caller at once; the write to disk, its `fdatasync` and the publication happen behind, on
-    /// the cache's writer threads, which hold the extent's lock until it is published (so a
-    /// reader that waits on the lock finds the extent on disk).
+    /// fetched). The bytes go to the caller at once; the write to disk, its `fdatasync` and the
+    /// publication happen behind, on the cache's writer threads, which hold the extent's lock
+    /// until it is published (so a reader that waits on the lock finds the extent on disk).
     fn fetch_reserved(self: &Arc<Self>, i: u64) -> Result<Extent> {
         let mark = &self.marks()[i as usize];
         let range = self.extent_range(i);
         let n = range.end - range.start;
         let at = HEADER_BYTES as u64 + i;
+        let give_back = || {
+            self.cache.release(n);
+            self.cache.written(n);
+        };
         // A lock of this open's own, so that threads exclude each other as processes do.
-        let state = File::options()
-            .read(true)
-            .write(true)
-            .open(&self.state_path)
-            .map_err(io_err("cannot open a cache state file", &self.state_path));
-        let state = match state.and_then(|f| {
-            ofd_lock(f.as_fd(), at, 1, true).map_err(io_err("cannot lock", &self.state_path))?;
+        let state = match self.open_state().and_then(|f| {
+            ofd_lock(f.as_fd(), at, 1, true)
+                .map_err(|e| Error::io("cannot lock", e).with_path(self.data_path.clone()))?;
             Ok(f)
         }) {
             Ok(f) => f,
             Err(e) => {
-                self.cache.release(n);
-                self.cache.written(n);
+                give_back();
                 return Err(e);
             }
         };
         if mark.load(Ordering::Acquire) == PRESENT {
             // Fetched (and published) by another while this one waited for the lock.
             self.cache.add(U_WAITS, 1);
-            self.cache.release(n);
-            self.cache.written(n);
+            give_back();
             return Ok(Extent::Present); // dropping `state` releases the lock
         }
         let mut buf = match self.cache.extent_buf(n as usize) {
             Ok(b) => b,
             Err(e) => {
-                self.cache.release(n);
-                self.cache.written(n);
+                give_back();
                 return Err(e);
             }
         };
@@ -997,10 +1634,10 @@ impl CachedObject {
         // SAFETY: the mapping holds at least `n` bytes and this buffer is not shared yet.
         let dst = unsafe { std::slice::from_raw_parts_mut(map.as_ptr(), n as usize) };
         if let Err(e) = self.store.get_into(&self.info, range.start, dst) {
-            self.cache.release(n);
-            self.cache.written(n);
+            give_back();
             return Err(e);
         }
+        let crc = crate::crc32c::crc32c(dst);
         buf.len = n as usize;
         let bytes = Arc::new(buf);
         self.cache.add(U_GETS, 1);
@@ -1010,6 +1647,7 @@ impl CachedObject {
             extent: i,
             offset: range.start,
             bytes: bytes.clone(),
+            crc,
             _lock: state,
         });
         Ok(Extent::Fetched(bytes))
@@ -1017,50 +1655,45 @@ impl CachedObject {
 
     /// Writes a fetched extent to the data file (on a writer thread): O_DIRECT for whole 4 KiB
     /// blocks from page-aligned memory; the object's last, partial extent (or a file system
-    /// that refuses O_DIRECT) through the page cache. Not yet durable: the syncer makes it so (`publish`).
-    fn write_extent(&self, job: &WriteJob) -> io::Result<()> {
-        use std::os::unix::fs::OpenOptionsExt;
+    /// that refuses O_DIRECT) through the page cache. Not yet durable: the syncer makes it so
+    /// (`publish`).
+    fn write_extent(&self, job: &WriteJob) -> Result<()> {
         let bytes = job.bytes.bytes();
         if (bytes.len() as u64).is_multiple_of(4096) {
-            let direct = File::options()
-                .write(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(&self.data_path);
-            if let Ok(f) = direct {
+            if let Ok(f) = self.open_data(OFlag::O_WRONLY | OFlag::O_DIRECT) {
                 if f.write_all_at(bytes, job.offset).is_ok() {
                     return Ok(());
                 }
             }
         }
-        File::options()
-            .write(true)
-            .open(&self.data_path)?
+        self.open_data(OFlag::O_WRONLY)?
             .write_all_at(bytes, job.offset)
+            .map_err(|e| Error::io("cannot write", e).with_path(self.data_path.clone()))
     }
 
     /// A failed write or sync: the reservation goes back, the bytes count as served uncached,
     /// and the first failure of the cache is said.
-    fn write_failed(&self, job: &WriteJob, e: &io::Error) {
+    fn write_failed(&self, job: &WriteJob, why: &str) {
         let cache = &self.cache;
         let n = job.bytes.bytes().len() as u64;
         cache.release(n);
         cache.add(U_DIRECT, n);
         if !cache.full_noticed.swap(true, Ordering::Relaxed) {
             crate::util::notice(&format!(
-                "the node cache cannot write {} ({e}); fetched extents are served \
-                 without being cached",
+                "the node cache cannot write {} ({why}); fetched extents are served without \
+                 being cached",
                 self.data_path.display()
             ));
         }
     }
 
-    /// Marks written, durable extents present; the extent's readers go by the state byte from
-    /// here on (its in-memory bytes are let go).
+    /// Marks written, durable extents present, with their crc32c; the extent's readers go by
+    /// the state byte from here on (its in-memory bytes are let go).
     fn mark_published(&self, job: &WriteJob) {
         let n = job.bytes.bytes().len() as u64;
         if !(n.is_multiple_of(4096)) {
             // Written through the page cache (now on disk): drop it from there.
-            if let Ok(f) = File::open(&self.data_path) {
+            if let Ok(f) = self.open_data(OFlag::O_RDONLY) {
                 let _ = crate::sys::fadvise(
                     f.as_fd(),
                     job.offset,
@@ -1069,6 +1702,9 @@ impl CachedObject {
                 );
             }
         }
+        self.crcs()[job.extent as usize].store(job.crc, Ordering::Release);
+        // This process wrote what it fetched: its own reads need no check.
+        self.verified[job.extent as usize].store(true, Ordering::Release);
         self.marks()[job.extent as usize].store(PRESENT, Ordering::Release);
         self.cache.add(U_WRITTEN, n);
     }
@@ -1105,10 +1741,7 @@ impl CachedObject {
                 }
                 Extent::Present => {
                     if file.is_none() {
-                        file = Some(
-                            File::open(&self.data_path)
-                                .map_err(io_err("cannot open", &self.data_path))?,
-                        );
+                        file = Some(self.open_data(OFlag::O_RDONLY)?);
                     }
                     if let Some(f) = &file {
                         f.read_exact_at(dst, part.start).map_err(|e| {
@@ -1134,13 +1767,14 @@ impl CachedObject {
             return Ok(None);
         }
         let ext = self.extent_range(i);
-        if !self.cache.admit(ext.end - ext.start) {
+        if self.uncached || !self.cache.admit(ext.end - ext.start) {
             return Err(Error::new(
                 crate::ErrorKind::Busy,
                 format!(
-                    "the node cache is full ({} of {})",
+                    "the node cache is full ({} of {}{})",
                     crate::util::bytes_human(self.cache.counters().cached_bytes),
-                    crate::util::bytes_human(self.cache.limit)
+                    crate::util::bytes_human(self.cache.limit),
+                    if self.uncached { ", and its disk" } else { "" }
                 ),
             ));
         }
@@ -1157,6 +1791,15 @@ impl CachedObject {
         self.marks()
             .get(i as usize)
             .is_some_and(|m| m.load(Ordering::Acquire) == PRESENT)
+    }
+
+    /// Whether extent `i` is on disk and checked by this process (its reads go to the disk).
+    pub(crate) fn extent_ready(&self, i: u64) -> bool {
+        self.extent_present(i)
+            && self
+                .verified
+                .get(i as usize)
+                .is_some_and(|v| v.load(Ordering::Acquire))
     }
 
     /// The cache this object is in.

@@ -7,9 +7,11 @@ pub(super) enum CacheCmd {
     /// Fetch what the next epoch reads into the node cache, in the order it reads it, on
     /// several threads; resumable (what is cached is skipped). Takes the loader's order flags.
     Warm(CacheWarmArgs),
-    /// What the node cache holds of a dataset, and the share of the next epoch it will serve.
+    /// What the node cache holds of a dataset, and the share of the next epoch it will serve
+    /// (changes nothing: fetches no object, makes or empties no file).
     Status(CacheArgs),
-    /// Empty the node cache (no loader may be using it).
+    /// Empty the node cache (no loader may be using it). Only a directory gpufeed made a cache
+    /// in is emptied; anything else is refused.
     Drop(CacheDropArgs),
 }
 
@@ -45,7 +47,7 @@ pub(super) struct CacheWarmArgs {
 
 #[derive(Debug, Args)]
 pub(super) struct CacheDropArgs {
-    /// The cache directory [default: $GPUFEED_CACHE_DIR, else ~/.cache/gpufeed].
+    /// The cache directory [default: $GPUFEED_CACHE_DIR, else ~/.cache/gpufeed/objects].
     #[arg(long, value_name = "DIR")]
     pub(super) cache_dir: Option<PathBuf>,
     /// Print JSON.
@@ -93,8 +95,13 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
             Ok(())
         }
         CacheCmd::Status(a) => {
-            let ds = a.dataset.open(&a.paths)?;
-            let st = crate::dataset::cache_status(&ds)?;
+            let urls: Vec<String> = a
+                .paths
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect();
+            let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+            let st = crate::dataset::cache_status_of(&urls, &a.dataset.options()?)?;
             if a.json {
                 outln!("{}", serde_json::to_value(&st).unwrap_or_default());
             } else {
@@ -109,24 +116,34 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
                     100.0 * st.predicted_hit_ratio
                 );
                 outln!(
-                    "node cache: {} of {} used; {} GETs, {} fetched, {} served uncached",
+                    "node cache: {} of {} used; {} GETs, {} fetched, {} served uncached{}",
                     crate::util::bytes_human(c.cached_bytes),
                     crate::util::bytes_human(c.limit_bytes),
                     c.gets,
                     crate::util::bytes_human(c.fetched_bytes),
-                    crate::util::bytes_human(c.direct_bytes)
+                    crate::util::bytes_human(c.direct_bytes),
+                    if c.damaged_extents > 0 {
+                        format!("; {} damaged extents fetched again", c.damaged_extents)
+                    } else {
+                        String::new()
+                    }
                 );
             }
             Ok(())
         }
         CacheCmd::Drop(a) => {
             let dir = a.cache_dir.unwrap_or_else(crate::cache::node::default_dir);
-            let cache = crate::cache::NodeCache::open(
+            // Only a cache is emptied: a directory that is not one is refused, naming what it
+            // holds; one that is missing or empty is left as it is.
+            let freed = match crate::cache::NodeCache::open_as(
                 &dir,
                 None,
                 crate::cache::node::EXTENT_BYTES_DEFAULT,
-            )?;
-            let freed = cache.drop_all()?;
+                crate::cache::node::OpenMode::Existing,
+            )? {
+                Some(cache) => cache.drop_all()?,
+                None => 0,
+            };
             if a.json {
                 outln!(
                     "{}",

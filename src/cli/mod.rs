@@ -38,8 +38,13 @@ use inspect::{inspect_cmd, InspectArgs};
 use pack::{pack_cmd, PackArgs};
 use verify::verify_cmd;
 
+/// Whether anything was written to stdout (a failing `--json` command that wrote nothing prints
+/// its error there as JSON; one that wrote its result already ends as it was).
+static WROTE_OUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn write_out(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
+    WROTE_OUT.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut out = std::io::stdout().lock();
     if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -129,6 +134,14 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpufeed: error: {}", e.report());
+            if std::env::args_os().any(|a| a == "--json")
+                && !WROTE_OUT.load(std::sync::atomic::Ordering::Relaxed)
+            {
+                // A script reads JSON on stdout, failure or not.
+                let mut v = error_json(&e);
+                v["kind"] = serde_json::Value::String(format!("{:?}", e.kind()));
+                outln!("{v}");
+            }
             ExitCode::FAILURE
         }
     }

@@ -19,7 +19,7 @@ pub(crate) mod pack;
 #[cfg(feature = "remote")]
 mod remote;
 #[cfg(feature = "remote")]
-pub use remote::{cache_status, warm_cache, CacheStatus, WarmReport};
+pub use remote::{cache_status, cache_status_of, warm_cache, CacheStatus, WarmReport};
 pub mod shard;
 pub(crate) mod tar;
 pub(crate) mod tfrecord;

@@ -127,7 +127,7 @@ pub const DATASET_OPTIONS: &[OptionDoc] = &[
     OptionDoc {
         name: "cache_dir",
         flag: "cache-dir",
-        default: "$GPUFEED_CACHE_DIR, else ~/.cache/gpufeed",
+        default: "$GPUFEED_CACHE_DIR, else ~/.cache/gpufeed/objects",
         help: "remote datasets (s3://, gs://, az://, http(s)://): the node-wide cache on local \
                disk, shared by every rank on the node (put it on NVMe)",
         boolean: false,

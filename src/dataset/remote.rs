@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::{Dataset, Format, OpenOptions};
 use crate::cache::node::{lookup, CacheCounters, CachedObject};
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, Result};
 use crate::plan::PlanConfig;
 use crate::remote::Store;
 
@@ -38,8 +38,15 @@ pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
                 o.url
             )));
         }
+        if listed.is_empty() {
+            return Err(Error::new(
+                crate::ErrorKind::NotFound,
+                format!("{url}: nothing is stored under this prefix (the listing is empty)"),
+            ));
+        }
         let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
-        let (f, picked) = super::detect::pick_remote(&keys, format)?;
+        let (f, picked) = super::detect::pick_remote(&keys, format)
+            .map_err(|e| invalid(format!("{url}: {e}")))?;
         if picked.is_empty() {
             return Err(invalid(format!(
                 "{url}: no {} objects here ({} listed)",
@@ -116,6 +123,36 @@ fn objects(ds: &Dataset) -> Result<Vec<Arc<CachedObject>>> {
                 })
         })
         .collect()
+}
+
+/// What the node cache holds of the dataset under `urls`, found from the store's listing and
+/// the cache's files without changing anything: no object is fetched, no file is made or
+/// emptied (an object whose cached copy is of another version counts as absent), and a cache
+/// that does not exist holds nothing. `gpufeed cache status`.
+pub fn cache_status_of(urls: &[&str], opts: &OpenOptions) -> Result<CacheStatus> {
+    use crate::cache::node::{default_dir, NodeCache, OpenMode};
+    let dir = opts.cache_dir.clone().unwrap_or_else(default_dir);
+    let cache = NodeCache::open_as(&dir, None, opts.cache_extent, OpenMode::Existing)?;
+    let mut st = CacheStatus::default();
+    for url in urls {
+        let store = Store::open(url)?;
+        let listed = store.list()?;
+        let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
+        let (_, picked) = super::detect::pick_remote(&keys, opts.format)?;
+        for i in picked {
+            let o = &listed[i];
+            st.objects += 1;
+            st.dataset_bytes += o.size;
+            if let Some(c) = &cache {
+                st.present_bytes += c.present_bytes_of(o)?;
+            }
+        }
+    }
+    st.predicted_hit_ratio = st.present_bytes as f64 / st.dataset_bytes.max(1) as f64;
+    if let Some(c) = &cache {
+        st.counters = c.counters();
+    }
+    Ok(st)
 }
 
 /// What the node cache holds of `ds` (a remote dataset).

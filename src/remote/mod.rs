@@ -214,6 +214,11 @@ fn no_retries() -> RetryConfig {
     }
 }
 
+/// The key prefix a URL's path names: percent-decoded once (`%25` in the URL is a `%` in the key).
+fn url_path(url: &str, path: &str) -> Result<ObjPath> {
+    ObjPath::from_url_path(path).map_err(|e| invalid(format!("{url}: not a key prefix ({e})")))
+}
+
 fn store_error(url: &str, e: impl std::fmt::Display) -> Error {
     invalid(format!("{url}: {e}"))
 }
@@ -271,7 +276,7 @@ impl Store {
                     .with_client_options(client_options().with_allow_http(http))
                     .build()
                     .map_err(|e| store_error(&url, e))?;
-                (Arc::new(store), ObjPath::from(parsed.path()))
+                (Arc::new(store), url_path(&url, parsed.path())?)
             }
             "gs" => {
                 let store = object_store::gcp::GoogleCloudStorageBuilder::from_env()
@@ -280,7 +285,7 @@ impl Store {
                     .with_client_options(client_options())
                     .build()
                     .map_err(|e| store_error(&url, e))?;
-                (Arc::new(store), ObjPath::from(parsed.path()))
+                (Arc::new(store), url_path(&url, parsed.path())?)
             }
             "az" | "azure" | "abfs" | "abfss" => {
                 let store = object_store::azure::MicrosoftAzureBuilder::from_env()
@@ -289,7 +294,7 @@ impl Store {
                     .with_client_options(client_options())
                     .build()
                     .map_err(|e| store_error(&url, e))?;
-                (Arc::new(store), ObjPath::from(parsed.path()))
+                (Arc::new(store), url_path(&url, parsed.path())?)
             }
             "http" | "https" => {
                 let (store, path) =
@@ -380,7 +385,13 @@ impl Store {
         use futures_util::StreamExt;
         let rt = runtime()?;
         let t0 = Instant::now();
-        let location = ObjPath::from(object.key.as_str());
+        // The key as listed, as it is: `from` would escape a `%` in it a second time.
+        let location = ObjPath::parse(&object.key).map_err(|e| {
+            invalid(format!(
+                "{}: not a key this store can fetch ({e})",
+                object.url
+            ))
+        })?;
         let range = offset..offset + dst.len() as u64;
         let what = format!("GET bytes {}..{}", range.start, range.end);
         let got = self.retrying(&what, &object.url, || {
@@ -447,11 +458,13 @@ impl Store {
     pub fn put(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
         use object_store::ObjectStoreExt;
         let rt = runtime()?;
-        let location = if self.prefix.as_ref().is_empty() {
-            ObjPath::from(key)
+        let full = if self.prefix.as_ref().is_empty() {
+            key.to_string()
         } else {
-            ObjPath::from(format!("{}/{key}", self.prefix.as_ref()))
+            format!("{}/{key}", self.prefix.as_ref())
         };
+        let location = ObjPath::parse(&full)
+            .map_err(|e| invalid(format!("{}: {e}", self.object_url(&full))))?;
         let url = self.object_url(location.as_ref());
         let payload = object_store::PutPayload::from(bytes);
         self.retrying("PUT", &url, || {
@@ -460,7 +473,12 @@ impl Store {
         .map(|_| ())
     }
 
-    /// Runs `op` until it succeeds, fails for good, or [`RETRY_WINDOW`] has passed.
+    /// Runs `op` until it succeeds, fails for good, or its retry window has passed: a request
+    /// the server answered with a permanent error (not found, forbidden, a bad request) fails
+    /// at once; one that could not connect to a store that never answered this process fails
+    /// after [`FIRST_CONTACT_WINDOW`] (a wrong endpoint, a closed port, a name that does not
+    /// resolve); anything else — a store that answered before and stopped, a stall, a throttle,
+    /// a 5xx — is retried for [`RETRY_WINDOW`], said once.
     fn retrying<T>(
         &self,
         what: &str,
@@ -470,41 +488,62 @@ impl Store {
         let t0 = Instant::now();
         let mut backoff = BACKOFF_FIRST;
         let mut tries = 0u32;
+        let mut said = false;
         loop {
             tries += 1;
             let e = match op() {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    answered()
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(self.base.clone());
+                    return Ok(v);
+                }
                 Err(e) => e,
             };
-            use object_store::Error as E;
-            let kind = match &e {
-                E::NotFound { .. } => Some(ErrorKind::NotFound),
-                E::Precondition { .. } => Some(ErrorKind::Io),
-                E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
-                    Some(ErrorKind::PermissionDenied)
+            let class = classify(&e);
+            let window = match &class {
+                Failure::Permanent(kind, why) => {
+                    answered()
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(self.base.clone());
+                    return Err(Error::new(*kind, format!("{url}: {what}: {why}")));
                 }
-                E::InvalidPath { .. } | E::NotSupported { .. } | E::NotImplemented { .. } => {
-                    Some(ErrorKind::InvalidInput)
+                Failure::Connect(_)
+                    if !answered()
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .contains(&self.base) =>
+                {
+                    FIRST_CONTACT_WINDOW
                 }
-                _ => None,
+                _ => RETRY_WINDOW,
             };
-            if let Some(kind) = kind {
-                let why = if let E::Precondition { .. } = e {
-                    "the object changed since it was listed (its ETag differs); reopen the \
-                     dataset"
-                        .to_string()
+            let why = match &class {
+                Failure::Connect(why) => why.clone(),
+                _ => e.to_string(),
+            };
+            if t0.elapsed() + backoff > window {
+                let hint = if window == FIRST_CONTACT_WINDOW {
+                    " (nothing has answered there yet: is the endpoint right — AWS_ENDPOINT_URL \
+                     or the profile's endpoint_url?)"
                 } else {
-                    e.to_string()
+                    ""
                 };
-                return Err(Error::new(kind, format!("{url}: {what}: {why}")));
-            }
-            if t0.elapsed() + backoff > RETRY_WINDOW {
                 return Err(Error::new(
                     ErrorKind::Io,
                     format!(
-                        "{url}: {what} failed {tries} times over {:.0} s: {e}",
+                        "{url}: {what} failed {tries} times over {:.0} s: {why}{hint}",
                         t0.elapsed().as_secs_f64()
                     ),
+                ));
+            }
+            if window == RETRY_WINDOW && !said && tries >= 3 {
+                said = true;
+                crate::util::notice(&format!(
+                    "{url}: {what}: {why}; retrying for up to {} s",
+                    RETRY_WINDOW.as_secs()
                 ));
             }
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
@@ -513,6 +552,122 @@ impl Store {
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
+}
+
+/// How long a store that has not answered this process yet is tried when no connection can be
+/// made: a wrong endpoint or a closed port fails in seconds, not after [`RETRY_WINDOW`].
+pub const FIRST_CONTACT_WINDOW: Duration = Duration::from_secs(3);
+
+/// The stores (by their base URL) that have answered a request of this process.
+fn answered() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
+    static A: OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> = OnceLock::new();
+    A.get_or_init(Default::default)
+}
+
+/// What a failed request calls for.
+enum Failure {
+    /// The server answered, and trying again cannot help: the kind and why, in words.
+    Permanent(ErrorKind, String),
+    /// No connection could be made: why, in words ("connection refused").
+    Connect(String),
+    /// Anything else (a stall, a throttle, a 5xx, a connection cut): tried again.
+    Transient,
+}
+
+/// Sorts `e` by what it calls for, reading its chain of causes (`object_store` keeps the HTTP
+/// status inside a private type: it is read from the chain's text).
+fn classify(e: &object_store::Error) -> Failure {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { .. } => return Failure::Permanent(ErrorKind::NotFound, e.to_string()),
+        E::Precondition { .. } => {
+            return Failure::Permanent(
+                ErrorKind::Io,
+                "the object changed since it was listed (its ETag differs); reopen the dataset"
+                    .into(),
+            )
+        }
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
+            return Failure::Permanent(ErrorKind::PermissionDenied, e.to_string())
+        }
+        E::InvalidPath { .. } | E::NotSupported { .. } | E::NotImplemented { .. } => {
+            return Failure::Permanent(ErrorKind::InvalidInput, e.to_string())
+        }
+        _ => {}
+    }
+    let mut text = String::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut connect = false;
+    let mut refused = false;
+    while let Some(c) = cur {
+        if let Some(h) = c.downcast_ref::<object_store::client::HttpError>() {
+            connect |= matches!(h.kind(), object_store::client::HttpErrorKind::Connect);
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            refused |= io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        text.push_str(&format!("{c:?}\n{c}\n"));
+        cur = c.source();
+    }
+    // S3's error codes, and the status of a bare answer.
+    for (code, kind, why) in [
+        (
+            "NoSuchBucket",
+            ErrorKind::NotFound,
+            "the bucket does not exist (NoSuchBucket)",
+        ),
+        (
+            "NoSuchKey",
+            ErrorKind::NotFound,
+            "no such object (NoSuchKey)",
+        ),
+        (
+            "AccessDenied",
+            ErrorKind::PermissionDenied,
+            "access denied (AccessDenied)",
+        ),
+        (
+            "InvalidAccessKeyId",
+            ErrorKind::PermissionDenied,
+            "the access key is not known to the server (InvalidAccessKeyId)",
+        ),
+        (
+            "SignatureDoesNotMatch",
+            ErrorKind::PermissionDenied,
+            "the secret key does not match the access key (SignatureDoesNotMatch)",
+        ),
+        (
+            "InvalidBucketName",
+            ErrorKind::InvalidInput,
+            "not a valid bucket name (InvalidBucketName)",
+        ),
+    ] {
+        if text.contains(&format!("<Code>{code}</Code>")) {
+            return Failure::Permanent(kind, why.into());
+        }
+    }
+    for (status, kind) in [
+        ("404", ErrorKind::NotFound),
+        ("403", ErrorKind::PermissionDenied),
+        ("401", ErrorKind::PermissionDenied),
+        ("400", ErrorKind::InvalidInput),
+    ] {
+        if text.contains(&format!("status: {status}")) || text.contains(&format!("status {status}"))
+        {
+            return Failure::Permanent(kind, e.to_string());
+        }
+    }
+    if connect {
+        let why = if refused {
+            "connection refused".to_string()
+        } else if text.contains("dns error") || text.contains("failed to lookup") {
+            "the host name does not resolve (DNS)".to_string()
+        } else {
+            format!("cannot connect ({e})")
+        };
+        return Failure::Connect(why);
+    }
+    Failure::Transient
 }
 
 #[cfg(test)]

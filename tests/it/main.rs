@@ -1,5 +1,6 @@
 //! Integration tests: one binary, a module per concern.
 
+mod cache_hostile;
 mod capi;
 mod cli;
 mod common;

@@ -152,11 +152,11 @@ fn spawn(bin: &Path, args: &[String], dir: &Path) -> Child {
 }
 
 /// The shared server's endpoint, once up.
-static ENDPOINT: OnceLock<String> = OnceLock::new();
+pub(crate) static ENDPOINT: OnceLock<String> = OnceLock::new();
 
 /// The server every test but the outage test shares (bucket `gpufeed`), started once from a
 /// thread that lives as long as the test binary.
-fn shared_server() -> bool {
+pub(crate) fn shared_server() -> bool {
     static UP: OnceLock<bool> = OnceLock::new();
     *UP.get_or_init(|| {
         if weed_binary().is_none() {
@@ -188,7 +188,7 @@ fn shared_server() -> bool {
     })
 }
 
-fn content(i: usize, len: usize) -> Vec<u8> {
+pub(crate) fn content(i: usize, len: usize) -> Vec<u8> {
     (0..len)
         .map(|j| (i * 131 + j * 7 + j / 251) as u8)
         .collect()

@@ -1,0 +1,422 @@
+//! The node cache's directory tree, reached only through a descriptor of its root.
+//!
+//! The cache directory is shared by every rank and often by several users, so what lies in it
+//! is not trusted to be what gpufeed put there. Every directory and file below the root is
+//! opened relative to its parent's descriptor, one component at a time, without following a
+//! link (`openat` with `O_NOFOLLOW`), and checked to be what it must be: a directory, or a
+//! regular file with one link. A link, a FIFO, a device or a hard link planted in the tree is
+//! refused with its path named, never written through; removal unlinks entries (a planted link
+//! is removed, not followed). So nothing outside the cache is ever written, truncated or
+//! deleted by it.
+//!
+//! Directories are made 0700 and files 0600 — unless the root has the set-group-ID bit (the
+//! documented way for a node's users to share one cache: `mkdir -m 2770 DIR; chgrp GROUP DIR`),
+//! where they are made 2770 and 0660 whatever the umask.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fchmod, fstat, fstatat, mkdirat, Mode, SFlag};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The cache's root directory, held open.
+#[derive(Debug)]
+pub(crate) struct Tree {
+    root: OwnedFd,
+    path: PathBuf,
+    shared: bool,
+}
+
+/// What kind of entry a `stat` mode is, in words.
+fn kind_of(mode: u32) -> &'static str {
+    match SFlag::from_bits_truncate(mode & SFlag::S_IFMT.bits()) {
+        SFlag::S_IFLNK => "a symbolic link",
+        SFlag::S_IFDIR => "a directory",
+        SFlag::S_IFREG => "a file",
+        SFlag::S_IFIFO => "a FIFO",
+        SFlag::S_IFSOCK => "a socket",
+        SFlag::S_IFCHR | SFlag::S_IFBLK => "a device",
+        _ => "an unknown kind of entry",
+    }
+}
+
+/// A refused entry: `path` is `found` where the cache needs `wanted`.
+fn refused(path: &Path, found: &str, wanted: &str) -> Error {
+    Error::new(
+        ErrorKind::PermissionDenied,
+        format!(
+            "{} is {found} where the node cache keeps {wanted}; a cache holds no links or \
+             foreign entries (something other than gpufeed put it there): refused, nothing \
+             was written",
+            path.display()
+        ),
+    )
+}
+
+impl Tree {
+    /// Opens the directory `path` (which exists; the root itself may be reached through a
+    /// link, as the user named it).
+    pub fn open(path: &Path) -> Result<Tree> {
+        let root = nix::fcntl::open(
+            path,
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            Error::io("cannot open the cache directory", e.into()).with_path(path.to_path_buf())
+        })?;
+        let st = fstat(&root).map_err(|e| {
+            Error::io("cannot stat the cache directory", e.into()).with_path(path.to_path_buf())
+        })?;
+        Ok(Tree {
+            root,
+            path: path.to_path_buf(),
+            shared: st.st_mode & libc::S_ISGID != 0,
+        })
+    }
+
+    /// The root's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The root's descriptor.
+    pub fn root(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
+    }
+
+    fn dir_mode(&self) -> Mode {
+        if self.shared {
+            Mode::from_bits_truncate(0o2770)
+        } else {
+            Mode::from_bits_truncate(0o700)
+        }
+    }
+
+    fn file_mode(&self) -> Mode {
+        if self.shared {
+            Mode::from_bits_truncate(0o660)
+        } else {
+            Mode::from_bits_truncate(0o600)
+        }
+    }
+
+    /// The path of `comps` below the root, for messages and for readers that open by path.
+    pub fn join(&self, comps: &[&str]) -> PathBuf {
+        let mut p = self.path.clone();
+        p.extend(comps);
+        p
+    }
+
+    /// What `name` in `dir` is, without following it (`None`: nothing there).
+    fn lstat_at(dir: BorrowedFd<'_>, name: &str) -> io::Result<Option<libc::stat>> {
+        match fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The directory `comps` below the root (made, each level, if `create`): `None` when a level
+    /// is missing and `create` is false.
+    pub fn dir(&self, comps: &[&str], create: bool) -> Result<Option<OwnedFd>> {
+        let mut cur: Option<OwnedFd> = None;
+        for (k, name) in comps.iter().enumerate() {
+            let parent = cur.as_ref().map_or(self.root.as_fd(), |f| f.as_fd());
+            let here = || self.join(&comps[..=k]);
+            let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+            let fd = match openat(parent, *name, flags, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) if create => {
+                    match mkdirat(parent, *name, self.dir_mode()) {
+                        Ok(()) | Err(Errno::EEXIST) => {}
+                        Err(e) => {
+                            return Err(Error::io("cannot create a cache directory", e.into())
+                                .with_path(here()))
+                        }
+                    }
+                    let fd = openat(parent, *name, flags, Mode::empty())
+                        .map_err(|e| self.explain(parent, name, e, "a directory", &here()))?;
+                    if self.shared {
+                        // The umask took the group's bits off; a shared cache needs them.
+                        let _ = fchmod(&fd, self.dir_mode());
+                    }
+                    fd
+                }
+                Err(Errno::ENOENT) => return Ok(None),
+                Err(e) => return Err(self.explain(parent, name, e, "a directory", &here())),
+            };
+            cur = Some(fd);
+        }
+        Ok(Some(match cur {
+            Some(fd) => fd,
+            None => self.root.try_clone().map_err(|e| {
+                Error::io("cannot duplicate a descriptor", e).with_path(self.path.clone())
+            })?,
+        }))
+    }
+
+    /// Why opening `name` in `parent` as `wanted` failed with `e`, in words.
+    fn explain(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &str,
+        e: Errno,
+        wanted: &str,
+        path: &Path,
+    ) -> Error {
+        if matches!(
+            e,
+            Errno::ELOOP | Errno::ENOTDIR | Errno::EISDIR | Errno::ENXIO
+        ) {
+            if let Ok(Some(st)) = Self::lstat_at(parent, name) {
+                return refused(path, kind_of(st.st_mode), wanted);
+            }
+        }
+        Error::io("cannot open a cache entry", e.into()).with_path(path.to_path_buf())
+    }
+
+    /// The regular file `name` in the directory `comps` (created empty, with the directories
+    /// above it, if `create`), opened with `flags` (`O_RDONLY`/`O_RDWR`, `O_DIRECT`…): `None`
+    /// when it (or a directory above it) is missing and `create` is false. Anything but a
+    /// regular file with one link is refused.
+    pub fn file(
+        &self,
+        comps: &[&str],
+        name: &str,
+        flags: OFlag,
+        create: bool,
+    ) -> Result<Option<File>> {
+        let Some(dir) = self.dir(comps, create)? else {
+            return Ok(None);
+        };
+        let path = || {
+            let mut p = self.join(comps);
+            p.push(name);
+            p
+        };
+        // O_NONBLOCK: opening a FIFO planted here must not wait for a writer.
+        let base = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        let fd = match openat(&dir, name, base, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) if create => {
+                match openat(
+                    &dir,
+                    name,
+                    base | OFlag::O_CREAT | OFlag::O_EXCL,
+                    self.file_mode(),
+                ) {
+                    Ok(fd) => {
+                        if self.shared {
+                            let _ = fchmod(&fd, self.file_mode());
+                        }
+                        fd
+                    }
+                    // Made by another opener meanwhile.
+                    Err(Errno::EEXIST) => openat(&dir, name, base, Mode::empty())
+                        .map_err(|e| self.explain(dir.as_fd(), name, e, "a file", &path()))?,
+                    Err(e) => return Err(self.explain(dir.as_fd(), name, e, "a file", &path())),
+                }
+            }
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(self.explain(dir.as_fd(), name, e, "a file", &path())),
+        };
+        let st = fstat(&fd)
+            .map_err(|e| Error::io("cannot stat a cache file", e.into()).with_path(path()))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(refused(&path(), kind_of(st.st_mode), "a file"));
+        }
+        if st.st_nlink != 1 {
+            return Err(refused(
+                &path(),
+                &format!("a file with {} hard links", st.st_nlink),
+                "a file of its own",
+            ));
+        }
+        // Back to blocking I/O for a regular file (O_NONBLOCK has no effect on one, but say so).
+        let fl = OFlag::from_bits_truncate(
+            nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).unwrap_or(0),
+        );
+        let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(fl & !OFlag::O_NONBLOCK));
+        Ok(Some(File::from(fd)))
+    }
+
+    /// The names in the root, without `.` and `..`.
+    pub fn root_names(&self) -> Result<Vec<String>> {
+        let fd = self.dir(&[], false)?.expect("the root exists");
+        names(fd).map_err(|e| {
+            Error::io("cannot list the cache directory", e).with_path(self.path.clone())
+        })
+    }
+
+    /// Removes `name` in the root and everything below it, without following a link (a link is
+    /// removed itself). Nothing there is fine.
+    pub fn remove_all(&self, name: &str) -> Result<()> {
+        remove_at(self.root.as_fd(), name, &self.path.join(name))
+    }
+}
+
+/// The names in the directory `fd` (consumed), without `.` and `..`.
+pub(crate) fn names(fd: OwnedFd) -> io::Result<Vec<String>> {
+    let mut d = nix::dir::Dir::from_fd(fd)?;
+    let mut out = Vec::new();
+    for e in d.iter() {
+        let e = e?;
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n != "." && n != ".." {
+            out.push(n);
+        }
+    }
+    Ok(out)
+}
+
+/// Removes `name` in `dir`, recursively if it is a directory, without following links.
+fn remove_at(dir: BorrowedFd<'_>, name: &str, path: &Path) -> Result<()> {
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    let err = |e: Errno| Error::io("cannot remove", e.into()).with_path(path.to_path_buf());
+    let Some(st) = Tree::lstat_at(dir, name).map_err(|e| Error::io("cannot stat", e))? else {
+        return Ok(());
+    };
+    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        let sub = openat(
+            dir,
+            name,
+            OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(err)?;
+        let list = sub
+            .try_clone()
+            .and_then(names)
+            .map_err(|e| Error::io("cannot list", e).with_path(path.to_path_buf()))?;
+        for n in list {
+            remove_at(sub.as_fd(), &n, &path.join(&n))?;
+        }
+        match unlinkat(dir, name, UnlinkatFlags::RemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(err(e)),
+        }
+    } else {
+        match unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(err(e)),
+        }
+    }
+}
+
+/// An object key component as a file name, injectively: ASCII letters, digits, `-`, `_`, `.`
+/// (not first) and every non-ASCII byte stay; every other byte becomes `%XX`; an empty
+/// component becomes `%` (which escaping never makes). Distinct keys get distinct paths.
+pub(crate) fn escape_component(part: &str) -> String {
+    if part.is_empty() {
+        return "%".into();
+    }
+    let mut out = String::with_capacity(part.len());
+    for (i, ch) in part.char_indices() {
+        let keep = !ch.is_ascii()
+            || ch.is_ascii_alphanumeric()
+            || matches!(ch, '-' | '_' | '+' | '=' | ',' | '@')
+            || (ch == '.' && i > 0);
+        if keep {
+            out.push(ch);
+        } else {
+            out.push_str(&format!("%{:02X}", ch as u32));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_is_injective_on_the_keys_that_collided() {
+        let keys = [
+            "x:y.tar",
+            "x_y.tar",
+            "x%3Ay.tar",
+            "pct%41.tar",
+            "pctA.tar",
+            "uni-ü.tar",
+            "",
+            "%",
+            ".",
+            "..",
+            ".hidden",
+            "%2E",
+            "a b",
+            "a+b",
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for k in keys {
+            let e = escape_component(k);
+            assert!(
+                !e.is_empty() && e != "." && e != ".." && !e.contains('/'),
+                "{k:?} → {e:?}"
+            );
+            assert!(!e.starts_with('.'), "{k:?} → {e:?}");
+            if let Some(other) = seen.insert(e.clone(), k) {
+                panic!("{k:?} and {other:?} both became {e:?}");
+            }
+        }
+        assert_eq!(escape_component("uni-ü.tar"), "uni-ü.tar");
+        assert_eq!(escape_component("x:y.tar"), "x%3Ay.tar");
+        assert_eq!(escape_component("pct%41.tar"), "pct%2541.tar");
+    }
+
+    #[test]
+    fn links_fifos_and_hard_links_are_refused_and_nothing_outside_is_touched() {
+        let base = std::env::temp_dir().join(format!("gpufeed-tree-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let root = base.join("cache");
+        std::fs::create_dir_all(&root).unwrap();
+        let outside = base.join("victim");
+        std::fs::write(&outside, b"precious").unwrap();
+        let tree = Tree::open(&root).unwrap();
+        // A link where a file goes.
+        std::fs::create_dir_all(root.join("data/s3")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("data/s3/x.tar")).unwrap();
+        let e = tree
+            .file(&["data", "s3"], "x.tar", OFlag::O_RDWR, true)
+            .unwrap_err();
+        assert!(e.to_string().contains("a symbolic link"), "{e}");
+        // A link where a directory goes.
+        std::os::unix::fs::symlink(&base, root.join("data/s3/b")).unwrap();
+        let e = tree
+            .file(&["data", "s3", "b"], "victim", OFlag::O_RDWR, true)
+            .unwrap_err();
+        assert!(e.to_string().contains("a symbolic link"), "{e}");
+        // A FIFO, and a hard link to a file outside.
+        nix::unistd::mkfifo(&root.join("data/s3/f.tar"), Mode::from_bits_truncate(0o600)).unwrap();
+        let e = tree
+            .file(&["data", "s3"], "f.tar", OFlag::O_RDWR, true)
+            .unwrap_err();
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        std::fs::hard_link(&outside, root.join("data/s3/h.tar")).unwrap();
+        let e = tree
+            .file(&["data", "s3"], "h.tar", OFlag::O_RDWR, true)
+            .unwrap_err();
+        assert!(e.to_string().contains("hard links"), "{e}");
+        // Removal unlinks the links themselves.
+        tree.remove_all("data").unwrap();
+        assert!(!root.join("data").exists());
+        assert_eq!(std::fs::read(&outside).unwrap(), b"precious");
+        assert!(base.join("cache").is_dir());
+        // A new file is private.
+        let f = tree
+            .file(&["state"], "y", OFlag::O_RDWR, true)
+            .unwrap()
+            .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(f.metadata().unwrap().permissions().mode() & 0o777, 0o600);
+        let d = std::fs::metadata(root.join("state")).unwrap();
+        assert_eq!(d.permissions().mode() & 0o777, 0o700);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}

@@ -1,0 +1,725 @@
+//! The node cache under a hostile or unlucky world (issue 37), against the SeaweedFS server the
+//! `remote` tests start: links and foreign files where the cache's should be, a directory that
+//! is not a cache, keys that collided or read as 404s, modes, damaged extents in every format,
+//! a disk too small, read-only commands, short processes, and permanent errors.
+//!
+//! Epochs that must start from a fresh process (the damage is found on a process's first read
+//! of an extent; a short process must leave its fetches published) run in a child: this test
+//! binary itself, re-run on the ignored test `child_epoch` with the epoch's spec in the
+//! environment, which prints what it delivered as one JSON line.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpufeed::dataset::shard::ShardWriter;
+use gpufeed::dataset::OpenOptions;
+use gpufeed::remote::Store;
+use gpufeed::{Dataset, Loader, Order};
+
+use crate::common::{disk_dir, gpufeed_bin, tf_record};
+use crate::remote::{content, shared_server, ENDPOINT};
+
+/// Sample `i`'s bytes: its number, then `content(i, len)`, so a sample read from anywhere says
+/// which it must be.
+fn payload(i: usize, len: usize) -> Vec<u8> {
+    let mut v = (i as u64).to_le_bytes().to_vec();
+    v.extend(content(i, len));
+    v
+}
+
+/// The sample a payload is, if its bytes are exactly that sample's.
+fn payload_id(bytes: &[u8]) -> Option<usize> {
+    let i = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
+    (bytes[8..] == content(i, bytes.len() - 8)[..]).then_some(i)
+}
+
+fn len_of(i: usize) -> usize {
+    200 + (i * 7919) % 30_000
+}
+
+/// Uploads samples `ids` under `s3://gpufeed/PREFIX/` as `format` objects named `names` (one per
+/// object, the samples dealt out in turn).
+fn upload(prefix: &str, format: &str, names: &[&str], ids: std::ops::Range<usize>) {
+    let store = Store::open(&format!("s3://gpufeed/{prefix}")).unwrap();
+    let dir = disk_dir();
+    for (k, name) in names.iter().enumerate() {
+        let mine: Vec<usize> = ids.clone().filter(|i| i % names.len() == k).collect();
+        let bytes = match format {
+            "gpf" => {
+                let p = dir.path().join("s.gpf");
+                let mut w = ShardWriter::create(&p, 1).unwrap();
+                for &i in &mine {
+                    w.add(&format!("s{i}"), 0, &[], &payload(i, len_of(i)))
+                        .unwrap();
+                }
+                w.finish().unwrap();
+                std::fs::read(&p).unwrap()
+            }
+            "tar" => {
+                // GNU tar writes it: an independent writer.
+                let src = dir.path().join(format!("src{k}"));
+                std::fs::create_dir_all(&src).unwrap();
+                for &i in &mine {
+                    std::fs::write(src.join(format!("{i:06}.jpg")), payload(i, len_of(i))).unwrap();
+                    std::fs::write(src.join(format!("{i:06}.cls")), b"1\n").unwrap();
+                }
+                let tar = dir.path().join("s.tar");
+                let ok = Command::new("tar")
+                    .args(["--sort=name", "-cf"])
+                    .arg(&tar)
+                    .arg("-C")
+                    .arg(&src)
+                    .arg(".")
+                    .status()
+                    .unwrap();
+                assert!(ok.success());
+                std::fs::read(&tar).unwrap()
+            }
+            "tfrecord" => mine
+                .iter()
+                .flat_map(|&i| tf_record(&payload(i, len_of(i))))
+                .collect(),
+            _ => unreachable!(),
+        };
+        store.put(name, bytes).unwrap();
+    }
+}
+
+/// What a child's epoch delivered.
+#[derive(Debug, serde::Deserialize)]
+struct Report {
+    /// Why the open or the epoch failed, if it did.
+    error: Option<String>,
+    /// Times each sample came with exactly its bytes.
+    good: BTreeMap<usize, u32>,
+    /// Samples whose bytes were not any sample's.
+    bad: u64,
+    /// The node cache's counters afterwards.
+    gets: u64,
+    damaged_extents: u64,
+    cached_bytes: u64,
+}
+
+/// The spec a child reads.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Spec {
+    url: String,
+    cache: PathBuf,
+    extent: u64,
+    limit: Option<u64>,
+    raw: bool,
+}
+
+fn s3_env(c: &mut Command) -> &mut Command {
+    c.env("AWS_ENDPOINT_URL", ENDPOINT.get().unwrap())
+        .env("AWS_ACCESS_KEY_ID", "gpufeed")
+        .env("AWS_SECRET_ACCESS_KEY", "gpufeed")
+        .env("AWS_REGION", "us-east-1")
+}
+
+/// One epoch in a fresh process: its report and its stderr.
+fn child(spec: &Spec) -> (Report, String) {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "cache_hostile::child_epoch",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(
+        "GPUFEED_HOSTILE_CHILD",
+        serde_json::to_string(spec).unwrap(),
+    );
+    let out = s3_env(&mut c).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "the child died ({:?}): {stderr}\n{stdout}",
+        out.status
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("HOSTILE-REPORT ").map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("no report: {stdout}\n{stderr}"));
+    (serde_json::from_str(line).unwrap(), stderr)
+}
+
+/// The child: one epoch of the spec's dataset, reported.
+#[test]
+#[ignore = "run by the tests of this module in a child process"]
+fn child_epoch() {
+    let Ok(spec) = std::env::var("GPUFEED_HOSTILE_CHILD") else {
+        return;
+    };
+    let spec: Spec = serde_json::from_str(&spec).unwrap();
+    let mut opts = OpenOptions {
+        cache_dir: Some(spec.cache.clone()),
+        cache_limit: spec.limit,
+        ..OpenOptions::default()
+    };
+    if spec.raw {
+        opts.tfrecord_payload = None;
+    }
+    opts.set("cache_extent", &spec.extent.to_string()).unwrap();
+    let mut good = BTreeMap::new();
+    let mut bad = 0u64;
+    let mut run = || -> gpufeed::Result<Arc<Dataset>> {
+        let ds = Arc::new(Dataset::open_with(&spec.url, &opts)?);
+        let loader = Loader::builder(ds.clone())
+            .batch_size(8)
+            .order(Order::Sequential)
+            .build()?;
+        for b in loader.epoch(0)? {
+            let b = b?;
+            for j in 0..b.sample_ids().len() {
+                if b.is_padding(j) {
+                    continue;
+                }
+                match payload_id(b.sample(j).map_err(crate::common::clone_err)?) {
+                    Some(i) => *good.entry(i).or_insert(0u32) += 1,
+                    None => bad += 1,
+                }
+            }
+        }
+        Ok(ds)
+    };
+    let r = run();
+    let counters = r
+        .as_ref()
+        .ok()
+        .and_then(|ds| gpufeed::dataset::cache_status(ds).ok())
+        .map(|s| s.counters)
+        .unwrap_or_default();
+    let report = serde_json::json!({
+        "error": r.as_ref().err().map(|e| e.to_string()),
+        "good": good,
+        "bad": bad,
+        "gets": counters.gets,
+        "damaged_extents": counters.damaged_extents,
+        "cached_bytes": counters.cached_bytes,
+    });
+    println!("HOSTILE-REPORT {report}");
+}
+
+fn spec(url: &str, cache: &Path, extent: u64) -> Spec {
+    Spec {
+        url: url.into(),
+        cache: cache.to_path_buf(),
+        extent,
+        limit: None,
+        raw: url.contains("tfrecord"),
+    }
+}
+
+/// Every sample of `ids` came once with its bytes, and nothing else came.
+fn exactly_once(r: &Report, ids: std::ops::Range<usize>, what: &str) {
+    assert!(r.error.is_none(), "{what}: {:?}", r.error);
+    assert_eq!(r.bad, 0, "{what}: wrong bytes served");
+    let want: BTreeMap<usize, u32> = ids.map(|i| (i, 1)).collect();
+    assert_eq!(r.good, want, "{what}: not every sample exactly once");
+}
+
+/// Every path below `dir` with its kind and bytes (what "unchanged" means).
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            if md.is_dir() {
+                stack.push(p.clone());
+                out.insert(p, None);
+            } else if md.is_symlink() {
+                out.insert(
+                    p.clone(),
+                    Some(
+                        std::fs::read_link(&p)
+                            .unwrap()
+                            .into_os_string()
+                            .into_encoded_bytes(),
+                    ),
+                );
+            } else {
+                out.insert(p.clone(), Some(std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn planted_links_are_refused_and_what_they_point_at_is_untouched() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-link", "gpf", &["a.gpf", "b.gpf"], 0..60);
+    let outside = disk_dir();
+    let victim = outside.path().join("victim");
+    std::fs::write(&victim, b"precious bytes").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let victim_dir = outside.path().join("dir");
+    std::fs::create_dir(&victim_dir).unwrap();
+    std::fs::write(victim_dir.join("keep"), b"keep me").unwrap();
+    let before = snapshot(outside.path());
+
+    let cache = disk_dir();
+    let url = "s3://gpufeed/h-link";
+    let (r, _) = child(&spec(url, cache.path(), 64 << 10));
+    exactly_once(&r, 0..60, "before the links");
+    let obj = cache.path().join("data/s3/gpufeed/h-link");
+    // A link where a data file was, and one where a state directory was.
+    std::fs::remove_file(obj.join("a.gpf")).unwrap();
+    std::os::unix::fs::symlink(&victim, obj.join("a.gpf")).unwrap();
+    let state = cache.path().join("state/s3/gpufeed/h-link");
+    std::fs::rename(&state, cache.path().join("state-moved")).unwrap();
+    std::os::unix::fs::symlink(&victim_dir, &state).unwrap();
+    let (r, _) = child(&spec(url, cache.path(), 64 << 10));
+    let e = r.error.expect("an open over planted links must fail");
+    assert!(e.contains("symbolic link") && e.contains("h-link"), "{e}");
+    assert_eq!(
+        snapshot(outside.path()),
+        before,
+        "a file outside the cache changed"
+    );
+    // `cache drop` removes the links themselves and nothing they point at.
+    let out = s3_env(
+        Command::new(gpufeed_bin())
+            .args(["cache", "drop", "--cache-dir"])
+            .arg(cache.path()),
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        snapshot(outside.path()),
+        before,
+        "drop touched a file outside the cache"
+    );
+    assert!(!obj.exists() && !state.exists());
+}
+
+#[test]
+fn a_directory_that_is_not_a_cache_is_refused_and_left_as_it_was() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-foreign", "gpf", &["a.gpf"], 0..10);
+    let dir = disk_dir();
+    std::fs::create_dir_all(dir.path().join("data/s3")).unwrap();
+    std::fs::write(dir.path().join("data/s3/mine.txt"), b"a user's file").unwrap();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"notes").unwrap();
+    let before = snapshot(dir.path());
+    let out = s3_env(
+        Command::new(gpufeed_bin())
+            .args(["cache", "drop", "--cache-dir"])
+            .arg(dir.path()),
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "drop emptied a directory that is not a cache"
+    );
+    assert!(
+        err.contains("not a gpufeed node cache") && err.contains("notes.txt"),
+        "{err}"
+    );
+    let e = Dataset::open_with(
+        "s3://gpufeed/h-foreign",
+        &OpenOptions {
+            cache_dir: Some(dir.path().to_path_buf()),
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("not a gpufeed node cache"), "{e}");
+    let out = s3_env(
+        Command::new(gpufeed_bin())
+            .args(["cache", "status", "s3://gpufeed/h-foreign", "--cache-dir"])
+            .arg(dir.path()),
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        snapshot(dir.path()),
+        before,
+        "a directory that is not a cache changed"
+    );
+    // An empty directory becomes one; drop on a missing one makes nothing.
+    let empty = disk_dir();
+    let (r, _) = child(&spec("s3://gpufeed/h-foreign", empty.path(), 64 << 10));
+    exactly_once(&r, 0..10, "an empty directory as the cache");
+    assert!(empty.path().join("usage").is_file());
+    let missing = empty.path().join("not-there");
+    let out = Command::new(gpufeed_bin())
+        .args(["cache", "drop", "--cache-dir"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!missing.exists(), "drop made a directory");
+}
+
+#[test]
+fn keys_that_collided_and_odd_keys_each_read_their_own_bytes() {
+    if !shared_server() {
+        return;
+    }
+    let names = [
+        "pct%41.gpf",
+        "pctA.gpf",
+        "uni-ü.gpf",
+        "x:y.gpf",
+        "x_y.gpf",
+        "sp ace+.gpf",
+    ];
+    upload("h-keys", "gpf", &names, 0..120);
+    let cache = disk_dir();
+    let (r, err) = child(&spec("s3://gpufeed/h-keys", cache.path(), 64 << 10));
+    exactly_once(&r, 0..120, &format!("keys {names:?}: {err}"));
+    // A key that is also another's prefix, and a component too long for a file name: read, or
+    // refused naming the key.
+    let store = Store::open("s3://gpufeed/h-prefix").unwrap();
+    let one = |i: usize| {
+        let d = disk_dir();
+        let p = d.path().join("s.gpf");
+        let mut w = ShardWriter::create(&p, 1).unwrap();
+        w.add(&format!("s{i}"), 0, &[], &payload(i, len_of(i)))
+            .unwrap();
+        w.finish().unwrap();
+        std::fs::read(&p).unwrap()
+    };
+    let long = format!("{}.gpf", "l".repeat(300));
+    let mut put = Vec::new();
+    for (k, key) in ["a.gpf", "a.gpf/b.gpf", long.as_str()].iter().enumerate() {
+        if store.put(key, one(k)).is_ok() {
+            put.push((k, *key));
+        }
+    }
+    let (r, _) = child(&spec("s3://gpufeed/h-prefix", cache.path(), 64 << 10));
+    match &r.error {
+        None => exactly_once(&r, 0..put.len(), "a prefix key and a long key"),
+        Some(e) => assert!(
+            put.iter().any(|(_, k)| e.contains(&k[..k.len().min(30)])) && !e.contains("did the"),
+            "refused without naming the key: {e}"
+        ),
+    }
+}
+
+#[test]
+fn cache_files_are_private_unless_the_root_is_shared() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-modes", "gpf", &["a.gpf"], 0..20);
+    let modes = |root: &Path| -> Vec<(PathBuf, u32)> {
+        snapshot(root)
+            .into_keys()
+            .map(|p| {
+                let m = std::fs::symlink_metadata(&p).unwrap().permissions().mode();
+                (p, m & 0o7777)
+            })
+            .collect()
+    };
+    // Made by gpufeed: 0700 and 0600.
+    let base = disk_dir();
+    let root = base.path().join("cache");
+    let (r, _) = child(&spec("s3://gpufeed/h-modes", &root, 64 << 10));
+    exactly_once(&r, 0..20, "a private cache");
+    assert_eq!(
+        std::fs::metadata(&root).unwrap().permissions().mode() & 0o7777,
+        0o700
+    );
+    for (p, m) in modes(&root) {
+        let want = if p.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(m, want, "{} is {m:o}", p.display());
+    }
+    // A root shared with its group (set-group-ID): 2770 and 0660 whatever the umask.
+    let shared = base.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o2770)).unwrap();
+    let (r, _) = child(&spec("s3://gpufeed/h-modes", &shared, 64 << 10));
+    exactly_once(&r, 0..20, "a shared cache");
+    for (p, m) in modes(&shared) {
+        let want = if p.is_dir() { 0o2770 } else { 0o660 };
+        assert_eq!(m, want, "{} is {m:o}", p.display());
+    }
+}
+
+#[test]
+fn a_flipped_byte_in_a_cached_extent_is_fetched_again_in_every_format() {
+    if !shared_server() {
+        return;
+    }
+    for (prefix, format, names) in [
+        ("h-flip-gpf", "gpf", ["a.gpf", "b.gpf"]),
+        ("h-flip-tar", "tar", ["a.tar", "b.tar"]),
+        ("h-flip-tfrecord", "tfrecord", ["a.tfrecord", "b.tfrecord"]),
+    ] {
+        upload(prefix, format, &names, 0..80);
+        let cache = disk_dir();
+        let url = format!("s3://gpufeed/{prefix}");
+        let sp = spec(&url, cache.path(), 64 << 10);
+        let (r, _) = child(&sp);
+        exactly_once(&r, 0..80, &format!("{format}, cold"));
+        let full = r.cached_bytes;
+        // Flip a byte in the middle of every data file (every extent is cached).
+        for n in names {
+            let p = cache.path().join(format!("data/s3/gpufeed/{prefix}/{n}"));
+            let mut bytes = std::fs::read(&p).unwrap();
+            let at = bytes.len() / 2;
+            bytes[at] ^= 0x5a;
+            // In place: the cache's file, not a new one.
+            use std::os::unix::fs::FileExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .write_all_at(&bytes[at..at + 1], at as u64)
+                .unwrap();
+        }
+        let (r, err) = child(&sp);
+        exactly_once(&r, 0..80, &format!("{format}, after the flips"));
+        assert_eq!(r.damaged_extents, 2, "{format}: {err}");
+        assert!(
+            err.contains("the cached copy was damaged") && err.contains(&format!("{url}/a.")),
+            "{format}: {err}"
+        );
+        assert_eq!(
+            r.cached_bytes, full,
+            "{format}: the refetched extents are cached again"
+        );
+        // Repaired: a third process finds nothing damaged and fetches nothing.
+        let gets = r.gets;
+        let (r, err) = child(&sp);
+        exactly_once(&r, 0..80, &format!("{format}, repaired"));
+        assert_eq!(r.damaged_extents, 2, "{format}: {err}");
+        assert_eq!(r.gets, gets, "{format}: fetched again after the repair");
+    }
+}
+
+#[test]
+fn a_disk_too_small_for_the_cache_degrades_to_uncached_reads() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-full", "tar", &["a.tar", "b.tar", "c.tar"], 0..150);
+    let base = disk_dir();
+    let mnt = base.path().join("tmpfs");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&mnt)
+        .output();
+    if !mounted.as_ref().is_ok_and(|o| o.status.success()) {
+        eprintln!(
+            "skipped: cannot mount a small tmpfs here (root and mount rights needed): {:?}",
+            mounted.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        );
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _u = Unmount(mnt.clone());
+    let cache = mnt.join("cache");
+    let mut sp = spec("s3://gpufeed/h-full", &cache, 64 << 10);
+    sp.limit = Some(1 << 30);
+    for pass in 0..2 {
+        let (r, err) = child(&sp);
+        exactly_once(&r, 0..150, &format!("pass {pass} on a full disk: {err}"));
+    }
+}
+
+#[test]
+fn read_only_commands_change_nothing_and_a_cache_keeps_its_extent() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-ro", "gpf", &["a.gpf", "b.gpf"], 0..60);
+    let cache = disk_dir();
+    let url = "s3://gpufeed/h-ro";
+    let (r, _) = child(&spec(url, cache.path(), 64 << 10));
+    exactly_once(&r, 0..60, "filling");
+    let gets = r.gets;
+    let before = snapshot(cache.path());
+    let status = |extent: &str| -> serde_json::Value {
+        let out = s3_env(
+            Command::new(gpufeed_bin())
+                .args([
+                    "cache",
+                    "status",
+                    url,
+                    "--json",
+                    "--cache-extent",
+                    extent,
+                    "--cache-dir",
+                ])
+                .arg(cache.path()),
+        )
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    for extent in ["1M", "64K", "8M"] {
+        let st = status(extent);
+        assert_eq!(st["present_bytes"], st["dataset_bytes"], "{extent}: {st}");
+    }
+    let after: BTreeMap<_, _> = snapshot(cache.path())
+        .into_iter()
+        .filter(|(p, _)| !p.ends_with("usage"))
+        .collect();
+    let before: BTreeMap<_, _> = before
+        .into_iter()
+        .filter(|(p, _)| !p.ends_with("usage"))
+        .collect();
+    assert!(after == before, "cache status changed the cache's files");
+    // A loader asking for another extent size reads the cache as it is: nothing fetched.
+    let (r, err) = child(&spec(url, cache.path(), 1 << 20));
+    exactly_once(&r, 0..60, "another extent size");
+    assert_eq!(
+        r.gets, gets,
+        "fetched again with another extent size: {err}"
+    );
+    assert!(err.contains("keeps them"), "{err}");
+}
+
+/// A `gpufeed` command with `--json` over the cache `cache` (64K extents), which must succeed:
+/// the last line it printed.
+fn cli_json(cache: &Path, args: &[&str]) -> serde_json::Value {
+    let out = s3_env(
+        Command::new(gpufeed_bin())
+            .args(args)
+            .args(["--json", "--cache-extent", "64K", "--cache-dir"])
+            .arg(cache),
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    serde_json::from_str(text.lines().last().unwrap_or("null")).unwrap()
+}
+
+#[test]
+fn a_short_process_publishes_what_it_fetched_and_the_counters_agree() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-short", "tar", &["a.tar", "b.tar"], 0..100);
+    let cache = disk_dir();
+    let url = "s3://gpufeed/h-short";
+    let cli = |args: &[&str]| cli_json(cache.path(), args);
+    cli(&["inspect", url]);
+    cli(&["verify", url]);
+    let st = cli(&["cache", "status", url]);
+    let c = &st["counters"];
+    assert_eq!(
+        c["cached_bytes"], st["present_bytes"],
+        "counted ≠ stored: {st}"
+    );
+    assert!(
+        c["fetched_bytes"].as_u64() <= st["dataset_bytes"].as_u64(),
+        "extents fetched twice: {st}"
+    );
+    assert_eq!(
+        c["fetched_bytes"].as_u64().unwrap(),
+        c["written_bytes"].as_u64().unwrap() + c["direct_bytes"].as_u64().unwrap(),
+        "fetched bytes neither written nor served: {st}"
+    );
+    // Warm, then status: they agree.
+    let cache2 = disk_dir();
+    let cli2 = |args: &[&str]| cli_json(cache2.path(), args);
+    let w = cli2(&["cache", "warm", url, "--order", "sequential"]);
+    let st = cli2(&["cache", "status", url]);
+    assert_eq!(
+        w["present_bytes"].as_u64().unwrap() + w["fetched_bytes"].as_u64().unwrap(),
+        st["present_bytes"].as_u64().unwrap(),
+        "warm said {w}, status {st}"
+    );
+    assert_eq!(st["counters"]["cached_bytes"], st["present_bytes"], "{st}");
+}
+
+#[test]
+fn permanent_errors_fail_fast_and_say_what_is_wrong() {
+    if !shared_server() {
+        return;
+    }
+    let cache = disk_dir();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let cases: [(&str, Option<String>, &[&str]); 3] = [
+        ("s3://no-such-bucket-37/x", None, &["does not exist"]),
+        (
+            "s3://gpufeed/x",
+            Some(format!("http://127.0.0.1:{port}")),
+            &["connection refused", "endpoint"],
+        ),
+        (
+            "s3://gpufeed/h-nothing-here",
+            None,
+            &["s3://gpufeed/h-nothing-here", "nothing is stored"],
+        ),
+    ];
+    for (url, endpoint, want) in cases {
+        let mut c = Command::new(gpufeed_bin());
+        c.args(["inspect", url, "--json", "--cache-dir"])
+            .arg(cache.path());
+        s3_env(&mut c);
+        if let Some(e) = &endpoint {
+            c.env("AWS_ENDPOINT_URL", e);
+        }
+        let t0 = Instant::now();
+        let out = c.output().unwrap();
+        let took = t0.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{url}");
+        assert!(
+            took < Duration::from_secs(5),
+            "{url}: {took:?} to fail: {err}"
+        );
+        for w in want {
+            assert!(err.contains(w), "{url}: {err}");
+        }
+        assert!(!err.contains("format="), "{url}: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{url}: --json error is not JSON ({e}): {:?}", out.stdout));
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains(url.split('/').nth(2).unwrap()),
+            "{v}"
+        );
+    }
+}
