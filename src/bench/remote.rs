@@ -72,6 +72,17 @@ pub struct EpochRow {
     pub storage_wait_s: f64,
 }
 
+/// What opening the dataset cost.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct OpenRow {
+    /// Wall time.
+    pub seconds: f64,
+    /// GETs of the node cache's counters made by it (headers, indexes, extents).
+    pub gets: u64,
+    /// Bytes they fetched.
+    pub fetched_bytes: u64,
+}
+
 /// A ceiling: bytes per second and samples per second where it has samples.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Ceiling {
@@ -100,6 +111,11 @@ pub struct RemoteReport {
     pub ranks: u32,
     /// The epoch order.
     pub order: String,
+    /// The first rank's open (the others open after it, from what it fetched and kept): wall
+    /// time, and the GETs and bytes it fetched (listing aside).
+    pub open: OpenRow,
+    /// Time from the start of the open to the first batch of epoch 0 (the slowest rank's).
+    pub first_batch_from_open_s: f64,
     /// One row per epoch.
     pub epochs: Vec<EpochRow>,
     /// Range GETs of one extent each, `get_threads` at a time, over the whole dataset.
@@ -286,14 +302,27 @@ pub fn run(spec: &RemoteSpec) -> Result<RemoteReport> {
         .clone()
         .unwrap_or_else(crate::cache::node::default_dir);
     let extent = spec.opts.cache_extent;
+    let node = NodeCache::open(&dir, spec.opts.cache_limit, extent)?;
     if spec.fresh {
-        NodeCache::open(&dir, spec.opts.cache_limit, extent)?.drop_all()?;
+        node.drop_all()?;
     }
     let urls: Vec<std::path::PathBuf> = spec.urls.iter().map(Into::into).collect();
-    // One dataset per rank, as separate processes would each open it.
-    let datasets: Vec<Arc<Dataset>> = (0..spec.ranks.max(1))
-        .map(|_| Dataset::open_paths(&urls, &spec.opts).map(Arc::new))
-        .collect::<Result<_>>()?;
+    // One dataset per rank, as separate processes would each open it; the first's open is
+    // measured (what it fetches: headers, indexes).
+    let before = node.counters();
+    let t_open = Instant::now();
+    let first = Arc::new(Dataset::open_paths(&urls, &spec.opts)?);
+    node.flush();
+    let after = node.counters();
+    let open = OpenRow {
+        seconds: t_open.elapsed().as_secs_f64(),
+        gets: after.gets - before.gets,
+        fetched_bytes: after.fetched_bytes - before.fetched_bytes,
+    };
+    let mut datasets = vec![first];
+    for _ in 1..spec.ranks.max(1) {
+        datasets.push(Arc::new(Dataset::open_paths(&urls, &spec.opts)?));
+    }
     let ds = &datasets[0];
     let cache = ds
         .files()
@@ -377,7 +406,10 @@ pub fn run(spec: &RemoteSpec) -> Result<RemoteReport> {
         }
         None => None,
     };
+    let first_batch_from_open_s = open.seconds + rows.first().map_or(0.0, |r| r.first_batch_s);
     Ok(RemoteReport {
+        open,
+        first_batch_from_open_s,
         urls: spec.urls.clone(),
         samples: ds.len() as u64,
         dataset_bytes,

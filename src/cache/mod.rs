@@ -13,3 +13,6 @@ pub(crate) mod tree;
 
 #[cfg(feature = "remote")]
 pub use node::{CacheCounters, CachedObject, NodeCache};
+
+/// Threads that wait on the store at once (fetches, a remote open's walks and index GETs).
+pub(crate) const FETCH_THREADS: usize = 16;

@@ -14,6 +14,7 @@
 //! DIR/data/SCHEME/HOST/KEY   the object's bytes, extent by extent (sparse)
 //! DIR/state/SCHEME/HOST/KEY  header (URL, size, ETag, extent bytes), one byte per extent, then
 //!                            one crc32c per extent
+//! DIR/index/SCHEME/HOST/KEY  a WebDataset tar's walk (its members), kept for every later open
 //! ```
 //!
 //! Each key component is a file name through [`tree::escape_component`], which is injective
@@ -413,6 +414,7 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
                     if &m == USAGE_MAGIC_V1 {
                         tree.remove_all("data")?;
                         tree.remove_all("state")?;
+                        tree.remove_all("index")?;
                         let mut h = vec![0u8; HEADER_BYTES];
                         h[..8].copy_from_slice(USAGE_MAGIC);
                         h[U_EXTENT..U_EXTENT + 8].copy_from_slice(&extent_bytes.to_le_bytes());
@@ -839,6 +841,13 @@ impl NodeCache {
         }
     }
 
+    /// Counts a GET of `n` bytes made for the cache's users but not cached (an index).
+    pub(crate) fn count_uncached_get(&self, n: u64) {
+        self.add(U_GETS, 1);
+        self.add(U_FETCHED, n);
+        self.add(U_DIRECT, n);
+    }
+
     fn add(&self, counter: usize, n: u64) {
         self.usage.u64_at(counter).fetch_add(n, Ordering::AcqRel);
     }
@@ -1101,6 +1110,7 @@ impl NodeCache {
         // Only the cache's own entries, without following a link (one is removed itself).
         self.tree.remove_all("data")?;
         self.tree.remove_all("state")?;
+        self.tree.remove_all("index")?;
         for o in [
             U_USED, U_GETS, U_FETCHED, U_DIRECT, U_WRITTEN, U_WAITS, U_LIMIT, U_DAMAGED,
         ] {
@@ -1756,6 +1766,23 @@ impl CachedObject {
         Ok(((end - offset) as usize, fetched))
     }
 
+    /// Reads bytes from `offset` into `buf` without caching what is absent: from disk where
+    /// every extent is present, else with one ranged GET of exactly these bytes (counted as
+    /// served uncached). For walks that read a few bytes here and there (tar headers): fetching
+    /// and caching whole extents for them would download the dataset to open it.
+    pub fn peek_at(self: &Arc<Self>, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let end = (offset + buf.len() as u64).min(self.info.size);
+        if offset >= end {
+            return Ok(0);
+        }
+        if self.is_present(offset..end) {
+            return self.read_at(buf, offset);
+        }
+        let n = (end - offset) as usize;
+        self.fetch_part(offset..end, &mut buf[..n])?;
+        Ok(n)
+    }
+
     /// Fetches extent `i` into the cache unless it is on disk: the bytes fetched (`None`: it
     /// was present, or another reader fetched it meanwhile); a `Busy` error when the cache is
     /// full.
@@ -1800,6 +1827,31 @@ impl CachedObject {
                 .verified
                 .get(i as usize)
                 .is_some_and(|v| v.load(Ordering::Acquire))
+    }
+
+    /// The bytes of the index kept for this object in the cache (`DIR/index/…`, written by
+    /// [`keep_index`](Self::keep_index)), if there is one (of at most `max` bytes). Whether it
+    /// describes this version is the reader's to check.
+    pub(crate) fn kept_index(&self, max: u64) -> Result<Option<Vec<u8>>> {
+        let comps: Vec<&str> = std::iter::once("index")
+            .chain(self.dirs.iter().map(String::as_str))
+            .collect();
+        self.cache.tree.read(&comps, &self.name, max)
+    }
+
+    /// Keeps `bytes` as this object's index in the cache (replacing any), for every later
+    /// opener on the node. Not counted against the limit (an index is a small fraction of its
+    /// object).
+    pub(crate) fn keep_index(&self, bytes: &[u8]) -> Result<()> {
+        let comps: Vec<&str> = std::iter::once("index")
+            .chain(self.dirs.iter().map(String::as_str))
+            .collect();
+        self.cache.tree.write_whole(&comps, &self.name, bytes)
+    }
+
+    /// The object's store.
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
     }
 
     /// The cache this object is in.

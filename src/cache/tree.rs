@@ -246,6 +246,55 @@ impl Tree {
         Ok(Some(File::from(fd)))
     }
 
+    /// The bytes of the regular file `name` in the directory `comps` (at most `max`; `None` if
+    /// it is missing).
+    pub fn read(&self, comps: &[&str], name: &str, max: u64) -> Result<Option<Vec<u8>>> {
+        use std::io::Read;
+        let Some(f) = self.file(comps, name, OFlag::O_RDONLY, false)? else {
+            return Ok(None);
+        };
+        let mut out = Vec::new();
+        f.take(max.saturating_add(1))
+            .read_to_end(&mut out)
+            .map_err(|e| Error::io("cannot read", e).with_path(self.join(comps).join(name)))?;
+        if out.len() as u64 > max {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{} is over {max} bytes",
+                    self.join(comps).join(name).display()
+                ),
+            ));
+        }
+        Ok(Some(out))
+    }
+
+    /// Makes the file `name` in the directory `comps` (made if missing) hold `bytes`, replacing
+    /// it whole (written under another name, then renamed over it).
+    pub fn write_whole(&self, comps: &[&str], name: &str, bytes: &[u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        static NTH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let tmp = format!(
+            ".{name}.new.{}.{}",
+            std::process::id(),
+            NTH.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let dir = self.dir(comps, true)?.expect("made");
+        let path = self.join(comps).join(name);
+        let f = self.file(comps, &tmp, OFlag::O_RDWR, true)?.expect("made");
+        let r = f
+            .write_all_at(bytes, 0)
+            .and_then(|()| f.sync_data())
+            .and_then(|()| {
+                nix::fcntl::renameat(&dir, tmp.as_str(), &dir, name).map_err(io::Error::from)
+            });
+        if r.is_err() {
+            let _ =
+                nix::unistd::unlinkat(&dir, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+        }
+        r.map_err(|e| Error::io("cannot write", e).with_path(path))
+    }
+
     /// The names in the root, without `.` and `..`.
     pub fn root_names(&self) -> Result<Vec<String>> {
         let fd = self.dir(&[], false)?.expect("the root exists");

@@ -114,6 +114,13 @@ fn bench_remote(a: RemoteArgs) -> Result<()> {
         r.order
     );
     outln!(
+        "open: {:.3} s, {} GETs, {} fetched; first batch {:.3} s after the open began",
+        r.open.seconds,
+        r.open.gets,
+        h(r.open.fetched_bytes),
+        r.first_batch_from_open_s
+    );
+    outln!(
         "{:>5} {:>10} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6} {:>7} {:>8}",
         "epoch",
         "samples/s",

@@ -56,6 +56,42 @@ pub(super) struct CacheDropArgs {
 }
 
 #[cfg(feature = "remote")]
+pub(super) fn index_cmd(a: CacheArgs) -> Result<()> {
+    let urls: Vec<String> = a
+        .paths
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    if let Some(u) = urls.iter().find(|u| !crate::remote::is_url(u)) {
+        return Err(crate::error::invalid(format!(
+            "{u}: gpufeed index writes indexes beside the tars of a remote WebDataset (s3://…); \
+             a local tar is walked when it is opened, which costs no more than reading an index"
+        )));
+    }
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let r = crate::dataset::upload_indexes(&urls, &a.dataset.options()?)?;
+    if a.json {
+        outln!("{}", serde_json::to_value(&r).unwrap_or_default());
+    } else {
+        outln!(
+            "{}: {} tar indexes written beside their tars ({})",
+            show_paths(&a.paths),
+            r.uploaded,
+            crate::util::bytes_human(r.bytes)
+        );
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "remote"))]
+pub(super) fn index_cmd(_: CacheArgs) -> Result<()> {
+    cache_cmd(CacheCmd::Drop(CacheDropArgs {
+        cache_dir: None,
+        json: false,
+    }))
+}
+
+#[cfg(feature = "remote")]
 pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
     match c {
         CacheCmd::Warm(a) => {

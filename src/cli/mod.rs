@@ -75,6 +75,10 @@ enum Command {
     Inspect(InspectArgs),
     /// Check every sample's checksum; exits non-zero if any is bad.
     Verify(InspectArgs),
+    /// Write the index of every tar of a remote WebDataset beside it in its store
+    /// (`NAME.tar.gpfidx`): every later open, on any node, reads one small object per tar
+    /// instead of walking it.
+    Index(cache::CacheArgs),
     /// The node cache of remote datasets (s3://, gs://, az://, http(s)://): fill it before
     /// training (warm), see what it holds (status), or empty it (drop).
     #[command(subcommand)]
@@ -154,5 +158,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Inspect(a) => inspect_cmd(a),
         Command::Verify(a) => verify_cmd(a),
         Command::Cache(c) => cache_cmd(c),
+        Command::Index(a) => cache::index_cmd(a),
     }
 }

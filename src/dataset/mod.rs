@@ -19,7 +19,9 @@ pub(crate) mod pack;
 #[cfg(feature = "remote")]
 mod remote;
 #[cfg(feature = "remote")]
-pub use remote::{cache_status, cache_status_of, warm_cache, CacheStatus, WarmReport};
+pub use remote::{
+    cache_status, cache_status_of, upload_indexes, warm_cache, CacheStatus, IndexReport, WarmReport,
+};
 pub mod shard;
 pub(crate) mod tar;
 pub(crate) mod tfrecord;
@@ -324,18 +326,30 @@ impl Dataset {
     /// Opens the given files as one dataset of `format`, in the order given (for Megatron,
     /// each path is a `PREFIX` or `PREFIX.idx`).
     pub fn open_files(format: Format, paths: &[PathBuf], opts: &OpenOptions) -> Result<Dataset> {
+        Self::open_files_walked(format, paths, opts, &tar::walk_tar)
+    }
+
+    /// [`open_files`](Self::open_files), a WebDataset's tars walked by `walker` (a remote
+    /// dataset's come from kept indexes where there are some).
+    pub(crate) fn open_files_walked(
+        format: Format,
+        paths: &[PathBuf],
+        opts: &OpenOptions,
+        walker: &tar::TarWalker<'_>,
+    ) -> Result<Dataset> {
         let mut ds = match format {
             Format::Packed => shard::open_shards(paths),
             Format::ImageFolder => match paths {
                 [root] => image_folder::open(root, opts.format == Some(Format::ImageFolder)),
                 _ => Err(invalid("an ImageFolder dataset is one directory")),
             },
-            Format::WebDataset => tar::open(
+            Format::WebDataset => tar::open_walked(
                 paths,
                 &tar::TarOptions {
                     label_offset: opts.label_offset,
                     ..opts.webdataset.clone()
                 },
+                walker,
             ),
             Format::TfRecord => tfrecord::open(paths, opts),
             Format::Tokens => tokens::open_flat(paths, &opts.tokens),
@@ -907,10 +921,19 @@ where
         index(p, &mut b)?;
         return Ok(b);
     }
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 8)
-        .min(paths.len().max(1));
+    // Remote files are walked by ranged GETs: waiting on the store, not the CPU.
+    let remote = paths
+        .first()
+        .and_then(|p| SourceFile::open(p).ok())
+        .is_some_and(|f| f.remote_extent().is_some());
+    let threads = if remote {
+        crate::cache::FETCH_THREADS
+    } else {
+        std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .clamp(1, 8)
+    }
+    .min(paths.len().max(1));
     let next = AtomicUsize::new(0);
     let finished = AtomicUsize::new(0);
     /// One file's index and how its walk ended, once a thread has done it.
@@ -1037,6 +1060,22 @@ impl SourceFile {
         None
     }
 
+    /// [`read_exact_at`](Self::read_exact_at), but a remote object's absent bytes are fetched
+    /// alone and not cached (walks that hop over most of a file).
+    pub fn peek_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        #[cfg(feature = "remote")]
+        if let Some(obj) = &self.remote {
+            let n = obj
+                .peek_at(buf, offset)
+                .map_err(|e| std::io::Error::other(e.report()))?;
+            if n < buf.len() {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            return Ok(());
+        }
+        self.read_exact_at(buf, offset)
+    }
+
     /// Reads exactly `buf.len()` bytes at `offset` (an `UnexpectedEof` error past the end).
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         #[cfg(feature = "remote")]
@@ -1065,12 +1104,16 @@ pub(crate) struct Window {
     pub size: u64,
     start: u64,
     buf: Vec<u8>,
+    /// A remote file's extent last peeked into, and the bytes peeked there so far.
+    peeked: (u64, u64),
 }
 
 /// Bytes a [`Window`] reads at a time (enough for a header and the small members that follow
 /// it, little enough that hopping over large members does not read them), and the most one
 /// `get` may ask for.
 const WINDOW_BYTES: usize = 4 << 10;
+/// A remote file's window: one ranged GET (a tar header and the small members after it).
+const REMOTE_WINDOW_BYTES: usize = 8 << 10;
 pub(crate) const WINDOW_MAX: usize = 1 << 20;
 
 impl Window {
@@ -1094,6 +1137,7 @@ impl Window {
             size,
             start: 0,
             buf: Vec::new(),
+            peeked: (u64::MAX, 0),
         })
     }
 
@@ -1110,16 +1154,37 @@ impl Window {
             .with_path(self.path.clone()));
         };
         if offset < self.start || end > self.start + self.buf.len() as u64 {
-            // A remote object's window is the extent holding `offset` (and what `len` needs
-            // beyond it): extents are fetched whole anyway.
-            let (start, window) = match self.file.remote_extent() {
-                Some(e) => (offset / e * e, e as usize + len),
-                None => (offset, WINDOW_BYTES.max(len)),
+            // A remote object's window is fetched alone (a ranged GET of it, not cached), unless
+            // its extents are on disk: a walk hops over most of the file.
+            // A remote file's window is fetched alone (one ranged GET, not cached) — unless the
+            // walk's reads are dense in this extent (small members: their headers are a large
+            // share of it), where the extent is fetched and cached whole instead (the epoch
+            // reads it anyway, and it is fewer GETs).
+            let (start, window, peek) = match self.file.remote_extent() {
+                Some(e) => {
+                    let ext = offset / e;
+                    if self.peeked.0 != ext {
+                        self.peeked = (ext, 0);
+                    }
+                    let w = REMOTE_WINDOW_BYTES.max(len) as u64;
+                    if (self.peeked.1 + w) * 4 > e {
+                        (ext * e, e as usize + len, false)
+                    } else {
+                        self.peeked.1 += w;
+                        (offset, REMOTE_WINDOW_BYTES, true)
+                    }
+                }
+                None => (offset, WINDOW_BYTES, false),
             };
-            let want = (self.size - start).min(window as u64) as usize;
+            let want = (self.size - start).min(window.max(len) as u64) as usize;
             self.buf.resize(want, 0);
             self.start = start;
-            if let Err(e) = self.file.read_exact_at(&mut self.buf, start) {
+            let got = if peek {
+                self.file.peek_exact_at(&mut self.buf, start)
+            } else {
+                self.file.read_exact_at(&mut self.buf, start)
+            };
+            if let Err(e) = got {
                 self.buf.clear();
                 return Err(Error::io("cannot read (did the file shrink?)", e)
                     .with_path(self.path.clone())

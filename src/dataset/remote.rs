@@ -9,11 +9,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::tar::{TarWalk, INDEX_BYTES_MAX};
 use super::{Dataset, Format, OpenOptions};
 use crate::cache::node::{lookup, CacheCounters, CachedObject};
 use crate::error::{invalid, Error, Result};
 use crate::plan::PlanConfig;
-use crate::remote::Store;
+use crate::remote::{ObjectInfo, Store};
 
 /// Opens the dataset whose files are the objects under `urls` (each a prefix, or one object),
 /// read through the node cache that `opts` names: only the listing, the objects' headers and
@@ -25,6 +26,8 @@ pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
     let cache = NodeCache::open(&dir, opts.cache_limit, opts.cache_extent)?;
     let mut format = opts.format;
     let mut paths = Vec::new();
+    // Each object's cache entry, and the index kept beside it in the store (NAME.gpfidx).
+    let mut tars: Tars = Default::default();
     for url in urls {
         let store = Store::open(url)?;
         let listed = store.list()?;
@@ -55,20 +58,125 @@ pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
             )));
         }
         format = Some(f);
+        let by_key: std::collections::HashMap<&str, &ObjectInfo> =
+            listed.iter().map(|o| (o.key.as_str(), o)).collect();
         for i in picked {
-            paths.push(cache.object(&store, &listed[i])?.data_path().to_path_buf());
+            let obj = cache.object(&store, &listed[i])?;
+            let kept = by_key
+                .get(format!("{}{}", listed[i].key, super::tar::INDEX_SUFFIX).as_str())
+                .map(|o| (*o).clone());
+            paths.push(obj.data_path().to_path_buf());
+            tars.insert(obj.data_path().to_path_buf(), (obj, kept));
         }
-        // TFRecord indexes beside their files (NAME.idx), read through the cache too.
+        // TFRecord indexes beside their files (DALI's NAME.idx, the tfrecord package's
+        // NAME.index and NAME.tfindex), read through the cache too.
         if f == Format::TfRecord {
-            for o in listed.iter().filter(|o| o.key.ends_with(".idx")) {
+            for o in listed.iter().filter(|o| {
+                [".idx", ".index", ".tfindex"]
+                    .iter()
+                    .any(|x| o.key.ends_with(x))
+            }) {
                 cache.object(&store, o)?;
             }
         }
     }
     let format = format.ok_or_else(|| invalid("no dataset URL given"))?;
-    let mut ds = Dataset::open_files(format, &paths, opts)?;
+    let walker = |p: &std::path::Path| walk_remote(p, &tars);
+    let mut ds = Dataset::open_files_walked(format, &paths, opts, &walker)?;
     ds.set_source(urls.iter().map(|u| u.to_string()).collect());
     Ok(ds)
+}
+
+/// A remote dataset's objects by data file: the cached object and the index kept beside it in
+/// the store, if any.
+type Tars = std::collections::HashMap<std::path::PathBuf, (Arc<CachedObject>, Option<ObjectInfo>)>;
+
+/// A remote tar's walk: the index kept in the node cache if it describes this version; else
+/// the one kept beside it in the store (`NAME.gpfidx`, one GET; kept in the cache then); else
+/// walked here, header by header with ranged GETs, and kept in the cache for every later open
+/// on the node.
+fn walk_remote(p: &std::path::Path, tars: &Tars) -> Result<TarWalk> {
+    let Some((obj, beside)) = tars.get(p) else {
+        return super::tar::walk_tar(p);
+    };
+    let info = obj.info();
+    let etag = info.etag.clone().unwrap_or_default();
+    if let Ok(Some(bytes)) = obj.kept_index(INDEX_BYTES_MAX) {
+        if let Ok(w) = TarWalk::from_text(&bytes, info.size, &etag) {
+            return Ok(w);
+        }
+    }
+    if let Some(idx) = beside.as_ref().filter(|i| i.size <= INDEX_BYTES_MAX) {
+        match obj.store().get(idx, 0..idx.size) {
+            Ok(bytes) => {
+                obj.cache().count_uncached_get(idx.size);
+                match TarWalk::from_text(&bytes, info.size, &etag) {
+                    Ok(w) => {
+                        let _ = obj.keep_index(&bytes);
+                        return Ok(w);
+                    }
+                    Err(why) => crate::util::notice(&format!(
+                        "{}: not used ({why}); {} is walked instead (`gpufeed index` writes a \
+                         new one)",
+                        idx.url, info.url
+                    )),
+                }
+            }
+            Err(e) => crate::util::notice(&format!(
+                "{}: cannot be read ({e}); the tar is walked instead",
+                idx.url
+            )),
+        }
+    }
+    let w = super::tar::walk_tar(p)?;
+    if let Err(e) = obj.keep_index(w.to_text(&etag).as_bytes()) {
+        crate::util::notice(&format!(
+            "the node cache cannot keep the index of {} ({e}); the next open walks it again",
+            info.url
+        ));
+    }
+    Ok(w)
+}
+
+/// What `gpufeed index` did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct IndexReport {
+    /// Tars indexed.
+    pub tars: u64,
+    /// Indexes written beside them in the store (`NAME.gpfidx`).
+    pub uploaded: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// Writes the index of every tar of the WebDataset under `urls` beside it in the store, as
+/// `NAME.gpfidx`, so that every later open — on any node — reads one small object per tar
+/// instead of walking it. The walks are the node cache's (made now where missing).
+pub fn upload_indexes(urls: &[&str], opts: &OpenOptions) -> Result<IndexReport> {
+    let opts = OpenOptions {
+        format: Some(Format::WebDataset),
+        ..opts.clone()
+    };
+    let ds = open(urls, &opts)?;
+    let mut r = IndexReport::default();
+    for f in ds.files() {
+        let obj = std::fs::File::open(&f.path)
+            .ok()
+            .and_then(|file| lookup(&file))
+            .ok_or_else(|| {
+                invalid("a remote dataset's file is not in the node cache")
+                    .with_path(f.path.clone())
+            })?;
+        let bytes = obj
+            .kept_index(INDEX_BYTES_MAX)?
+            .ok_or_else(|| invalid(format!("{}: no index was kept", obj.info().url)))?;
+        let key = format!("{}{}", obj.info().key, super::tar::INDEX_SUFFIX);
+        r.bytes += bytes.len() as u64;
+        obj.store().put_key(&key, bytes)?;
+        r.tars += 1;
+        r.uploaded += 1;
+    }
+    Ok(r)
 }
 
 /// What a warm-up did.

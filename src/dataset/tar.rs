@@ -46,8 +46,223 @@ const BLOCK: u64 = 512;
 const NAME_MAX: u64 = 64 << 10;
 const LABEL_MAX: u64 = 64;
 
-/// Indexes WebDataset tars as one dataset, in the order given.
-pub fn open(paths: &[PathBuf], opts: &TarOptions) -> Result<Dataset> {
+/// The first line of a kept tar index, and the most bytes one may have (1 GiB: about 15 million
+/// members).
+const INDEX_MAGIC: &str = "gpufeed-tar-index 1";
+pub(crate) const INDEX_BYTES_MAX: u64 = 1 << 30;
+/// The name a tar's index is kept under beside it: `NAME.gpfidx`.
+pub const INDEX_SUFFIX: &str = ".gpfidx";
+
+/// Bytes as text without spaces or line breaks: printable ASCII but `%` stays, the rest is
+/// `%XX`.
+fn esc(b: &[u8]) -> String {
+    let mut out = String::with_capacity(b.len());
+    for &c in b {
+        if c.is_ascii_graphic() && c != b'%' {
+            out.push(c as char);
+        } else {
+            out.push_str(&format!("%{c:02X}"));
+        }
+    }
+    out
+}
+
+fn unesc(s: &str) -> std::result::Result<Vec<u8>, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).ok_or("a cut %XX escape")?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| format!("bad escape %{hex}"))?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+impl TarWalk {
+    /// The walk as a kept index: text, a line each (`m HEADER DATA LEN NAME [xHEX]` per member,
+    /// `p OFFSET MESSAGE` per problem, `n NOTE`), headed by the tar's size and `etag` (the
+    /// version it describes) and ended by the member count, so a cut index is refused.
+    pub fn to_text(&self, etag: &str) -> String {
+        let mut t = format!(
+            "{INDEX_MAGIC}\nsize {}\netag {}\n",
+            self.size,
+            esc(etag.as_bytes())
+        );
+        for m in &self.members {
+            t.push_str(&format!(
+                "m {} {} {} {}",
+                m.header,
+                m.data,
+                m.len,
+                esc(&m.name)
+            ));
+            if let Some(b) = &m.small {
+                t.push_str(" x");
+                for c in b {
+                    t.push_str(&format!("{c:02x}"));
+                }
+            }
+            t.push('\n');
+        }
+        for (at, msg) in &self.problems {
+            t.push_str(&format!("p {at} {}\n", esc(msg.as_bytes())));
+        }
+        for n in &self.notes {
+            t.push_str(&format!("n {}\n", esc(n.as_bytes())));
+        }
+        t.push_str(&format!("end {}\n", self.members.len()));
+        t
+    }
+
+    /// Reads a kept index of a tar of `size` bytes and ETag `etag`: every line checked (offsets
+    /// inside the tar, small members' bytes as long as they say); `Err` says why it cannot be
+    /// used (another version of the tar, damage, a cut).
+    pub fn from_text(text: &[u8], size: u64, etag: &str) -> std::result::Result<TarWalk, String> {
+        let text = std::str::from_utf8(text).map_err(|_| "not UTF-8 text")?;
+        let mut lines = text.lines();
+        if lines.next() != Some(INDEX_MAGIC) {
+            return Err(format!("does not start with {INDEX_MAGIC:?}"));
+        }
+        let field = |l: Option<&str>, name: &str| -> std::result::Result<String, String> {
+            l.and_then(|l| l.strip_prefix(name))
+                .and_then(|l| l.strip_prefix(' '))
+                .map(str::to_string)
+                .ok_or_else(|| format!("no {name} line"))
+        };
+        let got_size: u64 = field(lines.next(), "size")?
+            .parse()
+            .map_err(|_| "a bad size line")?;
+        let got_etag = unesc(&field(lines.next(), "etag")?)?;
+        if got_size != size || got_etag != etag.as_bytes() {
+            return Err(format!(
+                "it describes a tar of {got_size} bytes, ETag {}; the tar is {size} bytes, ETag {etag}",
+                String::from_utf8_lossy(&got_etag)
+            ));
+        }
+        let mut walk = TarWalk {
+            size,
+            ..TarWalk::default()
+        };
+        let num = |s: Option<&str>| -> std::result::Result<u64, String> {
+            s.and_then(|s| s.parse().ok())
+                .ok_or_else(|| "a bad number".to_string())
+        };
+        for (k, line) in lines.enumerate() {
+            let at = |e: String| format!("line {}: {e}", k + 4);
+            let mut f = line.split(' ');
+            match f.next() {
+                Some("m") => {
+                    let header = num(f.next()).map_err(at)?;
+                    let data = num(f.next()).map_err(at)?;
+                    let len = num(f.next()).map_err(at)?;
+                    let name = unesc(f.next().unwrap_or("")).map_err(at)?;
+                    if header + BLOCK > data || data.checked_add(len).is_none_or(|e| e > size) {
+                        return Err(at(format!("member at {data}+{len} does not fit the tar")));
+                    }
+                    if name.is_empty() || name.len() as u64 > NAME_MAX {
+                        return Err(at("a member without a name".into()));
+                    }
+                    let small = match f.next() {
+                        Some(x) => {
+                            let hex = x.strip_prefix('x').ok_or_else(|| at("bad bytes".into()))?;
+                            if hex.len() as u64 != 2 * len || len > LABEL_MAX {
+                                return Err(
+                                    at("small member bytes do not match its length".into()),
+                                );
+                            }
+                            let b: std::result::Result<Vec<u8>, _> = (0..hex.len())
+                                .step_by(2)
+                                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+                                .collect();
+                            Some(b.map_err(|_| at("bad hex".into()))?)
+                        }
+                        None => None,
+                    };
+                    walk.members.push(WalkMember {
+                        name,
+                        header,
+                        data,
+                        len,
+                        small,
+                    });
+                }
+                Some("p") => {
+                    let off = num(f.next()).map_err(at)?;
+                    let msg = unesc(f.next().unwrap_or("")).map_err(at)?;
+                    walk.problems
+                        .push((off, String::from_utf8_lossy(&msg).into_owned()));
+                }
+                Some("n") => {
+                    let note = unesc(f.next().unwrap_or("")).map_err(at)?;
+                    walk.notes.push(String::from_utf8_lossy(&note).into_owned());
+                }
+                Some("end") => {
+                    let n = num(f.next()).map_err(at)?;
+                    if n != walk.members.len() as u64 {
+                        return Err(at(format!(
+                            "says {n} members, holds {}",
+                            walk.members.len()
+                        )));
+                    }
+                    return Ok(walk);
+                }
+                _ => return Err(at("an unknown line".into())),
+            }
+        }
+        Err("it is cut short (no end line)".into())
+    }
+}
+
+/// A sample being assembled from consecutive members.
+struct Pending {
+    key: Vec<u8>,
+    exts: Vec<String>,
+    payload: Option<(usize, u64, u64)>, // rank in TarOptions::payload, offset, len
+    label: Option<i64>,
+    /// Offset of the header of the sample's first member (where a problem with it is).
+    header: u64,
+}
+
+/// A regular member a walk found: its name, where its header and data lie, and — for a small
+/// member, which may be a label — its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WalkMember {
+    pub name: Vec<u8>,
+    pub header: u64,
+    pub data: u64,
+    pub len: u64,
+    pub small: Option<Vec<u8>>,
+}
+
+/// What walking a tar's headers found, before members become samples (so it holds for any
+/// [`TarOptions`], and can be kept: in the node cache, or beside the tar in its store as
+/// `NAME.gpfidx` — see [`TarWalk::to_text`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TarWalk {
+    /// The tar's size when it was walked.
+    pub size: u64,
+    pub members: Vec<WalkMember>,
+    /// Damage found, at its offset.
+    pub problems: Vec<(u64, String)>,
+    /// What the file's path is said with.
+    pub notes: Vec<String>,
+}
+
+/// How a tar's walk is had: walked here ([`walk_tar`]), or read from a kept index.
+pub(crate) type TarWalker<'a> = dyn Fn(&Path) -> Result<TarWalk> + Sync + 'a;
+
+/// Indexes WebDataset tars as one dataset, in the order given, their walks had from `walker`.
+pub(crate) fn open_walked(
+    paths: &[PathBuf],
+    opts: &TarOptions,
+    walker: &TarWalker<'_>,
+) -> Result<Dataset> {
     if opts.payload.is_empty() {
         return Err(invalid("name at least one payload extension"));
     }
@@ -55,7 +270,7 @@ pub fn open(paths: &[PathBuf], opts: &TarOptions) -> Result<Dataset> {
     // One unreadable tar among many is a problem, not the end of the dataset.
     let b = index_files(paths, |p, b| {
         let mut mine = Vec::new();
-        let r = index_tar(p, opts, b, &mut mine);
+        let r = walker(p).and_then(|w| assemble(&w, p, opts, b, &mut mine));
         let mut all = seen.lock().unpoisoned();
         for x in mine {
             if all.len() < 20 && !all.contains(&x) {
@@ -79,22 +294,10 @@ pub fn open(paths: &[PathBuf], opts: &TarOptions) -> Result<Dataset> {
     b.finish(Format::WebDataset, "these tar files")
 }
 
-/// A sample being assembled from consecutive members.
-struct Pending {
-    key: Vec<u8>,
-    exts: Vec<String>,
-    payload: Option<(usize, u64, u64)>, // rank in TarOptions::payload, offset, len
-    label: Option<i64>,
-    /// Offset of the header of the sample's first member (where a problem with it is).
-    header: u64,
-}
-
-fn index_tar(
-    path: &Path,
-    opts: &TarOptions,
-    b: &mut Builder,
-    seen: &mut Vec<String>,
-) -> Result<()> {
+/// Walks a tar's headers (through a [`Window`]: a remote tar's are fetched by ranged GETs, not
+/// whole extents): every regular member, with the bytes of the small ones; a damaged header is
+/// a problem and the walk resumes at the next valid one.
+pub(crate) fn walk_tar(path: &Path) -> Result<TarWalk> {
     let mut w = Window::open(path)?;
     let size = w.size;
     if size == 0 {
@@ -108,33 +311,31 @@ fn index_tar(
         )
         .with_path(path.to_path_buf()));
     }
-    let fi = b.file(path, size)?;
-    let file_path = w.path.clone();
-    let problem = |b: &mut Builder, offset: u64, msg: String| b.problem_at(&file_path, offset, msg);
+    let mut walk = TarWalk {
+        size,
+        ..TarWalk::default()
+    };
     let mut pos = 0u64;
     let mut long_name: Option<Vec<u8>> = None;
     let mut pax = Pax::default();
-    let mut cur: Option<Pending> = None;
     let mut last_name: Vec<u8> = Vec::new();
     let mut headers = 0u64;
     loop {
         if pos + BLOCK > size {
             if pos < size {
-                problem(
-                    b,
+                walk.problems.push((
                     pos,
                     format!(
                         "{} stray bytes after the last member: the tar is truncated",
                         size - pos
                     ),
-                );
+                ));
             } else if headers > 0 {
                 // Every member found is whole, but the end-of-archive blocks that tar writers
                 // put last are missing: the file may have been cut at a member boundary.
-                b.notes.push(format!(
-                    "{}: ends after {headers} headers without tar's end-of-archive blocks; it \
-                     may have been cut short (every sample found is whole)",
-                    path.display()
+                walk.notes.push(format!(
+                    "ends after {headers} headers without tar's end-of-archive blocks; it may \
+                     have been cut short (every sample found is whole)"
                 ));
             }
             break;
@@ -160,14 +361,13 @@ fn index_tar(
                     invalid("not a tar file (no valid tar header)").with_path(path.to_path_buf())
                 );
             }
-            problem(
-                b,
+            walk.problems.push((
                 pos,
                 format!(
                     "corrupt tar header {after} (bad checksum or size field); skipped to the \
                      next valid header"
                 ),
-            );
+            ));
             long_name = None;
             pax = Pax::default();
             match found {
@@ -198,21 +398,21 @@ fn index_tar(
                 .unwrap_or_else(|| header_name(&h))
         };
         let Some(next) = next.filter(|_| data + msize <= size) else {
-            problem(
-                b,
+            walk.problems.push((
                 pos,
                 format!(
                     "member {:?} of {msize} bytes runs past the end of the file ({size} bytes): \
                      the tar is truncated",
                     String::from_utf8_lossy(&name())
                 ),
-            );
+            ));
             break;
         };
         match typ {
             b'L' => {
                 if msize > NAME_MAX {
-                    problem(b, pos, format!("GNU long name of {msize} bytes ignored"));
+                    walk.problems
+                        .push((pos, format!("GNU long name of {msize} bytes ignored")));
                 } else {
                     let d = w.get(data, msize as usize)?;
                     long_name = Some(d.split(|&c| c == 0).next().unwrap_or(&[]).to_vec());
@@ -220,20 +420,32 @@ fn index_tar(
             }
             b'x' => {
                 if msize > WINDOW_MAX as u64 {
-                    problem(b, pos, format!("pax header of {msize} bytes ignored"));
+                    walk.problems
+                        .push((pos, format!("pax header of {msize} bytes ignored")));
                 } else {
                     match parse_pax(w.get(data, msize as usize)?) {
                         Ok(p) => pax = p,
-                        Err(m) => problem(b, pos, format!("malformed pax header ignored: {m}")),
+                        Err(m) => walk
+                            .problems
+                            .push((pos, format!("malformed pax header ignored: {m}"))),
                     }
                 }
             }
             b'K' | b'g' => {}
             b'0' | 0 | b'7' if !pax.sparse => {
                 let n = name();
-                member(
-                    &mut w, &n, data, msize, opts, fi, b, &mut cur, seen, pos, &problem,
-                )?;
+                let small = if msize <= LABEL_MAX {
+                    Some(w.get(data, msize as usize)?.to_vec())
+                } else {
+                    None
+                };
+                walk.members.push(WalkMember {
+                    name: n.clone(),
+                    header: pos,
+                    data,
+                    len: msize,
+                    small,
+                });
                 last_name = n;
             }
             _ => {
@@ -246,25 +458,45 @@ fn index_tar(
         }
         pos = next;
     }
+    Ok(walk)
+}
+
+/// Makes samples of a walk's members, as `opts` says, into `b`.
+fn assemble(
+    walk: &TarWalk,
+    path: &Path,
+    opts: &TarOptions,
+    b: &mut Builder,
+    seen: &mut Vec<String>,
+) -> Result<()> {
+    let fi = b.file(path, walk.size)?;
+    let file_path = super::shared_path(path);
+    let problem = |b: &mut Builder, offset: u64, msg: String| b.problem_at(&file_path, offset, msg);
+    for (at, msg) in &walk.problems {
+        problem(b, *at, msg.clone());
+    }
+    for n in &walk.notes {
+        b.notes.push(format!("{}: {n}", path.display()));
+    }
+    let mut cur: Option<Pending> = None;
+    for m in &walk.members {
+        member(m, opts, fi, b, &mut cur, seen, &problem)?;
+    }
     flush(cur.take(), fi, opts, b, &problem)?;
     Ok(())
 }
 
 /// One regular member: group it into the current sample.
-#[allow(clippy::too_many_arguments)]
 fn member(
-    w: &mut Window,
-    name: &[u8],
-    data: u64,
-    len: u64,
+    m: &WalkMember,
     opts: &TarOptions,
     fi: u32,
     b: &mut Builder,
     cur: &mut Option<Pending>,
     seen: &mut Vec<String>,
-    header: u64,
     problem: &dyn Fn(&mut Builder, u64, String),
 ) -> Result<()> {
+    let (name, data, len, header) = (&m.name[..], m.data, m.len, m.header);
     let base_at = name.iter().rposition(|&c| c == b'/').map_or(0, |i| i + 1);
     let base = &name[base_at..];
     if base_at == 0 && base.starts_with(b"__") && base.ends_with(b"__") {
@@ -303,14 +535,12 @@ fn member(
     }
     c.exts.push(ext.clone());
     if opts.label.as_deref() == Some(ext.as_str()) {
-        let parsed = if len > LABEL_MAX {
-            None
-        } else {
-            let text = w.get(data, len as usize)?;
-            std::str::from_utf8(text)
-                .ok()
-                .and_then(|t| t.trim().parse::<i64>().ok())
-        };
+        let parsed = m
+            .small
+            .as_deref()
+            .filter(|_| len <= LABEL_MAX)
+            .and_then(|text| std::str::from_utf8(text).ok())
+            .and_then(|t| t.trim().parse::<i64>().ok());
         match parsed {
             Some(l) => c.label = Some(l),
             None => problem(
@@ -500,6 +730,50 @@ fn parse_pax(mut d: &[u8]) -> std::result::Result<Pax, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_kept_index_reads_back_as_the_walk_and_a_damaged_one_is_refused() {
+        let walk = super::TarWalk {
+            size: 10240,
+            members: vec![
+                super::WalkMember {
+                    name: "dir with space/été 1.jpg".into(),
+                    header: 0,
+                    data: 512,
+                    len: 4000,
+                    small: None,
+                },
+                super::WalkMember {
+                    name: b"dir with space/\xc3%1.cls".to_vec(),
+                    header: 4608,
+                    data: 5120,
+                    len: 2,
+                    small: Some(b"7\n".to_vec()),
+                },
+                super::WalkMember {
+                    name: b"e.txt".to_vec(),
+                    header: 5632,
+                    data: 6144,
+                    len: 0,
+                    small: Some(Vec::new()),
+                },
+            ],
+            problems: vec![(6656, "corrupt tar header\nafter x".into())],
+            notes: vec!["ends early".into()],
+        };
+        let text = walk.to_text("\"abc 1\"");
+        let back = super::TarWalk::from_text(text.as_bytes(), 10240, "\"abc 1\"").unwrap();
+        assert_eq!(back, walk);
+        // Another version, a cut, a lie about a member's place, and damage are refused.
+        assert!(super::TarWalk::from_text(text.as_bytes(), 10240, "other").is_err());
+        assert!(super::TarWalk::from_text(text.as_bytes(), 9999, "\"abc 1\"").is_err());
+        let cut = &text[..text.len() - 7];
+        assert!(super::TarWalk::from_text(cut.as_bytes(), 10240, "\"abc 1\"").is_err());
+        let lie = text.replace("m 0 512 4000", "m 0 512 99999");
+        assert!(super::TarWalk::from_text(lie.as_bytes(), 10240, "\"abc 1\"").is_err());
+        let bad = text.replace(" x370a", " x37");
+        assert!(super::TarWalk::from_text(bad.as_bytes(), 10240, "\"abc 1\"").is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -473,6 +473,21 @@ impl Store {
         .map(|_| ())
     }
 
+    /// Uploads `bytes` as the object `key` of the store (a whole key, not under the URL's
+    /// prefix): `gpufeed index` puts a tar's index beside it this way.
+    pub fn put_key(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        use object_store::ObjectStoreExt;
+        let rt = runtime()?;
+        let location =
+            ObjPath::parse(key).map_err(|e| invalid(format!("{}: {e}", self.object_url(key))))?;
+        let url = self.object_url(key);
+        let payload = object_store::PutPayload::from(bytes);
+        self.retrying("PUT", &url, || {
+            rt.block_on(self.inner.put(&location, payload.clone()))
+        })
+        .map(|_| ())
+    }
+
     /// Runs `op` until it succeeds, fails for good, or its retry window has passed: a request
     /// the server answered with a permanent error (not found, forbidden, a bad request) fails
     /// at once; one that could not connect to a store that never answered this process fails

@@ -102,6 +102,10 @@ struct Report {
     gets: u64,
     damaged_extents: u64,
     cached_bytes: u64,
+    /// GETs and bytes fetched by the open alone, and the dataset's bytes.
+    open_gets: u64,
+    open_fetched: u64,
+    dataset_bytes: u64,
 }
 
 /// The spec a child reads.
@@ -169,8 +173,13 @@ fn child_epoch() {
     opts.set("cache_extent", &spec.extent.to_string()).unwrap();
     let mut good = BTreeMap::new();
     let mut bad = 0u64;
+    let mut at_open = gpufeed::cache::CacheCounters::default();
+    let mut dataset_bytes = 0;
     let mut run = || -> gpufeed::Result<Arc<Dataset>> {
         let ds = Arc::new(Dataset::open_with(&spec.url, &opts)?);
+        let st = gpufeed::dataset::cache_status(&ds)?;
+        at_open = st.counters;
+        dataset_bytes = st.dataset_bytes;
         let loader = Loader::builder(ds.clone())
             .batch_size(8)
             .order(Order::Sequential)
@@ -203,6 +212,9 @@ fn child_epoch() {
         "gets": counters.gets,
         "damaged_extents": counters.damaged_extents,
         "cached_bytes": counters.cached_bytes,
+        "open_gets": at_open.gets,
+        "open_fetched": at_open.fetched_bytes,
+        "dataset_bytes": dataset_bytes,
     });
     println!("HOSTILE-REPORT {report}");
 }
@@ -289,18 +301,7 @@ fn planted_links_are_refused_and_what_they_point_at_is_untouched() {
         "a file outside the cache changed"
     );
     // `cache drop` removes the links themselves and nothing they point at.
-    let out = s3_env(
-        Command::new(gpufeed_bin())
-            .args(["cache", "drop", "--cache-dir"])
-            .arg(cache.path()),
-    )
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    gpufeed_ok(cache.path(), &["cache", "drop"]);
     assert_eq!(
         snapshot(outside.path()),
         before,
@@ -610,13 +611,12 @@ fn read_only_commands_change_nothing_and_a_cache_keeps_its_extent() {
     assert!(err.contains("keeps them"), "{err}");
 }
 
-/// A `gpufeed` command with `--json` over the cache `cache` (64K extents), which must succeed:
-/// the last line it printed.
-fn cli_json(cache: &Path, args: &[&str]) -> serde_json::Value {
+/// Runs `gpufeed ARGS --cache-dir CACHE` against the server, which must succeed: its stdout.
+fn gpufeed_ok(cache: &Path, args: &[&str]) -> Vec<u8> {
     let out = s3_env(
         Command::new(gpufeed_bin())
             .args(args)
-            .args(["--json", "--cache-extent", "64K", "--cache-dir"])
+            .arg("--cache-dir")
             .arg(cache),
     )
     .output()
@@ -626,7 +626,15 @@ fn cli_json(cache: &Path, args: &[&str]) -> serde_json::Value {
         "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    out.stdout
+}
+
+/// A `gpufeed` command with `--json` over the cache `cache` (64K extents), which must succeed:
+/// the last line it printed.
+fn cli_json(cache: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--json", "--cache-extent", "64K"]);
+    let text = String::from_utf8_lossy(&gpufeed_ok(cache, &all)).into_owned();
     serde_json::from_str(text.lines().last().unwrap_or("null")).unwrap()
 }
 
@@ -647,8 +655,11 @@ fn a_short_process_publishes_what_it_fetched_and_the_counters_agree() {
         c["cached_bytes"], st["present_bytes"],
         "counted ≠ stored: {st}"
     );
+    // What was fetched to be cached (the rest are headers fetched alone by the open's walk):
+    // no extent twice.
     assert!(
-        c["fetched_bytes"].as_u64() <= st["dataset_bytes"].as_u64(),
+        c["fetched_bytes"].as_u64().unwrap() - c["direct_bytes"].as_u64().unwrap()
+            <= st["dataset_bytes"].as_u64().unwrap(),
         "extents fetched twice: {st}"
     );
     assert_eq!(
@@ -722,4 +733,120 @@ fn permanent_errors_fail_fast_and_say_what_is_wrong() {
             "{v}"
         );
     }
+}
+
+/// A WebDataset over a store opens at the cost of its index, not its bytes: walked with
+/// ranged GETs of its headers when nothing is kept; from the node cache's kept walk next time
+/// (no GET); from `NAME.gpfidx` beside each tar once `gpufeed index` wrote them (one GET per
+/// tar, on a fresh node); and a stale index beside a replaced tar is not used.
+#[test]
+fn a_webdataset_opens_at_the_cost_of_its_index() {
+    if !shared_server() {
+        return;
+    }
+    let tars = ["a.tar", "b.tar", "c.tar", "d.tar"];
+    // ~100 KB payloads, as ImageNet's: the headers are a sliver of the bytes.
+    let big = |i: usize| 90_000 + (i * 7919) % 30_000;
+    let store = Store::open("s3://gpufeed/h-index").unwrap();
+    let put_tar = |name: &str, ids: &[usize], salt: usize| {
+        let dir = disk_dir();
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        for &i in ids {
+            std::fs::write(src.join(format!("{i:06}.jpg")), payload(i, big(i + salt))).unwrap();
+            std::fs::write(src.join(format!("{i:06}.cls")), format!("{}\n", i % 10)).unwrap();
+        }
+        let tar = dir.path().join("s.tar");
+        assert!(Command::new("tar")
+            .args(["--sort=name", "-cf"])
+            .arg(&tar)
+            .arg("-C")
+            .arg(&src)
+            .arg(".")
+            .status()
+            .unwrap()
+            .success());
+        store.put(name, std::fs::read(&tar).unwrap()).unwrap();
+    };
+    for (k, t) in tars.iter().enumerate() {
+        let ids: Vec<usize> = (0..160).filter(|i| i % 4 == k).collect();
+        put_tar(t, &ids, 0);
+    }
+    let url = "s3://gpufeed/h-index";
+    // Nothing kept: the headers are walked, not the bytes fetched.
+    let cache = disk_dir();
+    let (r, err) = child(&spec(url, cache.path(), 1 << 20));
+    exactly_once(&r, 0..160, "walked");
+    assert!(
+        r.open_fetched * 10 < r.dataset_bytes,
+        "the open fetched {} of {} bytes: {err}",
+        r.open_fetched,
+        r.dataset_bytes
+    );
+    // Kept in the node cache: the next open makes no GET.
+    let (r, _) = child(&spec(url, cache.path(), 1 << 20));
+    exactly_once(&r, 0..160, "kept in the cache");
+    assert_eq!(
+        r.open_gets, r.gets,
+        "an epoch from the cache makes no GET either"
+    );
+    let before = r.open_gets;
+    let (r2, _) = child(&spec(url, cache.path(), 1 << 20));
+    assert_eq!(r2.open_gets, before, "the open with a kept index made GETs");
+    // Beside the tars in the store: a fresh node reads one index per tar.
+    let out = gpufeed_ok(cache.path(), &["index", url, "--json"]);
+    let rep: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(rep["uploaded"], 4, "{rep}");
+    let fresh = disk_dir();
+    let (r, err) = child(&spec(url, fresh.path(), 1 << 20));
+    exactly_once(&r, 0..160, "from the store's indexes");
+    assert_eq!(r.open_gets, 4, "one GET per tar's index: {err}");
+    // A tar replaced after its index was written: that index is not used (the tar is walked).
+    let ids: Vec<usize> = (0..160).filter(|i| i % 4 == 1).collect();
+    put_tar("b.tar", &ids, 17);
+    let fresh = disk_dir();
+    let (r, err) = child(&spec(url, fresh.path(), 1 << 20));
+    exactly_once(&r, 0..160, "a stale index beside a replaced tar");
+    assert!(err.contains("b.tar.gpfidx: not used"), "{err}");
+}
+
+/// TFRecord over a store opens from the indexes beside the records (DALI's `NAME.idx`, the
+/// `tfrecord` package's `NAME.index`), and without one walks the record headers, not the bytes.
+#[test]
+fn tfrecords_open_from_the_indexes_beside_them() {
+    if !shared_server() {
+        return;
+    }
+    let store = Store::open("s3://gpufeed/h-tfrecord-idx").unwrap();
+    let mut idx_bytes = 0;
+    for (k, (name, idx)) in [
+        ("a.tfrecord", Some("a.tfrecord.idx")),
+        ("b.tfrecord", Some("b.tfrecord.index")),
+        ("c.tfrecord", None),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut bytes = Vec::new();
+        let mut lines = String::new();
+        for i in (0..90).filter(|i| i % 3 == k) {
+            let r = tf_record(&payload(i, 60_000 + i * 13));
+            lines.push_str(&format!("{} {}\n", bytes.len(), r.len()));
+            bytes.extend(r);
+        }
+        store.put(name, bytes).unwrap();
+        if let Some(idx) = idx {
+            idx_bytes += lines.len() as u64;
+            store.put(idx, lines.into_bytes()).unwrap();
+        }
+    }
+    let cache = disk_dir();
+    let (r, err) = child(&spec("s3://gpufeed/h-tfrecord-idx/", cache.path(), 1 << 20));
+    exactly_once(&r, 0..90, "TFRecords with and without indexes");
+    assert!(
+        r.open_fetched * 10 < r.dataset_bytes,
+        "the open fetched {} of {} bytes (indexes: {idx_bytes}): {err}",
+        r.open_fetched,
+        r.dataset_bytes
+    );
 }
