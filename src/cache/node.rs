@@ -561,18 +561,27 @@ fn held_bytes(state: &File, extent_bytes: u64) -> io::Result<u64> {
         return Ok(0);
     }
     let size = u64_le(&h[16..24]);
-    let n = size.div_ceil(extent_bytes).max(1) as usize;
-    let mut marks = vec![0u8; n];
-    state.read_exact_at(&mut marks, HEADER_BYTES as u64)?;
-    Ok(marks
-        .iter()
-        .enumerate()
-        .filter(|(_, &m)| m == PRESENT)
-        .map(|(i, _)| {
-            size.saturating_sub(i as u64 * extent_bytes)
-                .min(extent_bytes)
-        })
-        .sum())
+    // The header's size is not trusted to size anything: the marks are read a chunk at a
+    // time, and no further than the file goes.
+    let n = size
+        .div_ceil(extent_bytes)
+        .max(1)
+        .min(state.metadata()?.len().saturating_sub(HEADER_BYTES as u64));
+    let mut chunk = vec![0u8; (64 << 10).min(n as usize)];
+    let mut held = 0u64;
+    let mut i = 0u64;
+    while i < n {
+        let k = (n - i).min(chunk.len() as u64) as usize;
+        state.read_exact_at(&mut chunk[..k], HEADER_BYTES as u64 + i)?;
+        for (j, &m) in chunk[..k].iter().enumerate() {
+            if m == PRESENT {
+                let at = (i + j as u64).saturating_mul(extent_bytes);
+                held += size.saturating_sub(at).min(extent_bytes);
+            }
+        }
+        i += k as u64;
+    }
+    Ok(held)
 }
 
 fn u64_le(b: &[u8]) -> u64 {
@@ -956,7 +965,7 @@ impl NodeCache {
         let _ = ofd_lock(state.as_fd(), 0, HEADER_BYTES as u64, false);
         let uncached = match r {
             Ok(()) => false,
-            Err(StateErr::Full(_)) => {
+            Err(StateErr::Full) => {
                 if !self.full_noticed.swap(true, Ordering::Relaxed) {
                     crate::util::notice(&format!(
                         "the node cache's disk is full ({}): {} and what else cannot be set up \
@@ -1083,12 +1092,14 @@ impl NodeCache {
         if len > HEADER_BYTES as u64 && old[..8] == STATE_MAGIC[..] {
             let held = held_bytes(state, u64_le(&old[24..32])).unwrap_or(0);
             self.release(held);
-            state
-                .write_all_at(
-                    &vec![0u8; (len - HEADER_BYTES as u64) as usize],
-                    HEADER_BYTES as u64,
-                )
-                .map_err(ioe)?;
+            // Zeroed a chunk at a time (the file's length is not trusted to size a buffer).
+            let zeros = vec![0u8; 64 << 10];
+            let mut at = HEADER_BYTES as u64;
+            while at < len {
+                let k = (len - at).min(zeros.len() as u64) as usize;
+                state.write_all_at(&zeros[..k], at).map_err(ioe)?;
+                at += k as u64;
+            }
         }
         let setup = || -> io::Result<()> {
             data.set_len(0)?;
@@ -1125,14 +1136,14 @@ impl NodeCache {
 /// Why a state file could not be set up: the disk is full (the object is then read uncached),
 /// or anything else (an error).
 enum StateErr {
-    Full(#[allow(dead_code)] io::Error),
+    Full,
     Other(Error),
 }
 
 impl StateErr {
     fn of(e: io::Error, path: &Path) -> StateErr {
         if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
-            StateErr::Full(e)
+            StateErr::Full
         } else {
             StateErr::Other(
                 Error::io("cannot set up a cache state file", e).with_path(path.to_path_buf()),
@@ -1305,10 +1316,15 @@ impl CachedObject {
         self.open_own("state", OFlag::O_RDWR, self.state_id)
     }
 
-    fn open_own(&self, top: &str, flags: OFlag, id: (u64, u64)) -> Result<File> {
-        let comps: Vec<&str> = std::iter::once(top)
+    /// The directory holding this object's file under `top` (`data`, `state`, `index`).
+    fn dir_under<'a>(&'a self, top: &'a str) -> Vec<&'a str> {
+        std::iter::once(top)
             .chain(self.dirs.iter().map(String::as_str))
-            .collect();
+            .collect()
+    }
+
+    fn open_own(&self, top: &str, flags: OFlag, id: (u64, u64)) -> Result<File> {
+        let comps = self.dir_under(top);
         let path = || {
             let mut p = self.cache.tree.join(&comps);
             p.push(&self.name);
@@ -1833,20 +1849,18 @@ impl CachedObject {
     /// [`keep_index`](Self::keep_index)), if there is one (of at most `max` bytes). Whether it
     /// describes this version is the reader's to check.
     pub(crate) fn kept_index(&self, max: u64) -> Result<Option<Vec<u8>>> {
-        let comps: Vec<&str> = std::iter::once("index")
-            .chain(self.dirs.iter().map(String::as_str))
-            .collect();
-        self.cache.tree.read(&comps, &self.name, max)
+        self.cache
+            .tree
+            .read(&self.dir_under("index"), &self.name, max)
     }
 
     /// Keeps `bytes` as this object's index in the cache (replacing any), for every later
     /// opener on the node. Not counted against the limit (an index is a small fraction of its
     /// object).
     pub(crate) fn keep_index(&self, bytes: &[u8]) -> Result<()> {
-        let comps: Vec<&str> = std::iter::once("index")
-            .chain(self.dirs.iter().map(String::as_str))
-            .collect();
-        self.cache.tree.write_whole(&comps, &self.name, bytes)
+        self.cache
+            .tree
+            .write_whole(&self.dir_under("index"), &self.name, bytes)
     }
 
     /// The object's store.

@@ -238,11 +238,7 @@ impl Tree {
                 "a file of its own",
             ));
         }
-        // Back to blocking I/O for a regular file (O_NONBLOCK has no effect on one, but say so).
-        let fl = OFlag::from_bits_truncate(
-            nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).unwrap_or(0),
-        );
-        let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(fl & !OFlag::O_NONBLOCK));
+        // O_NONBLOCK stays: it has no effect on a regular file's reads and writes.
         Ok(Some(File::from(fd)))
     }
 

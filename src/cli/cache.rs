@@ -85,10 +85,7 @@ pub(super) fn index_cmd(a: CacheArgs) -> Result<()> {
 
 #[cfg(not(feature = "remote"))]
 pub(super) fn index_cmd(_: CacheArgs) -> Result<()> {
-    cache_cmd(CacheCmd::Drop(CacheDropArgs {
-        cache_dir: None,
-        json: false,
-    }))
+    Err(no_remote())
 }
 
 #[cfg(feature = "remote")]
@@ -199,8 +196,13 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
 
 #[cfg(not(feature = "remote"))]
 pub(super) fn cache_cmd(_: CacheCmd) -> Result<()> {
-    Err(crate::error::Error::new(
+    Err(no_remote())
+}
+
+#[cfg(not(feature = "remote"))]
+fn no_remote() -> crate::error::Error {
+    crate::error::Error::new(
         crate::error::ErrorKind::Unsupported,
         "this gpufeed was built without object-storage support (cargo feature `remote`)",
-    ))
+    )
 }

@@ -566,27 +566,8 @@ fn read_only_commands_change_nothing_and_a_cache_keeps_its_extent() {
     let gets = r.gets;
     let before = snapshot(cache.path());
     let status = |extent: &str| -> serde_json::Value {
-        let out = s3_env(
-            Command::new(gpufeed_bin())
-                .args([
-                    "cache",
-                    "status",
-                    url,
-                    "--json",
-                    "--cache-extent",
-                    extent,
-                    "--cache-dir",
-                ])
-                .arg(cache.path()),
-        )
-        .output()
-        .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        let args = ["cache", "status", url, "--json", "--cache-extent", extent];
+        serde_json::from_slice(&gpufeed_ok(cache.path(), &args)).unwrap()
     };
     for extent in ["1M", "64K", "8M"] {
         let st = status(extent);
