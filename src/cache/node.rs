@@ -17,7 +17,7 @@
 //! DIR/index/SCHEME/HOST/KEY  a WebDataset tar's walk (its members), kept for every later open
 //! ```
 //!
-//! Each key component is a file name through [`tree::escape_component`], which is injective
+//! Each key component is a file name through `tree::escape_component`, which is injective
 //! (`x:y` and `x_y` are two files; `%` and non-ASCII keys read), and the state file holds the
 //! object's URL, which is checked on every open: one object, one cache file.
 //!
