@@ -502,7 +502,18 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
             tmp.as_str(),
             nix::unistd::UnlinkatFlags::NoRemoveDir,
         );
-        made.map_err(io_err("cannot make the cache's usage file", &path))?;
+        made.map_err(|e| {
+            // A disk already full when the cache is made: nothing can be cached, and nothing
+            // was left behind (the new usage file is gone) — said with the way out.
+            let full = matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
+            let what = if full {
+                "cannot make the node cache (its disk is full: free space there, or point \
+                 cache_dir / --cache-dir at another disk)"
+            } else {
+                "cannot make the cache's usage file"
+            };
+            io_err(what, &path)(e)
+        })?;
         if let Ok(Some(tag)) = tree.file(&[], "CACHEDIR.TAG", rw, true) {
             let _ = tag.write_all_at(
                 b"Signature: 8a477f597d28d172789f06886806bc55\n\
@@ -1396,37 +1407,37 @@ impl CachedObject {
     /// the extent would be kept). One fetch per node for what is cached: a fetch holds the
     /// extent's lock, and whoever waited on it finds the extent present.
     fn extent(self: &Arc<Self>, i: u64, part: Range<u64>, dst: &mut [u8]) -> Result<Extent> {
-        if let Some(b) = self.held(i) {
-            return Ok(Extent::Held(b));
-        }
         let mark = &self.marks()[i as usize];
         let ready = |i: u64| self.verified[i as usize].load(Ordering::Acquire);
-        if mark.load(Ordering::Acquire) == PRESENT && ready(i) {
-            return Ok(Extent::Present);
-        }
-        // Another thread of this process fetching or checking it: its bytes, once they are here.
-        let slot = match self.claim(i) {
-            Ok(mine) => mine,
-            Err(theirs) => {
-                let mut st = theirs.state.lock().unpoisoned();
-                while matches!(*st, FetchState::Running) {
-                    st = theirs.done.wait(st).unpoisoned();
-                }
-                if let FetchState::Bytes(b) = &*st {
-                    self.cache.add(U_WAITS, 1);
-                    return Ok(Extent::Held(b.clone()));
-                }
-                drop(st);
-                if mark.load(Ordering::Acquire) == PRESENT {
-                    // Published by another process meanwhile: checked before it is read.
-                    return if ready(i) {
-                        Ok(Extent::Present)
-                    } else {
-                        self.extent(i, part, dst)
-                    };
-                }
+        // A loop, not a recursion: an extent published by another process meanwhile is
+        // claimed again to be checked, as often as that happens.
+        let slot = loop {
+            if let Some(b) = self.held(i) {
+                return Ok(Extent::Held(b));
+            }
+            if mark.load(Ordering::Acquire) == PRESENT && ready(i) {
+                return Ok(Extent::Present);
+            }
+            // Another thread of this process fetching or checking it: its bytes, once they
+            // are here.
+            let theirs = match self.claim(i) {
+                Ok(mine) => break mine,
+                Err(theirs) => theirs,
+            };
+            let mut st = theirs.state.lock().unpoisoned();
+            while matches!(*st, FetchState::Running) {
+                st = theirs.done.wait(st).unpoisoned();
+            }
+            if let FetchState::Bytes(b) = &*st {
+                self.cache.add(U_WAITS, 1);
+                return Ok(Extent::Held(b.clone()));
+            }
+            drop(st);
+            if mark.load(Ordering::Acquire) != PRESENT {
                 return self.fetch_part(part, dst);
             }
+            // Published by another process meanwhile: checked before it is read (the other
+            // thread's slot was released before it said so: `settle`).
         };
         let r = if mark.load(Ordering::Acquire) == PRESENT {
             self.check_claimed(i, &slot)
@@ -1474,8 +1485,7 @@ impl CachedObject {
                 let got = crate::crc32c::crc32c(bytes.bytes());
                 if got == want {
                     self.verified[i as usize].store(true, Ordering::Release);
-                    *slot.state.lock().unpoisoned() = FetchState::Bytes(bytes.clone());
-                    slot.done.notify_all();
+                    self.settle(i, slot, FetchState::Bytes(bytes.clone()));
                     self.cache.retain(self, i, n);
                     return Ok(Extent::Held(bytes));
                 }
@@ -1483,9 +1493,7 @@ impl CachedObject {
             }
             Err(e) if e.kind() == ErrorKind::NotFound || e.kind() == ErrorKind::InvalidInput => {
                 // The file is gone or replaced: nothing to repair here.
-                *slot.state.lock().unpoisoned() = FetchState::Elsewhere;
-                slot.done.notify_all();
-                self.fetching.lock().unpoisoned().remove(&i);
+                self.settle(i, slot, FetchState::Elsewhere);
                 return Err(e);
             }
             Err(e) => e.report(),
@@ -1499,8 +1507,27 @@ impl CachedObject {
             range.end,
             self.data_path.display()
         ));
-        self.unpublish(i)?;
+        if let Err(e) = self.unpublish(i) {
+            self.settle(i, slot, FetchState::Elsewhere);
+            return Err(e);
+        }
         self.fetch_claimed(i, slot)
+    }
+
+    /// Tells the waiters on `slot`, extent `i`'s claim, what came of it. Unless it holds bytes
+    /// to share (the slot then stays claimed until publication), the claim is released first,
+    /// so a waiter that wakes finds the extent unclaimed rather than this finished slot.
+    fn settle(&self, i: u64, slot: &Fetching, state: FetchState) {
+        if !matches!(state, FetchState::Bytes(_)) {
+            let mut f = self.fetching.lock().unpoisoned();
+            if f.get(&i)
+                .is_some_and(|s| std::ptr::eq(Arc::as_ptr(s), slot))
+            {
+                f.remove(&i);
+            }
+        }
+        *slot.state.lock().unpoisoned() = state;
+        slot.done.notify_all();
     }
 
     /// Marks present extent `i` absent (it was found damaged), under its lock, giving its bytes
@@ -1574,12 +1601,7 @@ impl CachedObject {
             Ok(Extent::Fetched(b)) => FetchState::Bytes(b.clone()),
             _ => FetchState::Elsewhere,
         };
-        let keep = matches!(shared, FetchState::Bytes(_));
-        *slot.state.lock().unpoisoned() = shared;
-        slot.done.notify_all();
-        if !keep {
-            self.fetching.lock().unpoisoned().remove(&i);
-        }
+        self.settle(i, slot, shared);
         r
     }
 

@@ -102,8 +102,14 @@ fn walk_remote(p: &std::path::Path, tars: &Tars) -> Result<TarWalk> {
     let info = obj.info();
     let etag = info.etag.clone().unwrap_or_default();
     if let Ok(Some(bytes)) = obj.kept_index(INDEX_BYTES_MAX) {
-        if let Ok(w) = TarWalk::from_text(&bytes, info.size, &etag) {
-            return Ok(w);
+        match TarWalk::from_text(&bytes, info.size, &etag) {
+            Ok(w) => return Ok(w),
+            // Damage in the node cache is said; another version of the tar is routine.
+            Err(why) if why.contains("checksum") => crate::util::notice(&format!(
+                "the node cache's index of {} was damaged ({why}); it is read again",
+                info.url
+            )),
+            Err(_) => {}
         }
     }
     if let Some(idx) = beside.as_ref().filter(|i| i.size <= INDEX_BYTES_MAX) {

@@ -49,7 +49,7 @@ const LABEL_MAX: u64 = 64;
 /// The first line of a kept tar index, and the most bytes one may have (1 GiB: about 15 million
 /// members).
 #[cfg_attr(not(feature = "remote"), allow(dead_code))]
-const INDEX_MAGIC: &str = "gpufeed-tar-index 1";
+const INDEX_MAGIC: &str = "gpufeed-tar-index 2";
 #[cfg_attr(not(feature = "remote"), allow(dead_code))]
 pub(crate) const INDEX_BYTES_MAX: u64 = 1 << 30;
 /// The name a tar's index is kept under beside it: `NAME.gpfidx`.
@@ -122,18 +122,45 @@ impl TarWalk {
         for n in &self.notes {
             t.push_str(&format!("n {}\n", esc(n.as_bytes())));
         }
-        t.push_str(&format!("end {}\n", self.members.len()));
+        // The crc32c of every byte before the end line: a kept index is a cache file and a
+        // stored one crossed a network, and a flipped digit in a length or a name would
+        // otherwise pass every other check and serve wrong bytes.
+        let crc = crate::crc32c::crc32c(t.as_bytes());
+        t.push_str(&format!("end {} {crc:08x}\n", self.members.len()));
         t
     }
 
-    /// Reads a kept index of a tar of `size` bytes and ETag `etag`: every line checked (offsets
-    /// inside the tar, small members' bytes as long as they say); `Err` says why it cannot be
-    /// used (another version of the tar, damage, a cut).
+    /// Reads a kept index of a tar of `size` bytes and ETag `etag`: its crc32c and every line
+    /// checked (offsets inside the tar, small members' bytes as long as they say); `Err` says
+    /// why it cannot be used (another version of the tar, damage, a cut).
     pub fn from_text(text: &[u8], size: u64, etag: &str) -> std::result::Result<TarWalk, String> {
         let text = std::str::from_utf8(text).map_err(|_| "not UTF-8 text")?;
         let mut lines = text.lines();
-        if lines.next() != Some(INDEX_MAGIC) {
-            return Err(format!("does not start with {INDEX_MAGIC:?}"));
+        match lines.next() {
+            Some(INDEX_MAGIC) => {}
+            Some(l) if l.starts_with("gpufeed-tar-index ") => {
+                return Err(format!(
+                    "{l:?} is another version of the format ({INDEX_MAGIC:?})"
+                ))
+            }
+            _ => return Err(format!("does not start with {INDEX_MAGIC:?}")),
+        }
+        // The end line is the last: "end COUNT CRC", the crc32c of every byte before it.
+        let body = text
+            .strip_suffix('\n')
+            .ok_or("it is cut short (no end line)")?;
+        let end_at = body.rfind('\n').map_or(0, |i| i + 1);
+        let crc_ok = body[end_at..]
+            .strip_prefix("end ")
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|c| u32::from_str_radix(c, 16).ok())
+            .is_some_and(|c| c == crate::crc32c::crc32c(&text.as_bytes()[..end_at]));
+        if !crc_ok {
+            return Err(if body[end_at..].starts_with("end ") {
+                "its checksum does not match (damaged)".into()
+            } else {
+                "it is cut short (no end line)".into()
+            });
         }
         let field = |l: Option<&str>, name: &str| -> std::result::Result<String, String> {
             l.and_then(|l| l.strip_prefix(name))
@@ -209,6 +236,7 @@ impl TarWalk {
                     walk.notes.push(String::from_utf8_lossy(&note).into_owned());
                 }
                 Some("end") => {
+                    // The checksum above covered every line before this one.
                     let n = num(f.next()).map_err(at)?;
                     if n != walk.members.len() as u64 {
                         return Err(at(format!(
@@ -778,6 +806,27 @@ mod tests {
         assert!(super::TarWalk::from_text(lie.as_bytes(), 10240, "\"abc 1\"").is_err());
         let bad = text.replace(" x370a", " x37");
         assert!(super::TarWalk::from_text(bad.as_bytes(), 10240, "\"abc 1\"").is_err());
+        // A flipped digit that every other check lets through (a shorter length, another
+        // name) is caught by the checksum, and every single flipped byte anywhere is.
+        for lie in [
+            text.replace("m 0 512 4000", "m 0 512 3000"),
+            text.replace("%C3%251.cls", "%C3%252.cls"),
+        ] {
+            assert_ne!(lie, text);
+            let e = super::TarWalk::from_text(lie.as_bytes(), 10240, "\"abc 1\"").unwrap_err();
+            assert!(e.contains("checksum"), "{e}");
+        }
+        for i in 0..text.len() {
+            let mut b = text.clone().into_bytes();
+            b[i] ^= 0x01;
+            assert!(
+                super::TarWalk::from_text(&b, 10240, "\"abc 1\"").is_err(),
+                "a flip at byte {i} was accepted"
+            );
+        }
+        let old = text.replacen("gpufeed-tar-index 2", "gpufeed-tar-index 1", 1);
+        let e = super::TarWalk::from_text(old.as_bytes(), 10240, "\"abc 1\"").unwrap_err();
+        assert!(e.contains("another version"), "{e}");
     }
 
     use super::*;

@@ -22,11 +22,18 @@
 //!   tensor equals its clean decode exactly (a damaged image never harms the next one), a
 //!   damaged one is decoded or named, never anything else.
 //!
+//! - over a real S3 server (`remote.rs`, where SeaweedFS is found): one node cache shared by
+//!   two processes, with the server killed and restarted, cached extents damaged, objects
+//!   replaced and the cache's disk filled between rounds — every sample exactly once with the
+//!   bytes of its object's current version.
+//!
 //! Prints a summary (or `--json`) and exits 1 on any violation.
 //!
 //! ```text
 //! cargo run --release --example soak -- --minutes 30 --dir target/soak
 //! ```
+
+mod remote;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -606,9 +613,12 @@ fn main() {
     let mut minutes = 30.0f64;
     let mut dir = PathBuf::from("target/soak");
     let mut json = false;
+    let mut with_remote = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
+            "--remote-child" => remote::child(&args.next().expect("--remote-child TASK")),
+            "--no-remote" => with_remote = false,
             "--minutes" => {
                 minutes = args
                     .next()
@@ -618,14 +628,17 @@ fn main() {
             "--dir" => dir = args.next().map(PathBuf::from).expect("--dir DIR"),
             "--json" => json = true,
             _ => {
-                eprintln!("usage: soak [--minutes N] [--dir DIR] [--json]");
+                eprintln!("usage: soak [--minutes N] [--dir DIR] [--no-remote] [--json]");
                 std::process::exit(2);
             }
         }
     }
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs_f64(minutes * 60.0);
-    let warm_up = Duration::from_secs_f64((minutes * 60.0 / 30.0).clamp(5.0, 60.0));
+    // The warm-up: a thirtieth of the run (5 s to a minute), and at least the first 12 rounds
+    // of the loop (every engine and order met, whatever time the S3 rounds took).
+    let mut warm_up = Duration::from_secs_f64((minutes * 60.0 / 30.0).clamp(5.0, 60.0));
+    remote::unmount_leftover(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     let paths = write_dataset(&dir, 3000, 6, 48 << 10, 7);
     let ds = Arc::new(Dataset::open_shards(&paths).expect("open the soak dataset"));
@@ -648,12 +661,40 @@ fn main() {
         counts: Counts::default(),
         violations: Vec::new(),
     };
-    let mut samples: Vec<Resources> = vec![resources(t0)];
+    // The S3 part, where a server can be started (required where GPUFEED_REQUIRE_S3=1, as CI
+    // sets it).
+    let mut remote = None;
+    let mut remote_skipped = None;
+    if with_remote {
+        match remote::Remote::start(&dir) {
+            Ok(r) => {
+                if let Some(why) = &r.counts.fill_skipped {
+                    eprintln!("soak: the cache's disk is not filled: {why}");
+                }
+                remote = Some(r)
+            }
+            Err(why) => {
+                if std::env::var("GPUFEED_REQUIRE_S3").as_deref() == Ok("1") {
+                    eprintln!("soak: GPUFEED_REQUIRE_S3=1 but the S3 part cannot run: {why}");
+                    std::process::exit(1);
+                }
+                eprintln!("soak: the S3 part is skipped: {why}");
+                remote_skipped = Some(why);
+            }
+        }
+    }
+    let mut remote_time = Duration::ZERO;
+    // The resources are watched from here (the S3 server's start and uploads are setup).
+    let t_res = Instant::now();
+    let mut samples: Vec<Resources> = vec![resources(t_res)];
     let mut next_sample = Instant::now() + Duration::from_secs(2);
     let mut next_line = Instant::now() + Duration::from_secs(30);
     let mut epoch = 0u64;
     let mut sim_seed = 1u64 << 32;
     while Instant::now() < deadline {
+        if epoch == 12 {
+            warm_up = warm_up.max(t_res.elapsed());
+        }
         let t = Instant::now();
         s.disk_epoch(epoch);
         s.image_epoch(epoch);
@@ -667,9 +708,17 @@ fn main() {
             sim_seed += 1;
             n += 1;
         }
+        // A third of the time over S3.
+        if let Some(r) = remote.as_mut() {
+            while remote_time < (t0.elapsed() - remote_time) / 2 {
+                let t = Instant::now();
+                r.round(&mut |m| s.fail(m));
+                remote_time += t.elapsed();
+            }
+        }
         // No loader is alive here: what the process holds is what it keeps.
         if Instant::now() >= next_sample {
-            samples.push(resources(t0));
+            samples.push(resources(t_res));
             next_sample = Instant::now() + Duration::from_secs(2);
         }
         if Instant::now() >= next_line && !json {
@@ -687,7 +736,7 @@ fn main() {
             next_line = Instant::now() + Duration::from_secs(30);
         }
     }
-    samples.push(resources(t0));
+    samples.push(resources(t_res));
     // Growth after the warm-up against the largest warm-up value.
     let (early, late): (Vec<Resources>, Vec<Resources>) =
         samples.iter().partition(|r| r.t_s <= warm_up.as_secs_f64());
@@ -725,6 +774,8 @@ fn main() {
             "resources_first_and_after_warm_up": growth,
             "samples": samples,
             "violations": s.violations,
+            "remote": remote.as_ref().map(|r| &r.counts),
+            "remote_skipped": remote_skipped,
         });
         println!("{v}");
     } else {
@@ -756,6 +807,32 @@ fn main() {
             c.damaged_images_named,
             c.damaged_images_decoded
         );
+        match (&remote, &remote_skipped) {
+            (Some(r), _) => {
+                let c = &r.counts;
+                println!(
+                    "  over S3 (two processes, one cache): {} rounds {:?}, {} child epochs, {} samples; server restarted {} times between rounds and killed {} times mid-epoch; {} extents damaged ({} counted as found), {} kept tar indexes damaged; {} objects replaced ({} tar indexes left stale); cache disk filled {} times{}",
+                    c.rounds,
+                    c.by_format,
+                    c.child_epochs,
+                    c.samples,
+                    c.server_restarts_between_rounds,
+                    c.server_kills_mid_epoch,
+                    c.extents_damaged,
+                    c.damaged_extents_counted,
+                    c.kept_indexes_damaged,
+                    c.objects_replaced,
+                    c.stale_tar_indexes,
+                    c.disk_fills,
+                    c.fill_skipped
+                        .as_ref()
+                        .map(|w| format!(" (skipped: {w})"))
+                        .unwrap_or_default()
+                );
+            }
+            (None, Some(why)) => println!("  over S3: skipped ({why})"),
+            (None, None) => println!("  over S3: not run (--no-remote)"),
+        }
         println!(
             "  lost or duplicated samples: {}",
             s.violations
@@ -773,5 +850,7 @@ fn main() {
             println!("  violation: {v}");
         }
     }
+    // The server stopped and the cache's tmpfs unmounted (exit runs no destructors).
+    drop(remote);
     std::process::exit(if ok { 0 } else { 1 });
 }
