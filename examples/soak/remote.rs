@@ -283,14 +283,23 @@ fn put(format: &str, k: usize, gen: u32, tar_index: bool, work: &Path) -> Result
     Ok(())
 }
 
-/// Eleven consecutive free loopback ports (weed mini's servers).
+/// Eleven consecutive free loopback ports (weed mini's servers), below the kernel's range of
+/// ephemeral ports: the server is restarted on the same ports, and a port in that range may
+/// meanwhile be taken as the local end of any connection on the machine (it was, once, in a
+/// 30-minute soak: "bind: address already in use").
 fn free_ports() -> u16 {
-    let mut base = 30000 + (std::process::id() % 1500) as u16 * 20;
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (start, end) = (10000u16, low.saturating_sub(20).max(10040));
+    let span = (end - start) / 20;
+    let mut base = start + (std::process::id() % span as u32) as u16 * 20;
     loop {
         if (0..11).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
             return base;
         }
-        base = if base > 60000 { 20000 } else { base + 20 };
+        base = if base + 40 > end { start } else { base + 20 };
     }
 }
 
@@ -373,19 +382,31 @@ impl Weed {
                 Ok(())
             });
         }
-        self.child = Some(
-            c.spawn()
-                .map_err(|e| format!("cannot start {}: {e}", self.bin.display()))?,
-        );
         let addr = self.endpoint.trim_start_matches("http://").to_string();
         let t0 = Instant::now();
-        while std::net::TcpStream::connect(&addr).is_err() {
-            if t0.elapsed() > Duration::from_secs(60) {
-                return Err(format!("weed mini did not answer on {addr} within 60 s"));
+        // A server that exits at once (a port not yet free) is started again, for a minute.
+        'start: loop {
+            let mut child = c
+                .spawn()
+                .map_err(|e| format!("cannot start {}: {e}", self.bin.display()))?;
+            while std::net::TcpStream::connect(&addr).is_err() {
+                if t0.elapsed() > Duration::from_secs(60) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!(
+                        "weed mini did not answer on {addr} within 60 s (see {})",
+                        self.dir.join("weed.log").display()
+                    ));
+                }
+                if let Ok(Some(_)) = child.try_wait() {
+                    std::thread::sleep(Duration::from_millis(500));
+                    continue 'start;
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            self.child = Some(child);
+            return Ok(());
         }
-        Ok(())
     }
 
     fn kill(&mut self) {
@@ -727,7 +748,7 @@ impl Remote {
             match cmd.spawn() {
                 Ok(mut child) => {
                     let out = BufReader::new(child.stdout.take().expect("piped"));
-                    kids.push((child, out, err));
+                    kids.push((child, out, err, String::new()));
                 }
                 Err(e) => return fail(what(&format!("cannot start a child: {e}"))),
             }
@@ -737,20 +758,19 @@ impl Remote {
         if rng.below(6) == 0 {
             let opened = kids
                 .iter_mut()
-                .all(|(_, out, _)| wait_line(out, "SOAK-OPENED"));
+                .all(|(_, out, _, kept)| wait_line(out, "SOAK-OPENED", kept));
             if opened {
                 std::thread::sleep(Duration::from_millis(rng.below(400)));
                 self.weed.kill();
                 std::thread::sleep(Duration::from_millis(500 + rng.below(3000)));
                 if let Err(e) = self.weed.spawn() {
-                    return fail(what(&e));
+                    fail(what(&e));
                 }
                 self.counts.server_kills_mid_epoch += 1;
             }
         }
         let mut reports = Vec::new();
-        for (mut child, mut out, err) in kids {
-            let mut rest = String::new();
+        for (mut child, mut out, err, mut rest) in kids {
             let _ = out.read_to_string(&mut rest);
             let status = child.wait().expect("wait for a child");
             match report_of(&rest, status, &err)
@@ -855,15 +875,16 @@ fn exactly_once(seen: &BTreeMap<usize, u32>, what: &str, fail: &mut dyn FnMut(St
     lost + more == 0
 }
 
-/// Reads lines until one is `want`; false at the end of the output.
-fn wait_line(out: &mut BufReader<ChildStdout>, want: &str) -> bool {
+/// Reads lines until one is `want`, keeping the others in `kept`; false at the end of the
+/// output.
+fn wait_line(out: &mut BufReader<ChildStdout>, want: &str, kept: &mut String) -> bool {
     let mut line = String::new();
     loop {
         line.clear();
         match out.read_line(&mut line) {
             Ok(0) | Err(_) => return false,
             Ok(_) if line.trim_end() == want => return true,
-            Ok(_) => {}
+            Ok(_) => kept.push_str(&line),
         }
     }
 }
