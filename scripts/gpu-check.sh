@@ -9,12 +9,20 @@
 #                                # CUDA_VISIBLE_DEVICES=, the CPU tests, then `gpufeed bench gpu`;
 #                                # prints a table. Results land in $OUT (or .gpufeed-work/out).
 #
-# Options for run: --quick (small dataset, 2 s rows), --skip-bench, --skip-tests, --rounds=N
-# (N more rounds of the storage rows of both workloads, their order reversed every other round,
-# to tell the disk's drift from a real gap).
-# With the device tool (10 minutes per command; on an H100 machine everything with --rounds=3
-# took ~250 s):
-#   run(command="scripts/gpu-check.sh run --rounds=3", carry=[".device"])
+# Stages, for a GPU lent for minutes (about 15 in all, its start included; 10 per command):
+#   run --quick     the GPU-required tests only (GPU, nvJPEG and, where the machine has NVRTC,
+#                   the kernel tests fail rather than skip; the no-GPU path; the Python GPU
+#                   tests); no CPU suite (CI runs it), no benchmark. Meant to end in < 7 min.
+#   run --bench     the benchmarks only (`--skip-tests`).
+#   run             everything (tests, the CPU suite again, benchmarks).
+# Other options: --small (small datasets, 2 s rows), --skip-bench, --skip-tests, --rounds=N (N
+# more rounds of the storage rows of both workloads, their order reversed every other round, to
+# tell the disk's drift from a real gap), --budget=SECONDS (default 420 with --quick, else 540: each step runs under
+# what is left of it, so a step that hangs is cut and named, and the summary so far — written to
+# $OUT/summary.txt as it goes — comes back rather than a killed command's nothing).
+# With the device tool:
+#   run(command="scripts/gpu-check.sh run --quick", carry=[".device"], timeout_s=480)
+#   run(command="scripts/gpu-check.sh run --bench --small", carry=[".device"], timeout_s=540)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-}"
@@ -42,13 +50,14 @@ for l in sys.stdin:
     cp target/release/gpufeed "$SHIP/gpufeed"
     cp "$it" "$SHIP/it"
     cp "$lib" "$SHIP/unit"
-    # Compressed debug sections keep line numbers in backtraces at a third of the size (the
-    # device tool carries at most 64 MiB).
+    # Debug info stripped, symbols kept (backtraces name functions): the device tool carries at
+    # most 64 MiB, working tree included.
     for b in gpufeed it unit; do
-        objcopy --compress-debug-sections=zlib "$SHIP/$b" 2>/dev/null || true
+        strip --strip-debug "$SHIP/$b"
     done
-    # The Python package as a wheel (abi3: any CPython >= 3.9), its GPU tests and bench script.
-    python3 -m pip wheel --quiet --no-deps --wheel-dir "$SHIP" ./python
+    # The Python package as a wheel (abi3: any CPython >= 3.9, stripped by maturin), its GPU
+    # tests and bench script.
+    scripts/build-wheel.sh "$SHIP" > /dev/null
     cp python/tests/test_gpu.py python/tests/test_images.py scripts/bench-python.py "$SHIP/"
     # (bench decode finds scripts/bench-decode-{pil,tv}.py in the carried tree: GPUFEED_ROOT.)
     # nvJPEG 13.0 (4 MB, from the nvidia-nvjpeg wheel) in case the GPU machine's image lacks it.
@@ -65,26 +74,45 @@ for l in sys.stdin:
         cargo run --release -q --example kernel_cache -- "$SHIP/kernels" 80 90 ||
         echo "warning: no prebuilt kernels to ship" >&2
     git rev-parse HEAD > "$SHIP/commit" 2>/dev/null || true
-    du -sh "$SHIP"
+    # What travels: $SHIP and the working tree's files that git does not ignore. 56 MiB at
+    # most (the tool's 64, with room), checked here rather than refused there.
+    tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null |
+        awk '{s += $1} END {print s + 0}')
+    ship=$(du -sb "$SHIP" | cut -f1)
+    total=$((tree + ship))
+    mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
     echo "shipped to $SHIP: gpufeed, it (integration tests), unit, $(basename "$SHIP"/gpufeed-*.whl); commit $(cat "$SHIP/commit" 2>/dev/null)"
+    echo "to carry: $SHIP $(mib "$ship") + working tree $(mib "$tree") = $(mib "$total") (limit 56 MiB)"
+    (cd "$SHIP" && du -b -- * | sort -rn | head -6 | awk '{printf "  %-28s %6.1f MiB\n", $2, $1 / 1048576}')
+    if ((total > 56 * 1048576)); then
+        echo "too large to carry: at most 56 MiB" >&2
+        exit 1
+    fi
     exit 0
 fi
 
 if [[ "$mode" != run ]]; then
-    echo "usage: $0 build | run [--quick] [--skip-bench] [--skip-tests]" >&2
+    echo "usage: $0 build | run [--quick | --bench] [--small] [--skip-bench] [--skip-tests] [--rounds=N] [--budget=S]" >&2
     exit 2
 fi
 
-quick=0; bench=1; tests=1; rounds=0
+quick=0; small=0; bench=1; tests=1; rounds=0; budget=
 for a in "$@"; do
     case "$a" in
-        --quick) quick=1 ;;
+        --quick) quick=1; bench=0 ;;
+        --bench) tests=0 ;;
+        --small) small=1 ;;
         --skip-bench) bench=0 ;;
         --skip-tests) tests=0 ;;
         --rounds=*) rounds=${a#--rounds=} ;;
+        --budget=*) budget=${a#--budget=} ;;
         *) echo "unknown option $a" >&2; exit 2 ;;
     esac
 done
+[[ -n "$budget" ]] || budget=$((quick == 1 ? 420 : 540))
+t_start=$SECONDS
+# What is left of the budget for the next step (at least 10 s, so it can say it ran out).
+left() { local l=$((budget - (SECONDS - t_start) - 15)); echo $((l > 10 ? l : 10)); }
 [[ -x "$SHIP/gpufeed" && -x "$SHIP/it" ]] || {
     echo "$SHIP/ is missing: run '$0 build' on the development machine and carry $SHIP" >&2
     exit 1
@@ -163,23 +191,40 @@ install_wheel() {
 status=0
 run_tests() { # name, env..., -- args
     local name=$1; shift
-    local log="$out/test-$name.log"
-    if env "$@" > "$log" 2>&1; then
-        note "PASS  $name  ($(grep -Eo 'test result: ok\. [0-9]+ passed|^Ran [0-9]+ tests?' "$log" | tail -1))"
+    local log="$out/test-$name.log" rc=0 t0=$SECONDS
+    timeout -k 5 "$(left)" env "$@" > "$log" 2>&1 || rc=$?
+    if [[ $rc == 0 ]]; then
+        note "PASS  $name  ($(grep -Eo 'test result: ok\. [0-9]+ passed|^Ran [0-9]+ tests?' "$log" | tail -1), $((SECONDS - t0)) s)"
+    elif [[ $rc == 124 || $rc == 137 ]]; then
+        note "TIMEOUT  $name  after $((SECONDS - t0)) s: the budget (--budget=$budget) ran out (see $log)"
+        tail -15 "$log"; status=1
     else
         note "FAIL  $name  (see $log)"; tail -30 "$log"; status=1
     fi
 }
 if [[ $tests == 1 ]]; then
     note "== tests"
-    # GPU-required: a skipped GPU test fails here.
-    run_tests gpu GPUFEED_REQUIRE_GPU=1 "$SHIP/it" gpu:: device:: --test-threads=1
+    # GPU-required: a skipped GPU test fails here — the GPU, nvJPEG, and the kernel tests where
+    # this machine has NVRTC (else the kernels come from the CUBINs shipped in $SHIP/kernels,
+    # and their compile tests are CI's).
+    req=(GPUFEED_REQUIRE_GPU=1 GPUFEED_REQUIRE_NVJPEG=1)
+    if ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so\.13' ||
+        python3 -c 'import glob, site, sys; sys.exit(not any(glob.glob(d + "/nvidia/cu13/lib/libnvrtc.so.13") for d in site.getsitepackages()))' 2>/dev/null; then
+        req+=(GPUFEED_REQUIRE_NVRTC=1); groups=(gpu:: device:: kernels::)
+    else
+        note "NVRTC: none here; kernels from $SHIP/kernels, kernel compile tests left to CI"
+        groups=(gpu:: device::)
+    fi
+    run_tests gpu "${req[@]}" "$SHIP/it" "${groups[@]}" --test-threads=1
     # The no-GPU path of every entry point, on the GPU machine.
     run_tests no-gpu CUDA_VISIBLE_DEVICES= "$SHIP/it" device::no_gpu
-    # Everything else (CPU) on this machine too, but the tests that need the source tree,
-    # cargo or PyPI (the C ABI build, the Python package build), which the GPU machine lacks.
-    run_tests cpu "$SHIP/it" --skip gpu:: --skip device::no_gpu --skip capi:: --skip python::
-    [[ -x "$SHIP/unit" ]] && run_tests unit "$SHIP/unit"
+    if [[ $quick == 0 ]]; then
+        # Everything else (CPU) on this machine too, but the tests that need the source tree,
+        # cargo or PyPI (the C ABI build, the Python package build), which the GPU machine
+        # lacks.
+        run_tests cpu "$SHIP/it" --skip gpu:: --skip device::no_gpu --skip capi:: --skip python::
+        [[ -x "$SHIP/unit" ]] && run_tests unit "$SHIP/unit"
+    fi
     grep -h "skipped" "$out"/test-gpu.log | sed 's/^/  /' | tee -a "$summary" || true
     # Python: the wheel into a folder on PYTHONPATH of the machine's python3 (which is itself a
     # virtual environment holding torch; a venv made from it would not see torch or numpy).
@@ -197,26 +242,26 @@ fi
 
 if [[ $bench == 1 ]]; then
     note "== gpufeed bench gpu"
-    if [[ $quick == 1 ]]; then
+    if [[ $small == 1 ]]; then
         args=(--size 2G --samples 10000 --seconds 2)
     else
         args=(--size 8G --samples 50000 --seconds 5)
     fi
-    if "$SHIP/gpufeed" bench gpu --file "$work/bench.dat" --dir "$work/load" "${args[@]}" --json \
+    if timeout -k 5 "$(left)" "$SHIP/gpufeed" bench gpu --file "$work/bench.dat" --dir "$work/load" "${args[@]}" --json \
         > "$out/bench-gpu.jsonl" 2> "$out/bench-gpu.err"; then
         :
     else
         note "FAIL  bench gpu (see $out/bench-gpu.err)"; tail -20 "$out/bench-gpu.err"; status=1
     fi
     # The loader rows again without crc32c verification (cuFile and naive never verify).
-    "$SHIP/gpufeed" bench gpu --file "$work/bench.dat" --dir "$work/load" "${args[@]}" --json \
+    timeout -k 5 "$(left)" "$SHIP/gpufeed" bench gpu --file "$work/bench.dat" --dir "$work/load" "${args[@]}" --json \
         --workloads imagenet --paths host,ours --no-verify 2>> "$out/bench-gpu.err" \
         | sed 's/"workload":"imagenet mix, packed, global"/"workload":"imagenet, no crc"/' \
         >> "$out/bench-gpu.jsonl" || { note "FAIL  bench gpu --no-verify"; status=1; }
     for ((k = 1; k <= rounds; k++)); do
         order=host,ours,cufile,naive
         (( k % 2 == 0 )) && order=naive,cufile,ours,host
-        "$SHIP/gpufeed" bench gpu --file "$work/bench.dat" --dir "$work/load" "${args[@]}" --json \
+        timeout -k 5 "$(left)" "$SHIP/gpufeed" bench gpu --file "$work/bench.dat" --dir "$work/load" "${args[@]}" --json \
             --workloads fixed,imagenet --paths "$order" 2>> "$out/bench-gpu.err" \
             | sed "s/\"workload\":\"\([^\"]*\)\"/\"workload\":\"\1, round $k\"/" \
             >> "$out/bench-gpu.jsonl" || { note "FAIL  bench gpu round $k"; status=1; }
@@ -253,18 +298,18 @@ if [[ $bench == 1 ]]; then
     # CPU-s per 1000 images; until nvJPEG's batched decode is joined every image takes the CPU
     # route, so the CPU figure is not expected to meet its target yet).
     note "== gpufeed bench decode --device cuda"
-    dn=2000; [[ $quick == 1 ]] && dn=500
+    dn=2000; [[ $small == 1 ]] && dn=500
     export GPUFEED_ROOT="$PWD"
     dargs=(--device cuda --dir "$work/decode" --images "$dn" --size 224 --dtype float16
         --batch 128 --python python3 --json)
-    if "$SHIP/gpufeed" bench decode "${dargs[@]}" --rounds 3 \
+    if timeout -k 5 "$(left)" "$SHIP/gpufeed" bench decode "${dargs[@]}" --rounds 3 \
         --rows tv-train,gpufeed-train,tv-eval,gpufeed-eval \
         > "$out/bench-decode.jsonl" 2> "$out/bench-decode.err"; then
         :
     else
         note "FAIL  bench decode (see $out/bench-decode.err)"; tail -20 "$out/bench-decode.err"; status=1
     fi
-    if "$SHIP/gpufeed" bench decode "${dargs[@]}" --rounds 3 \
+    if timeout -k 5 "$(left)" "$SHIP/gpufeed" bench decode "${dargs[@]}" --rounds 3 \
         --rows gpufeed-device-train,gpufeed-nohw-train,gpufeed-device-eval \
         >> "$out/bench-decode.jsonl" 2> "$out/bench-decode-device.err"; then
         :
@@ -298,7 +343,7 @@ if [[ $bench == 1 && ! -d "$work/pysite/gpufeed" ]]; then
 fi
 if [[ $bench == 1 && -d "$work/pysite/gpufeed" ]]; then
     note "== scripts/bench-python.py --device cuda (gpufeed Python vs torch DataLoader)"
-    python3 "$SHIP/bench-python.py" --gpufeed "$SHIP/gpufeed" --dir "$work/load" \
+    timeout -k 5 "$(left)" python3 "$SHIP/bench-python.py" --gpufeed "$SHIP/gpufeed" --dir "$work/load" \
         --samples "${args[3]}" --device cuda:0 --rounds 3 2>&1 | tee -a "$summary" || {
         note "FAIL  bench-python"; status=1; }
 fi

@@ -346,10 +346,12 @@ pub fn redact(text: &str) -> std::borrow::Cow<'_, str> {
                 let params: Vec<String> = url[q + 1..]
                     .split('&')
                     .map(|p| match p.split_once('=') {
-                        Some((k, _))
+                        // The value ends at a `:` too (a signature or token has none), so that
+                        // "URL?sig=SECRET: what went wrong" keeps its separator.
+                        Some((k, v))
                             if SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str()) =>
                         {
-                            format!("{k}=***")
+                            format!("{k}=***{}", v.find(':').map_or("", |i| &v[i..]))
                         }
                         _ => p.to_string(),
                     })
@@ -462,6 +464,10 @@ mod tests {
             (
                 "two: http://a:PASSWORD@h/x and http://b@h/y?token=PASSWORD",
                 "two: http://***@h/x and http://***@h/y?token=***",
+            ),
+            (
+                "s3://b/p?X-Amz-Signature=PASSWORD: nothing is stored",
+                "s3://b/p?X-Amz-Signature=***: nothing is stored",
             ),
             ("no url: a@b and ?sig=1", "no url: a@b and ?sig=1"),
             ("http://host/path@v2/x", "http://host/path@v2/x"),

@@ -71,6 +71,7 @@ pub fn size_label(b: u64) -> String {
 }
 
 /// Bytes for people: `1.31 GiB`, `69.8 MiB`, `512 KiB`, `42 B` (three significant digits).
+#[cfg_attr(not(feature = "remote"), allow(dead_code))] // the node cache's commands
 pub fn bytes_human(b: u64) -> String {
     for (unit, s) in [
         (1u64 << 40, "TiB"),

@@ -454,12 +454,21 @@ impl Drop for CacheFs {
 
 /// Unmounts whatever a killed soak left mounted at `at`.
 pub fn unmount_leftover(at: &Path) {
-    let at = at.join("remote/cachefs");
-    let mounted = std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
-        m.lines()
-            .any(|l| l.split(' ').nth(1) == Some(at.to_string_lossy().as_ref()))
-    });
-    if mounted {
+    // /proc/self/mounts names mount points by absolute path.
+    let Ok(at) = std::path::absolute(at.join("remote/cachefs")) else {
+        return;
+    };
+    let mounted = |at: &Path| {
+        std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
+            m.lines()
+                .any(|l| l.split(' ').nth(1) == Some(at.to_string_lossy().as_ref()))
+        })
+    };
+    // Mounts stacked by several killed soaks: every one.
+    for _ in 0..8 {
+        if !mounted(&at) {
+            break;
+        }
         let _ = Command::new("umount").arg("-l").arg(&at).status();
     }
 }

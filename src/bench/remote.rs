@@ -304,7 +304,15 @@ pub fn run(spec: &RemoteSpec) -> Result<RemoteReport> {
     let extent = spec.opts.cache_extent;
     let node = NodeCache::open(&dir, spec.opts.cache_limit, extent)?;
     if spec.fresh {
-        node.drop_all()?;
+        // Said: a cold first epoch costs whatever else the cache held.
+        let freed = node.drop_all()?;
+        if freed > 0 {
+            crate::util::notice(&format!(
+                "emptied the node cache at {} ({}) for a cold first epoch (--keep-cache keeps it)",
+                dir.display(),
+                crate::util::bytes_human(freed)
+            ));
+        }
     }
     let urls: Vec<std::path::PathBuf> = spec.urls.iter().map(Into::into).collect();
     // One dataset per rank, as separate processes would each open it; the first's open is

@@ -363,8 +363,11 @@ fn flush_at_exit_registered() {
 pub enum OpenMode {
     /// Make a cache there if it is missing or empty.
     Create,
-    /// Only open a cache that exists (`None` otherwise): read-only commands and `drop`.
+    /// Only open a cache that exists (`None` otherwise): read-only commands.
     Existing,
+    /// As `Existing`, and a cache whose usage header is damaged is emptied and made anew:
+    /// `cache drop`.
+    Drop,
 }
 
 /// Every cache opened in this process, by directory: ranks that are threads of one process
@@ -465,7 +468,7 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
                 ),
             ));
         }
-        if mode == OpenMode::Existing {
+        if mode != OpenMode::Create {
             return Ok(None);
         }
         // Made whole under another name, then renamed into place unless another opener's was
@@ -629,7 +632,7 @@ impl NodeCache {
             )));
         }
         if !dir.exists() {
-            if mode == OpenMode::Existing {
+            if mode != OpenMode::Create {
                 return Ok(None);
             }
             if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -661,20 +664,52 @@ impl NodeCache {
         };
         let path = dir.join("usage");
         let usage = SharedMap::new(f.as_fd(), HEADER_BYTES).map_err(io_err("cannot map", &path))?;
-        let own_extent = usage.u64_at(U_EXTENT).load(Ordering::Acquire);
-        let extent = if (EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&own_extent)
-            && own_extent.is_multiple_of(4096)
-        {
-            own_extent
-        } else {
+        let valid =
+            |e: u64| (EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&e) && e.is_multiple_of(4096);
+        let own = usage.u64_at(U_EXTENT).load(Ordering::Acquire);
+        if !valid(own) && mode == OpenMode::Existing {
+            // A read-only command changes nothing: it says so, and what mends it.
             return Err(invalid(format!(
-                "the node cache's usage file says its extents are {own_extent} bytes, which no \
+                "the node cache's usage file says its extents are {own} bytes, which no \
                  gpufeed makes: the file is damaged (`gpufeed cache drop --cache-dir {}` empties \
-                 the cache)",
+                 the cache, as opening a dataset through it does)",
                 dir.display()
             ))
             .with_path(path));
-        };
+        }
+        if !valid(own) {
+            // The marker is ours but the header is damaged: what the cache holds cannot be
+            // read by extent, so it is emptied (under the header's lock, as a layout-1 cache
+            // is) and made anew with the extent asked for. (Before, the error sent the user to
+            // `cache drop`, which failed on the same header.)
+            ofd_lock(f.as_fd(), 0, 1, true).map_err(io_err("cannot lock", &path))?;
+            let r = (|| -> Result<()> {
+                let own = usage.u64_at(U_EXTENT).load(Ordering::Acquire);
+                if !valid(own) {
+                    tree.remove_all("data")?;
+                    tree.remove_all("state")?;
+                    tree.remove_all("index")?;
+                    for o in [
+                        U_USED, U_GETS, U_FETCHED, U_DIRECT, U_WRITTEN, U_WAITS, U_LIMIT, U_DAMAGED,
+                    ] {
+                        usage.u64_at(o).store(0, Ordering::Release);
+                    }
+                    usage
+                        .u64_at(U_EXTENT)
+                        .store(extent_bytes, Ordering::Release);
+                    f.sync_all().map_err(io_err("cannot sync", &path))?;
+                    crate::util::notice(&format!(
+                        "the node cache at {} had a damaged usage file (extents of {own} bytes, \
+                         which no gpufeed makes): emptied, to be filled again",
+                        dir.display()
+                    ));
+                }
+                Ok(())
+            })();
+            let _ = ofd_lock(f.as_fd(), 0, 1, false);
+            r?;
+        }
+        let extent = usage.u64_at(U_EXTENT).load(Ordering::Acquire);
         if extent != extent_bytes {
             extent_notice(&dir, extent, extent_bytes);
         }
@@ -752,10 +787,19 @@ impl NodeCache {
     /// A page-aligned buffer for an extent of `n` bytes (≤ the extent size), from the pool.
     fn extent_buf(self: &Arc<Self>, n: usize) -> Result<ExtentBuf> {
         debug_assert!(n as u64 <= self.extent_bytes);
-        let pooled = self.bufs.lock().unpoisoned().pop();
+        // A whole extent's buffer comes from the pool (and goes back to it); a shorter one (an
+        // object's last extent, a small object's only one) is sized to its bytes: a mapping's
+        // pages are all touched when it is made, and the budget of retained extents counts
+        // `n`, so 8 MiB buffers for 10 KiB objects held 8 MiB each (4 GB for 500 small tars).
+        let full = n as u64 == self.extent_bytes;
+        let pooled = if full {
+            self.bufs.lock().unpoisoned().pop()
+        } else {
+            None
+        };
         let map = match pooled {
             Some(m) => m,
-            None => crate::sys::Mapping::new(self.extent_bytes as usize, 4096, false)
+            None => crate::sys::Mapping::new(n.max(1), 4096, false)
                 .map_err(|e| Error::io("cannot allocate an extent buffer", e))?,
         };
         Ok(ExtentBuf {
@@ -1125,9 +1169,33 @@ impl NodeCache {
         setup().map_err(ioe)
     }
 
-    /// Empties the cache: every object's files and the counters. Run it with no loader using the
-    /// cache (`gpufeed cache drop`).
+    /// Empties the cache: every object's files and the counters (`gpufeed cache drop`, and
+    /// `gpufeed bench remote` before a cold epoch). Refused while another process has the cache
+    /// open (its in-use lock): emptying it under a loader made that loader fail on vanished
+    /// files and took every other dataset's cached bytes. Threads of this process that use it
+    /// are the caller's to stop.
     pub fn drop_all(&self) -> Result<u64> {
+        let path = self.dir.join("usage");
+        let fd = self._usage_file.as_fd();
+        // This open's shared lock, made exclusive if no other open holds one (then made shared
+        // again, below): nobody can start using the cache meanwhile either.
+        if !ofd_try_lock(fd, IN_USE_BYTE, 1, false).map_err(io_err("cannot lock", &path))? {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "the node cache at {} is in use by another process (a loader, `gpufeed \
+                     verify`, a benchmark…): it is emptied only when no other process has it \
+                     open (for a benchmark, --keep-cache, or another --cache-dir)",
+                    self.dir.display()
+                ),
+            ));
+        }
+        let r = self.drop_all_locked();
+        ofd_try_lock(fd, IN_USE_BYTE, 1, true).map_err(io_err("cannot lock", &path))?;
+        r
+    }
+
+    fn drop_all_locked(&self) -> Result<u64> {
         let held = self.counters().cached_bytes;
         // Only the cache's own entries, without following a link (one is removed itself).
         self.tree.remove_all("data")?;

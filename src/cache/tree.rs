@@ -73,6 +73,22 @@ impl Tree {
         let st = fstat(&root).map_err(|e| {
             Error::io("cannot stat the cache directory", e.into()).with_path(path.to_path_buf())
         })?;
+        // Writable by every user (a 1777 scratch directory): anyone on the node could make the
+        // directories below it and put there what the cache then serves (the trial did, with
+        // a kept index). A cache is private, or shared with a group through a set-group-ID root.
+        if st.st_mode & libc::S_IWOTH != 0 {
+            return Err(Error::new(
+                crate::error::ErrorKind::PermissionDenied,
+                format!(
+                    "{} is writable by every user (mode {:o}): another user could change what a \
+                     node cache there serves; use a directory of your own (the default, \
+                     ~/.cache/gpufeed/objects, is 0700), or one shared with a group: mkdir -m \
+                     2770 DIR && chgrp GROUP DIR",
+                    path.display(),
+                    st.st_mode & 0o7777
+                ),
+            ));
+        }
         Ok(Tree {
             root,
             path: path.to_path_buf(),

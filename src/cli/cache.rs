@@ -172,7 +172,7 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
                 &dir,
                 None,
                 crate::cache::node::EXTENT_BYTES_DEFAULT,
-                crate::cache::node::OpenMode::Existing,
+                crate::cache::node::OpenMode::Drop,
             )? {
                 Some(cache) => cache.drop_all()?,
                 None => 0,

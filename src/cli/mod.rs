@@ -45,8 +45,16 @@ static WROTE_OUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 fn write_out(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
     WROTE_OUT.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Every line of output, text or JSON, without the secrets a URL given on the command line
+    // may carry (a signed URL's signature, `user:password@`): errors were redacted, and the
+    // URLs that inspect, verify, cache status and bench print were not.
+    let line = args.to_string();
+    let line = crate::error::redact(&line);
     let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+    if let Err(e) = out
+        .write_all(line.as_bytes())
+        .and_then(|()| out.write_all(b"\n"))
+    {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }

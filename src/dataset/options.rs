@@ -145,7 +145,8 @@ pub const DATASET_OPTIONS: &[OptionDoc] = &[
         flag: "cache-extent",
         default: "8M",
         help: "remote datasets: the unit fetched with one GET and cached (64K to 256M, a \
-               multiple of 4K); fixed per object once cached (a different size refetches it)",
+               multiple of 4K); a cache keeps the size it was made with (another one asked \
+               for is said and not used)",
         boolean: false,
     },
 ];

@@ -297,6 +297,16 @@ impl Store {
                 (Arc::new(store), url_path(&url, parsed.path())?)
             }
             "http" | "https" => {
+                // reqwest refuses to build a request from such a URL ("builder error"), which
+                // was retried for two minutes; the store has no way to send them either.
+                if !parsed.username().is_empty() || parsed.password().is_some() {
+                    return Err(invalid(format!(
+                        "{url}: credentials in an http(s) URL (user:password@) are not sent: a \
+                         plain http(s) store must be readable without them; for an S3 store \
+                         use s3://BUCKET/PREFIX with the keys in AWS_ACCESS_KEY_ID and \
+                         AWS_SECRET_ACCESS_KEY (or a profile) and AWS_ENDPOINT_URL"
+                    )));
+                }
                 let (store, path) =
                     object_store::parse_url(&parsed).map_err(|e| store_error(&url, e))?;
                 (Arc::from(store), path)
@@ -671,6 +681,11 @@ fn classify(e: &object_store::Error) -> Failure {
         {
             return Failure::Permanent(kind, e.to_string());
         }
+    }
+    // A request that could not even be made (reqwest's "builder error": a URL it will not
+    // send) fails the same way every time.
+    if text.contains("builder error") {
+        return Failure::Permanent(ErrorKind::InvalidInput, e.to_string());
     }
     if connect {
         let why = if refused {

@@ -41,6 +41,20 @@ fn len_of(i: usize) -> usize {
     200 + (i * 7919) % 30_000
 }
 
+/// `src`'s files as a tar written by GNU tar (an independent writer), sorted by name.
+fn gnu_tar(src: &Path, tar: &Path) -> Vec<u8> {
+    let ok = Command::new("tar")
+        .args(["--sort=name", "-cf"])
+        .arg(tar)
+        .arg("-C")
+        .arg(src)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    std::fs::read(tar).unwrap()
+}
+
 /// Uploads samples `ids` under `s3://gpufeed/PREFIX/` as `format` objects named `names` (one per
 /// object, the samples dealt out in turn).
 fn upload(prefix: &str, format: &str, names: &[&str], ids: std::ops::Range<usize>) {
@@ -67,17 +81,7 @@ fn upload(prefix: &str, format: &str, names: &[&str], ids: std::ops::Range<usize
                     std::fs::write(src.join(format!("{i:06}.jpg")), payload(i, len_of(i))).unwrap();
                     std::fs::write(src.join(format!("{i:06}.cls")), b"1\n").unwrap();
                 }
-                let tar = dir.path().join("s.tar");
-                let ok = Command::new("tar")
-                    .args(["--sort=name", "-cf"])
-                    .arg(&tar)
-                    .arg("-C")
-                    .arg(&src)
-                    .arg(".")
-                    .status()
-                    .unwrap();
-                assert!(ok.success());
-                std::fs::read(&tar).unwrap()
+                gnu_tar(&src, &dir.path().join("s.tar"))
             }
             "tfrecord" => mine
                 .iter()
@@ -106,6 +110,8 @@ struct Report {
     open_gets: u64,
     open_fetched: u64,
     dataset_bytes: u64,
+    /// The child's peak resident memory (KiB).
+    hwm_kib: u64,
 }
 
 /// The spec a child reads.
@@ -116,6 +122,9 @@ struct Spec {
     extent: u64,
     limit: Option<u64>,
     raw: bool,
+    /// Milliseconds to hold the open dataset (saying `HOSTILE-OPENED`) before reading.
+    #[serde(default)]
+    hold_ms: u64,
 }
 
 fn s3_env(c: &mut Command) -> &mut Command {
@@ -177,6 +186,14 @@ fn child_epoch() {
     let mut dataset_bytes = 0;
     let mut run = || -> gpufeed::Result<Arc<Dataset>> {
         let ds = Arc::new(Dataset::open_with(&spec.url, &opts)?);
+        if spec.hold_ms > 0 {
+            // What the open fetched published, then said, then held.
+            gpufeed::dataset::cache_status(&ds)?;
+            println!("HOSTILE-OPENED");
+            use std::io::Write;
+            std::io::stdout().flush().ok();
+            std::thread::sleep(Duration::from_millis(spec.hold_ms));
+        }
         let st = gpufeed::dataset::cache_status(&ds)?;
         at_open = st.counters;
         dataset_bytes = st.dataset_bytes;
@@ -215,6 +232,11 @@ fn child_epoch() {
         "open_gets": at_open.gets,
         "open_fetched": at_open.fetched_bytes,
         "dataset_bytes": dataset_bytes,
+        "hwm_kib": std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmHWM:").map(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())))
+            .flatten()
+            .unwrap_or(0),
     });
     println!("HOSTILE-REPORT {report}");
 }
@@ -226,6 +248,7 @@ fn spec(url: &str, cache: &Path, extent: u64) -> Spec {
         extent,
         limit: None,
         raw: url.contains("tfrecord"),
+        hold_ms: 0,
     }
 }
 
@@ -463,6 +486,20 @@ fn cache_files_are_private_unless_the_root_is_shared() {
         let want = if p.is_dir() { 0o2770 } else { 0o660 };
         assert_eq!(m, want, "{} is {m:o}", p.display());
     }
+    // A root every user may write (a 1777 scratch directory) is refused, naming it: anyone
+    // could plant there what the cache serves (before: used, and the trial's other user swapped
+    // in index files of her own).
+    let open = base.path().join("world");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let (r, _) = child(&spec("s3://gpufeed/h-modes", &open, 64 << 10));
+    let e = r.error.expect("a world-writable cache root was used");
+    assert!(e.contains("writable by every user"), "{e}");
+    assert_eq!(
+        std::fs::read_dir(&open).unwrap().count(),
+        0,
+        "something was made there"
+    );
 }
 
 #[test]
@@ -542,6 +579,152 @@ fn a_flipped_byte_in_a_cached_extent_is_fetched_again_in_every_format() {
         assert_eq!(r.damaged_extents, 2, "{format}: {err}");
         assert_eq!(r.gets, gets, "{format}: fetched again after the repair");
     }
+}
+
+#[test]
+fn many_small_objects_cost_their_bytes_not_an_extent_each() {
+    if !shared_server() {
+        return;
+    }
+    // 300 one-sample tars of ~2 KiB, read with 8 MiB extents: each object's only extent is
+    // its 2 KiB (before: an 8 MiB buffer each, every page touched — the child's peak was
+    // 2.9 GB for 300 objects, 533 MiB after).
+    let names: Vec<String> = (0..300).map(|k| format!("s-{k:04}.tar")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let store = Store::open("s3://gpufeed/h-many").unwrap();
+    let dir = disk_dir();
+    for (k, name) in refs.iter().enumerate() {
+        let src = dir.path().join(format!("m{k}"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join(format!("{k:06}.jpg")), payload(k, 2000)).unwrap();
+        store
+            .put(name, gnu_tar(&src, &dir.path().join("m.tar")))
+            .unwrap();
+    }
+    let cache = disk_dir();
+    let (r, err) = child(&spec("s3://gpufeed/h-many", cache.path(), 8 << 20));
+    exactly_once(&r, 0..300, "300 small tars");
+    // The loader's own arena (4 slots of at least 128 MiB, pre-faulted) is most of the peak;
+    // 300 extents of 8 MiB on top would be 2.4 GB more.
+    assert!(
+        r.hwm_kib < 800 << 10,
+        "peak memory {} MiB for 300 objects of 2 KiB: {err}",
+        r.hwm_kib >> 10
+    );
+}
+
+#[test]
+fn a_cache_in_use_is_not_emptied_under_its_reader() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-inuse", "gpf", &["a.gpf", "b.gpf"], 0..40);
+    let cache = disk_dir();
+    let url = "s3://gpufeed/h-inuse";
+    // Another process opens the dataset through the cache and holds it for 4 s before reading.
+    let mut sp = spec(url, cache.path(), 64 << 10);
+    sp.hold_ms = 4000;
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "cache_hostile::child_epoch",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("GPUFEED_HOSTILE_CHILD", serde_json::to_string(&sp).unwrap())
+    .stdout(std::process::Stdio::piped());
+    let mut reader = s3_env(&mut c).spawn().unwrap();
+    let mut out = std::io::BufReader::new(reader.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("HOSTILE-OPENED") {
+        line.clear();
+        use std::io::BufRead;
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the reader ended first"
+        );
+    }
+    let before = snapshot(cache.path());
+    // Its cache is not emptied by `cache drop`, nor by `bench remote` (which empties the cache
+    // for a cold epoch unless --keep-cache): both refused, nothing changed (before: the
+    // reader's files vanished under it — 1,116 samples failed in the trial).
+    for args in [
+        vec!["cache", "drop"],
+        vec!["bench", "remote", url, "--epochs", "1"],
+    ] {
+        let o = s3_env(
+            Command::new(gpufeed_bin())
+                .args(&args)
+                .arg("--cache-dir")
+                .arg(cache.path()),
+        )
+        .output()
+        .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} emptied a cache in use");
+        assert!(err.contains("in use by another process"), "{args:?}: {err}");
+        assert_eq!(snapshot(cache.path()), before, "{args:?} changed the cache");
+    }
+    // The reader's epoch is whole.
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(reader.wait().unwrap().success());
+    let report = rest
+        .lines()
+        .find_map(|l| l.split_once("HOSTILE-REPORT ").map(|(_, r)| r))
+        .unwrap();
+    exactly_once(&serde_json::from_str(report).unwrap(), 0..40, "the reader");
+    // Once it has exited, the same command empties the cache and says what it freed.
+    let o = gpufeed_ok(cache.path(), &["cache", "drop"]);
+    assert!(
+        String::from_utf8_lossy(&o).contains("freed"),
+        "{}",
+        String::from_utf8_lossy(&o)
+    );
+}
+
+#[test]
+fn a_damaged_usage_header_is_said_by_status_and_mended_by_drop_and_by_a_loader() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-usage", "gpf", &["a.gpf"], 0..20);
+    let cache = disk_dir();
+    let url = "s3://gpufeed/h-usage";
+    let sp = spec(url, cache.path(), 64 << 10);
+    exactly_once(&child(&sp).0, 0..20, "cold");
+    // Three bytes of the extent size flipped (the marker intact).
+    let damage = || {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(cache.path().join("usage"))
+            .unwrap();
+        f.write_all_at(&[0x5a, 0x5a, 0x5a], 9).unwrap();
+    };
+    damage();
+    // Status changes nothing and names the way out; that way out works (before: `cache drop`
+    // failed on the same header, and only `rm -r` helped).
+    let before = snapshot(cache.path());
+    let o = s3_env(
+        Command::new(gpufeed_bin())
+            .args(["cache", "status", url, "--cache-dir"])
+            .arg(cache.path()),
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("cache drop"), "{err}");
+    assert_eq!(snapshot(cache.path()), before, "status changed the cache");
+    gpufeed_ok(cache.path(), &["cache", "drop"]);
+    exactly_once(&child(&sp).0, 0..20, "after drop");
+    // A loader mends it too, saying so.
+    damage();
+    let (r, err) = child(&sp);
+    exactly_once(&r, 0..20, "after the damage, through a loader");
+    assert!(err.contains("damaged usage file"), "{err}");
 }
 
 #[test]
@@ -697,8 +880,17 @@ fn permanent_errors_fail_fast_and_say_what_is_wrong() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
-    let cases: [(&str, Option<String>, &[&str]); 3] = [
+    let with_password = format!(
+        "{}/gpufeed/x",
+        ENDPOINT
+            .get()
+            .unwrap()
+            .replace("http://", "http://alice:PASSWORD@")
+    );
+    let cases: [(&str, Option<String>, &[&str]); 4] = [
         ("s3://no-such-bucket-37/x", None, &["does not exist"]),
+        // (before: "builder error", retried for 118 s)
+        (&with_password, None, &["credentials in an http(s) URL"]),
         (
             "s3://gpufeed/x",
             Some(format!("http://127.0.0.1:{port}")),
@@ -731,15 +923,38 @@ fn permanent_errors_fail_fast_and_say_what_is_wrong() {
             assert!(err.contains(w), "{url}: {err}");
         }
         assert!(!err.contains("format="), "{url}: {err}");
+        assert!(!err.contains("PASSWORD"), "{url}: {err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("PASSWORD"));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("{url}: --json error is not JSON ({e}): {:?}", out.stdout));
         assert!(
-            v["error"]
-                .as_str()
-                .unwrap()
-                .contains(url.split('/').nth(2).unwrap()),
+            v["error"].as_str().unwrap().contains(
+                url.split('/')
+                    .nth(2)
+                    .unwrap()
+                    .split('@')
+                    .next_back()
+                    .unwrap()
+            ),
             "{v}"
         );
+    }
+    // A signed URL's signature is not printed in what succeeds either: inspect's and verify's
+    // text and JSON (before: in the header line and the JSON "path").
+    upload("h-signed", "gpf", &["a.gpf"], 0..5);
+    let signed = "s3://gpufeed/h-signed?X-Amz-Signature=PASSWORD&x-id=1";
+    for args in [
+        vec!["inspect", signed],
+        vec!["inspect", signed, "--json"],
+        vec!["verify", signed],
+        vec!["verify", signed, "--json"],
+    ] {
+        let out = String::from_utf8_lossy(&gpufeed_ok(cache.path(), &args)).into_owned();
+        assert!(
+            args[0] != "inspect" || out.contains("h-signed?X-Amz-Signature=***"),
+            "{args:?}: {out}"
+        );
+        assert!(!out.contains("PASSWORD"), "{args:?}: {out}");
     }
 }
 
@@ -764,17 +979,9 @@ fn a_webdataset_opens_at_the_cost_of_its_index() {
             std::fs::write(src.join(format!("{i:06}.jpg")), payload(i, big(i + salt))).unwrap();
             std::fs::write(src.join(format!("{i:06}.cls")), format!("{}\n", i % 10)).unwrap();
         }
-        let tar = dir.path().join("s.tar");
-        assert!(Command::new("tar")
-            .args(["--sort=name", "-cf"])
-            .arg(&tar)
-            .arg("-C")
-            .arg(&src)
-            .arg(".")
-            .status()
-            .unwrap()
-            .success());
-        store.put(name, std::fs::read(&tar).unwrap()).unwrap();
+        store
+            .put(name, gnu_tar(&src, &dir.path().join("s.tar")))
+            .unwrap();
     };
     for (k, t) in tars.iter().enumerate() {
         let ids: Vec<usize> = (0..160).filter(|i| i % 4 == k).collect();
