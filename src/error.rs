@@ -216,6 +216,15 @@ impl Clone for Error {
     }
 }
 
+/// How an error names a file where the file stands for something else: the node cache's data
+/// files by their object's URL (set by the cache when it first registers an object).
+static PATH_NAMER: std::sync::OnceLock<fn(&Path) -> Option<String>> = std::sync::OnceLock::new();
+
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) fn set_path_namer(f: fn(&Path) -> Option<String>) {
+    let _ = PATH_NAMER.set(f);
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let i = &*self.0;
@@ -225,7 +234,10 @@ impl fmt::Display for Error {
             f.write_str(&redact(&i.message))?;
         }
         if let Some(p) = &i.path {
-            write!(f, ": {}", p.display())?;
+            match PATH_NAMER.get().and_then(|n| n(p)) {
+                Some(name) => write!(f, ": {}", redact(&name))?,
+                None => write!(f, ": {}", p.display())?,
+            }
         }
         if let Some(s) = i.sample {
             write!(f, ", sample {s}")?;

@@ -1094,6 +1094,18 @@ impl NodeCache {
         {
             return Ok(0);
         }
+        // The data file as a loader would open it: a link, FIFO or hard link there is refused
+        // here too, naming it (before, status said "100%" of a cache every read then refused).
+        let data_at: Vec<&str> = std::iter::once("data")
+            .chain(dirs.iter().map(String::as_str))
+            .collect();
+        if self
+            .tree
+            .file(&data_at, name, OFlag::O_RDONLY, false)?
+            .is_none()
+        {
+            return Ok(0);
+        }
         Ok(held_bytes(&state, self.extent_bytes).unwrap_or(0))
     }
 
@@ -1980,7 +1992,20 @@ type Registry = Mutex<HashMap<(u64, u64), Arc<CachedObject>>>;
 
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(Mutex::default)
+    REGISTRY.get_or_init(|| {
+        // Errors about a cached object's bytes (a truncated tar, a record's checksum) name
+        // its URL, not the cache file the reader saw.
+        crate::error::set_path_namer(url_of_data_file);
+        Mutex::default()
+    })
+}
+
+/// The URL of the object whose cache data file `path` is, if this process has it open.
+fn url_of_data_file(path: &Path) -> Option<String> {
+    let md = std::fs::symlink_metadata(path).ok()?;
+    // Not waited for: an error shown while the registry is being changed keeps its path.
+    let reg = registry().try_lock().ok()?;
+    reg.get(&(md.dev(), md.ino())).map(|o| o.info.url.clone())
 }
 
 /// The cached object whose data file `file` is, if any.

@@ -312,6 +312,9 @@ fn planted_links_are_refused_and_what_they_point_at_is_untouched() {
     // A link where a data file was, and one where a state directory was.
     std::fs::remove_file(obj.join("a.gpf")).unwrap();
     std::os::unix::fs::symlink(&victim, obj.join("a.gpf")).unwrap();
+    // `cache status` says so too (before: "reads 100% from it" of a cache every read refused).
+    let err = gpufeed_fails(cache.path(), &["cache", "status", url]);
+    assert!(err.contains("symbolic link"), "{err}");
     let state = cache.path().join("state/s3/gpufeed/h-link");
     std::fs::rename(&state, cache.path().join("state-moved")).unwrap();
     std::os::unix::fs::symlink(&victim_dir, &state).unwrap();
@@ -653,16 +656,7 @@ fn a_cache_in_use_is_not_emptied_under_its_reader() {
         vec!["cache", "drop"],
         vec!["bench", "remote", url, "--epochs", "1"],
     ] {
-        let o = s3_env(
-            Command::new(gpufeed_bin())
-                .args(&args)
-                .arg("--cache-dir")
-                .arg(cache.path()),
-        )
-        .output()
-        .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{args:?} emptied a cache in use");
+        let err = gpufeed_fails(cache.path(), &args);
         assert!(err.contains("in use by another process"), "{args:?}: {err}");
         assert_eq!(snapshot(cache.path()), before, "{args:?} changed the cache");
     }
@@ -708,15 +702,8 @@ fn a_damaged_usage_header_is_said_by_status_and_mended_by_drop_and_by_a_loader()
     // Status changes nothing and names the way out; that way out works (before: `cache drop`
     // failed on the same header, and only `rm -r` helped).
     let before = snapshot(cache.path());
-    let o = s3_env(
-        Command::new(gpufeed_bin())
-            .args(["cache", "status", url, "--cache-dir"])
-            .arg(cache.path()),
-    )
-    .output()
-    .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("cache drop"), "{err}");
+    let err = gpufeed_fails(cache.path(), &["cache", "status", url]);
+    assert!(err.contains("cache drop"), "{err}");
     assert_eq!(snapshot(cache.path()), before, "status changed the cache");
     gpufeed_ok(cache.path(), &["cache", "drop"]);
     exactly_once(&child(&sp).0, 0..20, "after drop");
@@ -725,6 +712,33 @@ fn a_damaged_usage_header_is_said_by_status_and_mended_by_drop_and_by_a_loader()
     let (r, err) = child(&sp);
     exactly_once(&r, 0..20, "after the damage, through a loader");
     assert!(err.contains("damaged usage file"), "{err}");
+}
+
+#[test]
+fn a_damaged_object_is_named_by_its_url_not_its_cache_file() {
+    if !shared_server() {
+        return;
+    }
+    let dir = disk_dir();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..3 {
+        std::fs::write(src.join(format!("{i:06}.jpg")), payload(i, 5000)).unwrap();
+    }
+    let mut tar = gnu_tar(&src, &dir.path().join("t.tar"));
+    tar.truncate(9000);
+    Store::open("s3://gpufeed/h-trunc")
+        .unwrap()
+        .put("bad.tar", tar)
+        .unwrap();
+    let cache = disk_dir();
+    let all = gpufeed_fails(cache.path(), &["verify", "s3://gpufeed/h-trunc"]);
+    // (before: "the tar is truncated: CACHE/data/s3/gpufeed/h-trunc/bad.tar")
+    assert!(
+        all.contains("truncated: s3://gpufeed/h-trunc/bad.tar"),
+        "{all}"
+    );
+    assert!(!all.contains("/data/s3/"), "{all}");
 }
 
 #[test]
@@ -802,22 +816,38 @@ fn read_only_commands_change_nothing_and_a_cache_keeps_its_extent() {
     assert!(err.contains("keeps them"), "{err}");
 }
 
-/// Runs `gpufeed ARGS --cache-dir CACHE` against the server, which must succeed: its stdout.
-fn gpufeed_ok(cache: &Path, args: &[&str]) -> Vec<u8> {
-    let out = s3_env(
+/// `gpufeed ARGS --cache-dir CACHE` run against the server.
+fn gpufeed_run(cache: &Path, args: &[&str]) -> std::process::Output {
+    s3_env(
         Command::new(gpufeed_bin())
             .args(args)
             .arg("--cache-dir")
             .arg(cache),
     )
     .output()
-    .unwrap();
+    .unwrap()
+}
+
+/// Runs `gpufeed ARGS --cache-dir CACHE` against the server, which must succeed: its stdout.
+fn gpufeed_ok(cache: &Path, args: &[&str]) -> Vec<u8> {
+    let out = gpufeed_run(cache, args);
     assert!(
         out.status.success(),
         "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout
+}
+
+/// Runs `gpufeed ARGS --cache-dir CACHE`, which must fail: its stderr, then its stdout.
+fn gpufeed_fails(cache: &Path, args: &[&str]) -> String {
+    let out = gpufeed_run(cache, args);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    )
 }
 
 /// A `gpufeed` command with `--json` over the cache `cache` (64K extents), which must succeed:
