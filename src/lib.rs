@@ -175,6 +175,12 @@ pub mod testing {
     pub mod sim {
         pub use crate::io::sim::*;
     }
+    /// A real S3 server on loopback (SeaweedFS's `weed mini`) for the remote tests and the
+    /// soak (features `sim` and `remote`).
+    #[cfg(all(feature = "remote", any(test, feature = "sim")))]
+    pub mod s3 {
+        pub use crate::remote::weed::*;
+    }
     /// The CUDA driver API as gpufeed wraps it.
     pub mod cuda {
         pub use crate::gpu::cuda::*;

@@ -307,42 +307,33 @@ unsafe impl Sync for SharedMap {}
 impl SharedMap {
     /// Maps `len` (> 0) bytes of `fd` from offset 0.
     pub fn new(fd: BorrowedFd<'_>, len: usize) -> io::Result<SharedMap> {
-        assert!(len > 0);
-        // SAFETY: a new shared mapping of a file we hold open; no fixed address, so nothing
-        // existing is replaced. The file is at least `len` bytes long (the caller's contract), so
-        // no access within `len` faults.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(SharedMap {
-            ptr: raw.cast(),
-            len,
-        })
+        // The file is at least `len` bytes long (the caller's contract), so no access within
+        // `len` faults.
+        Self::map(Some(fd), len)
     }
 
     /// `len` (> 0) bytes of anonymous memory shared by this process's threads only, in the
     /// shape of a file's mapping: where a file cannot back one (a full disk), state lives here.
     pub fn anonymous(len: usize) -> io::Result<SharedMap> {
+        // Zero-filled and backed by memory rather than a file: no access within `len` faults.
+        Self::map(None, len)
+    }
+
+    fn map(fd: Option<BorrowedFd<'_>>, len: usize) -> io::Result<SharedMap> {
         assert!(len > 0);
-        // SAFETY: a new anonymous mapping at no fixed address; zero-filled, and backed by memory
-        // rather than a file, so no access within `len` faults.
+        let (flags, raw_fd) = match fd {
+            Some(fd) => (libc::MAP_SHARED, fd.as_raw_fd()),
+            None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
+        };
+        // SAFETY: a new shared mapping, of a file we hold open or of anonymous memory, at no
+        // fixed address, so nothing existing is replaced.
         let raw = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
+                flags,
+                raw_fd,
                 0,
             )
         };

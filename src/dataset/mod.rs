@@ -1036,6 +1036,16 @@ pub(crate) struct SourceFile {
     remote: Option<Arc<crate::cache::CachedObject>>,
 }
 
+/// A remote read of `want` bytes as an exact one: an error for too few.
+#[cfg(feature = "remote")]
+fn whole(got: crate::error::Result<usize>, want: usize) -> std::io::Result<()> {
+    let n = got.map_err(|e| std::io::Error::other(e.report()))?;
+    if n < want {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
 impl SourceFile {
     pub fn open(path: &Path) -> std::io::Result<SourceFile> {
         let file = std::fs::File::open(path)?;
@@ -1065,13 +1075,7 @@ impl SourceFile {
     pub fn peek_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         #[cfg(feature = "remote")]
         if let Some(obj) = &self.remote {
-            let n = obj
-                .peek_at(buf, offset)
-                .map_err(|e| std::io::Error::other(e.report()))?;
-            if n < buf.len() {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            return Ok(());
+            return whole(obj.peek_at(buf, offset), buf.len());
         }
         self.read_exact_at(buf, offset)
     }
@@ -1080,13 +1084,7 @@ impl SourceFile {
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         #[cfg(feature = "remote")]
         if let Some(obj) = &self.remote {
-            let n = obj
-                .read_at(buf, offset)
-                .map_err(|e| std::io::Error::other(e.report()))?;
-            if n < buf.len() {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            return Ok(());
+            return whole(obj.read_at(buf, offset), buf.len());
         }
         std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
     }

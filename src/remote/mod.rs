@@ -700,6 +700,10 @@ fn classify(e: &object_store::Error) -> Failure {
     Failure::Transient
 }
 
+/// A SeaweedFS server for the tests, the soak and the benchmarks (`gpufeed::testing::s3`).
+#[cfg(any(test, feature = "sim"))]
+pub(crate) mod weed;
+
 #[cfg(test)]
 mod tests {
     use super::*;

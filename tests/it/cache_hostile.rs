@@ -348,18 +348,7 @@ fn a_directory_that_is_not_a_cache_is_refused_and_left_as_it_was() {
     std::fs::create_dir_all(dir.path().join("state")).unwrap();
     std::fs::write(dir.path().join("notes.txt"), b"notes").unwrap();
     let before = snapshot(dir.path());
-    let out = s3_env(
-        Command::new(gpufeed_bin())
-            .args(["cache", "drop", "--cache-dir"])
-            .arg(dir.path()),
-    )
-    .output()
-    .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "drop emptied a directory that is not a cache"
-    );
+    let err = gpufeed_fails(dir.path(), &["cache", "drop"]);
     assert!(
         err.contains("not a gpufeed node cache") && err.contains("notes.txt"),
         "{err}"
@@ -373,14 +362,7 @@ fn a_directory_that_is_not_a_cache_is_refused_and_left_as_it_was() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("not a gpufeed node cache"), "{e}");
-    let out = s3_env(
-        Command::new(gpufeed_bin())
-            .args(["cache", "status", "s3://gpufeed/h-foreign", "--cache-dir"])
-            .arg(dir.path()),
-    )
-    .output()
-    .unwrap();
-    assert!(!out.status.success());
+    gpufeed_fails(dir.path(), &["cache", "status", "s3://gpufeed/h-foreign"]);
     assert_eq!(
         snapshot(dir.path()),
         before,
@@ -392,16 +374,7 @@ fn a_directory_that_is_not_a_cache_is_refused_and_left_as_it_was() {
     exactly_once(&r, 0..10, "an empty directory as the cache");
     assert!(empty.path().join("usage").is_file());
     let missing = empty.path().join("not-there");
-    let out = Command::new(gpufeed_bin())
-        .args(["cache", "drop", "--cache-dir"])
-        .arg(&missing)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    gpufeed_ok(&missing, &["cache", "drop"]);
     assert!(!missing.exists(), "drop made a directory");
 }
 
@@ -451,21 +424,21 @@ fn keys_that_collided_and_odd_keys_each_read_their_own_bytes() {
     }
 }
 
+/// Every directory below `root` has mode `dirs` and every file `files`.
+fn modes_are(root: &Path, dirs: u32, files: u32) {
+    for p in snapshot(root).into_keys() {
+        let m = std::fs::symlink_metadata(&p).unwrap().permissions().mode() & 0o7777;
+        let want = if p.is_dir() { dirs } else { files };
+        assert_eq!(m, want, "{} is {m:o}", p.display());
+    }
+}
+
 #[test]
 fn cache_files_are_private_unless_the_root_is_shared() {
     if !shared_server() {
         return;
     }
     upload("h-modes", "gpf", &["a.gpf"], 0..20);
-    let modes = |root: &Path| -> Vec<(PathBuf, u32)> {
-        snapshot(root)
-            .into_keys()
-            .map(|p| {
-                let m = std::fs::symlink_metadata(&p).unwrap().permissions().mode();
-                (p, m & 0o7777)
-            })
-            .collect()
-    };
     // Made by gpufeed: 0700 and 0600.
     let base = disk_dir();
     let root = base.path().join("cache");
@@ -475,20 +448,14 @@ fn cache_files_are_private_unless_the_root_is_shared() {
         std::fs::metadata(&root).unwrap().permissions().mode() & 0o7777,
         0o700
     );
-    for (p, m) in modes(&root) {
-        let want = if p.is_dir() { 0o700 } else { 0o600 };
-        assert_eq!(m, want, "{} is {m:o}", p.display());
-    }
+    modes_are(&root, 0o700, 0o600);
     // A root shared with its group (set-group-ID): 2770 and 0660 whatever the umask.
     let shared = base.path().join("shared");
     std::fs::create_dir(&shared).unwrap();
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o2770)).unwrap();
     let (r, _) = child(&spec("s3://gpufeed/h-modes", &shared, 64 << 10));
     exactly_once(&r, 0..20, "a shared cache");
-    for (p, m) in modes(&shared) {
-        let want = if p.is_dir() { 0o2770 } else { 0o660 };
-        assert_eq!(m, want, "{} is {m:o}", p.display());
-    }
+    modes_are(&shared, 0o2770, 0o660);
     // A root every user may write (a 1777 scratch directory) is refused, naming it: anyone
     // could plant there what the cache serves (before: used, and the trial's other user swapped
     // in index files of her own).

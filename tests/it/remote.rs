@@ -4,9 +4,8 @@
 //! they were skipped, unless `GPUFEED_REQUIRE_S3=1` (CI), where that is a failure.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -14,141 +13,27 @@ use gpufeed::cache::NodeCache;
 use gpufeed::dataset::shard::ShardWriter;
 use gpufeed::dataset::OpenOptions;
 use gpufeed::remote::Store;
+use gpufeed::testing::s3::{self, weed_binary, Weed};
 use gpufeed::testing::Rng;
 use gpufeed::{Dataset, Loader, Order};
 
 use crate::common::disk_dir;
 
-fn weed_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("GPUFEED_WEED") {
-        return Some(PathBuf::from(p));
-    }
-    std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join("weed"))
-            .find(|p| p.is_file())
-    })
-}
-
-/// Eleven consecutive free loopback ports (weed mini's servers), from a pid-dependent start.
-fn free_ports() -> u16 {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let mut base =
-        20000 + (std::process::id() % 2000) as u16 * 10 + NEXT.fetch_add(100, Ordering::Relaxed);
-    loop {
-        if (0..11).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return base;
-        }
-        base = if base > 60000 { 20000 } else { base + 20 };
-    }
-}
-
-/// A `weed mini` server (master, volume, filer and S3 on loopback) serving `bucket`.
-struct Weed {
-    child: Child,
-    args: Vec<String>,
-    bin: PathBuf,
-    endpoint: String,
-}
-
-impl Weed {
-    fn start(dir: &Path, bucket: &str) -> Option<Weed> {
-        let bin = weed_binary()?;
-        let b = free_ports();
-        let args: Vec<String> = vec![
-            "mini".into(),
-            format!("-dir={}", dir.display()),
-            "-ip=127.0.0.1".into(),
-            "-ip.bind=127.0.0.1".into(),
-            format!("-master.port={b}"),
-            format!("-master.port.grpc={}", b + 1),
-            format!("-volume.port={}", b + 2),
-            format!("-volume.port.grpc={}", b + 3),
-            format!("-filer.port={}", b + 4),
-            format!("-filer.port.grpc={}", b + 5),
-            format!("-s3.port={}", b + 6),
-            format!("-s3.port.grpc={}", b + 7),
-            format!("-admin.port={}", b + 8),
-            format!("-admin.port.grpc={}", b + 9),
-            format!("-metricsPort={}", b + 10),
-            "-s3.port.iceberg=0".into(),
-            "-s3.port.lance=0".into(),
-            "-admin.ui=false".into(),
-            "-webdav=false".into(),
-            format!("-bucket={bucket}"),
-        ];
-        let endpoint = format!("http://127.0.0.1:{}", b + 6);
-        let child = spawn(&bin, &args, dir);
-        gpufeed::remote::set_s3_options(
-            bucket,
-            &[
-                ("aws_endpoint", &endpoint),
-                ("aws_access_key_id", "gpufeed"),
-                ("aws_secret_access_key", "gpufeed"),
-                ("aws_region", "us-east-1"),
-            ],
-        );
-        let w = Weed {
-            child,
-            args,
-            bin,
-            endpoint,
-        };
-        w.wait_up();
-        Some(w)
-    }
-
-    fn wait_up(&self) {
-        let t0 = Instant::now();
-        let addr = self.endpoint.trim_start_matches("http://").to_string();
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "weed mini did not answer on {addr} within 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn restart(&mut self, dir: &Path) {
-        self.stop();
-        self.child = spawn(&self.bin, &self.args, dir);
-        self.wait_up();
-    }
-}
-
-impl Drop for Weed {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn spawn(bin: &Path, args: &[String], dir: &Path) -> Child {
-    use std::os::unix::process::CommandExt;
-    let log = std::fs::File::create(dir.join("weed.log")).unwrap();
-    let mut c = Command::new(bin);
-    // The server's first user (it refuses anonymous writes); the tests sign with the same keys.
-    c.env("AWS_ACCESS_KEY_ID", "gpufeed")
-        .env("AWS_SECRET_ACCESS_KEY", "gpufeed")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log);
-    // SAFETY: prctl is async-signal-safe; the server dies with the thread that started it, so
-    // a test run that is killed leaves no server behind.
-    unsafe {
-        c.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    c.spawn().expect("cannot start weed")
+/// A server over `dir` serving `bucket`, the process's S3 options pointed at it; `None`
+/// without a SeaweedFS binary.
+fn start_weed(dir: &Path, bucket: &str) -> Option<Weed> {
+    weed_binary()?;
+    let w = Weed::start(dir, bucket).unwrap_or_else(|e| panic!("{e}"));
+    gpufeed::remote::set_s3_options(
+        bucket,
+        &[
+            ("aws_endpoint", w.endpoint()),
+            ("aws_access_key_id", s3::KEY),
+            ("aws_secret_access_key", s3::KEY),
+            ("aws_region", "us-east-1"),
+        ],
+    );
+    Some(w)
 }
 
 /// The shared server's endpoint, once up.
@@ -174,9 +59,9 @@ pub(crate) fn shared_server() -> bool {
             let dir = std::env::temp_dir().join(format!("gpufeed-weed-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
-            let w = Weed::start(&dir, "gpufeed");
+            let w = start_weed(&dir, "gpufeed");
             if let Some(w) = &w {
-                let _ = ENDPOINT.set(w.endpoint.clone());
+                let _ = ENDPOINT.set(w.endpoint().to_string());
             }
             tx.send(w.is_some()).unwrap();
             // Keep the server (and this thread, its parent) alive until the process ends.
@@ -481,7 +366,7 @@ fn a_server_stopped_for_20_s_mid_epoch_costs_time_not_samples() {
         return;
     }
     let dir = disk_dir();
-    let mut weed = Weed::start(dir.path(), "outage");
+    let mut weed = start_weed(dir.path(), "outage");
     if weed.is_none() {
         return;
     }
@@ -511,14 +396,14 @@ fn a_server_stopped_for_20_s_mid_epoch_costs_time_not_samples() {
             if let Some(w) = weed.as_mut() {
                 w.stop();
             }
-            let (mut w, d) = (weed.take(), dir.path().to_path_buf());
+            let mut w = weed.take();
             let (tx, rx) = std::sync::mpsc::channel::<()>();
             // The restarted server is this thread's child and dies with it: the thread lives
             // until the epoch is over.
             let h = std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_secs(20));
                 if let Some(w) = w.as_mut() {
-                    w.restart(&d);
+                    w.restart().unwrap_or_else(|e| panic!("{e}"));
                 }
                 let _ = rx.recv();
                 w
