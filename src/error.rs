@@ -156,6 +156,16 @@ impl Error {
         self.0.path.as_deref()
     }
 
+    /// The file concerned as the error's text names it: a remote object's URL rather than the
+    /// node cache's copy of it.
+    pub fn shown_path(&self) -> Option<String> {
+        let p = self.0.path.as_deref()?;
+        Some(match PATH_NAMER.get().and_then(|n| n(p)) {
+            Some(name) => redact(&name).into_owned(),
+            None => p.display().to_string(),
+        })
+    }
+
     /// The byte offset concerned, if known.
     pub fn offset(&self) -> Option<u64> {
         self.0.offset
@@ -233,11 +243,8 @@ impl fmt::Display for Error {
         } else {
             f.write_str(&redact(&i.message))?;
         }
-        if let Some(p) = &i.path {
-            match PATH_NAMER.get().and_then(|n| n(p)) {
-                Some(name) => write!(f, ": {}", redact(&name))?,
-                None => write!(f, ": {}", p.display())?,
-            }
+        if let Some(p) = self.shown_path() {
+            write!(f, ": {p}")?;
         }
         if let Some(s) = i.sample {
             write!(f, ", sample {s}")?;

@@ -323,7 +323,8 @@ impl Progress {
     fn new(what: impl Into<String>, total: u64, unit: &'static str, scale: f64) -> Progress {
         let tty = std::io::stderr().is_terminal();
         let p = Progress {
-            what: what.into(),
+            // What the line names may be a URL given on the command line: never its secrets.
+            what: crate::error::redact(&what.into()).into_owned(),
             total,
             unit,
             scale,
@@ -355,7 +356,7 @@ impl Progress {
     ) -> Progress {
         let tty = std::io::stderr().is_terminal();
         Progress {
-            what: what.into(),
+            what: crate::error::redact(&what.into()).into_owned(),
             total,
             unit,
             scale: 1.0,

@@ -125,7 +125,7 @@ fn report_problems(ds: &crate::dataset::Dataset, json: bool) {
 fn error_json(e: &crate::error::Error) -> serde_json::Value {
     serde_json::json!({
         "error": e.report(),
-        "path": e.path().map(|p| p.display().to_string()),
+        "path": e.shown_path(),
         "sample": e.sample(),
         "offset": e.offset(),
     })

@@ -706,6 +706,13 @@ fn a_damaged_object_is_named_by_its_url_not_its_cache_file() {
         "{all}"
     );
     assert!(!all.contains("/data/s3/"), "{all}");
+    // The JSON problem's "path" too (it held the cache file).
+    let all = gpufeed_fails(cache.path(), &["verify", "s3://gpufeed/h-trunc", "--json"]);
+    assert!(
+        all.contains("\"path\":\"s3://gpufeed/h-trunc/bad.tar\""),
+        "{all}"
+    );
+    assert!(!all.contains("/data/s3/"), "{all}");
 }
 
 #[test]
@@ -945,13 +952,19 @@ fn permanent_errors_fail_fast_and_say_what_is_wrong() {
         vec!["inspect", signed, "--json"],
         vec!["verify", signed],
         vec!["verify", signed, "--json"],
+        vec!["cache", "warm", signed],
     ] {
-        let out = String::from_utf8_lossy(&gpufeed_ok(cache.path(), &args)).into_owned();
+        let run = gpufeed_run(cache.path(), &args);
+        assert!(run.status.success(), "{args:?}");
+        let out = String::from_utf8_lossy(&run.stdout).into_owned();
         assert!(
             args[0] != "inspect" || out.contains("h-signed?X-Amz-Signature=***"),
             "{args:?}: {out}"
         );
         assert!(!out.contains("PASSWORD"), "{args:?}: {out}");
+        // Nor on stderr: progress lines ("verifying URL ...", "warming URL ...") showed it.
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!err.contains("PASSWORD"), "{args:?}: {err}");
     }
 }
 
