@@ -10,6 +10,8 @@
 #define GF_DEVICE __device__ __forceinline__
 #define GF_GLOBAL extern "C" __global__
 #define GF_CONSTANT __constant__
+/* A table read at data-dependent indices: global memory (cached), not constant memory. */
+#define GF_TABLE __device__ const
 #endif
 
 typedef unsigned char gf_u8;

@@ -1,8 +1,13 @@
 /* crc32c (Castagnoli) of each sample of a read group already in device memory, so the GPU path
- * verifies checksums without the CPU reading the bytes. One thread per sample, a byte at a time
- * through a table in constant memory. The CPU twin is crc32c of the same bytes.
+ * verifies checksums without the CPU reading the bytes. The CPU twin is crc32c of the same
+ * bytes.
  *
- * Launch: grid (ceil(n / blockDim.x)), any block size. */
+ * Two launches: gf_crc32c (grid (n), block GF_CRC_LANES) — a block per sample, each thread the
+ * crc32c of its contiguous share of the sample (a lane), a byte at a time through a table in
+ * global memory (a data-indexed constant-memory table would serialise a warp); then
+ * gf_crc32c_combine (grid (ceil(n / blockDim.x)), any block) — a thread per sample joins its
+ * lanes with zlib's crc32_combine: crc(A || B) = crc(A) · x^(8·|B|) mod P  ^  crc(B). No shared
+ * memory, no synchronisation inside a launch. */
 #include "common.h"
 
 /* Where a sample is: byte offset and length in the group's buffer. 16 bytes, as gpu::kernels
@@ -13,7 +18,7 @@ struct gf_span {
     gf_u32 reserved;
 };
 
-GF_CONSTANT gf_u32 gf_crc_table[256] = {
+GF_TABLE gf_u32 gf_crc_table[256] = {
     0x00000000u, 0xf26b8303u, 0xe13b70f7u, 0x1350f3f4u, 0xc79a971fu, 0x35f1141cu,
     0x26a1e7e8u, 0xd4ca64ebu, 0x8ad958cfu, 0x78b2dbccu, 0x6be22838u, 0x9989ab3bu,
     0x4d43cfd0u, 0xbf284cd3u, 0xac78bf27u, 0x5e133c24u, 0x105ec76fu, 0xe235446cu,
@@ -59,12 +64,76 @@ GF_CONSTANT gf_u32 gf_crc_table[256] = {
     0xbe2da0a5u, 0x4c4623a6u, 0x5f16d052u, 0xad7d5351u,
 };
 
-GF_GLOBAL void gf_crc32c(const gf_u8* data, const gf_span* spans, gf_u32 n, gf_u32* out) {
-    gf_u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const gf_u8* p = data + spans[i].offset;
-    gf_u32 len = spans[i].len;
+/* Threads (lanes) per sample. */
+#define GF_CRC_LANES 128
+
+/* x^(2^k) mod P, reflected (zlib's x2n_table for the Castagnoli polynomial). */
+GF_TABLE gf_u32 gf_crc_x2n[32] = {
+    0x40000000u, 0x20000000u, 0x08000000u, 0x00800000u, 0x00008000u, 0x82f63b78u, 0x6ea2d55cu,
+    0x18b8ea18u, 0x510ac59au, 0xb82be955u, 0xb8fdb1e7u, 0x88e56f72u, 0x74c360a4u, 0xe4172b16u,
+    0x0d65762au, 0x35d73a62u, 0x28461564u, 0xbf455269u, 0xe2ea32dcu, 0xfe7740e6u, 0xf946610bu,
+    0x3c204f8fu, 0x538586e3u, 0x59726915u, 0x734d5309u, 0xbc1ac763u, 0x7d0722ccu, 0xd289cabeu,
+    0xe94ca9bcu, 0x05b74f3fu, 0xa51e1f42u, 0x40000000u,
+};
+
+/* a · b mod P (reflected). */
+GF_DEVICE gf_u32 gf_crc_mult(gf_u32 a, gf_u32 b) {
+    gf_u32 m = 0x80000000u, p = 0;
+    for (;;) {
+        if (a & m) {
+            p ^= b;
+            if ((a & (m - 1)) == 0) break;
+        }
+        m >>= 1;
+        b = (b & 1) ? (b >> 1) ^ 0x82f63b78u : b >> 1;
+    }
+    return p;
+}
+
+/* x^(8 · len) mod P: the operator that appends len zero bytes. */
+GF_DEVICE gf_u32 gf_crc_zeros(gf_u32 len) {
+    gf_u32 p = 0x80000000u; /* x^0 */
+    gf_u32 k = 3;
+    while (len) {
+        if (len & 1) p = gf_crc_mult(gf_crc_x2n[k & 31], p);
+        len >>= 1;
+        k++;
+    }
+    return p;
+}
+
+/* The bytes of lane t of a sample of `len` bytes. */
+GF_DEVICE gf_u32 gf_crc_share(gf_u32 len) { return (len + GF_CRC_LANES - 1) / GF_CRC_LANES; }
+
+GF_GLOBAL void gf_crc32c(const gf_u8* data, const gf_span* spans, gf_u32 n, gf_u32* lanes) {
+    gf_u32 s = blockIdx.x;
+    gf_u32 t = threadIdx.x;
+    if (s >= n || t >= GF_CRC_LANES) return;
+    gf_u32 len = spans[s].len;
+    gf_u32 share = gf_crc_share(len);
+    gf_u32 from = t * share < len ? t * share : len;
+    gf_u32 to = from + share < len ? from + share : len;
+    const gf_u8* p = data + spans[s].offset;
     gf_u32 crc = 0xffffffffu;
-    for (gf_u32 k = 0; k < len; k++) crc = gf_crc_table[(crc ^ p[k]) & 0xffu] ^ (crc >> 8);
-    out[i] = crc ^ 0xffffffffu;
+    for (gf_u32 k = from; k < to; k++) crc = gf_crc_table[(crc ^ p[k]) & 0xffu] ^ (crc >> 8);
+    lanes[s * GF_CRC_LANES + t] = crc ^ 0xffffffffu;
+}
+
+GF_GLOBAL void gf_crc32c_combine(const gf_span* spans, gf_u32 n, const gf_u32* lanes,
+                                 gf_u32* out) {
+    gf_u32 s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= n) return;
+    gf_u32 len = spans[s].len;
+    gf_u32 share = gf_crc_share(len);
+    gf_u32 full = gf_crc_zeros(share);
+    const gf_u32* l = lanes + s * GF_CRC_LANES;
+    gf_u32 crc = l[0];
+    for (gf_u32 t = 1; t < GF_CRC_LANES; t++) {
+        gf_u32 from = t * share;
+        if (from >= len) break;
+        gf_u32 bytes = len - from < share ? len - from : share;
+        gf_u32 op = bytes == share ? full : gf_crc_zeros(bytes);
+        crc = gf_crc_mult(op, crc) ^ l[t];
+    }
+    out[s] = crc;
 }

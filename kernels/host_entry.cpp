@@ -10,7 +10,8 @@ extern "C" void gf_host_resize(gf_u32 grid_x, gf_u32 grid_y, gf_u32 block_x, con
     gf_launch(grid_x, grid_y, block_x, gf_resize(src, samples, *e, out));
 }
 
-extern "C" void gf_host_crc32c(gf_u32 grid_x, gf_u32 block_x, const gf_u8* data,
-                               const gf_span* spans, gf_u32 n, gf_u32* out) {
-    gf_launch(grid_x, 1, block_x, gf_crc32c(data, spans, n, out));
+extern "C" void gf_host_crc32c(const gf_u8* data, const gf_span* spans, gf_u32 n,
+                               gf_u32* lanes, gf_u32* out) {
+    gf_launch(n, 1, GF_CRC_LANES, gf_crc32c(data, spans, n, lanes));
+    gf_launch((n + 63) / 64, 1, 64, gf_crc32c_combine(spans, n, lanes, out));
 }

@@ -9,6 +9,7 @@
 #define GF_DEVICE static inline
 #define GF_GLOBAL static
 #define GF_CONSTANT static const
+#define GF_TABLE static const
 
 struct gf_dim3 {
     unsigned int x, y, z;

@@ -243,6 +243,19 @@ impl Batch {
         }
     }
 
+    /// Orders the reuse of a device batch's memory after work enqueued on `stream` before the
+    /// batch is dropped, without making `stream` wait for the copy: for a consumer that
+    /// synchronises itself (DLPack's `stream=-1`). Does nothing for a host batch.
+    ///
+    /// # Safety
+    /// As for [`wait_on`](Self::wait_on).
+    pub unsafe fn release_after(&self, stream: u64) {
+        if let Memory::Device(d) = &self.mem {
+            // SAFETY: forwarded under the caller's promise.
+            unsafe { d.release_after(stream) }
+        }
+    }
+
     /// [`wait_on`](Self::wait_on) the legacy default stream (`CU_STREAM_LEGACY`), where work
     /// that names no stream runs. Does nothing for a host batch.
     pub fn wait_on_default_stream(&self) -> Result<()> {

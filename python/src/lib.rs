@@ -1972,7 +1972,10 @@ impl PyBuffer {
             Mem::Region { batch, .. } => {
                 if dev.device_type == dlpack::KDL_CUDA {
                     match stream {
-                        Some(-1) => {}
+                        // No wait asked; the region's reuse still waits for the legacy
+                        // stream's work (where a consumer that names no stream runs).
+                        // SAFETY: the legacy stream is valid in every context and never dies.
+                        Some(-1) => unsafe { batch.release_after(1) },
                         // SAFETY: DLPack's contract: the consumer passes a stream of its own on
                         // this device (or 1/2, the legacy and per-thread defaults; none means
                         // the legacy one) that outlives its use of the tensor, which holds
@@ -1988,7 +1991,8 @@ impl PyBuffer {
             Mem::Images(b) => {
                 if dev.device_type == dlpack::KDL_CUDA {
                     match stream {
-                        Some(-1) => {}
+                        // SAFETY: as for a byte batch above (the legacy stream).
+                        Some(-1) => unsafe { b.release_after(1) },
                         // SAFETY: as for a byte batch above: the consumer's stream outlives
                         // its use of the tensor, which keeps the batch's tensor alive.
                         s => unsafe { b.wait_on(s.unwrap_or(1) as u64) }.map_err(err)?,

@@ -59,12 +59,14 @@ impl GfEmit {
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::cpu::ImageDecoder;
 use crate::batch::Batch;
 use crate::dataset::{Dataset, Frame};
 use crate::error::{Error, ErrorKind, Result};
-use crate::gpu::cuda::{Context, DeviceBuffer, Stream};
-use crate::gpu::kernels::{as_bytes, check_spans, DeviceKernels, GfSpan};
+use crate::gpu::dev::{DBuf, DEvent, DStream, Gpu, Kernels};
+use crate::gpu::kernels::{as_bytes, check_spans, GfSpan};
 use crate::gpu::nvjpeg::BatchDecoder;
+use crate::gpu::sim::{Access, Res, SimGpu};
 use crate::gpu::{DevicePool, DeviceRegion};
 use crate::image::{ColorSpace, ImageInfo, ImageKind, Subsampling};
 use crate::util::lock;
@@ -136,20 +138,54 @@ impl Counters {
     }
 }
 
-/// The CUDA side of a device image stage: the kernels loaded on the device, the stream the
-/// stage enqueues on, and per output region the device scratch of the job writing it.
-struct CudaSide {
-    ctx: Arc<Context>,
-    kernels: DeviceKernels,
-    stream: Stream,
+/// The device side of an image stage, on CUDA or the simulated device alike: the kernels, per
+/// output region the device scratch and stream of the job writing it, and the JPEG engine.
+struct Side {
+    gpu: Gpu,
+    kernels: Kernels,
     scratch: Vec<Mutex<Scratch>>,
-    /// nvJPEG's batched decode on the JPEG engines, reading bitstreams in device memory
-    /// (`None`: no engines, no nvJPEG, or turned off by the spec).
-    nvjpeg: Option<Mutex<BatchDecoder>>,
+    /// The batched JPEG decode on the engines (nvJPEG reading bitstreams in device memory, or
+    /// the simulated device's stand-in), `None`: no engines, no nvJPEG, or turned off.
+    jpeg: Option<Mutex<Jpeg>>,
 }
 
+/// The JPEG engine and the event after the last batch it was given: the decoder state is
+/// re-initialised by each batch on the host, which must wait for the previous batch's decode
+/// first (nvJPEG requires it; nvImageCodec waits the same way).
+struct Jpeg {
+    engine: JpegEngine,
+    done: DEvent,
+}
+
+/// nvJPEG's batched decoder, or its stand-in on the simulated device.
+enum JpegEngine {
+    Nv(BatchDecoder),
+    Sim(Box<SimJpeg>),
+}
+
+/// The simulated device's JPEG engine: libjpeg-turbo, with nvJPEG's contract — the decoder
+/// state is re-initialised by each batch on the host, the engine reads the bitstreams when the
+/// batch is submitted (a stream wait is not assumed to order it), and writes the images on the
+/// stream; a batch that fails may already have queued writes into its outputs.
+struct SimJpeg {
+    gpu: Arc<SimGpu>,
+    state: u64,
+    dec: ImageDecoder,
+    spec: ImageSpec,
+}
+
+/// The most bytes of decoded images one output tensor's staging holds: larger batches are
+/// decoded and resized in chunks (12 MP photos at batch 256 would need 9 GB at once).
+pub(crate) const STAGING_MAX: usize = 256 << 20;
+
+/// Bytes of a hardware-route sample read to the host for its frame header.
+pub(crate) const HEADER_BYTES: usize = 16 << 10;
+
+/// Staging offsets are aligned to this (the engines' and the kernels' loads).
+pub(crate) const STAGING_ALIGN: usize = 256;
+
 /// An image of a device batch that the hardware decoder writes: its sample, where it goes in
-/// the staging buffer, its size (from its record).
+/// the staging buffer, its size (from its bitstream's frame header).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HardwareImage {
     pub(crate) sample: usize,
@@ -157,11 +193,13 @@ pub(crate) struct HardwareImage {
     pub(crate) size: (u32, u32),
 }
 
-/// nvJPEG's batched decoder on the JPEG engines with bitstreams in device memory, its buffers
-/// allocated for `batch` images as large as the largest hardware-route record; or why not.
-fn hardware_decoder(batch: usize, records: &[ImageInfo]) -> Result<BatchDecoder> {
+/// nvJPEG's batched decoder on the JPEG engines with bitstreams in device memory, or why not.
+/// Nothing is pre-allocated: `nvjpegDecodeBatchedPreAllocate` is documented for the
+/// `HARDWARE` backend only, and its size (batch × the largest image) is what the staging
+/// budget exists to avoid; the engines' buffers grow to the batches they see.
+fn hardware_decoder() -> Result<BatchDecoder> {
     let lib = crate::gpu::nvjpeg::load()?;
-    let mut d = BatchDecoder::new(&lib, crate::gpu::nvjpeg::backend::HARDWARE_DEVICE)?;
+    let d = BatchDecoder::new(&lib, crate::gpu::nvjpeg::backend::HARDWARE_DEVICE)?;
     let (engines, _) = d.handle().hardware_decoder_info()?;
     if engines == 0 {
         return Err(Error::new(
@@ -169,52 +207,47 @@ fn hardware_decoder(batch: usize, records: &[ImageInfo]) -> Result<BatchDecoder>
             "this GPU has no JPEG engines",
         ));
     }
-    let (w, h) = records
-        .iter()
-        .filter(|r| route(Some(r)) == Route::Hardware)
-        .fold((0, 0), |(w, h), r| (w.max(r.width), h.max(r.height)));
-    if w > 0 && h > 0 {
-        d.pre_allocate(batch, w, h)?;
-    }
     Ok(d)
 }
 
-impl Drop for CudaSide {
+impl Drop for Side {
     fn drop(&mut self) {
-        // The scratch (staging, resize parameters) and nvJPEG's state are freed with this side:
-        // the last batches' nvJPEG decodes and resize launches may still read or write them
-        // on the stage's stream, which device memory's stream-ordered free does not wait for.
-        let _ = self.ctx.bind();
-        if self.stream.synchronize().is_err() {
-            let _ = self.ctx.synchronize();
+        // The scratch (staging, resize parameters) and the decoder's state are freed with this
+        // side: the last batches' decodes and resize launches may still read or write them on
+        // the stage's stream.
+        let _g = self.gpu.enter();
+        for sc in &self.scratch {
+            if lock(sc).stream.synchronize().is_err() {
+                let _ = self.gpu.synchronize();
+            }
         }
     }
 }
 
 /// A job's device scratch, kept with its output region (one job writes a region at a time):
-/// the crc spans and results, the resize parameters, and the decoded images (grown to the
-/// largest batch seen, then reused: flat after the first epoch).
+/// its stream (non-blocking: not the legacy stream a trainer queues on, and not shared with
+/// the jobs of other regions), the crc spans and results, the resize parameters, and the
+/// decoded images (grown to the largest chunk seen, at most [`STAGING_MAX`], then reused).
 struct Scratch {
-    spans: DeviceBuffer,
-    crcs: DeviceBuffer,
-    samples: DeviceBuffer,
-    staging: Option<DeviceBuffer>,
+    stream: DStream,
+    spans: DBuf,
+    /// The crc32c lanes of each sample between the kernel's two launches.
+    lanes: DBuf,
+    crcs: DBuf,
+    samples: DBuf,
+    staging: Option<DBuf>,
 }
 
 /// What a device image loader shares across its epochs: the output tensors (device regions
 /// of a pool made with it, with their ready and release events), the counts by route, whether
-/// the device verifies checksums, and on CUDA the kernels, a stream and the scratch.
+/// the device verifies checksums, the kernels, a stream and the scratch.
 pub(crate) struct DeviceStage {
     pub(crate) outputs: Arc<DevicePool>,
     pub(crate) counters: Counters,
     /// crc32c of unframed samples on the device (the loader verifies, the format has them).
     pub(crate) verify: bool,
     pub(crate) emit: GfEmit,
-    /// Whether JPEGs the hardware decoder takes go to it (the simulated device's stand-in);
-    /// on CUDA not yet: nvJPEG's batched decode is not joined, so every image takes the CPU
-    /// route and is counted there.
-    hardware_decoder: bool,
-    cuda: Option<CudaSide>,
+    side: Side,
 }
 
 impl DeviceStage {
@@ -224,48 +257,53 @@ impl DeviceStage {
     pub(crate) fn new(
         regions: &DevicePool,
         spec: &ImageSpec,
-        records: &[ImageInfo],
         batch_size: usize,
         tensors: usize,
         verify: bool,
     ) -> Result<DeviceStage> {
         let per = spec.sample_elems() * spec.dtype.size();
         let bytes = per.saturating_mul(batch_size);
-        let Some(ctx) = regions.ctx.clone() else {
-            if !crate::gpu::host_kernels::available() {
-                return Err(Error::new(
-                    ErrorKind::Unsupported,
-                    "the simulated device's kernels are not in this build (feature `sim` with \
-                     a C++ compiler at build time)",
-                ));
+        let gpu = regions.gpu.clone();
+        let kernels = Kernels::load(&gpu)?;
+        let _g = gpu.enter()?;
+        let outputs = match (&gpu, regions.sim_device()) {
+            (Gpu::Sim(_), Some(sim)) => DevicePool::sim(sim, tensors, bytes)?,
+            (Gpu::Cuda(ctx), _) => DevicePool::cuda(ctx, tensors, bytes)?,
+            (Gpu::Sim(_), None) => {
+                return Err(crate::error::invalid("a simulated pool without its device"))
             }
-            let sim = crate::gpu::SimDevice::new(0);
-            return Ok(DeviceStage {
-                outputs: DevicePool::sim(&sim, tensors, bytes),
-                counters: Counters::default(),
-                verify,
-                emit: GfEmit::new(spec),
-                hardware_decoder: spec.hardware_decoder,
-                cuda: None,
-            });
         };
-        ctx.bind()?;
-        let kernels = DeviceKernels::load(&ctx)?;
-        let stream = Stream::new(&ctx)?;
-        let outputs = DevicePool::cuda(&ctx, tensors, bytes)?;
         let scratch = (0..tensors)
             .map(|_| {
                 Ok(Mutex::new(Scratch {
-                    spans: DeviceBuffer::new(&ctx, batch_size * std::mem::size_of::<GfSpan>())?,
-                    crcs: DeviceBuffer::new(&ctx, batch_size * 4)?,
-                    samples: DeviceBuffer::new(&ctx, batch_size * std::mem::size_of::<GfSample>())?,
+                    stream: gpu.stream()?,
+                    spans: gpu.alloc(batch_size * std::mem::size_of::<GfSpan>())?,
+                    lanes: gpu.alloc(batch_size * 4 * crate::gpu::kernels::CRC_LANES as usize)?,
+                    crcs: gpu.alloc(batch_size * 4)?,
+                    samples: gpu.alloc(batch_size * std::mem::size_of::<GfSample>())?,
                     staging: None,
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
-        let nvjpeg = if spec.hardware_decoder {
-            match hardware_decoder(batch_size, records) {
-                Ok(d) => Some(Mutex::new(d)),
+        let jpeg = if !spec.hardware_decoder {
+            None
+        } else if let Gpu::Sim(g) = &gpu {
+            Some(Mutex::new(Jpeg {
+                engine: JpegEngine::Sim(Box::new(SimJpeg {
+                    state: g.alloc(0),
+                    gpu: g.clone(),
+                    dec: ImageDecoder::new(spec)
+                        .map_err(|e| Error::new(ErrorKind::Io, e.to_string()))?,
+                    spec: spec.clone(),
+                })),
+                done: gpu.event()?,
+            }))
+        } else {
+            match hardware_decoder() {
+                Ok(d) => Some(Mutex::new(Jpeg {
+                    engine: JpegEngine::Nv(d),
+                    done: gpu.event()?,
+                })),
                 Err(e) => {
                     crate::io::notice(&format!(
                         "the hardware JPEG decoder is not used ({}): every image is decoded \
@@ -275,42 +313,38 @@ impl DeviceStage {
                     None
                 }
             }
-        } else {
-            None
         };
         Ok(DeviceStage {
             outputs,
             counters: Counters::default(),
             verify,
             emit: GfEmit::new(spec),
-            hardware_decoder: nvjpeg.is_some(),
-            cuda: Some(CudaSide {
-                ctx,
+            side: Side {
+                gpu,
                 kernels,
-                stream,
                 scratch,
-                nvjpeg,
-            }),
+                jpeg,
+            },
         })
     }
 
-    /// Whether the hardware route decodes on the device (CUDA with nvJPEG), rather than by the
-    /// simulated device's stand-in on the decode threads.
+    /// Whether the hardware route decodes on the device (nvJPEG, or the simulated device's
+    /// stand-in for it).
     pub(crate) fn decodes_on_device(&self) -> bool {
-        self.cuda.as_ref().is_some_and(|c| c.nvjpeg.is_some())
+        self.side.jpeg.is_some()
     }
 
-    /// The route sample `info` takes here (see [`DeviceStage::hardware_decoder`]).
+    /// The route sample `info` takes here: the hardware route only where the engines decode.
     pub(crate) fn route_of(&self, info: Option<&ImageInfo>) -> Route {
         match route(info) {
-            Route::Hardware if self.hardware_decoder => Route::Hardware,
+            Route::Hardware if self.decodes_on_device() => Route::Hardware,
             _ => Route::Cpu,
         }
     }
 
     /// Runs the crc32c kernel over the samples of `batch` (its group already in device
-    /// memory; on CUDA with the scratch of output region `out`) and returns, for each sample,
-    /// the error of a checksum that does not match.
+    /// memory; with the scratch of output region `out`) and returns, for each sample, the
+    /// error of a checksum that does not match.
     pub(crate) fn check_crcs(&self, batch: &Batch, ds: &Dataset, out: usize) -> Vec<Option<Error>> {
         let n = batch.len();
         let mut errs: Vec<Option<Error>> = (0..n).map(|_| None).collect();
@@ -332,15 +366,7 @@ impl DeviceStage {
                 which.push(i);
             }
         }
-        let crcs = match &self.cuda {
-            None => match region.sim_bytes() {
-                Some(bytes) => crate::gpu::host_kernels::crc32c(&bytes, &spans),
-                None => Err(crate::error::invalid(
-                    "a CUDA region on the simulated device",
-                )),
-            },
-            Some(c) => self.crcs_on_cuda(c, region, &spans, out),
-        };
+        let crcs = self.crcs(region, &spans, out);
         let ids = batch.sample_ids();
         match crcs {
             Ok(c) => {
@@ -372,53 +398,51 @@ impl DeviceStage {
         errs
     }
 
-    /// The crc32c kernel on CUDA: the spans up, one launch on the stage's stream (after the
-    /// group's copy), the results down. The stage's stream is waited for here, on the feeder
-    /// thread: the batch's samples cannot be judged before.
-    fn crcs_on_cuda(
-        &self,
-        c: &CudaSide,
-        region: &DeviceRegion,
-        spans: &[GfSpan],
-        out: usize,
-    ) -> Result<Vec<u32>> {
+    /// The crc32c kernel: the spans up, one launch on the scratch's stream (after the group's
+    /// copy), the results down. That stream is waited for here, on the feeder thread: the
+    /// batch's samples cannot be judged before.
+    fn crcs(&self, region: &DeviceRegion, spans: &[GfSpan], out: usize) -> Result<Vec<u32>> {
         if spans.is_empty() {
             return Ok(Vec::new());
         }
+        let c = &self.side;
         let n = spans.len();
         check_spans(region.len(), spans)?;
-        c.ctx.bind()?;
-        let mut sc = lock(&c.scratch[out]);
+        let _g = c.gpu.enter()?;
+        let sc = lock(&c.scratch[out]);
         // Nothing of a previous job still reads this scratch: its launches were waited for
         // (crc) or the region's ready event was (resize), before the region came back.
-        sc.spans.write(0, as_bytes(spans))?;
+        sc.stream
+            .write(&sc.spans, 0, as_bytes(spans), "the crc spans' upload")?;
         // SAFETY: the stage's stream lives as long as the stage, which the job holding the
         // batch (and so the region) keeps alive: the release event recorded on it at the
         // region's drop is valid.
-        unsafe { region.wait_on(c.stream.raw())? };
+        unsafe { region.wait_on(sc.stream.raw())? };
         // SAFETY: every span lies inside the group's region (checked above); the scratch's
         // `spans` and `crcs` hold `batch_size >= n` entries; the stream is synchronised below
         // before any of them changes, and the region lives (its batch is held) until then.
         unsafe {
             c.kernels.crc32c(
-                &c.stream,
-                region.ptr(),
-                sc.spans.ptr(),
+                &sc.stream,
+                region.buf(),
+                region.len(),
+                &sc.spans,
                 n as u32,
-                sc.crcs.ptr(),
+                &sc.lanes,
+                &sc.crcs,
             )?
         };
-        c.stream.synchronize()?;
         let mut raw = vec![0u8; n * 4];
-        sc.crcs.read(0, &mut raw)?;
+        sc.stream
+            .read(&sc.crcs, 0, &mut raw, "the crc results' download")?;
         Ok(raw
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
             .collect())
     }
 
-    /// The compressed bytes of sample `i` of `batch` (copied down from the device for the CPU
-    /// route), or its error.
+    /// The compressed bytes of sample `i` of `batch` (copied down from the device), or its
+    /// error.
     pub(crate) fn sample_bytes(batch: &Batch, i: usize, into: &mut Vec<u8>) -> Result<()> {
         let r = batch.sample_range(i).map_err(|e| e.clone())?;
         let region = batch
@@ -429,96 +453,127 @@ impl DeviceStage {
         region.read_range(r.start, into)
     }
 
-    /// One launch of the resize kernel over a batch: `staging` (the decoded images, packed as
-    /// `samples` say; on CUDA the `hw` images are first decoded into their places by the JPEG
-    /// engines, from `batch`'s group in device memory) into output region `out`, whose bytes
-    /// are `len`.
-    pub(crate) fn resize(
+    /// What the decode threads need of each sample on the host, read in one gathered copy:
+    /// the whole bytes of a sample the CPU decodes, the first [`HEADER_BYTES`] of one the
+    /// engines decode (its frame header, which sizes its output: the record only routes it).
+    /// `None` for a sample that failed already (`skip`).
+    pub(crate) fn host_bytes(
         &self,
-        out: usize,
-        len: usize,
-        staging: &[u8],
-        samples: &[GfSample],
-        hw: &[HardwareImage],
         batch: &Batch,
-    ) -> Result<()> {
-        let Some(c) = &self.cuda else {
-            let mut bytes = self
-                .outputs
-                .sim_region(out)
-                .ok_or_else(|| crate::error::invalid("a CUDA region on the simulated device"))?;
-            return crate::gpu::host_kernels::resize(
-                staging,
-                samples,
-                &self.emit,
-                &mut bytes[..len],
-            );
+        records: Option<&[ImageInfo]>,
+        skip: &[Option<Error>],
+    ) -> Vec<Option<Result<Vec<u8>>>> {
+        let ids = batch.sample_ids();
+        let mut out: Vec<Option<Result<Vec<u8>>>> = (0..batch.len()).map(|_| None).collect();
+        let (mut ranges, mut which) = (Vec::new(), Vec::new());
+        for i in 0..batch.len() {
+            let Ok(r) = batch.sample_range(i) else {
+                continue;
+            };
+            if skip[i].is_some() {
+                continue;
+            }
+            let info = records.and_then(|v| v.get(ids[i] as usize));
+            let len = match self.route_of(info) {
+                Route::Hardware => r.len().min(HEADER_BYTES),
+                Route::Cpu => r.len(),
+            };
+            ranges.push(r.start..r.start + len);
+            which.push(i);
+        }
+        if ranges.is_empty() {
+            return out;
+        }
+        let Some(region) = batch.device_region() else {
+            return out;
         };
-        // The same bounds the host launch checks, before the device trusts them.
-        crate::gpu::kernels::check_resize(staging.len(), samples, &self.emit, len)?;
-        if len > self.outputs.region_bytes() {
-            return Err(crate::error::invalid(
-                "resize launch: output larger than its region",
-            ));
+        match region.read_ranges(&ranges) {
+            Ok(v) => {
+                for (i, b) in which.into_iter().zip(v) {
+                    out[i] = Some(Ok(b));
+                }
+            }
+            Err(e) => {
+                for i in which {
+                    out[i] = Some(Err(e.clone()));
+                }
+            }
         }
-        c.ctx.bind()?;
-        // What the previous write of this region read (its scratch) may change only after it.
-        self.outputs.wait_written(out)?;
-        let mut sc = lock(&c.scratch[out]);
-        let need = staging.len().max(1);
-        if sc.staging.as_ref().is_none_or(|b| b.len() < need) {
-            sc.staging = None; // its last reader completed (waited for above)
-            sc.staging = Some(DeviceBuffer::new(&c.ctx, need.next_multiple_of(1 << 20))?);
-        }
-        let Scratch {
-            samples: dsam,
-            staging: dst,
-            ..
-        } = &mut *sc;
-        let dst = dst.as_mut().expect("allocated above");
-        dst.write(0, staging)?;
-        dsam.write(0, as_bytes(samples))?;
-        if !hw.is_empty() {
-            self.decode_hardware(c, batch, hw, dst)?;
-        }
-        self.outputs.before_write(out, &c.stream)?;
-        // SAFETY: every valid sample's image lies inside the staging buffer (checked above),
-        // the output region holds `len` bytes = n samples of the emitted type (checked), the
-        // scratch stays with region `out` and is not changed before this launch completes
-        // (the next writer of `out` waits for its ready event first, recorded next).
-        unsafe {
-            c.kernels.resize(
-                &c.stream,
-                dst.ptr(),
-                dsam.ptr(),
-                samples.len() as u32,
-                &self.emit,
-                self.outputs.ptr(out),
-            )?
-        };
-        self.outputs.after_write(out, &c.stream)
+        out
     }
 
-    /// nvJPEG's batched decode of `hw` on the stage's stream, after the group's copy: each
-    /// bitstream read where it lies in the group's device region, each image written at its
-    /// place in `staging`.
-    fn decode_hardware(
+    /// Makes room for a chunk of `staging_len` bytes of decoded images in output region
+    /// `out`'s scratch and uploads `cpu`, the CPU-decoded images packed at its start (the
+    /// engines write the rest: it is not uploaded). Waits first for the region's previous
+    /// write, whose launch read this scratch.
+    pub(crate) fn stage_chunk(&self, out: usize, staging_len: usize, cpu: &[u8]) -> Result<()> {
+        let c = &self.side;
+        let _g = c.gpu.enter()?;
+        self.outputs.wait_written(out)?;
+        let mut sc = lock(&c.scratch[out]);
+        // This stream's earlier work (the previous chunk's launch) read the staging.
+        sc.stream.synchronize()?;
+        let need = staging_len.max(cpu.len()).max(1);
+        if sc.staging.as_ref().is_none_or(|b| b.len() < need) {
+            sc.staging = None; // its last reader completed (waited for above)
+            sc.staging = Some(c.gpu.alloc(need.next_multiple_of(1 << 20))?);
+        }
+        let Scratch {
+            stream, staging, ..
+        } = &*sc;
+        let staging = staging.as_ref().expect("allocated above");
+        if !cpu.is_empty() {
+            stream.write(staging, 0, cpu, "the CPU-decoded images' upload")?;
+        }
+        Ok(())
+    }
+
+    /// Uploads one image's pixels to `offset` of region `out`'s staging (an image the engine
+    /// rejected, decoded on the CPU instead).
+    pub(crate) fn stage_image(&self, out: usize, offset: usize, px: &[u8]) -> Result<()> {
+        let c = &self.side;
+        let _g = c.gpu.enter()?;
+        let sc = lock(&c.scratch[out]);
+        let staging = sc
+            .staging
+            .as_ref()
+            .ok_or_else(|| crate::error::invalid("an image staged before its chunk"))?;
+        sc.stream.write(
+            staging,
+            offset,
+            px,
+            "a rejected image's CPU decode, uploaded",
+        )
+    }
+
+    /// The engines' batched decode of `hw` into region `out`'s staging, from `batch`'s group
+    /// in device memory. A batch the engine fails is waited for, then each of its images is
+    /// tried alone: returns those the engine rejects alone (index into `hw`, reason), for the
+    /// CPU to decode.
+    pub(crate) fn decode_on_engine(
         &self,
-        c: &CudaSide,
+        out: usize,
         batch: &Batch,
         hw: &[HardwareImage],
-        staging: &DeviceBuffer,
-    ) -> Result<()> {
-        let nv = c
-            .nvjpeg
+    ) -> Result<Vec<(usize, String)>> {
+        if hw.is_empty() {
+            return Ok(Vec::new());
+        }
+        let c = &self.side;
+        let jpeg = c
+            .jpeg
             .as_ref()
             .ok_or_else(|| crate::error::invalid("hardware images without a hardware decoder"))?;
         let region = batch
             .device_region()
             .ok_or_else(|| crate::error::invalid("a host batch in the device image stage"))?;
-        let mut data = Vec::with_capacity(hw.len());
-        let mut lengths = Vec::with_capacity(hw.len());
-        let mut dst = Vec::with_capacity(hw.len());
+        let _g = c.gpu.enter()?;
+        let sc = lock(&c.scratch[out]);
+        let staging = sc
+            .staging
+            .as_ref()
+            .ok_or_else(|| crate::error::invalid("a decode before its chunk was staged"))?;
+        let mut bits = Vec::with_capacity(hw.len());
         for h in hw {
             let r = batch.sample_range(h.sample).map_err(|e| e.clone())?;
             let bytes = h.size.0 as usize * h.size.1 as usize * 3;
@@ -527,27 +582,116 @@ impl DeviceStage {
                     "hardware decode: a bitstream or an image outside its buffer",
                 ));
             }
-            data.push((region.ptr() + r.start as u64) as *const u8);
-            lengths.push(r.len());
-            dst.push(crate::gpu::nvjpeg::NvjpegImage {
-                channel: [
-                    (staging.ptr() + h.staging as u64) as *mut u8,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                ],
-                pitch: [h.size.0 as usize * 3, 0, 0, 0],
-            });
+            bits.push(r);
         }
-        // SAFETY: the stage's stream outlives the region's batch (see `crcs_on_cuda`).
-        unsafe { region.wait_on(c.stream.raw())? };
-        // SAFETY: each bitstream lies inside the group's device region (checked), which stays
-        // allocated and unchanged until the stream passes the release event recorded when the
-        // batch goes (after this work); each output lies inside the staging buffer (checked)
-        // at the pitch of its record's width, and the staging buffer is not changed or freed
-        // before the region's ready event (recorded after the resize that follows) is waited
-        // for.
-        unsafe { lock(nv).decode(&data, &lengths, &mut dst, c.stream.raw()) }
+        // SAFETY: the scratch's stream lives as long as the stage, which the job holding the
+        // batch (and so the region) keeps alive: the release event recorded on it at the
+        // region's drop is valid.
+        unsafe { region.wait_on(sc.stream.raw())? };
+        let mut jpeg = lock(jpeg);
+        let whole = jpeg.decode(region, &bits, hw, staging, &sc.stream);
+        let Err(e) = whole else {
+            return Ok(Vec::new());
+        };
+        // What the failed batch queued is finished before anything rewrites its outputs or
+        // the state is initialised again; then each image alone.
+        jpeg.done.synchronize()?;
+        if e.kind() != ErrorKind::InvalidInput {
+            return Err(e);
+        }
+        let mut rejected = Vec::new();
+        for (k, (r, h)) in bits.iter().zip(hw).enumerate() {
+            if let Err(e) = jpeg.decode(
+                region,
+                std::slice::from_ref(r),
+                std::slice::from_ref(h),
+                staging,
+                &sc.stream,
+            ) {
+                jpeg.done.synchronize()?;
+                rejected.push((k, e.report()));
+            }
+        }
+        Ok(rejected)
+    }
+
+    /// The resize kernel over a chunk: `samples` (their images in region `out`'s staging, whose
+    /// first `staging_len` bytes the chunk uses) writing `len` bytes at byte `out_off` of the
+    /// output region. The first chunk's launch is ordered after the region's last consumer
+    /// (its release events); the region's ready event is recorded after each.
+    pub(crate) fn launch(
+        &self,
+        out: usize,
+        out_off: usize,
+        len: usize,
+        staging_len: usize,
+        samples: &[GfSample],
+    ) -> Result<()> {
+        let c = &self.side;
+        // The same bounds the host launch checks, before the device trusts them.
+        crate::gpu::kernels::check_resize(staging_len, samples, &self.emit, len)?;
+        if out_off
+            .checked_add(len)
+            .is_none_or(|e| e > self.outputs.region_bytes())
+        {
+            return Err(crate::error::invalid(
+                "resize launch: output larger than its region",
+            ));
+        }
+        let _g = c.gpu.enter()?;
+        let sc = lock(&c.scratch[out]);
+        let staging = sc
+            .staging
+            .as_ref()
+            .ok_or_else(|| crate::error::invalid("a launch before its chunk was staged"))?;
+        if staging.len() < staging_len {
+            return Err(crate::error::invalid(
+                "resize launch: staging smaller than its chunk",
+            ));
+        }
+        sc.stream.write(
+            &sc.samples,
+            0,
+            as_bytes(samples),
+            "the resize parameters' upload",
+        )?;
+        self.outputs.before_write(out, &sc.stream)?;
+        // SAFETY: every valid sample's image lies inside the staging's first `staging_len`
+        // bytes (checked above), the output range holds `len` bytes = the chunk's samples of
+        // the emitted type (checked), the scratch stays with region `out` and is not changed
+        // before this launch completes (the next chunk synchronises this stream first; the
+        // next writer of `out` waits for its ready event, recorded next).
+        unsafe {
+            c.kernels.resize(
+                &sc.stream,
+                staging,
+                staging_len,
+                &sc.samples,
+                samples.len() as u32,
+                &self.emit,
+                self.outputs.buf(out),
+                out_off,
+                len,
+            )?
+        };
+        self.outputs.after_write(out, &sc.stream)
+    }
+
+    /// Zeroes the first `len` bytes of output region `out` (a batch whose launch failed hands
+    /// out zeros, not what the region's previous batch left there), ordered like a launch.
+    pub(crate) fn zero(&self, out: usize, len: usize) -> Result<()> {
+        let c = &self.side;
+        let _g = c.gpu.enter()?;
+        let sc = lock(&c.scratch[out]);
+        self.outputs.before_write(out, &sc.stream)?;
+        let len = len.min(self.outputs.region_bytes());
+        sc.stream.memset(
+            self.outputs.buf(out),
+            0,
+            len,
+            "a failed batch's tensor zeroed",
+        )?;
+        self.outputs.after_write(out, &sc.stream)
     }
 
     pub(crate) fn counted(&self, route: Option<Route>) {
@@ -557,5 +701,156 @@ impl DeviceStage {
             None => &self.counters.failed,
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Jpeg {
+    /// One batched decode on `stream`, after the previous batch's (the state is re-initialised
+    /// on the host); the done event marks what it queued, failed or not.
+    fn decode(
+        &mut self,
+        region: &DeviceRegion,
+        bits: &[std::ops::Range<usize>],
+        hw: &[HardwareImage],
+        staging: &DBuf,
+        stream: &DStream,
+    ) -> Result<()> {
+        self.done.synchronize()?;
+        let r = match &mut self.engine {
+            JpegEngine::Nv(nv) => {
+                let data: Vec<*const u8> = bits
+                    .iter()
+                    .map(|r| (region.ptr() + r.start as u64) as *const u8)
+                    .collect();
+                let lengths: Vec<usize> = bits.iter().map(|r| r.len()).collect();
+                let mut dst: Vec<_> = hw
+                    .iter()
+                    .map(|h| crate::gpu::nvjpeg::NvjpegImage {
+                        channel: [
+                            (staging.ptr() + h.staging as u64) as *mut u8,
+                            std::ptr::null_mut(),
+                            std::ptr::null_mut(),
+                            std::ptr::null_mut(),
+                        ],
+                        pitch: [h.size.0 as usize * 3, 0, 0, 0],
+                    })
+                    .collect();
+                // SAFETY: each bitstream lies inside the group's device region (checked by
+                // the caller), which stays allocated and unchanged until the stream passes
+                // the release event recorded when the batch goes (after this work); each
+                // output lies inside the staging buffer (checked) at the pitch of its width,
+                // sized from the bitstream's own frame header; the staging buffer is not
+                // changed or freed before this stream is synchronised (next chunk) or the
+                // region's ready event (recorded after the launch that follows) is waited for.
+                unsafe { nv.decode(&data, &lengths, &mut dst, stream.raw()) }
+            }
+            JpegEngine::Sim(sim) => sim.decode(region, bits, hw, staging, stream),
+        };
+        self.done.record(stream)?;
+        r
+    }
+}
+
+impl SimJpeg {
+    /// The stand-in for `nvjpegDecodeBatchedInitialize` + `nvjpegDecodeBatched`.
+    fn decode(
+        &mut self,
+        region: &DeviceRegion,
+        bits: &[std::ops::Range<usize>],
+        hw: &[HardwareImage],
+        staging: &DBuf,
+        stream: &DStream,
+    ) -> Result<()> {
+        let g = &self.gpu;
+        // Initialisation rewrites the decoder's state on the host.
+        g.host_access(
+            &[Access::write(Res::State(self.state), 0..u64::MAX)],
+            "nvjpegDecodeBatchedInitialize",
+        );
+        let (region_id, base) = SimGpu::resolve(region.ptr());
+        let (staging_id, _) = SimGpu::resolve(staging.ptr());
+        let mut images = Vec::with_capacity(hw.len());
+        let mut failed = None;
+        for (r, h) in bits.iter().zip(hw) {
+            // The engine reads the bitstream when the batch is submitted.
+            let data = g.peek(
+                region_id,
+                base + r.start as u64,
+                r.len(),
+                "the JPEG engine reads a bitstream",
+            );
+            let mut px = Vec::new();
+            match self.dec.decode_rgb(&self.spec, &data, &mut px) {
+                Ok(size) if size == h.size => images.push((h.staging, px)),
+                Ok((w, hh)) if w as u64 * hh as u64 > h.size.0 as u64 * h.size.1 as u64 => {
+                    // The engine writes the image its bitstream holds, past the slot it was
+                    // given: on a GPU, other images' pixels or an illegal address.
+                    let at = h.staging as u64;
+                    self.gpu.fault(format!(
+                        "the JPEG engine wrote a {w}x{hh} image into a slot for {}x{} at byte \
+                         {at} of the staging",
+                        h.size.0, h.size.1
+                    ));
+                    failed.get_or_insert(format!("an image larger than its slot ({w}x{hh})"));
+                }
+                Ok((w, hh)) => {
+                    failed.get_or_insert(format!(
+                        "an image decodes as {w}x{hh}, not the {}x{} it was given",
+                        h.size.0, h.size.1
+                    ));
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        let mut access: Vec<Access> = hw
+            .iter()
+            .map(|h| {
+                let o = h.staging as u64;
+                Access::write(
+                    Res::Dev(staging_id),
+                    o..o + h.size.0 as u64 * h.size.1 as u64 * 3,
+                )
+            })
+            .collect();
+        access.push(Access::write(Res::State(self.state), 0..u64::MAX));
+        if let Some(why) = failed {
+            // A failed batch may have queued work already: its outputs are written (garbage).
+            let spans: Vec<(usize, usize)> = hw
+                .iter()
+                .map(|h| (h.staging, h.size.0 as usize * h.size.1 as usize * 3))
+                .collect();
+            g.enqueue(
+                stream.raw(),
+                "a failed JPEG batch's queued work",
+                access,
+                move |m| {
+                    let b = m.get_mut(staging_id);
+                    for (o, n) in spans {
+                        if let Some(d) = b.get_mut(o..o + n) {
+                            d.fill(0x5a);
+                        }
+                    }
+                },
+            )?;
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("nvjpegDecodeBatched failed: NVJPEG_STATUS_BAD_JPEG (3) ({why})"),
+            ));
+        }
+        g.enqueue(
+            stream.raw(),
+            "the JPEG engine's batched decode",
+            access,
+            move |m| {
+                let b = m.get_mut(staging_id);
+                for (o, px) in images {
+                    if let Some(d) = b.get_mut(o..o + px.len()) {
+                        d.copy_from_slice(&px);
+                    }
+                }
+            },
+        )
     }
 }

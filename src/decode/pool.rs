@@ -117,6 +117,9 @@ struct DeviceOut {
     stage: Arc<DeviceStage>,
     /// Each sample's checksum error, from the device's crc32c over the group.
     crc: Vec<Option<Error>>,
+    /// Each sample's bytes on the host, read in one gathered copy when the job was made: all
+    /// of a CPU-route sample, the header of a hardware-route one (`None`: failed already).
+    host: Vec<Option<Result<Vec<u8>>>>,
     /// Each sample decoded whole: width, height, packed RGB (the decoder's output buffer).
     decoded: Mutex<Vec<Option<Decoded>>>,
 }
@@ -248,25 +251,49 @@ impl Job {
             .ok()
             .and_then(|v| v.get(id as usize).copied());
         let way = d.stage.route_of(info.as_ref());
-        if way == Route::Hardware && d.stage.decodes_on_device() {
-            // The JPEG engines decode it with the batch, straight from device memory, into a
-            // buffer sized from its record (checked against the pixel limit first).
-            let r = info.expect("the hardware route needs a record");
-            if let Err(reason) = super::spec::check_pixels(r.width, r.height, self.spec.pixels_max)
-            {
+        let mut data = match d.host[i].as_ref() {
+            Some(Ok(b)) => b.clone(),
+            Some(Err(e)) => {
                 d.stage.counted(None);
-                return Some(self.decode_error(id, reason));
+                return Some(e.clone());
             }
-            d.decoded.lock().unpoisoned()[i] = Some(Decoded::Hardware(r.width, r.height));
-            return None;
+            None => Vec::new(),
+        };
+        if way == Route::Hardware {
+            // The engines decode it with the batch, straight from device memory, into a slot
+            // sized from its own frame header (read from the bytes gathered to the host): a
+            // record that understates the image cannot make the engine write past its slot.
+            match crate::image::info(&data) {
+                Some(h) if super::device::route(Some(&h)) == Route::Hardware => {
+                    let r = info.expect("the hardware route needs a record");
+                    if (h.width, h.height) != (r.width, r.height) {
+                        d.stage.counted(None);
+                        return Some(self.decode_error(
+                            id,
+                            record_mismatch((h.width, h.height), (r.width, r.height)),
+                        ));
+                    }
+                    if let Err(reason) =
+                        super::spec::check_pixels(h.width, h.height, self.spec.pixels_max)
+                    {
+                        d.stage.counted(None);
+                        return Some(self.decode_error(id, reason));
+                    }
+                    d.decoded.lock().unpoisoned()[i] = Some(Decoded::Hardware(h.width, h.height));
+                    return None;
+                }
+                // Its header is not where the engines could take it (beyond the bytes read,
+                // or another kind than its record says): the CPU route, on its whole bytes.
+                _ => data.clear(),
+            }
         }
-        // The CPU route: the compressed bytes down from the device (a copy of them, on the
-        // simulated device), decoded whole here.
-        let mut data = Vec::new();
-        if let Err(e) = DeviceStage::sample_bytes(&self.batch, i, &mut data) {
-            d.stage.counted(None);
-            return Some(e);
+        if data.is_empty() {
+            if let Err(e) = DeviceStage::sample_bytes(&self.batch, i, &mut data) {
+                d.stage.counted(None);
+                return Some(e);
+            }
         }
+        let way = Route::Cpu;
         let dec = match dec {
             Ok(d) => d,
             Err(e) => {
@@ -298,11 +325,12 @@ impl Job {
         }
     }
 
-    /// Device path, once every sample is decoded: the decoded images packed into one buffer
-    /// (room left for those the hardware decoder writes), the hardware decoder run over its
-    /// images, and the resize kernel launched once over the batch, writing the output tensor
-    /// (a failed sample's `valid` is 0: zeros). If the hardware decode fails, its images are
-    /// decoded on the CPU instead; those that fail there too are returned with their errors.
+    /// Device path, once every sample is decoded: the batch in chunks whose decoded images
+    /// fit the staging budget — per chunk, the CPU-decoded images packed and uploaded, the
+    /// engines' batched decode of the rest into their slots (an image the engine rejects is
+    /// decoded on the CPU instead), then one resize launch writing the chunk's part of the
+    /// output tensor (a failed sample's `valid` is 0: zeros). Returns the samples lost on the
+    /// way with their errors; on an error the whole tensor is zeroed.
     fn resize(
         &self,
         d: &DeviceOut,
@@ -312,87 +340,124 @@ impl Job {
         if self.cancelled.load(Ordering::Relaxed) {
             return Ok(Vec::new()); // nobody will see this batch
         }
-        let ids = self.batch.sample_ids();
-        let mut staging = Vec::new();
-        let mut samples = Vec::with_capacity(decoded.len());
-        let mut hw = Vec::new();
-        for (i, img) in decoded.into_iter().enumerate() {
-            let (w, h) = match &img {
-                Some(Decoded::Pixels(w, h, _) | Decoded::Hardware(w, h)) => (*w, *h),
-                None => {
-                    samples.push(GfSample::default()); // valid = 0
-                    continue;
-                }
-            };
-            let g = self
-                .spec
-                .geometry(self.seed, self.batch.epoch(), ids[i] as u64, (w, h));
-            samples.push(GfSample::new(&g, staging.len() as u64, (w, h)));
-            match img {
-                Some(Decoded::Pixels(_, _, px)) => staging.extend_from_slice(&px),
-                _ => {
-                    hw.push(HardwareImage {
-                        sample: i,
-                        staging: staging.len(),
-                        size: (w, h),
-                    });
-                    staging.resize(staging.len() + w as usize * h as usize * 3, 0);
-                }
-            }
-        }
         let (r, len) = (d.tensor.index(), d.tensor.len());
-        let first = d.stage.resize(r, len, &staging, &samples, &hw, &self.batch);
-        match first {
-            Ok(()) => {
-                for _ in &hw {
-                    d.stage.counted(Some(Route::Hardware));
-                }
-                Ok(Vec::new())
+        let got = self.resize_chunks(d, dec, decoded, r, len);
+        if got.is_err() {
+            // Every sample is lost: the tensor says so with zeros, not an older batch's pixels.
+            let _ = d.stage.zero(r, len);
+        }
+        got
+    }
+
+    fn resize_chunks(
+        &self,
+        d: &DeviceOut,
+        dec: &mut Result<ImageDecoder, String>,
+        mut decoded: Vec<Option<Decoded>>,
+        r: usize,
+        len: usize,
+    ) -> Result<Vec<(usize, Error)>> {
+        use super::device::{STAGING_ALIGN, STAGING_MAX};
+        let n = decoded.len();
+        let per = len.checked_div(n).unwrap_or(0);
+        let ids = self.batch.sample_ids();
+        let bytes_of = |img: &Option<Decoded>| match img {
+            Some(Decoded::Pixels(w, h, _) | Decoded::Hardware(w, h)) => {
+                (*w as usize * *h as usize * 3).next_multiple_of(STAGING_ALIGN)
             }
-            Err(e) if !hw.is_empty() => {
-                crate::io::notice(&format!(
-                    "the hardware JPEG decoder failed on a batch ({}); its {} images are \
-                     decoded on the CPU",
-                    e.report(),
-                    hw.len()
-                ));
-                let mut lost = Vec::new();
+            None => 0,
+        };
+        let mut lost = Vec::new();
+        let mut start = 0;
+        while start < n {
+            // The chunk: samples from `start` while their images fit the budget (one at least).
+            let mut end = start;
+            let mut total = 0;
+            while end < n && (end == start || total + bytes_of(&decoded[end]) <= STAGING_MAX) {
+                total += bytes_of(&decoded[end]);
+                end += 1;
+            }
+            // CPU-decoded images first (uploaded), then the engines' slots (not uploaded).
+            let mut cpu = Vec::new();
+            let mut samples = vec![GfSample::default(); end - start]; // valid = 0
+            let mut slots = Vec::new();
+            for (k, img) in decoded[start..end].iter_mut().enumerate() {
+                let i = start + k;
+                let (w, h) = match img {
+                    Some(Decoded::Pixels(w, h, _) | Decoded::Hardware(w, h)) => (*w, *h),
+                    None => continue,
+                };
+                let g = self
+                    .spec
+                    .geometry(self.seed, self.batch.epoch(), ids[i] as u64, (w, h));
+                match img.take() {
+                    Some(Decoded::Pixels(_, _, px)) => {
+                        cpu.resize(cpu.len().next_multiple_of(STAGING_ALIGN), 0);
+                        samples[k] = GfSample::new(&g, cpu.len() as u64, (w, h));
+                        cpu.extend_from_slice(&px);
+                    }
+                    _ => slots.push((k, g, (w, h))),
+                }
+            }
+            let mut at = cpu.len().next_multiple_of(STAGING_ALIGN);
+            let mut hw = Vec::with_capacity(slots.len());
+            for (k, g, (w, h)) in slots {
+                samples[k] = GfSample::new(&g, at as u64, (w, h));
+                hw.push(HardwareImage {
+                    sample: start + k,
+                    staging: at,
+                    size: (w, h),
+                });
+                at = (at + w as usize * h as usize * 3).next_multiple_of(STAGING_ALIGN);
+            }
+            let staging_len = at.max(cpu.len());
+            d.stage.stage_chunk(r, staging_len, &cpu)?;
+            drop(cpu);
+            let rejected = d.stage.decode_on_engine(r, &self.batch, &hw)?;
+            let mut engine_ok = vec![true; hw.len()];
+            for (k, why) in rejected {
+                engine_ok[k] = false;
+                let h = hw[k];
+                let id = ids[h.sample];
                 let mut data = Vec::new();
                 let mut px = Vec::new();
-                for h in &hw {
-                    let id = ids[h.sample];
-                    let got = DeviceStage::sample_bytes(&self.batch, h.sample, &mut data)
-                        .map_err(|e| e.to_string())
-                        .and_then(|()| match dec {
-                            Ok(dec) => dec.decode_rgb(&self.spec, &data, &mut px),
-                            Err(e) => Err(e.clone()),
-                        });
-                    match got {
-                        Ok(size) if size == h.size => {
-                            staging[h.staging..h.staging + px.len()].copy_from_slice(&px);
-                            d.stage.counted(Some(Route::Cpu));
-                        }
-                        Ok((w, hh)) => {
-                            samples[h.sample].valid = 0;
-                            d.stage.counted(None);
-                            lost.push((
-                                h.sample,
-                                self.decode_error(id, record_mismatch((w, hh), h.size)),
-                            ));
-                        }
-                        Err(reason) => {
-                            samples[h.sample].valid = 0;
-                            d.stage.counted(None);
-                            lost.push((h.sample, self.decode_error(id, reason)));
-                        }
+                let got = DeviceStage::sample_bytes(&self.batch, h.sample, &mut data)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| match dec {
+                        Ok(dec) => dec.decode_rgb(&self.spec, &data, &mut px),
+                        Err(e) => Err(e.clone()),
+                    });
+                match got {
+                    Ok(size) if size == h.size => {
+                        d.stage.stage_image(r, h.staging, &px)?;
+                        d.stage.counted(Some(Route::Cpu));
+                    }
+                    Ok((w, hh)) => {
+                        samples[h.sample - start].valid = 0;
+                        d.stage.counted(None);
+                        lost.push((
+                            h.sample,
+                            self.decode_error(id, record_mismatch((w, hh), h.size)),
+                        ));
+                    }
+                    Err(reason) => {
+                        samples[h.sample - start].valid = 0;
+                        d.stage.counted(None);
+                        let _ = why; // the CPU decoder's reason is the one kept
+                        lost.push((h.sample, self.decode_error(id, reason)));
                     }
                 }
-                d.stage
-                    .resize(r, len, &staging, &samples, &[], &self.batch)?;
-                Ok(lost)
             }
-            Err(e) => Err(e),
+            d.stage
+                .launch(r, start * per, (end - start) * per, staging_len, &samples)?;
+            for ok in engine_ok {
+                if ok {
+                    d.stage.counted(Some(Route::Hardware));
+                }
+            }
+            start = end;
         }
+        Ok(lost)
     }
 
     fn decode_one(
@@ -592,8 +657,8 @@ impl Loader {
     pub fn decode_images(&self, spec: ImageSpec) -> Result<ImageLoader> {
         spec.validate()?;
         if self.is_device() {
-            // The device pipeline routes and sizes by the image records: read now, once, for
-            // a format that does not carry them (a progress line on a large folder).
+            // The device pipeline routes by the image records: read now, once, for a format
+            // that does not carry them (a progress line on a large folder).
             self.dataset().image_info()?;
         }
         let device = match self.device_pool() {
@@ -601,7 +666,6 @@ impl Loader {
             Some(p) => Some(Arc::new(DeviceStage::new(
                 p,
                 &spec,
-                self.dataset().image_info()?,
                 self.plan_config().batch_size as usize,
                 // The batches decoded ahead, the one being handed out, and two held by the
                 // consumer.
@@ -789,10 +853,13 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
                         };
                         let tensor = stage.outputs.region(r, bytes);
                         let crc = stage.check_crcs(&batch, dataset, r);
+                        let records = dataset.image_info().ok();
+                        let host = stage.host_bytes(&batch, records, &crc);
                         Ok(Target::Device(Arc::new(DeviceOut {
                             tensor,
                             stage: stage.clone(),
                             crc,
+                            host,
                             decoded: Mutex::new((0..batch.len()).map(|_| None).collect()),
                         })))
                     }
@@ -1140,7 +1207,9 @@ impl ImageBatch {
     }
     /// Makes `stream` wait for the tensor to be written, and orders the tensor's reuse after
     /// the work enqueued on `stream` before the last clone of this batch is dropped (nothing
-    /// to do on the host or the simulated device).
+    /// to do on the host; on the simulated device, a stream of
+    /// [`SimDevice::consumer_stream`](crate::gpu::SimDevice::consumer_stream)). Every stream
+    /// waited on is released, not only the last.
     ///
     /// # Safety
     /// As [`Batch::wait_on`](crate::Batch::wait_on): `stream` must be a live `CUstream` of the
@@ -1152,6 +1221,28 @@ impl ImageBatch {
             Target::Host(_) => Ok(()),
         }
     }
+
+    /// Orders the tensor's reuse after the work enqueued on `stream` before the last clone of
+    /// this batch is dropped, without a wait (DLPack's `stream=-1`: the consumer orders its
+    /// reads itself, on the legacy default stream as far as gpufeed can know).
+    ///
+    /// # Safety
+    /// As for [`ImageBatch::wait_on`].
+    pub unsafe fn release_after(&self, stream: u64) {
+        if let Target::Device(d) = &self.tensor {
+            // SAFETY: forwarded under the caller's guarantees.
+            unsafe { d.tensor.release_after(stream) }
+        }
+    }
+    /// The simulated device's address and length of the tensor (`None` elsewhere): what a
+    /// test's simulated consumer kernel reads ([`crate::gpu::SimDevice::read_on`]).
+    pub fn sim_ptr(&self) -> Option<(u64, usize)> {
+        match &self.tensor {
+            Target::Device(d) if d.tensor.is_simulated() => Some((d.tensor.ptr(), d.tensor.len())),
+            _ => None,
+        }
+    }
+
     /// A copy of the tensor's bytes in host memory, wherever it is (for checks and tests: a
     /// device batch's copy waits for it).
     pub fn to_host(&self) -> Result<Vec<u8>> {

@@ -9,41 +9,95 @@
 //! for it on the copy stream, so a kernel still reading the region is never overwritten — with no
 //! host synchronisation.
 //!
-//! Two implementations: CUDA, and a simulator (host memory standing in for the device, copies
-//! completing after random delays in any order) that lets CI check the state machine: the
-//! simulator re-checks, when a copy completes, that its source slot was not changed meanwhile.
+//! Written once against the device seam ([`super::dev`]): on CUDA, and on the adversarial
+//! simulator, where copies complete late and out of order and every operation is checked
+//! against the memory other pending ones touch; the copy stage also re-checks, when a copy
+//! completes, that the region holds what its source held when the copy started.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use super::cuda::{self, Context, DeviceBuffer, Event, Stream};
+use super::cuda::Context;
+use super::dev::{DBuf, DEvent, DStream, Gpu};
+use super::sim::SimGpu;
 use crate::buf::{Arena, Slot};
 use crate::error::{Error, ErrorKind, Result};
-use crate::rng::Rng;
 use crate::util::lock;
 use crate::util::Unpoison;
 
-/// A simulated device, for tests: host memory, copies that complete late and out of order.
+/// A simulated device, for tests: device memory in host memory, and every device operation —
+/// copies, memsets, kernel launches, the JPEG engine's decode — completing late and out of
+/// order, checked against what other pending operations touch (see `gpu::sim`).
 #[derive(Debug, Clone)]
 pub struct SimDevice {
-    /// Seeds the simulated copies' delays.
+    /// Seeds the simulated operations' delays and order (mixed with `GPUFEED_SIM_SEED` when
+    /// that is set, so a whole suite can run under other seeds).
     pub seed: u64,
-    /// A copy completes after 0..=delay_max polls of the copy stage.
+    /// An operation completes after 0..=delay_max ticks of the simulated clock (one tick per
+    /// call into the device).
     pub delay_max: u32,
+    /// Every n-th launch of the resize kernel fails as a failed `cuLaunchKernel` would
+    /// (0: none).
+    pub fail_launch_every: u32,
     /// Figures the test reads afterwards.
     pub stats: Arc<SimDeviceStats>,
+    gpu: Arc<OnceLock<Arc<SimGpu>>>,
 }
 
 impl SimDevice {
     /// A simulated device with `seed` and the default delays.
     pub fn new(seed: u64) -> SimDevice {
+        let extra = std::env::var("GPUFEED_SIM_SEED")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |v| v.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         SimDevice {
-            seed,
-            delay_max: 6,
+            seed: seed ^ extra,
+            delay_max: 16,
+            fail_launch_every: 0,
             stats: Arc::default(),
+            gpu: Arc::default(),
         }
+    }
+
+    /// The simulated GPU (made at first use, with the settings then).
+    pub(crate) fn gpu(&self) -> Arc<SimGpu> {
+        self.gpu.get_or_init(|| SimGpu::new(self)).clone()
+    }
+
+    /// A new stream on the simulated device, as a consumer (a trainer) would make: its raw
+    /// handle, for [`crate::Batch::wait_on`] and [`SimDevice::read_on`].
+    pub fn consumer_stream(&self) -> u64 {
+        self.gpu().stream()
+    }
+
+    /// Enqueues on `stream` a kernel that reads `len` bytes at device address `ptr` (a
+    /// consumer's work on a batch: `ptr` from `ImageBatch::sim_ptr`); it completes
+    /// late, like every simulated operation, and is checked like them.
+    pub fn read_on(&self, stream: u64, ptr: u64, len: usize) -> Result<()> {
+        let (id, off) = SimGpu::resolve(ptr);
+        let access = vec![super::sim::Access::read(
+            super::sim::Res::Dev(id),
+            off..off + len as u64,
+        )];
+        self.gpu().enqueue(
+            stream,
+            "a consumer's kernel reading a batch",
+            access,
+            |_| {},
+        )
+    }
+
+    /// Waits for everything queued on the simulated device.
+    pub fn synchronize(&self) {
+        self.gpu().sync_all();
+    }
+
+    /// The first hazards seen (at most 16), each said in a sentence; empty when none.
+    pub fn hazards(&self) -> Vec<String> {
+        lock(&self.stats.hazard_log).clone()
     }
 }
 
@@ -58,30 +112,40 @@ pub struct SimDeviceStats {
     pub region_in_use: AtomicU64,
     /// Most copies in flight at once.
     pub in_flight_max: AtomicU64,
+    /// Device operations that raced another on the same memory, or memory the host touched
+    /// while an operation on it was pending (must stay 0; see [`SimDevice::hazards`]).
+    pub hazards: AtomicU64,
+    /// The first hazards, described.
+    pub hazard_log: Mutex<Vec<String>>,
 }
 
-enum Mem {
-    Cuda {
-        buf: DeviceBuffer,
-        ready: Event,
-        released: Event,
-        /// A release event was recorded on a consumer stream since the last copy.
-        release_pending: AtomicBool,
-    },
-    Sim {
-        bytes: Mutex<Vec<u8>>,
-    },
+/// A region's device memory and events.
+struct RegionMem {
+    buf: DBuf,
+    ready: DEvent,
+    released: Mutex<Releases>,
+}
+
+/// A region's release events: one per consumer stream of its last batches, recorded when they
+/// were dropped; the next write waits for the first `pending` of them.
+#[derive(Default)]
+struct Releases {
+    events: Vec<DEvent>,
+    pending: usize,
 }
 
 /// The device regions of a loader, allocated once.
 pub struct DevicePool {
-    mem: Vec<Mem>,
+    mem: Vec<RegionMem>,
     region_bytes: usize,
     free: Mutex<Vec<usize>>,
     cv: Condvar,
     /// Regions viewed by live batches (for the simulator's check).
     held: Mutex<Vec<bool>>,
-    pub(crate) ctx: Option<Arc<Context>>,
+    pub(crate) gpu: Gpu,
+    /// Host reads of regions (the CPU route's bytes, checks), ordered after each region's
+    /// ready event: a non-blocking stream, not the legacy one a trainer queues on.
+    xfer: DStream,
     sim: Option<SimDevice>,
 }
 
@@ -97,49 +161,55 @@ impl std::fmt::Debug for DevicePool {
 impl DevicePool {
     /// `regions` device buffers of `region_bytes` on a CUDA device.
     pub fn cuda(ctx: &Arc<Context>, regions: usize, region_bytes: usize) -> Result<Arc<Self>> {
+        Self::on(Gpu::Cuda(ctx.clone()), None, regions, region_bytes)
+    }
+
+    /// The same on the simulated device.
+    pub fn sim(dev: &SimDevice, regions: usize, region_bytes: usize) -> Result<Arc<Self>> {
+        Self::on(
+            Gpu::Sim(dev.gpu()),
+            Some(dev.clone()),
+            regions,
+            region_bytes,
+        )
+    }
+
+    fn on(
+        gpu: Gpu,
+        sim: Option<SimDevice>,
+        regions: usize,
+        region_bytes: usize,
+    ) -> Result<Arc<Self>> {
+        let _g = gpu.enter()?;
         let mut mem = Vec::with_capacity(regions);
         for _ in 0..regions {
-            mem.push(Mem::Cuda {
-                buf: DeviceBuffer::new(ctx, region_bytes)?,
-                ready: Event::new(ctx)?,
-                released: Event::new(ctx)?,
-                release_pending: AtomicBool::new(false),
+            mem.push(RegionMem {
+                buf: gpu.alloc(region_bytes)?,
+                ready: gpu.event()?,
+                released: Mutex::default(),
             });
         }
-        Ok(Self::with(mem, region_bytes, Some(ctx.clone()), None))
-    }
-
-    /// The same in host memory, for the simulator.
-    pub fn sim(dev: &SimDevice, regions: usize, region_bytes: usize) -> Arc<Self> {
-        let mem = (0..regions)
-            .map(|_| Mem::Sim {
-                bytes: Mutex::new(vec![0; region_bytes]),
-            })
-            .collect();
-        Self::with(mem, region_bytes, None, Some(dev.clone()))
-    }
-
-    fn with(
-        mem: Vec<Mem>,
-        region_bytes: usize,
-        ctx: Option<Arc<Context>>,
-        sim: Option<SimDevice>,
-    ) -> Arc<Self> {
-        let n = mem.len();
-        Arc::new(DevicePool {
+        Ok(Arc::new(DevicePool {
             mem,
             region_bytes,
-            free: Mutex::new((0..n).rev().collect()),
+            free: Mutex::new((0..regions).rev().collect()),
             cv: Condvar::new(),
-            held: Mutex::new(vec![false; n]),
-            ctx,
+            held: Mutex::new(vec![false; regions]),
+            xfer: gpu.stream()?,
+            gpu,
             sim,
-        })
+        }))
     }
 
     /// Whether the regions are the simulated device's (host memory).
     pub fn is_simulated(&self) -> bool {
         self.sim.is_some()
+    }
+
+    /// The simulated device (`None` on CUDA).
+    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    pub(crate) fn sim_device(&self) -> Option<&SimDevice> {
+        self.sim.as_ref()
     }
 
     /// Bytes of each region.
@@ -183,51 +253,36 @@ impl DevicePool {
         }
     }
 
-    /// Orders a write of region `r` by work on `stream` after what its last consumer enqueued
-    /// before dropping its batch (the release event), as the copy stage does.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
-    pub(crate) fn before_write(&self, r: usize, stream: &Stream) -> Result<()> {
-        if let Mem::Cuda {
-            released,
-            release_pending,
-            ..
-        } = &self.mem[r]
-        {
-            if release_pending.swap(false, Ordering::AcqRel) {
-                stream.wait(released)?;
-            }
+    /// Orders a write of region `r` by work on `stream` after what its last consumers enqueued
+    /// before dropping its batches (the release events of every consumer stream), as the copy
+    /// stage does.
+    pub(crate) fn before_write(&self, r: usize, stream: &DStream) -> Result<()> {
+        let mut rel = lock(&self.mem[r].released);
+        for e in &rel.events[..rel.pending] {
+            stream.wait(e)?;
         }
+        rel.pending = 0;
         Ok(())
     }
 
     /// Marks the end of a write of region `r` enqueued on `stream`: its ready event, which a
     /// consumer's stream waits on and the next writer synchronises on.
     #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
-    pub(crate) fn after_write(&self, r: usize, stream: &Stream) -> Result<()> {
-        match &self.mem[r] {
-            Mem::Cuda { ready, .. } => ready.record(stream),
-            Mem::Sim { .. } => Ok(()),
-        }
+    pub(crate) fn after_write(&self, r: usize, stream: &DStream) -> Result<()> {
+        self.mem[r].ready.record(stream)
     }
 
     /// Waits (on the host) until the last write recorded into region `r` has completed, so
     /// what that write read may be changed.
     #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
     pub(crate) fn wait_written(&self, r: usize) -> Result<()> {
-        match &self.mem[r] {
-            Mem::Cuda { ready, .. } => ready.synchronize(),
-            Mem::Sim { .. } => Ok(()),
-        }
+        self.mem[r].ready.synchronize()
     }
 
-    /// The simulated device's bytes of region `r` (`None` on CUDA), for a simulated kernel to
-    /// write; the caller holds the region (taken, being written).
+    /// Region `r`'s device memory.
     #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
-    pub(crate) fn sim_region(&self, r: usize) -> Option<MutexGuard<'_, Vec<u8>>> {
-        match &self.mem[r] {
-            Mem::Sim { bytes } => Some(lock(bytes)),
-            Mem::Cuda { .. } => None,
-        }
+    pub(crate) fn buf(&self, r: usize) -> &DBuf {
+        &self.mem[r].buf
     }
 
     pub(crate) fn put_back(&self, r: usize) {
@@ -235,12 +290,9 @@ impl DevicePool {
         self.cv.notify_one();
     }
 
-    /// The device address of region `r` (0-based addresses in the simulator).
+    /// The device address of region `r`.
     pub(crate) fn ptr(&self, r: usize) -> u64 {
-        match &self.mem[r] {
-            Mem::Cuda { buf, .. } => buf.ptr(),
-            Mem::Sim { .. } => (r * self.region_bytes) as u64,
-        }
+        self.mem[r].buf.ptr()
     }
 
     /// Hands region `r`, holding `used` bytes, to batches.
@@ -250,38 +302,27 @@ impl DevicePool {
             pool: self.clone(),
             index: r,
             used,
-            consumer: Mutex::new(None),
+            consumers: Mutex::new(Vec::new()),
         }
     }
 }
 
 impl Drop for DevicePool {
     fn drop(&mut self) {
-        // Device memory is freed stream-ordered on the legacy default stream, which does not
-        // wait for non-blocking streams: wait here for what the consumers' streams may still
-        // read (their release events) and for the last copies, before the buffers go.
+        // Device memory must outlive what the consumers' streams may still read (their
+        // release events) and the last copies: wait for both before the buffers go.
+        let _g = self.gpu.enter();
         for m in &self.mem {
-            if let Mem::Cuda {
-                ready,
-                released,
-                release_pending,
-                ..
-            } = m
-            {
-                if let Some(c) = &self.ctx {
-                    let _ = c.bind();
-                }
-                let mut ok = ready.synchronize().is_ok();
-                if release_pending.load(Ordering::Acquire) {
-                    ok &= released.synchronize().is_ok();
-                }
-                if !ok {
-                    if let Some(c) = &self.ctx {
-                        let _ = c.synchronize();
-                    }
-                }
+            let mut ok = m.ready.synchronize().is_ok();
+            let rel = lock(&m.released);
+            for e in &rel.events[..rel.pending] {
+                ok &= e.synchronize().is_ok();
+            }
+            if !ok {
+                let _ = self.gpu.synchronize();
             }
         }
+        let _ = self.xfer.synchronize();
     }
 }
 
@@ -290,12 +331,12 @@ pub struct DeviceRegion {
     pool: Arc<DevicePool>,
     index: usize,
     used: usize,
-    /// The last stream made to wait on this region's ready event.
-    consumer: Mutex<Option<u64>>,
+    /// The consumer streams whose work on the region must finish before it is rewritten.
+    consumers: Mutex<Vec<u64>>,
 }
 
 impl DeviceRegion {
-    /// The region's device address.
+    /// The region's device address (the simulator's addresses on the simulated device).
     pub fn ptr(&self) -> u64 {
         self.pool.ptr(self.index)
     }
@@ -312,15 +353,12 @@ impl DeviceRegion {
 
     /// The CUDA device ordinal (`None` for the simulator).
     pub fn device(&self) -> Option<u32> {
-        self.pool.ctx.as_ref().map(|c| c.ordinal())
+        self.pool.gpu.ctx().map(|c| c.ordinal())
     }
 
     /// The event recorded after this region's copy (`None` for the simulator).
     pub fn ready_event(&self) -> Option<u64> {
-        match &self.pool.mem[self.index] {
-            Mem::Cuda { ready, .. } => Some(ready.raw()),
-            Mem::Sim { .. } => None,
-        }
+        self.pool.mem[self.index].ready.raw()
     }
 
     /// Makes `stream` wait for the copy, and orders the region's reuse after work enqueued on
@@ -329,17 +367,28 @@ impl DeviceRegion {
     /// # Safety
     /// `stream` must be a live `CUstream` of the device's primary context (or 0, 1 or 2, the
     /// legacy and per-thread default streams) and stay live until this region is dropped (a
-    /// release event is recorded on it then).
+    /// release event is recorded on it then). On the simulated device: a stream of
+    /// [`SimDevice::consumer_stream`] (or 0, 1, 2).
     pub unsafe fn wait_on(&self, stream: u64) -> Result<()> {
-        if let Mem::Cuda { ready, .. } = &self.pool.mem[self.index] {
-            if let Some(c) = &self.pool.ctx {
-                c.bind()?;
-            }
-            // SAFETY: the caller vouches for the stream; the context was just made current.
-            unsafe { Stream::wait_raw(stream, ready)? };
-        }
-        *lock(&self.consumer) = Some(stream);
+        let _g = self.pool.gpu.enter()?;
+        // SAFETY: the caller vouches for the stream; the context is current.
+        unsafe { self.pool.mem[self.index].ready.wait_raw(stream)? };
+        // SAFETY: as promised by our caller.
+        unsafe { self.release_after(stream) };
         Ok(())
+    }
+
+    /// Orders the region's reuse after the work enqueued on `stream` before the batch is
+    /// dropped, without making the stream wait for the copy: for a consumer that orders
+    /// itself (DLPack's `stream=-1`), whose work is assumed on the legacy default stream.
+    ///
+    /// # Safety
+    /// As for [`DeviceRegion::wait_on`].
+    pub unsafe fn release_after(&self, stream: u64) {
+        let mut c = lock(&self.consumers);
+        if !c.contains(&stream) {
+            c.push(stream);
+        }
     }
 
     /// The region's index in its pool.
@@ -348,85 +397,108 @@ impl DeviceRegion {
         self.index
     }
 
-    /// Copies `dst.len()` bytes from `offset` of the region to the host, synchronously, once
-    /// the region's copy (or write) has completed; for the samples the CPU decodes.
+    /// The region's device memory.
     #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    pub(crate) fn buf(&self) -> &DBuf {
+        self.pool.buf(self.index)
+    }
+
+    /// Copies `dst.len()` bytes from `offset` of the region to the host, once the region's
+    /// copy (or write) has completed; on the pool's own stream, waited for.
     pub(crate) fn read_range(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let end = offset
-            .checked_add(dst.len())
-            .filter(|&e| e <= self.used)
-            .ok_or_else(|| {
-                crate::error::invalid(format!(
-                    "{} bytes at {offset} lie past the {} bytes of a device region",
-                    dst.len(),
-                    self.used
-                ))
-            })?;
-        match &self.pool.mem[self.index] {
-            Mem::Cuda { buf, ready, .. } => {
-                ready.synchronize()?;
-                buf.read(offset, dst)
-            }
-            Mem::Sim { bytes } => {
-                dst.copy_from_slice(&lock(bytes)[offset..end]);
-                Ok(())
-            }
+        if offset.checked_add(dst.len()).is_none_or(|e| e > self.used) {
+            return Err(crate::error::invalid(format!(
+                "{} bytes at {offset} lie past the {} bytes of a device region",
+                dst.len(),
+                self.used
+            )));
         }
+        let _g = self.pool.gpu.enter()?;
+        let m = &self.pool.mem[self.index];
+        self.pool.xfer.wait(&m.ready)?;
+        self.pool
+            .xfer
+            .read(&m.buf, offset, dst, "a device → host read of a region")
     }
 
-    /// Whether the region is in the simulated device's host memory.
-    pub fn is_simulated(&self) -> bool {
-        matches!(self.pool.mem[self.index], Mem::Sim { .. })
-    }
-
-    /// The simulated device's bytes of the region (`None` on CUDA): what a kernel launched by
-    /// the simulator reads. The copy into it has completed (the region is handed out only
-    /// then), and nothing writes it while a batch views it.
+    /// Copies each of `ranges` of the region to the host in one go (the copies queued on the
+    /// pool's stream after the region's ready event, then one wait).
     #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
-    pub(crate) fn sim_bytes(&self) -> Option<MutexGuard<'_, Vec<u8>>> {
-        match &self.pool.mem[self.index] {
-            Mem::Sim { bytes } => Some(lock(bytes)),
-            Mem::Cuda { .. } => None,
+    pub(crate) fn read_ranges(&self, ranges: &[std::ops::Range<usize>]) -> Result<Vec<Vec<u8>>> {
+        let mut out: Vec<Vec<u8>> = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            if r.start > r.end || r.end > self.used {
+                return Err(crate::error::invalid(format!(
+                    "bytes {}..{} lie past the {} bytes of a device region",
+                    r.start, r.end, self.used
+                )));
+            }
+            out.push(vec![0; r.len()]);
         }
+        let _g = self.pool.gpu.enter()?;
+        let m = &self.pool.mem[self.index];
+        let s = &self.pool.xfer;
+        s.wait(&m.ready)?;
+        for (r, v) in ranges.iter().zip(&mut out) {
+            // SAFETY: each vector is sized to its range, which lies in the region (checked),
+            // and stays untouched until the stream is synchronised below.
+            let queued = unsafe {
+                s.copy_dtoh(
+                    &m.buf,
+                    r.start,
+                    v.as_mut_ptr(),
+                    r.len(),
+                    "a gathered read of samples",
+                )
+            };
+            if let Err(e) = queued {
+                s.synchronize()?;
+                return Err(e);
+            }
+        }
+        s.synchronize()?;
+        Ok(out)
+    }
+
+    /// Whether the region is in the simulated device's memory.
+    pub fn is_simulated(&self) -> bool {
+        self.pool.is_simulated()
     }
 
     /// Copies the region's bytes to the host (synchronously; for checks and tests).
     pub fn to_host(&self) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.used];
-        match &self.pool.mem[self.index] {
-            Mem::Cuda { buf, ready, .. } => {
-                ready.synchronize()?;
-                buf.read(0, &mut v)?;
-            }
-            Mem::Sim { bytes } => v.copy_from_slice(&lock(bytes)[..self.used]),
-        }
+        self.read_range(0, &mut v)?;
         Ok(v)
     }
 }
 
 impl Drop for DeviceRegion {
     fn drop(&mut self) {
-        if let Mem::Cuda {
-            released,
-            release_pending,
-            ..
-        } = &self.pool.mem[self.index]
-        {
-            if let Some(stream) = *lock(&self.consumer) {
-                // Work the consumer enqueued on its stream before dropping the batch must finish
-                // before the region is overwritten: the next copy waits for this event.
-                let bound = self.pool.ctx.as_ref().map_or(Ok(()), |c| c.bind());
-                let recorded = bound.and_then(|()| {
+        let m = &self.pool.mem[self.index];
+        let consumers = std::mem::take(&mut *lock(&self.consumers));
+        if !consumers.is_empty() {
+            // Work each consumer enqueued on its stream before dropping the batch must finish
+            // before the region is overwritten: the next write waits for these events.
+            let recorded = self.pool.gpu.enter().and_then(|_g| {
+                let mut rel = lock(&m.released);
+                // Appended after releases no write has waited for yet (a batch dropped unread).
+                for &stream in &consumers {
+                    let k = rel.pending;
+                    if rel.events.len() <= k {
+                        let e = self.pool.gpu.event()?;
+                        rel.events.push(e);
+                    }
                     // SAFETY: `wait_on`'s caller promised the stream lives until this drop;
-                    // the context was just made current.
-                    unsafe { released.record_raw(stream) }
-                });
-                if recorded.is_ok() {
-                    release_pending.store(true, Ordering::Release);
-                } else if let Some(c) = &self.pool.ctx {
-                    // Without the event, only a full wait is safe.
-                    let _ = c.synchronize();
+                    // the context is current.
+                    unsafe { rel.events[k].record_raw(stream)? };
+                    rel.pending = k + 1;
                 }
+                Ok(())
+            });
+            if recorded.is_err() {
+                // Without the events, only a full wait is safe.
+                let _ = self.pool.gpu.synchronize();
             }
         }
         lock(&self.pool.held)[self.index] = false;
@@ -443,23 +515,19 @@ impl std::fmt::Debug for DeviceRegion {
     }
 }
 
-/// A copy in flight: its tag, region, and (simulator) what it reads.
+/// A copy in flight: its tag, region, source, and (simulator) the source's crc at the start.
 struct InFlight {
     tag: u64,
     region: usize,
-    src: *const u8,
     len: usize,
-    /// Simulator: crc of the source at submission, polls left.
     crc: u32,
-    delay: u32,
 }
 
 /// Copies groups from slots into device regions.
 pub struct CopyStage {
     pool: Arc<DevicePool>,
-    stream: Option<Stream>,
+    stream: DStream,
     in_flight: Vec<InFlight>,
-    rng: Rng,
     /// A copy may still read a source this stage lost track of: never reuse its sources.
     broken: bool,
 }
@@ -472,27 +540,17 @@ impl std::fmt::Debug for CopyStage {
     }
 }
 
-// SAFETY: the raw source pointers point into the loader's arena, whose slots are owned by the
-// I/O thread that owns this stage until their copies complete; the stage never leaves that
-// thread while copies are in flight.
-unsafe impl Send for CopyStage {}
-
 impl CopyStage {
-    /// A stage over `pool` (a CUDA stream is created, the context bound to this thread).
+    /// A stage over `pool` (a stream is created; on CUDA the context is bound to this thread,
+    /// which is gpufeed's I/O thread).
     pub fn new(pool: &Arc<DevicePool>) -> Result<CopyStage> {
-        let stream = match &pool.ctx {
-            Some(c) => {
-                c.bind()?;
-                Some(Stream::new(c)?)
-            }
-            None => None,
-        };
-        let seed = pool.sim.as_ref().map_or(0, |s| s.seed);
+        if let Some(c) = pool.gpu.ctx() {
+            c.bind()?;
+        }
         Ok(CopyStage {
             pool: pool.clone(),
-            stream,
+            stream: pool.gpu.stream()?,
             in_flight: Vec::new(),
-            rng: Rng::new(seed),
             broken: false,
         })
     }
@@ -520,51 +578,35 @@ impl CopyStage {
             )));
         }
         let mut crc = 0;
-        let mut delay = 0;
-        match (&self.pool.mem[r], &self.stream) {
-            (
-                Mem::Cuda {
-                    buf,
-                    ready,
-                    released,
-                    release_pending,
-                },
-                Some(s),
-            ) => {
-                if release_pending.swap(false, Ordering::AcqRel) {
-                    s.wait(released)?;
-                }
-                // SAFETY: the caller keeps the source unchanged until the ready event is seen
-                // complete; the region is ours (taken, not viewed) and `len` fits it.
-                unsafe { cuda::memcpy_htod_async(buf.ptr(), src, len, s)? };
-                if let Err(e) = ready.record(s) {
-                    // The copy is enqueued but no event marks its end: wait for the stream so
-                    // the caller may reuse the source; if even that fails, say the stage is
-                    // broken so the caller leaks the source instead.
-                    if s.synchronize().is_err() {
-                        self.broken = true;
-                    }
-                    return Err(e);
-                }
+        if let Some(sim) = &self.pool.sim {
+            if lock(&self.pool.held)[r] {
+                sim.stats.region_in_use.fetch_add(1, Ordering::Relaxed);
             }
-            (Mem::Sim { .. }, _) => {
-                let sim = self.pool.sim.as_ref().expect("a simulated pool");
-                if lock(&self.pool.held)[r] {
-                    sim.stats.region_in_use.fetch_add(1, Ordering::Relaxed);
-                }
-                // SAFETY: valid for `len` bytes per the caller's contract.
-                crc = crate::util::crc32c(unsafe { std::slice::from_raw_parts(src, len) });
-                delay = self.rng.below(sim.delay_max as u64 + 1) as u32;
+            // SAFETY: valid for `len` bytes per the caller's contract.
+            crc = crate::util::crc32c(unsafe { std::slice::from_raw_parts(src, len) });
+        }
+        let m = &self.pool.mem[r];
+        self.pool.before_write(r, &self.stream)?;
+        // SAFETY: the caller keeps the source unchanged until the ready event is seen complete;
+        // the region is ours (taken, not viewed) and `len` fits it.
+        unsafe {
+            self.stream
+                .copy_htod(&m.buf, 0, src, len, "a group's host → device copy")?
+        };
+        if let Err(e) = m.ready.record(&self.stream) {
+            // The copy is enqueued but no event marks its end: wait for the stream so the
+            // caller may reuse the source; if even that fails, say the stage is broken so the
+            // caller leaks the source instead.
+            if self.stream.synchronize().is_err() {
+                self.broken = true;
             }
-            _ => unreachable!("a CUDA pool always has a stream"),
+            return Err(e);
         }
         self.in_flight.push(InFlight {
             tag,
             region: r,
-            src,
             len,
             crc,
-            delay,
         });
         if let Some(sim) = &self.pool.sim {
             sim.stats
@@ -577,78 +619,45 @@ impl CopyStage {
     /// Appends the tags of copies that completed, in any order. With `wait`, blocks until at
     /// least one completes (if any is in flight).
     pub fn poll(&mut self, done: &mut Vec<u64>, wait: bool) -> Result<()> {
-        if self.in_flight.is_empty() {
-            return Ok(());
-        }
-        if self.pool.sim.is_some() {
-            return self.poll_sim(done, wait);
-        }
         loop {
             let before = done.len();
             let mut i = 0;
             while i < self.in_flight.len() {
-                let Mem::Cuda { ready, .. } = &self.pool.mem[self.in_flight[i].region] else {
-                    unreachable!("CUDA pool")
-                };
-                if ready.done()? {
-                    done.push(self.in_flight.swap_remove(i).tag);
+                if self.pool.mem[self.in_flight[i].region].ready.done()? {
+                    let f = self.in_flight.swap_remove(i);
+                    self.completed(&f)?;
+                    done.push(f.tag);
                 } else {
                     i += 1;
                 }
             }
-            if !wait || done.len() > before {
+            if !wait || done.len() > before || self.in_flight.is_empty() {
                 return Ok(());
             }
-            // Copies take a few ms; yield rather than block the stream (no host sync).
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
-
-    fn poll_sim(&mut self, done: &mut Vec<u64>, wait: bool) -> Result<()> {
-        let before = done.len();
-        let mut order: Vec<usize> = (0..self.in_flight.len()).collect();
-        for i in (1..order.len()).rev() {
-            order.swap(i, self.rng.below(i as u64 + 1) as usize);
-        }
-        let mut finished = Vec::new();
-        for &i in &order {
-            let f = &mut self.in_flight[i];
-            if f.delay == 0 {
-                finished.push(i);
-            } else {
-                f.delay -= 1;
+            if self.pool.sim.is_none() {
+                // Copies take a few ms; yield rather than block the stream (no host sync).
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
-        if wait && finished.is_empty() {
-            finished.push(order[0]);
-        }
-        finished.sort_unstable_by(|a, b| b.cmp(a));
-        for i in finished {
-            let f = self.in_flight.swap_remove(i);
-            self.complete_sim(&f)?;
-            done.push(f.tag);
-        }
-        debug_assert!(!wait || done.len() > before);
-        Ok(())
     }
 
-    fn complete_sim(&self, f: &InFlight) -> Result<()> {
-        let sim = self.pool.sim.as_ref().expect("a simulated pool");
-        // SAFETY: per `start`'s contract the source is still valid (the check below is how the
-        // simulator catches a slot released early).
-        let src = unsafe { std::slice::from_raw_parts(f.src, f.len) };
+    /// The simulator's check of a completed copy: the region holds what the source held when
+    /// the copy started (a slot reused early shows here).
+    fn completed(&self, f: &InFlight) -> Result<()> {
+        let Some(sim) = &self.pool.sim else {
+            return Ok(());
+        };
         sim.stats.copies.fetch_add(1, Ordering::Relaxed);
-        if crate::util::crc32c(src) != f.crc {
+        let g = sim.gpu();
+        let (id, _) = SimGpu::resolve(self.pool.ptr(f.region));
+        let got = g.peek(id, 0, f.len, "the copy stage's check of a completed copy");
+        if crate::util::crc32c(&got) != f.crc {
             sim.stats.source_changed.fetch_add(1, Ordering::Relaxed);
             return Err(Error::new(
                 ErrorKind::Io,
                 "simulated device: a slot changed while its copy was in flight",
             ));
         }
-        let Mem::Sim { bytes } = &self.pool.mem[f.region] else {
-            unreachable!("simulated pool")
-        };
-        lock(bytes)[..f.len].copy_from_slice(src);
         Ok(())
     }
 
@@ -666,9 +675,7 @@ impl Drop for CopyStage {
         // Never leave a DMA reading a slot the caller is about to free.
         let mut done = Vec::new();
         if self.drain(&mut done).is_err() {
-            if let Some(s) = &self.stream {
-                let _ = s.synchronize();
-            }
+            let _ = self.stream.synchronize();
         }
     }
 }
@@ -839,8 +846,8 @@ mod tests {
     #[test]
     fn simulator_catches_a_source_reused_early_and_a_region_in_use() {
         let mut dev = SimDevice::new(1);
-        dev.delay_max = 0;
-        let pool = DevicePool::sim(&dev, 2, 64);
+        dev.delay_max = 1_000; // the copy stays pending while its source changes
+        let pool = DevicePool::sim(&dev, 2, 64).unwrap();
         let mut stage = CopyStage::new(&pool).unwrap();
         let mut src = vec![7u8; 64];
         let r = pool.take().unwrap();

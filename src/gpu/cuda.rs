@@ -3,7 +3,7 @@
 //! cudarc panics when a library it is asked to load is missing, so nothing here is reached before
 //! [`driver_present`] said `libcuda` loads. Every failed call becomes an [`Error`] naming the
 //! call, with the driver's result as its source. Context, streams, events and device memory are
-//! cudarc's safe types (`CudaContext`, `CudaStream`, `CudaEvent`, `CudaSlice`) behind the small
+//! cudarc's safe types (`CudaContext`, `CudaStream`) behind the small
 //! API the copy stage needs; raw driver calls remain only where that layer cannot say what is
 //! needed (docs/DECISIONS.md): registering memory that gpufeed mapped itself (the arena), an
 //! asynchronous copy from that registered memory, the driver version, and waiting on or
@@ -12,8 +12,8 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaSlice, CudaStream};
-use cudarc::driver::{DevicePtr, DriverError};
+use cudarc::driver::DriverError;
+use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -151,7 +151,18 @@ impl Context {
         Ok(LoadedKernel { func })
     }
 
-    /// Makes this context current on the calling thread.
+    /// Makes this context current on the calling thread until the guard drops, then restores
+    /// the thread's previous one (`cuCtxPushCurrent` / `cuCtxPopCurrent`): for calls on threads
+    /// that are not gpufeed's (a consumer's `__dlpack__`, a batch dropped by the trainer), where
+    /// a lasting `cuCtxSetCurrent` would leave the caller's next CUDA calls on this device.
+    pub fn enter(self: &Arc<Self>) -> Result<CtxGuard> {
+        // SAFETY: the primary context is retained while `inner` lives, which the guard keeps.
+        let r = unsafe { sys::cuCtxPushCurrent_v2(self.inner.cu_ctx()) };
+        check(r, "cuCtxPushCurrent")?;
+        Ok(CtxGuard { _ctx: self.clone() })
+    }
+
+    /// Makes this context current on the calling thread (gpufeed's own threads).
     pub fn bind(&self) -> Result<()> {
         self.inner
             .bind_to_thread()
@@ -173,6 +184,21 @@ impl Context {
     /// Waits for all work of this context (a last resort where an event could not be recorded).
     pub fn synchronize(&self) -> Result<()> {
         self.inner.synchronize().map_err(driver("cuCtxSynchronize"))
+    }
+}
+
+/// This context current on the thread until dropped (see [`Context::enter`]).
+#[derive(Debug)]
+pub struct CtxGuard {
+    _ctx: Arc<Context>,
+}
+
+impl Drop for CtxGuard {
+    fn drop(&mut self) {
+        let mut prev: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops what `enter` pushed on this thread (guards are not Send: dropped on the
+        // thread that made them, in reverse order).
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut prev) };
     }
 }
 
@@ -203,9 +229,11 @@ impl Stream {
 
     /// Makes this stream's later work wait for `event` (no host synchronisation).
     pub fn wait(&self, event: &Event) -> Result<()> {
-        self.inner
-            .wait(&event.inner)
-            .map_err(driver("cuStreamWaitEvent"))
+        // SAFETY: our stream, live; the event is live while borrowed.
+        check(
+            unsafe { sys::cuStreamWaitEvent(self.inner.cu_stream(), event.raw, 0) },
+            "cuStreamWaitEvent",
+        )
     }
 
     /// Makes `raw_stream`'s later work wait for `event` (no host synchronisation).
@@ -217,62 +245,91 @@ impl Stream {
     pub unsafe fn wait_raw(raw_stream: u64, event: &Event) -> Result<()> {
         // SAFETY: the caller vouches for the stream; the event is live while borrowed.
         check(
-            unsafe {
-                sys::cuStreamWaitEvent(raw_stream as sys::CUstream, event.inner.cu_event(), 0)
-            },
+            unsafe { sys::cuStreamWaitEvent(raw_stream as sys::CUstream, event.raw, 0) },
             "cuStreamWaitEvent",
         )
     }
 }
 
-/// An event without timing.
+/// An event without timing, whose waits block the thread instead of spinning
+/// (`CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING`: cudarc's `new_event` takes one flag).
 #[derive(Debug)]
 pub struct Event {
-    inner: CudaEvent,
+    raw: sys::CUevent,
+    ctx: Arc<Context>,
 }
 
+// SAFETY: a CUevent may be used from any thread of the process (the driver locks it).
+unsafe impl Send for Event {}
+// SAFETY: as above; every call through `&self` is thread-safe in the driver.
+unsafe impl Sync for Event {}
+
 impl Event {
-    /// A new event (without timing) on `ctx`'s device.
+    /// A new event (blocking sync, no timing) on `ctx`'s device.
     pub fn new(ctx: &Arc<Context>) -> Result<Event> {
-        let inner = ctx.inner.new_event(None).map_err(driver("cuEventCreate"))?;
-        Ok(Event { inner })
+        let _g = ctx.enter()?;
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32
+            | sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: writes one handle; the context is current.
+        let r = unsafe { sys::cuEventCreate(&mut raw, flags) };
+        check(r, "cuEventCreate")?;
+        Ok(Event {
+            raw,
+            ctx: ctx.clone(),
+        })
     }
 
     /// Records the event at the current end of `stream`.
     pub fn record(&self, stream: &Stream) -> Result<()> {
-        self.inner
-            .record(&stream.inner)
-            .map_err(driver("cuEventRecord"))
+        // SAFETY: our stream and event, both live.
+        unsafe { self.record_raw(stream.raw()) }
     }
 
     /// Records the event at the current end of `raw_stream`.
     ///
     /// # Safety
-    /// As for [`Stream::wait_raw`]: a live stream of this event's context (or 0 or 2), the
-    /// context current on this thread.
+    /// As for [`Stream::wait_raw`]: a live stream of this event's context (or 0, 1 or 2).
     pub unsafe fn record_raw(&self, raw_stream: u64) -> Result<()> {
+        let _g = self.ctx.enter()?;
         // SAFETY: the caller vouches for the stream; the event is ours and live.
         check(
-            unsafe { sys::cuEventRecord(self.inner.cu_event(), raw_stream as sys::CUstream) },
+            unsafe { sys::cuEventRecord(self.raw, raw_stream as sys::CUstream) },
             "cuEventRecord",
         )
     }
 
     /// Whether the work before the last record has completed.
     pub fn done(&self) -> Result<bool> {
-        self.inner.try_is_complete().map_err(driver("cuEventQuery"))
+        // SAFETY: a live event.
+        match unsafe { sys::cuEventQuery(self.raw) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => check(r, "cuEventQuery").map(|()| false),
+        }
     }
 
-    /// Waits for the work before the last record.
+    /// Waits (blocking the thread) for the work before the last record.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner
-            .synchronize()
-            .map_err(driver("cuEventSynchronize"))
+        // SAFETY: a live event.
+        check(
+            unsafe { sys::cuEventSynchronize(self.raw) },
+            "cuEventSynchronize",
+        )
     }
 
     /// The raw `CUevent` (for DLPack consumers; this event stays its owner).
     pub fn raw(&self) -> u64 {
-        self.inner.cu_event() as u64
+        self.raw as u64
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let _g = self.ctx.enter();
+        // SAFETY: created by cuEventCreate, destroyed once (the driver defers the release
+        // until work recorded on it completes).
+        let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
     }
 }
 
@@ -322,29 +379,33 @@ impl LoadedKernel {
     }
 }
 
-/// Device memory (a cudarc `CudaSlice`, zeroed once at allocation).
+/// Device memory from `cuMemAlloc` (not the stream-ordered pool: cuFile registers only such
+/// memory), zeroed once at allocation, freed on drop.
 #[derive(Debug)]
 pub struct DeviceBuffer {
-    mem: CudaSlice<u8>,
-    /// `mem`'s address, read once (cudarc hands it out with bookkeeping per use).
     ptr: u64,
     len: usize,
+    ctx: Arc<Context>,
 }
 
 impl DeviceBuffer {
     /// `len` bytes of zeroed device memory on `ctx`'s device.
     pub fn new(ctx: &Arc<Context>, len: usize) -> Result<DeviceBuffer> {
-        // Allocated (stream-ordered where the device supports it) and zeroed on the legacy
-        // default stream, which is then waited for, so any stream may use it from here on.
-        let stream = ctx.inner.default_stream();
-        let mem = stream
-            .alloc_zeros::<u8>(len.max(1))
-            .map_err(driver("cuMemAlloc"))?;
-        stream
-            .synchronize()
-            .map_err(driver("cuStreamSynchronize"))?;
-        let ptr = mem.device_ptr(&stream).0;
-        Ok(DeviceBuffer { mem, ptr, len })
+        let _g = ctx.enter()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: writes one device address; the context is current.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) };
+        check(r, "cuMemAlloc")?;
+        let buf = DeviceBuffer {
+            ptr,
+            len,
+            ctx: ctx.clone(),
+        };
+        // SAFETY: the allocation just made, `len.max(1)` bytes; synchronous (cuMemsetD8 on
+        // fresh memory returns when done for any stream's later use).
+        let r = unsafe { sys::cuMemsetD8_v2(ptr, 0, len.max(1)) };
+        check(r, "cuMemsetD8")?;
+        Ok(buf)
     }
 
     /// The device address.
@@ -362,24 +423,41 @@ impl DeviceBuffer {
         self.len == 0
     }
 
-    /// Copies `dst.len()` bytes from `offset` to the host, synchronously (tests, checks).
+    /// Copies `dst.len()` bytes from `offset` to the host, synchronously (tests, checks: on
+    /// the legacy stream, behind what it has queued).
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let end = self.range_end(offset, dst.len())?;
-        let stream = self.mem.stream().clone();
-        stream
-            .memcpy_dtoh(&self.mem.slice(offset..end), dst)
-            .map_err(driver("cuMemcpyDtoH"))?;
-        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+        self.range_end(offset, dst.len())?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: the range lies inside the allocation (checked); `dst` is writable for its
+        // length; the copy is synchronous.
+        check(
+            unsafe {
+                sys::cuMemcpyDtoH_v2(
+                    dst.as_mut_ptr() as *mut c_void,
+                    self.ptr + offset as u64,
+                    dst.len(),
+                )
+            },
+            "cuMemcpyDtoH",
+        )
     }
 
     /// Copies `src` to `offset`, synchronously, from any host memory (the naive path).
     pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<()> {
-        let end = self.range_end(offset, src.len())?;
-        let stream = self.mem.stream().clone();
-        stream
-            .memcpy_htod(src, &mut self.mem.slice_mut(offset..end))
-            .map_err(driver("cuMemcpyHtoD"))?;
-        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+        self.range_end(offset, src.len())?;
+        let _g = self.ctx.enter()?;
+        // SAFETY: the range lies inside the allocation (checked); `src` is readable for its
+        // length; the copy is synchronous.
+        check(
+            unsafe {
+                sys::cuMemcpyHtoD_v2(
+                    self.ptr + offset as u64,
+                    src.as_ptr() as *const c_void,
+                    src.len(),
+                )
+            },
+            "cuMemcpyHtoD",
+        )
     }
 
     fn range_end(&self, offset: usize, len: usize) -> Result<usize> {
@@ -390,6 +468,15 @@ impl DeviceBuffer {
                 self.len
             ))),
         }
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let _g = self.ctx.enter();
+        // SAFETY: allocated by cuMemAlloc, freed once. Whoever owns the buffer waited for the
+        // work that uses it first (cuMemFree also waits for the device to be idle on it).
+        let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
     }
 }
 
@@ -408,7 +495,7 @@ impl HostRegistration {
     /// # Safety
     /// `ptr .. ptr + len` must stay mapped until this is dropped.
     pub unsafe fn new(ctx: &Arc<Context>, ptr: *mut u8, len: usize) -> Result<HostRegistration> {
-        ctx.bind()?;
+        let _g = ctx.enter()?;
         // SAFETY: the caller keeps the range mapped for our lifetime.
         let r = unsafe {
             sys::cuMemHostRegister_v2(ptr as *mut c_void, len, sys::CU_MEMHOSTREGISTER_PORTABLE)
@@ -423,7 +510,7 @@ impl HostRegistration {
 
 impl Drop for HostRegistration {
     fn drop(&mut self) {
-        let _ = self.ctx.bind();
+        let _g = self.ctx.enter();
         // SAFETY: unregisters what `new` registered (the range is still mapped, per `new`).
         let _ = unsafe { sys::cuMemHostUnregister(self.addr as *mut c_void) };
     }
@@ -446,5 +533,33 @@ pub unsafe fn memcpy_htod_async(
             sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, stream.inner.cu_stream())
         },
         "cuMemcpyHtoDAsync",
+    )
+}
+
+/// Starts an asynchronous device → host copy on `stream`.
+///
+/// # Safety
+/// `dst .. dst + len` must stay valid (and unread by the host) and `src .. src + len` allocated
+/// and unchanged until work recorded on `stream` after this call has completed.
+pub unsafe fn memcpy_dtoh_async(dst: *mut u8, src: u64, len: usize, stream: &Stream) -> Result<()> {
+    // SAFETY: forwarded under the caller's guarantees; the stream is ours and live.
+    check(
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, stream.inner.cu_stream())
+        },
+        "cuMemcpyDtoHAsync",
+    )
+}
+
+/// Starts setting `len` bytes at `dst` to zero on `stream`.
+///
+/// # Safety
+/// `dst .. dst + len` must stay allocated until work recorded on `stream` after this call has
+/// completed.
+pub unsafe fn memset_async(dst: u64, len: usize, stream: &Stream) -> Result<()> {
+    // SAFETY: forwarded under the caller's guarantees; the stream is ours and live.
+    check(
+        unsafe { sys::cuMemsetD8Async(dst, 0, len, stream.inner.cu_stream()) },
+        "cuMemsetD8Async",
     )
 }

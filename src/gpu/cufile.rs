@@ -54,9 +54,19 @@ fn op_error(call: &str, e: sys::CUfileError) -> Error {
 pub fn status() -> Result<CufileMode> {
     static STATUS: OnceLock<Result<CufileMode, String>> = OnceLock::new();
     if !super::cuda::driver_present() || !library_present() {
+        // cudarc loads cuFile by the names `libcufile.so` and `libcufile.so.<major>`; the
+        // runtime packages (and the nvidia-cufile wheel) ship `libcufile.so.0` alone.
+        // SAFETY: loads (and drops) the library by name; no symbol is called.
+        let only_so0 = unsafe { libloading::Library::new("libcufile.so.0") }.is_ok();
         return Err(Error::new(
             ErrorKind::Unsupported,
-            "cuFile is not installed (libcufile.so could not be loaded)",
+            if only_so0 {
+                "cuFile is installed as libcufile.so.0 only, a name the CUDA bindings do not \
+                 try: link libcufile.so to it in its directory (or install the CUDA toolkit's \
+                 development files)"
+            } else {
+                "cuFile is not installed (libcufile.so could not be loaded)"
+            },
         ));
     }
     STATUS

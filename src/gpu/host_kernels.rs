@@ -20,11 +20,10 @@ unsafe extern "C" {
         out: *mut u8,
     );
     fn gf_host_crc32c(
-        grid_x: u32,
-        block_x: u32,
         data: *const u8,
         spans: *const GfSpan,
         n: u32,
+        lanes: *mut u32,
         out: *mut u32,
     );
 }
@@ -82,7 +81,7 @@ pub fn resize(src: &[u8], samples: &[GfSample], emit: &GfEmit, out: &mut [u8]) -
     }
 }
 
-/// Runs `gf_crc32c` over `spans` of `data`: one crc32c per span.
+/// Runs `gf_crc32c` and `gf_crc32c_combine` over `spans` of `data`: one crc32c per span.
 pub fn crc32c(data: &[u8], spans: &[GfSpan]) -> Result<Vec<u32>> {
     check_spans(data.len(), spans)?;
     let n = u32::try_from(spans.len()).map_err(|_| invalid("crc32c launch: too many spans"))?;
@@ -92,15 +91,15 @@ pub fn crc32c(data: &[u8], spans: &[GfSpan]) -> Result<Vec<u32>> {
     }
     #[cfg(gf_host_kernels)]
     {
-        // SAFETY: every span lies inside `data` (checked), `out` holds one u32 per span, and
-        // the slices outlive the call.
+        let mut lanes = vec![0u32; spans.len() * super::kernels::CRC_LANES as usize];
+        // SAFETY: every span lies inside `data` (checked), `lanes` holds CRC_LANES u32s per
+        // span and `out` one, and the slices outlive the call.
         unsafe {
             gf_host_crc32c(
-                n.div_ceil(64),
-                64,
                 data.as_ptr(),
                 spans.as_ptr(),
                 n,
+                lanes.as_mut_ptr(),
                 out.as_mut_ptr(),
             )
         };
@@ -137,6 +136,18 @@ mod tests {
                 reserved: 0,
             },
         ];
+        // Lengths around the lanes' shares (128 lanes): empty lanes, one byte, partial last.
+        let mut spans = spans.to_vec();
+        for (k, len) in [1u32, 2, 127, 128, 129, 255, 256, 257, 383, 1000, 9_960]
+            .into_iter()
+            .enumerate()
+        {
+            spans.push(GfSpan {
+                offset: k as u64 * 3,
+                len,
+                reserved: 0,
+            });
+        }
         let got = crc32c(&data, &spans).unwrap();
         for (s, c) in spans.iter().zip(got) {
             let r = s.offset as usize..s.offset as usize + s.len as usize;

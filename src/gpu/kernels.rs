@@ -34,12 +34,21 @@ pub const RESIZE: Kernel = Kernel {
     source: include_str!("../../kernels/resize.cu"),
 };
 
-/// crc32c of each sample of a group in device memory.
+/// crc32c of each sample of a group in device memory: `gf_crc32c` (a block per sample, a
+/// lane's share per thread), then `gf_crc32c_combine` (entry [`CRC32C_COMBINE`]) in the same
+/// module.
 pub const CRC32C: Kernel = Kernel {
     name: "crc32c",
     entry: "gf_crc32c",
     source: include_str!("../../kernels/crc32c.cu"),
 };
+
+/// The second entry point of [`CRC32C`]'s module: joins each sample's lanes.
+pub const CRC32C_COMBINE: &str = "gf_crc32c_combine";
+
+/// Threads (lanes) of `gf_crc32c` per sample (`GF_CRC_LANES`): the scratch holds this many
+/// u32 per sample between the two launches.
+pub const CRC_LANES: u32 = 128;
 
 /// Every kernel.
 pub const ALL: [Kernel; 2] = [RESIZE, CRC32C];
@@ -362,6 +371,7 @@ pub fn cubin_cached(
 pub struct DeviceKernels {
     resize: super::cuda::LoadedKernel,
     crc32c: super::cuda::LoadedKernel,
+    crc32c_combine: super::cuda::LoadedKernel,
 }
 
 /// Threads per block of every launch.
@@ -374,13 +384,14 @@ impl DeviceKernels {
         let arch = ctx.arch()?;
         let extra = format!("drv{}", super::cuda::driver_version()?);
         let dir = cache_dir();
-        let load = |k: &Kernel| -> Result<super::cuda::LoadedKernel> {
+        let load = |k: &Kernel, entry: &str| -> Result<super::cuda::LoadedKernel> {
             let (cubin, _) = cubin_cached(k, arch, &extra, dir.as_deref())?;
-            ctx.load_kernel(cubin, k.entry)
+            ctx.load_kernel(cubin, entry)
         };
         Ok(DeviceKernels {
-            resize: load(&RESIZE)?,
-            crc32c: load(&CRC32C)?,
+            resize: load(&RESIZE, RESIZE.entry)?,
+            crc32c: load(&CRC32C, CRC32C.entry)?,
+            crc32c_combine: load(&CRC32C, CRC32C_COMBINE)?,
         })
     }
 
@@ -421,36 +432,47 @@ impl DeviceKernels {
         unsafe { self.resize.launch((grid_x, n), BLOCK, &mut params, stream) }
     }
 
-    /// `gf_crc32c` over `n` spans on `stream`: the group at device address `data`, the `n`
-    /// [`GfSpan`]s at `spans`, one u32 per span written at `out`.
+    /// crc32c of `n` spans on `stream`: the group at device address `data`, the `n`
+    /// [`GfSpan`]s at `spans`, [`CRC_LANES`] u32s per span of scratch at `lanes`, one u32 per
+    /// span written at `out` (two launches: the lanes, then their combination).
     ///
     /// # Safety
-    /// `spans` must hold `n` spans inside the allocation at `data`, `out` room for `n` u32s,
-    /// all staying allocated (and `data`, `spans` unchanged) until work recorded on `stream`
-    /// after this call has completed.
+    /// `spans` must hold `n` spans inside the allocation at `data`, `lanes` room for
+    /// `n × CRC_LANES` u32s, `out` room for `n` u32s, all staying allocated (and `data`,
+    /// `spans` unchanged) until work recorded on `stream` after this call has completed.
     pub unsafe fn crc32c(
         &self,
         stream: &super::cuda::Stream,
         data: u64,
         spans: u64,
         n: u32,
+        lanes: u64,
         out: u64,
     ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
-        let (mut data, mut spans, mut n2, mut out) = (data, spans, n, out);
+        let (mut data, mut spans, mut n2, mut lanes, mut out) = (data, spans, n, lanes, out);
         let mut params = [
             (&raw mut data).cast(),
             (&raw mut spans).cast(),
             (&raw mut n2).cast(),
-            (&raw mut out).cast(),
+            (&raw mut lanes).cast(),
         ];
         // SAFETY: one pointer per parameter of `gf_crc32c(const u8*, const gf_span*, u32,
         // u32*)`, to values of those types, read during the call; the caller vouches for the
-        // memory.
+        // memory. A block of CRC_LANES threads per span.
+        unsafe { self.crc32c.launch((n, 1), CRC_LANES, &mut params, stream)? };
+        let mut params = [
+            (&raw mut spans).cast(),
+            (&raw mut n2).cast(),
+            (&raw mut lanes).cast(),
+            (&raw mut out).cast(),
+        ];
+        // SAFETY: one pointer per parameter of `gf_crc32c_combine(const gf_span*, u32, const
+        // u32*, u32*)`, read during the call; ordered after the first launch on `stream`.
         unsafe {
-            self.crc32c
+            self.crc32c_combine
                 .launch((n.div_ceil(64), 1), 64, &mut params, stream)
         }
     }

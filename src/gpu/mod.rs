@@ -15,9 +15,11 @@
 pub(crate) mod copy;
 pub(crate) mod cuda;
 pub(crate) mod cufile;
+pub(crate) mod dev;
 pub(crate) mod host_kernels;
 pub(crate) mod kernels;
 pub(crate) mod nvjpeg;
+pub(crate) mod sim;
 
 use std::sync::Arc;
 

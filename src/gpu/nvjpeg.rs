@@ -333,7 +333,14 @@ impl BatchDecoder {
     /// Allocates the internal buffers for batches of up to `batch` images of up to
     /// `width` × `height` up front (`nvjpegDecodeBatchedPreAllocate`), so decoding allocates
     /// nothing later.
+    /// Documented for [`backend::HARDWARE`] only: refused on other backends.
     pub fn pre_allocate(&mut self, batch: usize, width: u32, height: u32) -> Result<()> {
+        if self.backend != backend::HARDWARE {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "nvjpegDecodeBatchedPreAllocate is for the HARDWARE backend only",
+            ));
+        }
         let f = &self.handle.lib.fns;
         // SAFETY: a live handle and state; plain values.
         let s = unsafe {

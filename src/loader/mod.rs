@@ -314,7 +314,7 @@ impl LoaderBuilder {
             Device::Host => None,
             Device::Simulated(sim) => Some(Arc::new(GpuState {
                 _pin: None,
-                pool: DevicePool::sim(sim, regions, engine.slot_bytes),
+                pool: DevicePool::sim(sim, regions, engine.slot_bytes)?,
                 _arena: arena.clone(),
             })),
             Device::Cuda(ordinal) => {

@@ -20,7 +20,7 @@ use gpufeed::{Dataset, Device, Loader, Order};
 use crate::common::disk_dir;
 
 /// Whether this build has the simulated device's kernels (a C++ compiler at build time).
-fn kernels() -> bool {
+pub(crate) fn kernels() -> bool {
     if gpufeed::testing::host_kernels::available() {
         return true;
     }
@@ -33,10 +33,10 @@ fn kernels() -> bool {
 /// written by the image-rs encoders, and four broken files; packed into format-v2 shards
 /// (crc32c per sample), then one good sample's bytes changed in its shard. Returns the packed
 /// directory, the expected routes and the keys that must fail.
-struct Set {
-    packed: PathBuf,
-    routes: RouteCounts,
-    failing: Vec<String>,
+pub(crate) struct Set {
+    pub(crate) packed: PathBuf,
+    pub(crate) routes: RouteCounts,
+    pub(crate) failing: Vec<String>,
 }
 
 fn write(p: &Path, b: &[u8]) {
@@ -55,7 +55,7 @@ fn png(px: &[u8], (w, h): (u32, u32), color: png::ColorType) -> Vec<u8> {
     out
 }
 
-fn make_set(root: &Path) -> Set {
+pub(crate) fn make_set(root: &Path) -> Set {
     let src = root.join("src");
     let c = src.join("c0");
     std::fs::create_dir_all(&c).unwrap();
@@ -162,9 +162,9 @@ fn make_set(root: &Path) -> Set {
 }
 
 /// Tensors by sample id (bytes), and the failed samples' file names with their messages.
-type Collected = (BTreeMap<u32, Vec<u8>>, Vec<(String, String)>);
+pub(crate) type Collected = (BTreeMap<u32, Vec<u8>>, Vec<(String, String)>);
 
-fn collect(il: &ImageLoader, epoch: u64, start: u32, device: bool) -> Collected {
+pub(crate) fn collect(il: &ImageLoader, epoch: u64, start: u32, device: bool) -> Collected {
     let ds = il.loader().dataset().clone();
     let (mut tensors, mut errors) = (BTreeMap::new(), Vec::new());
     for b in il.epoch_from(epoch, start).unwrap() {
@@ -190,7 +190,7 @@ fn collect(il: &ImageLoader, epoch: u64, start: u32, device: bool) -> Collected 
 }
 
 /// Largest and mean |device − CPU| in levels (0–255) over every element.
-fn compare(a: &[u8], b: &[u8], spec: &ImageSpec) -> (f32, f64) {
+pub(crate) fn compare(a: &[u8], b: &[u8], spec: &ImageSpec) -> (f32, f64) {
     let level = |out: &[u8], i: usize, c: usize| -> f32 {
         let v = match spec.dtype {
             PixelType::U8 => return out[i] as f32,
@@ -218,7 +218,7 @@ fn compare(a: &[u8], b: &[u8], spec: &ImageSpec) -> (f32, f64) {
 
 /// Whether every output tensor is back in the pool within a second (a decode thread lets go
 /// of its job just after finishing it).
-fn all_back(il: &ImageLoader) -> bool {
+pub(crate) fn all_back(il: &ImageLoader) -> bool {
     let t0 = std::time::Instant::now();
     loop {
         let (free, all) = il.output_tensors().unwrap();
@@ -233,7 +233,13 @@ fn all_back(il: &ImageLoader) -> bool {
     }
 }
 
-fn loader(ds: &Arc<Dataset>, order: Order, rank: u32, world: u32, dev: Option<Device>) -> Loader {
+pub(crate) fn loader(
+    ds: &Arc<Dataset>,
+    order: Order,
+    rank: u32,
+    world: u32,
+    dev: Option<Device>,
+) -> Loader {
     let mut b = Loader::builder(ds.clone())
         .batch_size(5)
         .order(order)

@@ -231,7 +231,7 @@ fn cufile_and_io_uring_paths_give_identical_bytes() {
 fn the_kernels_on_the_gpu_equal_the_host_kernels() {
     use gpufeed::decode::{ImageSpec, PixelType, RgbDecoder};
     use gpufeed::testing::host_kernels;
-    use gpufeed::testing::kernels::{as_bytes, DeviceKernels, GfEmit, GfSample, GfSpan};
+    use gpufeed::testing::kernels::{as_bytes, DeviceKernels, GfEmit, GfSample, GfSpan, CRC_LANES};
     let Some(()) = gpu() else { return };
     if !host_kernels::available() {
         eprintln!("skipped: this build has no host kernels to compare with");
@@ -259,14 +259,15 @@ fn the_kernels_on_the_gpu_equal_the_host_kernels() {
             }
         })
         .collect();
-    let (dd, ds, dout) = (
+    let (dd, ds, dlanes, dout) = (
         upload(&data),
         upload(as_bytes(&spans)),
+        DeviceBuffer::new(&ctx, spans.len() * 4 * CRC_LANES as usize).unwrap(),
         DeviceBuffer::new(&ctx, spans.len() * 4).unwrap(),
     );
-    // SAFETY: the spans lie inside `dd` (drawn so), `dout` holds one u32 per span, and all
-    // three live until the stream is synchronised below.
-    unsafe { k.crc32c(&stream, dd.ptr(), ds.ptr(), 200, dout.ptr()) }.unwrap();
+    // SAFETY: the spans lie inside `dd` (drawn so), `dlanes` holds CRC_LANES u32s and `dout`
+    // one per span, and all live until the stream is synchronised below.
+    unsafe { k.crc32c(&stream, dd.ptr(), ds.ptr(), 200, dlanes.ptr(), dout.ptr()) }.unwrap();
     stream.synchronize().unwrap();
     let mut got = vec![0u8; spans.len() * 4];
     dout.read(0, &mut got).unwrap();

@@ -8,6 +8,7 @@ mod consumer;
 mod decode;
 mod device;
 mod device_images;
+mod device_races;
 mod engine;
 mod fallback;
 mod files;

@@ -61,8 +61,9 @@ int main(int argc, char** argv) {
         std::vector<gf_span> s(n);
         for (gf_u32 i = 0; i < n; i++) s[i] = take<gf_span>(in, at);
         if (at + len != in.size()) { std::fprintf(stderr, "bad data length\n"); return 2; }
-        std::vector<gf_u32> out(n, 0);
-        gf_launch((n + 63) / 64, 1, 64, gf_crc32c(in.data() + at, s.data(), n, out.data()));
+        std::vector<gf_u32> out(n, 0), lanes((size_t)n * GF_CRC_LANES, 0);
+        gf_launch(n, 1, GF_CRC_LANES, gf_crc32c(in.data() + at, s.data(), n, lanes.data()));
+        gf_launch((n + 63) / 64, 1, 64, gf_crc32c_combine(s.data(), n, lanes.data(), out.data()));
         spit(argv[3], out.data(), out.size() * 4);
     } else if (!std::strcmp(argv[1], "half")) {
         size_t n = in.size() / 4;
