@@ -155,6 +155,8 @@ struct Images {
     dataset: Arc<Dataset>,
     host: ImageLoader,
     device: Option<ImageLoader>,
+    /// The simulated device of `device` (its hazards are checked after each epoch).
+    sim: gpufeed::gpu::SimDevice,
     clean_host: Vec<Vec<u8>>,
     clean_device: Vec<Vec<u8>>,
 }
@@ -194,6 +196,7 @@ impl Images {
         let mut spec = ImageSpec::eval(32).dtype(PixelType::U8).threads(2);
         spec.dct_scaling = false; // the device decodes at full size: the same on both
         let sim = gpufeed::testing::host_kernels::available();
+        let sim_dev = gpufeed::gpu::SimDevice::new(1);
         let loaders = |root: &Path| {
             let ds = Arc::new(Dataset::open(root).expect("open the images"));
             let make = |order: Order, batch: u32, device: Option<Device>, threads: usize| {
@@ -211,7 +214,7 @@ impl Images {
             };
             let host = make(Order::Global, 5, None, 2);
             let device = sim.then(|| {
-                let d = Device::Simulated(gpufeed::gpu::SimDevice::new(1));
+                let d = Device::Simulated(sim_dev.clone());
                 make(Order::Sequential, 3, Some(d), 1)
             });
             (ds, host, device)
@@ -258,6 +261,7 @@ impl Images {
             dataset,
             host,
             device,
+            sim: sim_dev,
             clean_host,
             clean_device,
         }
@@ -537,6 +541,13 @@ impl Soak {
                 }
                 (None, None) => self.counts.damaged_images_decoded += 1,
             }
+        }
+        let hazards = self.images.sim.hazards();
+        if !hazards.is_empty() {
+            self.fail(format!(
+                "{what}: the simulated device saw unordered accesses: {}",
+                hazards.join("; ")
+            ));
         }
         self.counts.image_epochs += 1;
         self.counts.image_epochs_on_device += u64::from(on_device);

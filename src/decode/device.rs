@@ -221,6 +221,9 @@ impl Drop for Side {
                 let _ = self.gpu.synchronize();
             }
         }
+        // nvJPEG's state and handle go while the context is current (they free device memory
+        // through the runtime); the rest pushes its own context when it drops.
+        self.jpeg = None;
     }
 }
 
@@ -589,16 +592,13 @@ impl DeviceStage {
         // region's drop is valid.
         unsafe { region.wait_on(sc.stream.raw())? };
         let mut jpeg = lock(jpeg);
-        let whole = jpeg.decode(region, &bits, hw, staging, &sc.stream);
-        let Err(e) = whole else {
+        if jpeg.decode(region, &bits, hw, staging, &sc.stream).is_ok() {
             return Ok(Vec::new());
-        };
-        // What the failed batch queued is finished before anything rewrites its outputs or
-        // the state is initialised again; then each image alone.
-        jpeg.done.synchronize()?;
-        if e.kind() != ErrorKind::InvalidInput {
-            return Err(e);
         }
+        // What the failed batch queued is finished before anything rewrites its outputs or
+        // the state is initialised again; then each image alone, whatever the status (an image
+        // the engines cannot take may say so with another status than a bad bitstream's).
+        jpeg.done.synchronize()?;
         let mut rejected = Vec::new();
         for (k, (r, h)) in bits.iter().zip(hw).enumerate() {
             if let Err(e) = jpeg.decode(

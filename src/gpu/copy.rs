@@ -331,8 +331,9 @@ pub struct DeviceRegion {
     pool: Arc<DevicePool>,
     index: usize,
     used: usize,
-    /// The consumer streams whose work on the region must finish before it is rewritten.
-    consumers: Mutex<Vec<u64>>,
+    /// The consumer streams whose work on the region must finish before it is rewritten (with
+    /// the thread that named `CU_STREAM_PER_THREAD`, 2: another thread's is another stream).
+    consumers: Mutex<Vec<(u64, Option<std::thread::ThreadId>)>>,
 }
 
 impl DeviceRegion {
@@ -385,9 +386,10 @@ impl DeviceRegion {
     /// # Safety
     /// As for [`DeviceRegion::wait_on`].
     pub unsafe fn release_after(&self, stream: u64) {
+        let thread = (stream == 2).then(|| std::thread::current().id());
         let mut c = lock(&self.consumers);
-        if !c.contains(&stream) {
-            c.push(stream);
+        if !c.contains(&(stream, thread)) {
+            c.push((stream, thread));
         }
     }
 
@@ -480,10 +482,17 @@ impl Drop for DeviceRegion {
         if !consumers.is_empty() {
             // Work each consumer enqueued on its stream before dropping the batch must finish
             // before the region is overwritten: the next write waits for these events.
+            let here = std::thread::current().id();
             let recorded = self.pool.gpu.enter().and_then(|_g| {
                 let mut rel = lock(&m.released);
                 // Appended after releases no write has waited for yet (a batch dropped unread).
-                for &stream in &consumers {
+                for &(stream, thread) in &consumers {
+                    if thread.is_some_and(|t| t != here) {
+                        // Another thread's per-thread stream cannot be named from here.
+                        return Err(crate::error::invalid(
+                            "a per-thread stream of another thread",
+                        ));
+                    }
                     let k = rel.pending;
                     if rel.events.len() <= k {
                         let e = self.pool.gpu.event()?;

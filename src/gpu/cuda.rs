@@ -10,6 +10,7 @@
 //! recording into a stream that another library owns (a consumer's `CUstream`).
 
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use cudarc::driver::DriverError;
@@ -103,8 +104,39 @@ pub(crate) fn driver_version() -> Result<i32> {
 /// as this lives.
 #[derive(Debug)]
 pub struct Context {
-    inner: Arc<CudaContext>,
+    /// Dropped in `Drop` with the thread's current context restored afterwards (cudarc's drop
+    /// makes its context current).
+    inner: ManuallyDrop<Arc<CudaContext>>,
     ordinal: u32,
+}
+
+/// The calling thread's current context (null when none).
+fn current() -> sys::CUcontext {
+    let mut c: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one handle.
+    let _ = unsafe { sys::cuCtxGetCurrent(&mut c) };
+    c
+}
+
+/// Makes `c` (possibly null) the calling thread's current context again.
+fn restore(c: sys::CUcontext) {
+    // SAFETY: `c` was current on this thread a moment ago (or null: none).
+    let _ = unsafe { sys::cuCtxSetCurrent(c) };
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        let prev = current();
+        let own = self.inner.cu_ctx();
+        // SAFETY: dropped once, here; not used after.
+        unsafe { ManuallyDrop::drop(&mut self.inner) };
+        // The primary context may be released now: it is not made current again.
+        restore(if prev == own {
+            std::ptr::null_mut()
+        } else {
+            prev
+        });
+    }
 }
 
 impl Context {
@@ -117,17 +149,23 @@ impl Context {
                 format!("CUDA device {ordinal} does not exist ({n} visible)"),
             ));
         }
-        let inner =
-            CudaContext::new(ordinal as usize).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        // cudarc makes the context current on this thread (maybe a trainer's): undone below.
+        let prev = current();
+        let inner = CudaContext::new(ordinal as usize).map_err(driver("cuDevicePrimaryCtxRetain"));
+        restore(prev);
+        let inner = inner?;
         // SAFETY: gpufeed orders its device memory itself, as cudarc then requires: a buffer is
-        // used by other streams only after its allocating stream was synchronised
-        // (`DeviceBuffer::new`); a region is written only by the one copy stream, after the
-        // release event of its last reader (`gpu::copy`); and no buffer is freed before its
-        // copies and release events completed (`CopyStage` waits at drop, `DevicePool` waits
-        // for pending release events at drop). cudarc's per-use events would add an event
-        // record per copy for nothing. The flag belongs to this `CudaContext` value only.
+        // zeroed on a stream that is synchronised before any other uses it
+        // (`DeviceBuffer::new`); a region is written only after the release events of its
+        // last readers (`gpu::copy`); and no buffer is freed before its copies and release
+        // events completed (`CopyStage` waits at drop, `DevicePool` waits for pending release
+        // events at drop). Besides, gpufeed allocates with `cuMemAlloc`, not through cudarc.
+        // The flag belongs to this `CudaContext` value only.
         unsafe { inner.disable_event_tracking() };
-        Ok(Arc::new(Context { inner, ordinal }))
+        Ok(Arc::new(Context {
+            inner: ManuallyDrop::new(inner),
+            ordinal,
+        }))
     }
 
     /// The device's compute capability as an architecture number (90 for sm_90).
@@ -140,7 +178,8 @@ impl Context {
     }
 
     /// Loads `cubin` (for this device's architecture) and finds `entry` in it.
-    pub fn load_kernel(&self, cubin: Vec<u8>, entry: &str) -> Result<LoadedKernel> {
+    pub fn load_kernel(self: &Arc<Self>, cubin: Vec<u8>, entry: &str) -> Result<LoadedKernel> {
+        let _g = self.enter()?;
         let module = self
             .inner
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
@@ -148,7 +187,10 @@ impl Context {
         let func = module
             .load_function(entry)
             .map_err(driver("cuModuleGetFunction"))?;
-        Ok(LoadedKernel { func })
+        Ok(LoadedKernel {
+            func: ManuallyDrop::new(func),
+            ctx: self.clone(),
+        })
     }
 
     /// Makes this context current on the calling thread until the guard drops, then restores
@@ -159,7 +201,10 @@ impl Context {
         // SAFETY: the primary context is retained while `inner` lives, which the guard keeps.
         let r = unsafe { sys::cuCtxPushCurrent_v2(self.inner.cu_ctx()) };
         check(r, "cuCtxPushCurrent")?;
-        Ok(CtxGuard { _ctx: self.clone() })
+        Ok(CtxGuard {
+            _ctx: self.clone(),
+            _not_send: std::marker::PhantomData,
+        })
     }
 
     /// Makes this context current on the calling thread (gpufeed's own threads).
@@ -191,13 +236,15 @@ impl Context {
 #[derive(Debug)]
 pub struct CtxGuard {
     _ctx: Arc<Context>,
+    /// Popped on the thread that pushed it: neither `Send` nor `Sync`.
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for CtxGuard {
     fn drop(&mut self) {
         let mut prev: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: pops what `enter` pushed on this thread (guards are not Send: dropped on the
-        // thread that made them, in reverse order).
+        // SAFETY: pops what `enter` pushed on this thread (a guard is not `Send`: dropped on
+        // the thread that made it, in reverse order).
         let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut prev) };
     }
 }
@@ -205,14 +252,28 @@ impl Drop for CtxGuard {
 /// A non-blocking stream.
 #[derive(Debug)]
 pub struct Stream {
-    inner: Arc<CudaStream>,
+    /// Dropped in `Drop` inside a push/pop of its context (cudarc's drop makes it current).
+    inner: ManuallyDrop<Arc<CudaStream>>,
+    ctx: Arc<Context>,
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _g = self.ctx.enter();
+        // SAFETY: dropped once, here; not used after.
+        unsafe { ManuallyDrop::drop(&mut self.inner) };
+    }
 }
 
 impl Stream {
     /// A new non-blocking stream on `ctx`'s device.
     pub fn new(ctx: &Arc<Context>) -> Result<Stream> {
+        let _g = ctx.enter()?;
         let inner = ctx.inner.new_stream().map_err(driver("cuStreamCreate"))?;
-        Ok(Stream { inner })
+        Ok(Stream {
+            inner: ManuallyDrop::new(inner),
+            ctx: ctx.clone(),
+        })
     }
 
     /// The raw `CUstream` (for DLPack consumers and tests; this stream stays its owner).
@@ -335,9 +396,20 @@ impl Drop for Event {
 
 /// A kernel's entry point in a module loaded on a device (the module stays loaded while this
 /// lives).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LoadedKernel {
-    func: cudarc::driver::CudaFunction,
+    /// Dropped in `Drop` inside a push/pop of its context (cudarc's module drop makes it
+    /// current).
+    func: ManuallyDrop<cudarc::driver::CudaFunction>,
+    ctx: Arc<Context>,
+}
+
+impl Drop for LoadedKernel {
+    fn drop(&mut self) {
+        let _g = self.ctx.enter();
+        // SAFETY: dropped once, here; not used after.
+        unsafe { ManuallyDrop::drop(&mut self.func) };
+    }
 }
 
 impl LoadedKernel {
@@ -401,10 +473,12 @@ impl DeviceBuffer {
             len,
             ctx: ctx.clone(),
         };
-        // SAFETY: the allocation just made, `len.max(1)` bytes; synchronous (cuMemsetD8 on
-        // fresh memory returns when done for any stream's later use).
-        let r = unsafe { sys::cuMemsetD8_v2(ptr, 0, len.max(1)) };
-        check(r, "cuMemsetD8")?;
+        // Zeroed on a stream of its own, waited for: the synchronous cuMemsetD8 would queue on
+        // the legacy stream (behind a trainer's work) and race gpufeed's non-blocking streams.
+        let s = Stream::new(ctx)?;
+        // SAFETY: the allocation just made, `len.max(1)` bytes, on our live stream.
+        unsafe { memset_async(ptr, len.max(1), &s)? };
+        s.synchronize()?;
         Ok(buf)
     }
 

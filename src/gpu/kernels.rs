@@ -379,8 +379,8 @@ pub const BLOCK: u32 = 128;
 
 impl DeviceKernels {
     /// Compiles (or finds in [`cache_dir`]) and loads every kernel on `ctx`'s device.
-    pub fn load(ctx: &super::cuda::Context) -> Result<DeviceKernels> {
-        ctx.bind()?;
+    pub fn load(ctx: &std::sync::Arc<super::cuda::Context>) -> Result<DeviceKernels> {
+        let _g = ctx.enter()?;
         let arch = ctx.arch()?;
         let extra = format!("drv{}", super::cuda::driver_version()?);
         let dir = cache_dir();
@@ -418,6 +418,11 @@ impl DeviceKernels {
         }
         let grid_x = u32::try_from(pixels.div_ceil(BLOCK as u64))
             .map_err(|_| crate::error::invalid("resize launch: output too large"))?;
+        if n > 65_535 {
+            return Err(crate::error::invalid(
+                "resize launch: more than 65,535 samples (the grid's y limit)",
+            ));
+        }
         let (mut src, mut samples, mut emit, mut out) = (src, samples, *emit, out);
         let mut params = [
             (&raw mut src).cast(),
