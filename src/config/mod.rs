@@ -286,13 +286,8 @@ pub(crate) fn loader_limits(
     let slots = shape.prefetch_groups + shape.in_flight_groups;
     let mut plan = plan.clone();
     if !shape.slot_explicit {
-        plan.group_bytes_max = crate::plan::slot_bytes_for(
-            shape.samples,
-            plan.batch_size,
-            plan.align,
-            slots,
-            shape.memory_budget_bytes,
-        )?;
+        plan.group_bytes_max =
+            crate::plan::slot_bytes_for(shape.samples, &plan, slots, shape.memory_budget_bytes)?;
     }
     // The engine takes every group the planner may make: reads per group are capped at what
     // one job may hold, and its table holds every group in flight.

@@ -360,6 +360,8 @@ pub struct BatchBytes {
     pub typical: u64,
     /// The largest single aligned span.
     pub largest: u64,
+    /// Every aligned span together (the whole dataset read once).
+    pub total: u64,
 }
 
 impl BatchBytes {
@@ -380,6 +382,7 @@ pub fn batch_bytes(samples: &[Sample], batch: u32, align: u32) -> BatchBytes {
             worst: 0,
             typical: 0,
             largest: 0,
+            total: 0,
         };
     }
     let b = (batch as usize).clamp(1, n);
@@ -392,29 +395,50 @@ pub fn batch_bytes(samples: &[Sample], batch: u32, align: u32) -> BatchBytes {
         worst,
         typical: (total as u128 * b as u128 / n as u128) as u64,
         largest,
+        total,
     }
 }
 
-/// The smallest slot the loader sizes (room for several batches of small samples).
-pub const SLOT_BYTES_MIN: u64 = 128 << 20;
+/// The most a slot is sized for the sake of large reads alone: a group of `window_batches`
+/// batches, or a block-order window, up to this (a worst-case batch may need more).
+pub const SLOT_BYTES_TARGET: u64 = 128 << 20;
 /// The largest slot (an io_uring fixed buffer is at most 1 GiB).
 pub const SLOT_BYTES_MAX: u64 = 1 << 30;
 
-/// The slot size for batches of `batch` samples, `slots` slots within `budget` bytes: the
-/// worst case (the batch-size largest samples together) when it fits, else the largest slot
-/// the budget allows, as long as it is above [`BatchBytes::floor`] (the planner then evens out
-/// the rare batch that would not fit). The error says which setting to change.
+/// The slot size for `cfg`'s batches, `slots` slots within `budget` bytes, sized from the
+/// work: what a group wants — `window_batches` typical batches and the largest sample, or a
+/// block-order window, at most [`SLOT_BYTES_TARGET`] and at most the whole dataset — and never
+/// less than the worst case (the batch-size largest samples together) when that fits; else the
+/// largest slot the budget allows, as long as it is above [`BatchBytes::floor`] (the planner
+/// then evens out the rare batch that would not fit). Rounded up to 2 MiB (huge pages). The
+/// error says which setting to change.
 pub fn slot_bytes_for(
     samples: &[Sample],
-    batch: u32,
-    align: u32,
+    cfg: &PlanConfig,
     slots: u32,
     budget: u64,
 ) -> Result<u64> {
     const MIB: u64 = 1 << 20;
-    let bb = batch_bytes(samples, batch, align);
+    let batch = cfg.batch_size;
+    let bb = batch_bytes(samples, batch, cfg.align);
+    let group = (cfg.window_batches as u64)
+        .saturating_mul(bb.typical)
+        .saturating_add(bb.largest);
+    let window = match cfg.order {
+        Order::Block {
+            block_bytes,
+            open_blocks,
+        } => block_bytes
+            .saturating_mul(open_blocks as u64)
+            .saturating_add(bb.largest),
+        _ => 0,
+    };
+    let target = group
+        .max(window)
+        .min(SLOT_BYTES_TARGET)
+        .min(bb.total.saturating_add(bb.largest));
     let cap = (budget / slots.max(1) as u64).min(SLOT_BYTES_MAX) / (2 * MIB) * (2 * MIB);
-    let want = bb.worst.max(SLOT_BYTES_MIN).next_multiple_of(2 * MIB);
+    let want = bb.worst.max(target).max(1).next_multiple_of(2 * MIB);
     if want <= cap {
         return Ok(want);
     }

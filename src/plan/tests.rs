@@ -348,7 +348,12 @@ fn slots_sized_from_the_dataset_fit_every_batch_of_every_size() {
         let order = modes()[rng.below(4) as usize];
         let world = 1 + rng.below(3) as u32;
         let what = format!("case {case} kind {kind} n {n} batch {batch} budget {budget} {order:?}");
-        let slot = match slot_bytes_for(&samples, batch, 4096, 4, budget) {
+        let sized = PlanConfig {
+            order,
+            batch_size: batch,
+            ..PlanConfig::default()
+        };
+        let slot = match slot_bytes_for(&samples, &sized, 4, budget) {
             Ok(slot) => slot,
             Err(e) => {
                 let e = e.to_string();

@@ -73,7 +73,10 @@ fn every_sample_once_through_out_of_order_copies() {
     .into_iter()
     .enumerate()
     {
-        let sim = SimDevice::new(k as u64 + 1);
+        let mut sim = SimDevice::new(k as u64 + 1);
+        // Copies linger for up to 200 ticks (one per call into the device): the I/O thread
+        // reads the next groups meanwhile, so copies overlap whatever the seed.
+        sim.delay_max = 200;
         let loader = sim_loader(&ds, order, &sim);
         let mut seen = vec![0u32; n];
         let mut epoch = loader.epoch(2).unwrap();

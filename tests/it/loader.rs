@@ -291,13 +291,51 @@ fn slots_are_sized_from_the_dataset_within_the_memory_budget() {
     assert!(loader.slot_bytes() > 128 << 20, "{}", loader.slot_bytes());
     let worst = gpufeed::plan::batch_bytes(ds.samples(), 1024, 4096).worst;
     assert!(loader.slot_bytes() >= worst);
+    // Batch 64 needs a group of 4 typical batches and the largest sample: far below the old
+    // 128 MiB floor, sized from the work.
+    let bb = gpufeed::plan::batch_bytes(ds.samples(), 64, 4096);
+    let group = (4 * bb.typical + bb.largest)
+        .max(bb.worst)
+        .next_multiple_of(2 << 20);
+    assert!(group < 64 << 20, "{bb:?}");
     assert_eq!(
         Loader::builder(ds.clone())
             .batch_size(64)
             .build()
             .unwrap()
             .slot_bytes(),
-        128 << 20
+        group
+    );
+    // Block order: a whole window (8 blocks of 8 MiB) fits a slot.
+    let block = Loader::builder(ds.clone())
+        .batch_size(64)
+        .order(Order::Block {
+            block_bytes: 8 << 20,
+            open_blocks: 8,
+        })
+        .build()
+        .unwrap();
+    assert_eq!(
+        block.slot_bytes(),
+        (64u64 << 20) + bb.largest.next_multiple_of(2 << 20)
+    );
+    // A dataset smaller than a group: slots no larger than the dataset.
+    let few = Dataset::from_parts(
+        ds.files().to_vec(),
+        ds.samples()[..20].to_vec(),
+        (0..20).map(|i| i.to_string()).collect(),
+    )
+    .unwrap();
+    let bf = gpufeed::plan::batch_bytes(few.samples(), 64, 4096);
+    assert_eq!(
+        Loader::builder(few)
+            .batch_size(64)
+            .build()
+            .unwrap()
+            .slot_bytes(),
+        (bf.total + bf.largest)
+            .max(bf.worst)
+            .next_multiple_of(2 << 20)
     );
     // A budget that cannot hold 4 slots of the smallest workable size.
     let e = Loader::builder(ds.clone())
