@@ -159,6 +159,21 @@ pub struct LoaderStats {
     pub decode_cpu_s: f64,
     /// Engine kind that served the reads (after fallbacks).
     pub engine: String,
+    /// The memory the loader holds (the same for every epoch of a loader).
+    pub memory: MemoryStats,
+}
+
+/// The memory a loader holds, allocated once when it was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryStats {
+    /// The read buffers: slots × slot bytes (pinned for CUDA on a CUDA loader).
+    pub arena_bytes: u64,
+    /// Bytes of each slot.
+    pub slot_bytes: u64,
+    /// The dataset's index in memory (samples, keys, metadata).
+    pub index_bytes: u64,
+    /// Device memory of the read groups' regions (0 on the host).
+    pub device_bytes: u64,
 }
 
 impl LoaderStats {

@@ -714,7 +714,8 @@ impl PyLoader {
 
     /// The figures of the epoch being iterated (or the last one): samples, bytes, reads per
     /// sample, read amplification, the consumer's waiting split into storage / copy / verify /
-    /// decode / other (``stall``, ``bound``), CPU seconds by thread. A dict, for loggers.
+    /// decode / other (``stall``, ``bound``), CPU seconds by thread, and the memory the loader
+    /// holds (``memory``: arena, slot, index and device bytes). A dict, for loggers.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let st = lock(&self.shared.last_stats).clone();
         stats_dict(py, &st)
@@ -1162,6 +1163,12 @@ fn stats_dict<'py>(py: Python<'py>, st: &gpufeed::LoaderStats) -> PyResult<Bound
     d.set_item("check_cpu_s", st.check_cpu_s)?;
     d.set_item("decode_cpu_s", st.decode_cpu_s)?;
     d.set_item("engine", &st.engine)?;
+    let m = PyDict::new(py);
+    m.set_item("arena_bytes", st.memory.arena_bytes)?;
+    m.set_item("slot_bytes", st.memory.slot_bytes)?;
+    m.set_item("index_bytes", st.memory.index_bytes)?;
+    m.set_item("device_bytes", st.memory.device_bytes)?;
+    d.set_item("memory", m)?;
     Ok(d)
 }
 

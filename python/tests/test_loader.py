@@ -252,6 +252,14 @@ class StatsTests(unittest.TestCase):
         self.assertGreaterEqual(st["read_amplification"], 1.0)
         self.assertGreater(st["reads_per_sample"], 0.0)
         self.assertGreaterEqual(st["io_thread_cpu_s"], 0.0)
+        # The memory the loader holds: 4 slots (prefetch + in flight) sized from the work, the
+        # index, no device memory on the host.
+        m = st["memory"]
+        self.assertEqual(m["arena_bytes"], 4 * m["slot_bytes"])
+        self.assertEqual(m["slot_bytes"] % (2 << 20), 0)
+        self.assertLess(m["arena_bytes"], 64 << 20)  # a small test set: no 128 MiB floor
+        self.assertGreater(m["index_bytes"], 0)
+        self.assertEqual(m["device_bytes"], 0)
 
 
 

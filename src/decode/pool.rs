@@ -786,7 +786,10 @@ impl ImageLoader {
             shared,
             spec: self.spec.clone(),
             batches,
-            stats: LoaderStats::default(),
+            stats: LoaderStats {
+                memory: self.loader.memory(),
+                ..LoaderStats::default()
+            },
             read_seen: StallStats::default(),
             timeout,
             door: self.loader.front_door(),

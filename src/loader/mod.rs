@@ -27,7 +27,7 @@ mod epoch;
 mod holders;
 mod worker;
 
-pub use crate::stats::{BatchTiming, LoaderStats, StallStats};
+pub use crate::stats::{BatchTiming, LoaderStats, MemoryStats, StallStats};
 pub use epoch::Epoch;
 #[cfg(feature = "decode")]
 pub(crate) use holders::Holders;
@@ -469,6 +469,20 @@ impl Loader {
         self.arena.free_slots()
     }
 
+    /// The memory this loader holds: its arena, the dataset's index, its device regions (also
+    /// in every epoch's [`LoaderStats::memory`]).
+    pub fn memory(&self) -> MemoryStats {
+        MemoryStats {
+            arena_bytes: self.arena.len() as u64,
+            slot_bytes: self.plan.group_bytes_max,
+            index_bytes: self.dataset.index_heap_bytes() as u64,
+            device_bytes: self
+                .gpu
+                .as_ref()
+                .map_or(0, |g| (g.pool.regions() * g.pool.region_bytes()) as u64),
+        }
+    }
+
     /// Device regions not held by batches or copies right now (`None` for a host loader), and
     /// how many there are.
     pub fn free_device_regions(&self) -> Option<(usize, usize)> {
@@ -650,7 +664,10 @@ impl Loader {
             queue: std::collections::BTreeMap::new(),
             wants,
             io_cpu: None,
-            stats: LoaderStats::default(),
+            stats: LoaderStats {
+                memory: self.memory(),
+                ..LoaderStats::default()
+            },
             failed: false,
             holders,
             timeout: self.timeout,

@@ -289,6 +289,13 @@ fn slots_are_sized_from_the_dataset_within_the_memory_budget() {
         .build()
         .unwrap();
     assert!(loader.slot_bytes() > 128 << 20, "{}", loader.slot_bytes());
+    // What it holds, said: 4 slots, the index; an epoch's figures say the same.
+    let m = loader.memory();
+    assert_eq!(m.arena_bytes, 4 * loader.slot_bytes());
+    assert_eq!(m.slot_bytes, loader.slot_bytes());
+    assert!(m.index_bytes >= 5_000 * 24, "{m:?}");
+    assert_eq!(m.device_bytes, 0);
+    assert_eq!(loader.epoch(0).unwrap().stats().memory, m);
     let worst = gpufeed::plan::batch_bytes(ds.samples(), 1024, 4096).worst;
     assert!(loader.slot_bytes() >= worst);
     // Batch 64 needs a group of 4 typical batches and the largest sample: far below the old
