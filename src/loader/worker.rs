@@ -326,8 +326,9 @@ impl WorkerCtx {
         };
         let ds = &*self.dataset;
         let mut next_id = 0u64;
+        let align = first.plan.config().align;
         jobs.push_back(self.activate(first, next_id, &path));
-        let mut files = OpenFiles::new(ds.files().len(), self.engine.files_max as usize);
+        let mut files = OpenFiles::new(ds.files().len(), self.engine.files_max as usize, align);
         let arena = engine.arena().clone();
         // By engine tag: the epoch (its id), the group, and its reads whose file did not open.
         let mut in_flight: HashMap<u64, (u64, Group, Instant, Unopened)> = HashMap::new();
@@ -685,10 +686,13 @@ struct OpenFiles {
     open: usize,
     cap: usize,
     clock: u64,
+    /// The alignment the plan laid reads out at: a file whose direct I/O needs more would have
+    /// its reads widened over their neighbours in the slot, so it is refused.
+    align: u32,
 }
 
 impl OpenFiles {
-    fn new(files: usize, cap: usize) -> OpenFiles {
+    fn new(files: usize, cap: usize, align: u32) -> OpenFiles {
         OpenFiles {
             ids: vec![None; files],
             used: vec![0; files],
@@ -696,6 +700,7 @@ impl OpenFiles {
             open: 0,
             cap: cap.max(1),
             clock: 0,
+            align,
         }
     }
 
@@ -725,6 +730,18 @@ impl OpenFiles {
             self.close_one(engine, pinned)?;
         }
         let id = engine.open(&ds.files()[f as usize].path)?;
+        let info = engine.file_info(id)?;
+        let need = info.offset_align.max(info.mem_align);
+        if info.direct && need > self.align {
+            let e = crate::error::invalid(format!(
+                "its direct I/O needs {need}-byte alignment, more than the {} bytes the loader \
+                 lays reads out at: set PlanConfig::align to {need} or more",
+                self.align
+            ))
+            .with_path(info.path.clone());
+            let _ = engine.close(id);
+            return Err(e);
+        }
         self.ids[f as usize] = Some(id);
         self.open += 1;
         Ok(id)

@@ -838,6 +838,11 @@ pub struct EpochPlan {
 }
 
 impl EpochPlan {
+    /// The configuration it was planned under.
+    pub fn config(&self) -> &PlanConfig {
+        &self.cfg
+    }
+
     /// Plans `epoch` for `cfg.rank`. Fails if one batch alone does not fit `group_bytes_max`.
     pub fn new(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<EpochPlan> {
         let (order, padding_from) = cfg.part_of(

@@ -1042,3 +1042,58 @@ fn fork_child() {
         64
     );
 }
+
+/// Reads are laid out in a slot at the plan's alignment; a file whose direct I/O needs more
+/// would have its reads widened over their neighbours' bytes (or, where the memory alignment
+/// is the larger, the whole group refused by the engine with a message about buffer offsets).
+/// The I/O thread refuses such a file's samples with an error naming it and the setting.
+/// Planned here at 256 bytes, below what a block device's direct I/O takes (512 at least);
+/// where the engine reads without O_DIRECT (a file system that refuses it) the plan holds and
+/// every sample is exact.
+#[test]
+fn a_file_needing_more_alignment_than_planned_is_refused_not_overlapped() {
+    let dir = disk_dir();
+    let shards = keyed_shards(dir.path(), 300, 300, (4, 3000, 3), |i, len| {
+        (0..len).map(|k| (i * 31 + k) as u8).collect()
+    });
+    let ds = Dataset::open(dir.path()).unwrap();
+    let loader = Loader::builder(std::sync::Arc::new(ds))
+        .plan(gpufeed::PlanConfig {
+            batch_size: 16,
+            align: 256,
+            order: Order::Global,
+            gap_bytes_max: 0,
+            ..gpufeed::PlanConfig::default()
+        })
+        .build()
+        .unwrap();
+    let (mut exact, mut refused) = (0, 0);
+    for b in loader.epoch(0).unwrap() {
+        let b = b.unwrap();
+        for i in 0..b.len() {
+            let id = b.sample_ids()[i] as usize;
+            match b.sample(i) {
+                Ok(got) => {
+                    let want: Vec<u8> = (0..got.len()).map(|k| (id * 31 + k) as u8).collect();
+                    assert_eq!(got, &want[..], "sample {id}");
+                    exact += 1;
+                }
+                Err(e) => {
+                    let msg = e.report();
+                    assert!(
+                        msg.contains("alignment") && msg.contains("PlanConfig::align"),
+                        "{msg}"
+                    );
+                    assert!(msg.contains(&*shards[0].to_string_lossy()), "{msg}");
+                    refused += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(exact + refused, 300);
+    assert!(
+        exact == 0 || refused == 0,
+        "{exact} exact and {refused} refused"
+    );
+    eprintln!("{exact} samples exact (no O_DIRECT), {refused} refused for their file's alignment");
+}
