@@ -1093,5 +1093,7 @@ pub fn quality(samples: &[Sample], plan: &EpochPlan) -> Quality {
     }
 }
 
+pub mod perm;
+
 #[cfg(test)]
 mod tests;
