@@ -119,7 +119,7 @@ struct DeviceOut {
     crc: Vec<Option<Error>>,
     /// Each sample's bytes on the host, read in one gathered copy when the job was made: all
     /// of a CPU-route sample, the header of a hardware-route one (`None`: failed already).
-    host: Vec<Option<Result<Vec<u8>>>>,
+    host: Mutex<Vec<Option<Result<Vec<u8>>>>>,
     /// Each sample decoded whole: width, height, packed RGB (the decoder's output buffer).
     decoded: Mutex<Vec<Option<Decoded>>>,
 }
@@ -251,11 +251,12 @@ impl Job {
             .ok()
             .and_then(|v| v.get(id as usize).copied());
         let way = d.stage.route_of(info.as_ref());
-        let mut data = match d.host[i].as_ref() {
-            Some(Ok(b)) => b.clone(),
+        // Taken, not copied: sample `i` is this thread's alone.
+        let mut data = match d.host.lock().unpoisoned()[i].take() {
+            Some(Ok(b)) => b,
             Some(Err(e)) => {
                 d.stage.counted(None);
-                return Some(e.clone());
+                return Some(e);
             }
             None => Vec::new(),
         };
@@ -415,7 +416,8 @@ impl Job {
             drop(cpu);
             let rejected = d.stage.decode_on_engine(r, &self.batch, &hw)?;
             let mut engine_ok = vec![true; hw.len()];
-            for (k, why) in rejected {
+            // The engine's reason is dropped: the CPU decoder's, if it fails too, is kept.
+            for (k, _) in rejected {
                 engine_ok[k] = false;
                 let h = hw[k];
                 let id = ids[h.sample];
@@ -443,7 +445,6 @@ impl Job {
                     Err(reason) => {
                         samples[h.sample - start].valid = 0;
                         d.stage.counted(None);
-                        let _ = why; // the CPU decoder's reason is the one kept
                         lost.push((h.sample, self.decode_error(id, reason)));
                     }
                 }
@@ -862,7 +863,7 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
                             tensor,
                             stage: stage.clone(),
                             crc,
-                            host,
+                            host: Mutex::new(host),
                             decoded: Mutex::new((0..batch.len()).map(|_| None).collect()),
                         })))
                     }

@@ -454,12 +454,23 @@ impl DeviceRegion {
                 )
             };
             if let Err(e) = queued {
-                s.synchronize()?;
-                return Err(e);
+                return Err(Self::settled(s, out).err().unwrap_or(e));
             }
         }
-        s.synchronize()?;
-        Ok(out)
+        Self::settled(s, out)
+    }
+
+    /// `out` once the copies queued into it on `s` have completed; if that cannot be known (the
+    /// wait failed), the vectors are leaked rather than freed under a copy that may still
+    /// write them.
+    fn settled(s: &DStream, out: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        match s.synchronize() {
+            Ok(()) => Ok(out),
+            Err(e) => {
+                std::mem::forget(out);
+                Err(e)
+            }
+        }
     }
 
     /// Whether the region is in the simulated device's memory.
