@@ -366,9 +366,10 @@ pub struct BatchBytes {
 
 impl BatchBytes {
     /// The smallest slot the planner can always fit batches into by moving samples between
-    /// neighbouring batches: room for a typical batch and a half, plus the largest sample.
+    /// neighbouring batches: room for a typical batch and a half, plus the largest sample —
+    /// and never more than the whole dataset plus the largest sample, which holds any batch.
     pub fn floor(&self) -> u64 {
-        self.typical + self.typical / 2 + self.largest
+        (self.typical + self.typical / 2 + self.largest).min(self.total + self.largest)
     }
 }
 
@@ -450,7 +451,7 @@ pub fn slot_bytes_for(
         format!("more than the {} MiB a slot may hold", SLOT_BYTES_MAX / MIB)
     } else {
         format!(
-            "{} slots (prefetch_groups + in_flight_groups) of it need {} MiB, over the memory \
+            "{} slots (prefetch + in_flight) of it need {} MiB, over the memory \
              budget of {} MiB: raise the memory budget (Rust LoaderBuilder::memory_budget, \
              Python memory_budget=, CLI --memory-budget)",
             slots,
@@ -459,12 +460,12 @@ pub fn slot_bytes_for(
         )
     };
     Err(invalid(format!(
-        "batches of {} samples need slots of at least {} MiB (a typical batch is {} MiB, the \
-         largest sample {} MiB); {why}, or lower batch_size or prefetch",
+        "batches of {} samples need slots of at least {} MiB (a typical batch is {}, the \
+         largest sample {}); {why}, or lower batch_size, prefetch or in_flight",
         batch,
         need / MIB,
-        bb.typical / MIB,
-        bb.largest / MIB
+        crate::util::bytes_human(bb.typical),
+        crate::util::bytes_human(bb.largest)
     )))
 }
 

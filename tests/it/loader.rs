@@ -334,16 +334,29 @@ fn slots_are_sized_from_the_dataset_within_the_memory_budget() {
     )
     .unwrap();
     let bf = gpufeed::plan::batch_bytes(few.samples(), 64, 4096);
+    let whole = (bf.total + bf.largest)
+        .max(bf.worst)
+        .next_multiple_of(2 << 20);
     assert_eq!(
-        Loader::builder(few)
+        Loader::builder(few.clone())
             .batch_size(64)
             .build()
             .unwrap()
             .slot_bytes(),
-        (bf.total + bf.largest)
-            .max(bf.worst)
-            .next_multiple_of(2 << 20)
+        whole
     );
+    // Below that, the error asks for that much, not for 1.5 "typical batches" (here 1.5
+    // datasets): a slot never needs more than the dataset and its largest sample.
+    assert!(bf.typical + bf.typical / 2 + bf.largest > whole);
+    let e = Loader::builder(few)
+        .batch_size(64)
+        .memory_budget(4 * (whole - (2 << 20)))
+        .build()
+        .unwrap_err()
+        .to_string();
+    let says = format!("need slots of at least {} MiB", whole >> 20);
+    assert!(e.contains(&says), "{e}");
+    assert!(e.contains("prefetch + in_flight"), "{e}");
     // A budget that cannot hold 4 slots of the smallest workable size.
     let e = Loader::builder(ds.clone())
         .batch_size(1024)
