@@ -101,7 +101,7 @@ fn modes() -> Vec<(&'static str, Order)> {
         .collect()
 }
 
-fn whole_epoch(samples: &[Sample], cfg: &PlanConfig) -> (usize, u64) {
+fn whole_epoch(samples: &gpufeed::plan::Samples, cfg: &PlanConfig) -> (usize, u64) {
     let plan = EpochPlan::new(samples, cfg, 7).unwrap();
     let mut reads = 0u64;
     for g in 0..plan.groups() {

@@ -887,6 +887,7 @@ impl PyLoader {
         d.set_item("last_batch", &self.settings.last_batch)?;
         d.set_item("dataset_options", &self.settings.dataset_options)?;
         d.set_item("num_samples", self.settings.samples)?;
+        d.set_item("order_version", gpufeed::plan::ORDER_VERSION)?;
         Ok(d)
     }
 
@@ -899,6 +900,22 @@ impl PyLoader {
                 .get_item(k)?
                 .ok_or_else(|| PyValueError::new_err(format!("state has no {k:?}")))
         };
+        // Epoch orders change between versions: the same settings would give other batches.
+        let version: u32 = match state.get_item("order_version")? {
+            Some(v) => v.extract()?,
+            None => 1,
+        };
+        if version != gpufeed::plan::ORDER_VERSION {
+            return Err(PyValueError::new_err(format!(
+                "this state was saved by a gpufeed whose epoch orders are version {version}; \
+                 this one makes version {} (the global order is now computed position by \
+                 position), so resuming would deliver other batches: finish the epoch with the \
+                 gpufeed that saved it, or start epoch {} over with loader.set_epoch({})",
+                gpufeed::plan::ORDER_VERSION,
+                state.get_item("epoch")?.map_or(Ok(0u64), |e| e.extract())?,
+                state.get_item("epoch")?.map_or(Ok(0u64), |e| e.extract())?,
+            )));
+        }
         let saved = Settings {
             batch_size: get("batch_size")?.extract()?,
             order: get("order")?.extract()?,

@@ -114,6 +114,14 @@ class LoaderTests(unittest.TestCase):
             self.assertEqual(tail, whole[5:], order)
         with self.assertRaises(ValueError):
             loader(seed=99).load_state_dict(state)
+        # A state saved before epoch orders were versioned (version 1: another global order)
+        # is refused, saying why and what to do.
+        old = dict(state)
+        del old["order_version"]
+        with self.assertRaisesRegex(ValueError, "version 1.*set_epoch\\(4\\)"):
+            loader(order=MODES[-1]).load_state_dict(old)
+        old["order_version"] = 2
+        loader(order=MODES[-1]).load_state_dict(old)
 
     def test_prefetch_next_epoch_delivers_the_same_epochs(self):
         def epochs(ld, which):

@@ -30,14 +30,24 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
     }
     // Labels of TFRecord Examples are in the records, read with them, not in the index.
     let labels_in_records = ds.example.as_ref().is_some_and(|e| e.label.is_some());
+    // One pass, and memory by distinct sizes and labels, not by samples.
     let mut hist = std::collections::BTreeMap::new();
-    for s in ds.samples() {
-        let b = (s.len.max(1) as u64).next_power_of_two();
-        *hist.entry(b).or_insert(0u64) += 1;
+    let mut labels = std::collections::HashSet::new();
+    if let Some(runs) = ds.samples().runs() {
+        // Computed windows: one length per run, no labels.
+        for r in runs {
+            *hist
+                .entry((r.len.max(1) as u64).next_power_of_two())
+                .or_insert(0u64) += r.count;
+        }
+        labels.insert(-1);
+    } else {
+        for s in ds.samples().iter() {
+            let b = (s.len.max(1) as u64).next_power_of_two();
+            *hist.entry(b).or_insert(0u64) += 1;
+            labels.insert(s.label);
+        }
     }
-    let mut labels: Vec<i64> = ds.samples().iter().map(|s| s.label).collect();
-    labels.sort_unstable();
-    labels.dedup();
     let images = if a.images || ds.has_image_info() {
         Some(crate::image::Summary::of(ds.image_info()?))
     } else {

@@ -258,7 +258,7 @@ const FDS_RESERVED: u64 = 256;
 #[derive(Debug)]
 pub(crate) struct LoaderShape<'a> {
     /// The dataset's samples (slot sizes come from the largest).
-    pub samples: &'a [crate::plan::Sample],
+    pub samples: &'a crate::plan::Samples,
     /// The dataset's files.
     pub files: usize,
     /// Groups waiting for the consumer, at most.

@@ -176,7 +176,7 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
         keys,
         classes,
         notes,
-        ..Dataset::empty(Format::ImageFolder, files, samples)
+        ..Dataset::empty(Format::ImageFolder, files, samples.into())
     })
 }
 

@@ -238,7 +238,7 @@ impl Strings {
 pub struct Dataset {
     pub(crate) format: Format,
     pub(crate) files: Vec<DataFile>,
-    pub(crate) samples: Vec<Sample>,
+    pub(crate) samples: crate::plan::Samples,
     /// One key per sample, or empty: keys are then `FILE#SAMPLE@OFFSET`.
     pub(crate) keys: Strings,
     pub(crate) metas: Strings,
@@ -429,14 +429,14 @@ impl Dataset {
         &self.files
     }
 
-    /// Every sample, in dataset order.
-    pub fn samples(&self) -> &[Sample] {
+    /// Every sample, in dataset order (a table, or windows computed from their number).
+    pub fn samples(&self) -> &crate::plan::Samples {
         &self.samples
     }
 
     /// Sample `i`.
-    pub fn sample(&self, i: usize) -> &Sample {
-        &self.samples[i]
+    pub fn sample(&self, i: usize) -> Sample {
+        self.samples.get(i)
     }
 
     /// The sample's key (e.g. its path inside the dataset), lossily as UTF-8; for formats
@@ -444,16 +444,10 @@ impl Dataset {
     /// file (the record or window number as indexed) and OFFSET its byte offset there.
     pub fn key(&self, i: usize) -> std::borrow::Cow<'_, str> {
         if self.keys.is_empty() {
-            let s = &self.samples[i];
+            let s = self.samples.get(i);
             let f = &self.files[s.file as usize].path;
             let name = f.file_name().unwrap_or_else(|| f.as_os_str());
-            // A file's samples are contiguous in the index: the first is found by bisection.
-            let first = self.samples[..i].partition_point(|x| x.file < s.file);
-            let k = if self.samples.get(first).is_some_and(|x| x.file == s.file) {
-                i - first
-            } else {
-                i
-            };
+            let k = i - self.samples.first_of_file(i);
             let mark = if self.is_recovered(i) {
                 " recovered"
             } else {
@@ -502,7 +496,7 @@ impl Dataset {
     /// payload feature — and returns where its payload lies inside `raw` and the label its data
     /// carries. The error names the file, the sample and what was wrong.
     pub fn check_sample(&self, i: usize, raw: &[u8], verify: bool) -> Result<Checked> {
-        let s = &self.samples[i];
+        let s = self.samples.get(i);
         let r = match self.frame {
             Frame::None => {
                 if verify && self.has_checksums && crate::util::crc32c(raw) != s.crc32c {
@@ -591,7 +585,7 @@ impl Dataset {
 
     /// The index's label of each sample of `ids`.
     pub(crate) fn index_labels<'a>(&'a self, ids: &'a [u32]) -> impl Iterator<Item = i64> + 'a {
-        ids.iter().map(|&i| self.samples[i as usize].label)
+        ids.iter().map(|&i| self.samples.get(i as usize).label)
     }
 
     /// Reads sample `i` with ordinary buffered I/O into `buf` and checks it as
@@ -604,7 +598,7 @@ impl Dataset {
     /// Reads sample `i`'s raw bytes (`offset .. offset + len`, frame included) into `buf`, with
     /// ordinary buffered I/O, checking nothing.
     pub(crate) fn read_raw(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
-        let s = &self.samples[i];
+        let s = self.samples.get(i);
         let path = &self.files[s.file as usize].path;
         let f = SourceFile::open(path)
             .map_err(|e| self.sample_error(i, Error::io("cannot open", e)))?;
@@ -621,7 +615,7 @@ impl Dataset {
     pub fn check_image(&self, i: usize, payload: &[u8]) -> Result<()> {
         let claim = match self.format {
             Format::ImageFolder => {
-                let s = &self.samples[i];
+                let s = self.samples.get(i);
                 self.files[s.file as usize]
                     .path
                     .extension()
@@ -639,7 +633,7 @@ impl Dataset {
     /// The label of sample `i` once its bytes were checked: the data's own (TFRecord
     /// Examples) or the index's.
     pub fn label_of(&self, i: usize, checked: &Checked) -> i64 {
-        checked.label.unwrap_or(self.samples[i].label)
+        checked.label.unwrap_or(self.samples.get(i).label)
     }
 
     /// Class names by label, where the format names them.
@@ -655,19 +649,17 @@ impl Dataset {
 
     /// Sum of all sample lengths.
     pub fn total_bytes(&self) -> u64 {
-        self.samples.iter().map(|s| s.len as u64).sum()
+        self.samples.total_len()
     }
 
     /// Heap bytes of the index (samples, keys, metadata).
     pub fn index_heap_bytes(&self) -> usize {
-        self.samples.capacity() * std::mem::size_of::<Sample>()
-            + self.keys.heap_bytes()
-            + self.metas.heap_bytes()
+        self.samples.heap_bytes() + self.keys.heap_bytes() + self.metas.heap_bytes()
     }
 
     /// An error about sample `i`, naming its file, offset and key.
     pub fn sample_error(&self, i: usize, e: Error) -> Error {
-        let s = &self.samples[i];
+        let s = self.samples.get(i);
         e.with_path(self.files[s.file as usize].path.clone())
             .with_sample(i as u64)
             .with_range(s.offset, s.len as u64)
@@ -703,12 +695,16 @@ impl Dataset {
         }
         Ok(Dataset {
             keys: k,
-            ..Dataset::empty(Format::Packed, files, samples)
+            ..Dataset::empty(Format::Packed, files, samples.into())
         })
     }
 
     /// A dataset of `format` with no keys, metadata, checksums, classes or problems.
-    pub(crate) fn empty(format: Format, files: Vec<DataFile>, samples: Vec<Sample>) -> Dataset {
+    pub(crate) fn empty(
+        format: Format,
+        files: Vec<DataFile>,
+        samples: crate::plan::Samples,
+    ) -> Dataset {
         Dataset {
             format,
             files,
@@ -820,6 +816,8 @@ pub const PROBLEMS_KEPT: usize = 1000;
 pub(crate) struct Builder {
     pub files: Vec<DataFile>,
     pub samples: Vec<Sample>,
+    /// Windows computed from their number (token files), when `samples` is empty.
+    pub runs: Vec<crate::plan::Run>,
     pub keys: Strings,
     pub problems: Vec<Error>,
     pub problems_total: u64,
@@ -849,7 +847,20 @@ impl Builder {
     pub fn append(&mut self, other: Builder) -> Result<()> {
         let shift = u32::try_from(self.files.len()).map_err(|_| invalid("more than 2^32 files"))?;
         self.files.extend(other.files);
-        let base = self.samples.len() as u32;
+        let base = self.len() as u32;
+        if !(other.runs.is_empty() || self.samples.is_empty() && other.samples.is_empty())
+            || !(self.runs.is_empty() || other.samples.is_empty())
+        {
+            return Err(invalid(
+                "computed windows and indexed samples in one dataset (open them apart)",
+            ));
+        }
+        self.runs
+            .extend(other.runs.iter().map(|r| crate::plan::Run {
+                first: r.first + base as u64,
+                file: r.file + shift,
+                ..*r
+            }));
         self.samples.reserve(other.samples.len());
         for s in other.samples {
             self.samples.push(Sample {
@@ -872,6 +883,11 @@ impl Builder {
         Ok(())
     }
 
+    /// Samples so far.
+    pub fn len(&self) -> usize {
+        self.samples.len() + self.runs.last().map_or(0, |r| (r.first + r.count) as usize)
+    }
+
     /// Adds a file; returns its index.
     pub fn file(&mut self, path: &Path, size: u64) -> Result<u32> {
         let i = u32::try_from(self.files.len()).map_err(|_| invalid("more than 2^32 files"))?;
@@ -883,7 +899,7 @@ impl Builder {
     /// unless nothing was wrong and the notes say why it is empty (a valid empty file).
     pub fn finish(self, format: Format, what: &str) -> Result<Dataset> {
         let validly_empty = self.problems_total == 0 && !self.notes.is_empty();
-        if self.samples.is_empty() && !validly_empty {
+        if self.len() == 0 && !validly_empty {
             let mut msg = format!("no samples found in {what}");
             if let Some(p) = self.problems.first() {
                 msg.push_str(&format!(" (first problem: {})", p.report()));
@@ -894,7 +910,17 @@ impl Builder {
             }
             return Err(e);
         }
-        let mut ds = Dataset::empty(format, self.files, self.samples);
+        if !self.runs.is_empty() && !self.samples.is_empty() {
+            return Err(invalid(
+                "computed windows and indexed samples in one dataset (open them apart)",
+            ));
+        }
+        let samples = if self.runs.is_empty() {
+            self.samples.into()
+        } else {
+            crate::plan::Samples::from_runs(self.runs)
+        };
+        let mut ds = Dataset::empty(format, self.files, samples);
         ds.keys = self.keys;
         ds.problems = self.problems;
         ds.problems_total = self.problems_total;

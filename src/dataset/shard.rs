@@ -342,7 +342,7 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
         keys,
         metas,
         has_checksums: true,
-        ..Dataset::empty(Format::Packed, files, samples)
+        ..Dataset::empty(Format::Packed, files, samples.into())
     };
     if let Some(v) = images {
         let _ = ds.images.set(v);

@@ -168,23 +168,23 @@ fn add_windows(
         return Ok(0);
     }
     let n = (tokens - window) / stride + 1;
-    // The loader numbers samples with u32; and 32 bytes of index per window must be sane.
-    if b.samples.len() as u64 + n > u32::MAX as u64 {
+    // The loader numbers samples with u32.
+    let first = b.len() as u64;
+    if first + n > u32::MAX as u64 {
         return Err(invalid(format!(
             "{n} windows of {window} tokens every {stride}: more than 2^32 samples; raise \
              stride or seq_len"
         )));
     }
-    b.samples.reserve(n as usize);
-    for k in 0..n {
-        b.samples.push(Sample {
-            file: fi,
-            len,
-            offset: base + k * stride * width,
-            label: -1,
-            crc32c: 0,
-        });
-    }
+    // Computed from their number: nothing is stored per window.
+    b.runs.push(crate::plan::Run {
+        first,
+        count: n,
+        file: fi,
+        base,
+        step: stride * width,
+        len,
+    });
     Ok(n)
 }
 

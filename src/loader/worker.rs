@@ -487,7 +487,7 @@ impl WorkerCtx {
         let ds = &*self.dataset;
         let first = plan.batch_range(g.batches.start).start;
         let end = plan.batch_range(g.batches.end - 1).end;
-        let ids: Vec<u32> = plan.order[first..end].to_vec();
+        let ids: Vec<u32> = plan.ids(first..end).into_owned();
         let outcomes = c.outcomes();
         let mut spans = Vec::with_capacity(ids.len());
         let mut read_errors: HashMap<u32, Arc<Error>> = HashMap::new();

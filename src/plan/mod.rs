@@ -374,10 +374,11 @@ impl BatchBytes {
 }
 
 /// [`BatchBytes`] of `samples` for batches of `batch` (one pass and one selection; no sort).
-pub fn batch_bytes(samples: &[Sample], batch: u32, align: u32) -> BatchBytes {
+/// Computed windows are counted at the largest span their run can have (never less than
+/// theirs), in O(runs).
+pub fn batch_bytes(samples: &Samples, batch: u32, align: u32) -> BatchBytes {
     let a = align.max(1) as u64;
-    let mut spans: Vec<u64> = samples.iter().map(|s| span(s, a)).collect();
-    let n = spans.len();
+    let n = samples.len();
     if n == 0 {
         return BatchBytes {
             worst: 0,
@@ -387,6 +388,27 @@ pub fn batch_bytes(samples: &[Sample], batch: u32, align: u32) -> BatchBytes {
         };
     }
     let b = (batch as usize).clamp(1, n);
+    if let Some(runs) = samples.runs() {
+        let mut spans: Vec<(u64, u64)> = runs
+            .iter()
+            .map(|r| (samples::run_span_max(r, a), r.count))
+            .collect();
+        spans.sort_unstable_by(|x, y| y.cmp(x));
+        let total: u64 = spans.iter().map(|&(s, c)| s * c).sum();
+        let (mut left, mut worst) = (b as u64, 0u64);
+        for &(s, c) in &spans {
+            let k = c.min(left);
+            worst += s * k;
+            left -= k;
+        }
+        return BatchBytes {
+            worst,
+            typical: (total as u128 * b as u128 / n as u128) as u64,
+            largest: spans[0].0,
+            total,
+        };
+    }
+    let mut spans: Vec<u64> = samples.iter().map(|s| span(&s, a)).collect();
     let total: u64 = spans.iter().sum();
     let largest = spans.iter().copied().max().unwrap_or(0);
     // The b largest: everything from position n − b of a partial order.
@@ -413,12 +435,7 @@ pub const SLOT_BYTES_MAX: u64 = 1 << 30;
 /// largest slot the budget allows, as long as it is above [`BatchBytes::floor`] (the planner
 /// then evens out the rare batch that would not fit). Rounded up to 2 MiB (huge pages). The
 /// error says which setting to change.
-pub fn slot_bytes_for(
-    samples: &[Sample],
-    cfg: &PlanConfig,
-    slots: u32,
-    budget: u64,
-) -> Result<u64> {
+pub fn slot_bytes_for(samples: &Samples, cfg: &PlanConfig, slots: u32, budget: u64) -> Result<u64> {
     const MIB: u64 = 1 << 20;
     let batch = cfg.batch_size;
     let bb = batch_bytes(samples, batch, cfg.align);
@@ -475,14 +492,14 @@ pub fn slot_bytes_for(
 /// every sample keeps exactly its count, so the epoch contract holds; the shuffle changes only
 /// where a batch would not fit, which [`BatchBytes::floor`]-sized slots make rare.
 fn fit_batches(
-    samples: &[Sample],
+    samples: &Samples,
     order: &mut [u32],
     real: usize,
     b: usize,
     limit: u64,
     align: u64,
 ) -> Result<()> {
-    let sp = |id: u32| span(&samples[id as usize], align);
+    let sp = |id: u32| span(&samples.get(id as usize), align);
     let n = order.len();
     let batches = n.div_ceil(b);
     let range = |k: usize| k * b..((k + 1) * b).min(n);
@@ -558,9 +575,19 @@ fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
     }
 }
 
+/// Which epoch orders this gpufeed makes: a saved resume point names it, and one saved under
+/// another is refused (the same settings would give other batches). 2: the global order is a
+/// keyed Feistel permutation computed one position at a time (1: a Fisher–Yates shuffle).
+pub const ORDER_VERSION: u32 = 2;
+
+/// The whole-epoch global order of `n` samples: stream position `k` holds sample `at(k)`.
+fn global_permutation(seed: u64, epoch: u64, n: usize) -> perm::Permutation {
+    perm::Permutation::new(n as u64, seed_for(seed, epoch, 1).next_u64())
+}
+
 /// This rank's samples for `epoch`, in order (the last batch may be short). With
 /// [`LastBatch::Pad`], the samples from position `cfg.rank_samples(n).1` on are padding.
-pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<Vec<u32>> {
+pub fn epoch_order(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Vec<u32>> {
     cfg.validate()?;
     let n = samples.len();
     if n == 0 {
@@ -580,9 +607,8 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
     // The whole-epoch stream, then this rank's part of it.
     let stream: Vec<u32> = match cfg.order {
         Order::Global => {
-            let mut p: Vec<u32> = (0..n as u32).collect();
-            shuffle(&mut p, &mut seed_for(cfg.seed, epoch, 1));
-            p
+            let p = global_permutation(cfg.seed, epoch, n);
+            (0..n as u64).map(|k| p.at(k) as u32).collect()
         }
         Order::ShardBuffer { .. } => {
             let mut files: Vec<u32> = samples.iter().map(|s| s.file).collect();
@@ -595,7 +621,7 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
             }
             let mut p: Vec<u32> = (0..n as u32).collect();
             // Stable: samples keep their order within a shard.
-            p.sort_by_key(|&i| place_of_file[samples[i as usize].file as usize]);
+            p.sort_by_key(|&i| place_of_file[samples.get(i as usize).file as usize]);
             p
         }
         Order::Block { block_bytes, .. } => {
@@ -635,8 +661,7 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
     // to that when a batch does not fit with them). Summing every batch reads the index at
     // random (~55 ms for 1.28 M samples), so it is skipped when no batch can exceed the slot:
     // batch_size × the largest span, from one sequential pass.
-    let a = cfg.align as u64;
-    let largest = samples.iter().map(|s| span(s, a)).max().unwrap_or(0);
+    let largest = samples.largest_span(cfg.align as u64);
     if largest.saturating_mul(cfg.batch_size as u64) <= cfg.group_bytes_max {
         return Ok(mine);
     }
@@ -653,7 +678,7 @@ pub fn epoch_order(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<V
 
 /// Samples per block-order window: `open_blocks` blocks' worth at the dataset's mean sample
 /// size, rounded to whole batches (at least one).
-fn block_window_samples(samples: &[Sample], cfg: &PlanConfig) -> usize {
+fn block_window_samples(samples: &Samples, cfg: &PlanConfig) -> usize {
     let Order::Block {
         block_bytes,
         open_blocks,
@@ -661,8 +686,7 @@ fn block_window_samples(samples: &[Sample], cfg: &PlanConfig) -> usize {
     else {
         return cfg.batch_size as usize;
     };
-    let mean =
-        samples.iter().map(|s| s.len as u64).sum::<u64>() as f64 / samples.len().max(1) as f64;
+    let mean = samples.total_len() as f64 / samples.len().max(1) as f64;
     let per_window = open_blocks as f64 * block_bytes as f64 / mean.max(1.0);
     let batches = (per_window / cfg.batch_size as f64).round().max(1.0) as usize;
     batches * cfg.batch_size as usize
@@ -670,21 +694,24 @@ fn block_window_samples(samples: &[Sample], cfg: &PlanConfig) -> usize {
 
 /// The dataset (in index order) cut into runs of consecutive samples of one file, each about
 /// `block_bytes` long (at least one sample).
-fn blocks(samples: &[Sample], block_bytes: u64) -> Vec<Range<u32>> {
+fn blocks(samples: &Samples, block_bytes: u64) -> Vec<Range<u32>> {
     let mut v = Vec::new();
     let mut start = 0usize;
     let mut bytes = 0u64;
-    for i in 0..samples.len() {
-        bytes += samples[i].len as u64;
-        let end_here = i + 1 == samples.len()
-            || samples[i + 1].file != samples[i].file
-            || samples[i + 1].offset < samples[i].offset
-            || bytes >= block_bytes;
+    let mut it = samples.iter().peekable();
+    let mut i = 0usize;
+    while let Some(s) = it.next() {
+        bytes += s.len as u64;
+        let end_here = match it.peek() {
+            None => true,
+            Some(next) => next.file != s.file || next.offset < s.offset || bytes >= block_bytes,
+        };
         if end_here {
             v.push(start as u32..i as u32 + 1);
             start = i + 1;
             bytes = 0;
         }
+        i += 1;
     }
     v
 }
@@ -746,7 +773,7 @@ pub struct Group {
 
 /// Coalesces the samples `ids` (in epoch order) into reads and lays them out in a slot.
 pub fn coalesce(
-    samples: &[Sample],
+    samples: &Samples,
     ids: &[u32],
     cfg: &PlanConfig,
 ) -> (Vec<PlannedRead>, Vec<Placement>, u64) {
@@ -757,7 +784,7 @@ pub fn coalesce(
         .iter()
         .enumerate()
         .map(|(k, &id)| {
-            let s = &samples[id as usize];
+            let s = samples.get(id as usize);
             (s.file, s.offset, s.len, k as u32)
         })
         .collect();
@@ -819,21 +846,80 @@ pub fn coalesce(
     (reads, scatter, slot)
 }
 
+/// A rank's order for one epoch: listed, or computed one position at a time.
+#[derive(Debug, Clone)]
+enum Ids {
+    /// Every position's sample.
+    Listed(Vec<u32>),
+    /// Global and sequential orders whose batches need no evening out: position `p` of this
+    /// part's order is computed from `p` (nothing of the epoch's size is held).
+    Computed(Computed),
+}
+
+/// A global or sequential order computed from the position.
+#[derive(Debug, Clone)]
+struct Computed {
+    /// The global order's permutation; `None`: the dataset's own order.
+    perm: Option<perm::Permutation>,
+    /// Samples in the dataset.
+    n: u64,
+    /// Positions in this part's order.
+    len: usize,
+    /// Where the rank's positions start in the stream, and the step between them.
+    start: u64,
+    step: u64,
+    /// Samples per batch, this part and the number of parts.
+    batch: u64,
+    part: u64,
+    parts: u64,
+}
+
+impl Computed {
+    fn at(&self, p: usize) -> u32 {
+        let (b, p) = (self.batch, p as u64);
+        // This part's batch p / b is the rank's batch (p / b) × parts + part.
+        let q = (p / b * self.parts + self.part) * b + p % b;
+        let k = (self.start + q * self.step) % self.n;
+        self.perm.map_or(k, |perm| perm.at(k)) as u32
+    }
+}
+
+impl Ids {
+    fn len(&self) -> usize {
+        match self {
+            Ids::Listed(v) => v.len(),
+            Ids::Computed(c) => c.len,
+        }
+    }
+}
+
+/// How an epoch's batches are grouped into slots.
+#[derive(Debug, Clone)]
+enum Groups {
+    /// The first batch of every group, and (sorted) those of the groups coalesced without
+    /// reading through gaps.
+    Listed { starts: Vec<u32>, tight: Vec<u32> },
+    /// Every group `per` batches (the last may be shorter), which fit a slot whatever their
+    /// samples; a group whose reads through gaps would not is read without them.
+    Even { per: u32 },
+}
+
 /// A rank's plan for one epoch: its order, and the groups it is read in.
+///
+/// A global or sequential order whose batches always fit a slot is computed: batch `k`'s
+/// samples from `k` in O(batch), its group from `k`, nothing of the epoch's size held, so
+/// planning the first batch of 10⁹ samples costs what planning one batch does. Other orders
+/// list the rank's samples (4 bytes each) and their groups.
 #[derive(Debug, Clone)]
 pub struct EpochPlan {
     /// The epoch planned.
     pub epoch: u64,
-    /// This rank's samples (dataset indices) in epoch order, padding last.
-    pub order: Vec<u32>,
+    ids: Ids,
     /// Samples per batch.
     pub batch_size: u32,
-    /// Positions of `order` from here on are padding ([`LastBatch::Pad`]).
+    /// Positions of the order from here on are padding ([`LastBatch::Pad`]).
     padding_from: usize,
-    /// First batch of every group, and the number of batches.
-    group_starts: Vec<u32>,
-    /// First batches of the groups coalesced without reading through gaps (sorted).
-    tight: Vec<u32>,
+    groups: Groups,
     batches: u32,
     cfg: PlanConfig,
 }
@@ -845,7 +931,15 @@ impl EpochPlan {
     }
 
     /// Plans `epoch` for `cfg.rank`. Fails if one batch alone does not fit `group_bytes_max`.
-    pub fn new(samples: &[Sample], cfg: &PlanConfig, epoch: u64) -> Result<EpochPlan> {
+    pub fn new(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<EpochPlan> {
+        match Self::computed(samples, cfg, epoch)? {
+            Some(plan) => Ok(plan),
+            None => Self::listed(samples, cfg, epoch),
+        }
+    }
+
+    /// The plan with the rank's order listed and its groups found one after another.
+    fn listed(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<EpochPlan> {
         let (order, padding_from) = cfg.part_of(
             epoch_order(samples, cfg, epoch)?,
             cfg.rank_samples(samples.len()).1,
@@ -913,14 +1007,92 @@ impl EpochPlan {
         }
         Ok(EpochPlan {
             epoch,
-            order,
+            ids: Ids::Listed(order),
             batch_size: cfg.batch_size,
             padding_from,
-            group_starts,
-            tight,
+            groups: Groups::Listed {
+                starts: group_starts,
+                tight,
+            },
             batches,
             cfg: cfg.clone(),
         })
+    }
+
+    /// The computed plan of a global or sequential order, when every window of
+    /// `window_batches` batches fits a slot however its samples fall (the largest span ×
+    /// the samples, read without gaps) and no batch needs evening out; `None` otherwise.
+    fn computed(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Option<EpochPlan>> {
+        if !matches!(cfg.order, Order::Global | Order::Sequential) {
+            return Ok(None);
+        }
+        cfg.validate()?;
+        let n = samples.len();
+        let per = cfg.window_batches as u64 * cfg.batch_size as u64;
+        let largest = samples.largest_span(cfg.align as u64);
+        if n == 0
+            || n > u32::MAX as usize
+            || largest.saturating_mul(per) > cfg.group_bytes_max
+            || per > cfg.reads_per_group_max as u64
+        {
+            return Ok(None); // epoch_order says what is wrong, or evens batches out
+        }
+        let (per_rank, real) = cfg.rank_samples(n);
+        if per_rank == 0 && cfg.last_batch == LastBatch::Drop {
+            return Ok(None); // epoch_order's error
+        }
+        let (world, rank, b) = (
+            cfg.world_size as u64,
+            cfg.rank as u64,
+            cfg.batch_size as u64,
+        );
+        let (start, step) = match (cfg.order, cfg.last_batch) {
+            (Order::Global, _) => (rank, world),
+            (_, LastBatch::Short) => ((rank as u128 * n as u128 / world as u128) as u64, 1),
+            (_, LastBatch::Drop) => (rank * ((n as u64 / world) / b * b), 1),
+            (_, LastBatch::Pad) => (rank * (n as u64).div_ceil(world), 1),
+        };
+        let (part, parts) = (cfg.batch_part.0 as u64, cfg.batch_part.1.max(1) as u64);
+        // This part's batches of the rank's, and the positions (and real ones) they hold.
+        let rank_batches = (per_rank as u64).div_ceil(b);
+        let mine = rank_batches.saturating_sub(part).div_ceil(parts);
+        let positions = |upto: u64| -> u64 {
+            // Positions of this part's batches among the rank's first `upto` positions.
+            let full = upto / b;
+            let whole = full.saturating_sub(part).div_ceil(parts);
+            let rest = if full % parts == part { upto % b } else { 0 };
+            whole * b + rest
+        };
+        let len = positions(per_rank as u64) as usize;
+        let padding_from = positions(real as u64) as usize;
+        debug_assert!(len as u64 <= mine * b && len as u64 + b > mine * b);
+        let perm =
+            matches!(cfg.order, Order::Global).then(|| global_permutation(cfg.seed, epoch, n));
+        Ok(Some(EpochPlan {
+            epoch,
+            ids: Ids::Computed(Computed {
+                perm,
+                n: n as u64,
+                len,
+                start,
+                step,
+                batch: b,
+                part,
+                parts,
+            }),
+            batch_size: cfg.batch_size,
+            padding_from,
+            groups: Groups::Even {
+                per: cfg.window_batches,
+            },
+            batches: len.div_ceil(b as usize) as u32,
+            cfg: cfg.clone(),
+        }))
+    }
+
+    /// Whether the order is computed position by position rather than listed.
+    pub fn is_computed(&self) -> bool {
+        matches!(self.ids, Ids::Computed(_))
     }
 
     /// Batches in this rank's epoch.
@@ -928,20 +1100,65 @@ impl EpochPlan {
         self.batches
     }
 
+    /// Samples in this rank's epoch (this part's), padding included.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether the rank's epoch holds no sample.
+    pub fn is_empty(&self) -> bool {
+        self.ids.len() == 0
+    }
+
     /// Number of groups.
     pub fn groups(&self) -> usize {
-        self.group_starts.len()
+        match &self.groups {
+            Groups::Listed { starts, .. } => starts.len(),
+            Groups::Even { per } => self.batches.div_ceil(*per) as usize,
+        }
+    }
+
+    /// The sample at `position` of the rank's order.
+    pub fn id(&self, position: usize) -> u32 {
+        match &self.ids {
+            Ids::Listed(v) => v[position],
+            Ids::Computed(c) => {
+                assert!(position < c.len, "position {position} of {}", c.len);
+                c.at(position)
+            }
+        }
+    }
+
+    /// The samples at `positions` of the rank's order.
+    pub fn ids(&self, positions: Range<usize>) -> std::borrow::Cow<'_, [u32]> {
+        match &self.ids {
+            Ids::Listed(v) => std::borrow::Cow::Borrowed(&v[positions]),
+            Ids::Computed(c) => {
+                assert!(
+                    positions.end <= c.len,
+                    "positions to {} of {}",
+                    positions.end,
+                    c.len
+                );
+                std::borrow::Cow::Owned(positions.map(|p| c.at(p)).collect())
+            }
+        }
+    }
+
+    /// The rank's whole order (listed: 4 bytes per sample; for tests and figures).
+    pub fn order(&self) -> Vec<u32> {
+        self.ids(0..self.len()).into_owned()
     }
 
     /// Sample ids of batch `i` (only the last batch may be shorter than `batch_size`).
-    pub fn batch(&self, i: u32) -> &[u32] {
-        &self.order[self.batch_range(i)]
+    pub fn batch(&self, i: u32) -> std::borrow::Cow<'_, [u32]> {
+        self.ids(self.batch_range(i))
     }
 
-    /// Positions in [`order`](EpochPlan::order) of batch `i`.
+    /// Positions in the rank's order of batch `i`.
     pub fn batch_range(&self, i: u32) -> Range<usize> {
-        let b = self.batch_size as usize;
-        (i as usize * b).min(self.order.len())..((i as usize + 1) * b).min(self.order.len())
+        let (b, n) = (self.batch_size as usize, self.len());
+        (i as usize * b).min(n)..((i as usize + 1) * b).min(n)
     }
 
     /// Whether the sample at `position` of the rank's order is padding (a repeat that only
@@ -957,23 +1174,37 @@ impl EpochPlan {
 
     /// The group holding batch `i`.
     pub fn group_of_batch(&self, i: u32) -> usize {
-        self.group_starts.partition_point(|&s| s <= i) - 1
+        match &self.groups {
+            Groups::Listed { starts, .. } => starts.partition_point(|&s| s <= i) - 1,
+            Groups::Even { per } => (i / per) as usize,
+        }
     }
 
     /// Group `g`, coalesced and laid out.
-    pub fn group(&self, samples: &[Sample], g: usize) -> Group {
-        let start = self.group_starts[g];
-        let end = self
-            .group_starts
-            .get(g + 1)
-            .copied()
-            .unwrap_or(self.batches);
-        let ids = &self.order[self.batch_range(start).start..self.batch_range(end - 1).end];
-        let (reads, scatter, slot_bytes) = if self.tight.binary_search(&start).is_ok() {
-            coalesce(samples, ids, &self.cfg.without_gaps())
-        } else {
-            coalesce(samples, ids, &self.cfg)
+    pub fn group(&self, samples: &Samples, g: usize) -> Group {
+        let (start, end, tight) = match &self.groups {
+            Groups::Listed { starts, tight } => {
+                let start = starts[g];
+                let end = starts.get(g + 1).copied().unwrap_or(self.batches);
+                (start, end, tight.binary_search(&start).is_ok())
+            }
+            Groups::Even { per } => {
+                let start = g as u32 * per;
+                (start, (start + per).min(self.batches), false)
+            }
         };
+        let ids = self.ids(self.batch_range(start).start..self.batch_range(end - 1).end);
+        let (mut reads, mut scatter, mut slot_bytes) = if tight {
+            coalesce(samples, &ids, &self.cfg.without_gaps())
+        } else {
+            coalesce(samples, &ids, &self.cfg)
+        };
+        if slot_bytes > self.cfg.group_bytes_max
+            || reads.len() > self.cfg.reads_per_group_max as usize
+        {
+            // An even group read through gaps may overflow; without them it fits (planned so).
+            (reads, scatter, slot_bytes) = coalesce(samples, &ids, &self.cfg.without_gaps());
+        }
         let a = self.cfg.align as u64;
         let bytes_read = reads
             .iter()
@@ -985,13 +1216,24 @@ impl EpochPlan {
             scatter,
             slot_bytes,
             bytes_read,
-            bytes_wanted: ids.iter().map(|&i| samples[i as usize].len as u64).sum(),
+            bytes_wanted: ids
+                .iter()
+                .map(|&i| samples.get(i as usize).len as u64)
+                .sum(),
         }
     }
 
     /// Heap bytes this plan holds.
     pub fn heap_bytes(&self) -> usize {
-        self.order.capacity() * 4 + self.group_starts.capacity() * 4
+        let ids = match &self.ids {
+            Ids::Listed(v) => v.capacity() * 4,
+            Ids::Computed(_) => 0,
+        };
+        let groups = match &self.groups {
+            Groups::Listed { starts, tight } => (starts.capacity() + tight.capacity()) * 4,
+            Groups::Even { .. } => 0,
+        };
+        ids + groups
     }
 }
 
@@ -1020,7 +1262,7 @@ pub struct Quality {
 }
 
 /// Computes [`Quality`] for a plan (walks every group once).
-pub fn quality(samples: &[Sample], plan: &EpochPlan) -> Quality {
+pub fn quality(samples: &Samples, plan: &EpochPlan) -> Quality {
     let mut reads = 0u64;
     let mut read_bytes = 0u64;
     let mut wanted = 0u64;
@@ -1036,19 +1278,19 @@ pub fn quality(samples: &[Sample], plan: &EpochPlan) -> Quality {
     for b in 0..plan.batches() {
         let ids = plan.batch(b);
         scratch.clear();
-        scratch.extend(ids.iter().map(|&i| samples[i as usize].file as i64));
+        scratch.extend(ids.iter().map(|&i| samples.get(i as usize).file as i64));
         scratch.sort_unstable();
         scratch.dedup();
         files += scratch.len();
         scratch.clear();
-        scratch.extend(ids.iter().map(|&i| samples[i as usize].label));
+        scratch.extend(ids.iter().map(|&i| samples.get(i as usize).label));
         scratch.sort_unstable();
         scratch.dedup();
         labels += scratch.len();
     }
     // Expected distinct labels in a uniformly random batch: Σ_c 1 − (1 − p_c)^B.
     let mut counts = std::collections::HashMap::new();
-    for s in samples {
+    for s in samples.iter() {
         *counts.entry(s.label).or_insert(0u64) += 1;
     }
     let n = samples.len() as f64;
@@ -1058,10 +1300,10 @@ pub fn quality(samples: &[Sample], plan: &EpochPlan) -> Quality {
         .map(|&c| 1.0 - (1.0 - c as f64 / n).powf(bsz))
         .sum();
     // Correlation between dataset index and epoch position.
-    let m = plan.order.len() as f64;
+    let m = plan.len() as f64;
     let (mut sx, mut sy, mut sxx, mut syy, mut sxy) = (0f64, 0f64, 0f64, 0f64, 0f64);
-    for (pos, &id) in plan.order.iter().enumerate() {
-        let (x, y) = (id as f64, pos as f64);
+    for pos in 0..plan.len() {
+        let (x, y) = (plan.id(pos) as f64, pos as f64);
         sx += x;
         sy += y;
         sxx += x * x;
@@ -1079,7 +1321,7 @@ pub fn quality(samples: &[Sample], plan: &EpochPlan) -> Quality {
     let nb = plan.batches().max(1) as f64;
     Quality {
         mode: plan.cfg.order.name(),
-        samples: plan.order.len() as u64,
+        samples: plan.len() as u64,
         batches: plan.batches(),
         reads_per_sample: reads as f64 / m,
         read_amplification: if wanted > 0 {
@@ -1095,6 +1337,9 @@ pub fn quality(samples: &[Sample], plan: &EpochPlan) -> Quality {
 }
 
 pub mod perm;
+mod samples;
+pub(crate) use samples::Run;
+pub use samples::Samples;
 
 #[cfg(test)]
 mod tests;

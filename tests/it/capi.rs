@@ -285,7 +285,7 @@ fn a_c_program_reads_an_epoch() {
         shards.push(p);
     }
     let ds = gpufeed::Dataset::open(dir.path()).unwrap();
-    let s = *ds.sample(bad);
+    let s = ds.sample(bad);
     let shard = &shards[s.file as usize];
     let mut f = std::fs::read(shard).unwrap();
     f[s.offset as usize] ^= 0x55;

@@ -181,7 +181,7 @@ fn corrupt_sample_is_an_error_on_the_device_path_too() {
     let paths = shards(dir.path(), n, 64);
     let ds = Dataset::open_shards(&paths).unwrap();
     let victim = 17usize;
-    let s = *ds.sample(victim);
+    let s = ds.sample(victim);
     let mut bytes = std::fs::read(&paths[0]).unwrap();
     bytes[s.offset as usize] ^= 0xff;
     std::fs::write(&paths[0], bytes).unwrap();
@@ -260,7 +260,7 @@ fn tfrecord_examples_are_unwrapped_on_the_device_path() {
     std::fs::write(&p, &f).unwrap();
     let ds = Dataset::open(&p).unwrap();
     // Record 9's data is damaged afterwards: an error for it alone.
-    let nine = *ds.sample(9);
+    let nine = ds.sample(9);
     f[nine.offset as usize + 40] ^= 1;
     std::fs::write(&p, &f).unwrap();
     let sim = SimDevice::new(5);

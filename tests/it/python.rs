@@ -59,7 +59,7 @@ fn make_data(dir: &Path) {
     std::fs::write(dir.join("samples.txt"), list).unwrap();
     let ds = Dataset::open(dir.join("corrupt")).unwrap();
     let victim = 157;
-    let s = *ds.sample(victim);
+    let s = ds.sample(victim);
     let shard = ds.files()[s.file as usize].path.to_path_buf();
     let mut bytes = std::fs::read(&shard).unwrap();
     bytes[s.offset as usize + s.len as usize / 2] ^= 0x40;

@@ -1,0 +1,347 @@
+//! The sample index as the planner reads it: a table of [`Sample`]s, or runs of fixed windows
+//! whose samples are computed from their number and stored nowhere.
+//!
+//! A flat token file's window `k` starts at `base + k × stride × width`: keeping 32 bytes for it
+//! would make a 10⁹-window corpus cost 32 GB per rank (nanoGPT computes its windows; so does
+//! this). Every reader of the index goes through [`Samples::get`] and [`Samples::iter`], which
+//! are the same for both forms.
+
+use super::Sample;
+
+/// Consecutive samples of one file, evenly spaced and of one length: sample `first + k` is
+/// `len` bytes at `base + k × step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Run {
+    /// The first sample's number.
+    pub first: u64,
+    /// Samples in the run.
+    pub count: u64,
+    /// The file.
+    pub file: u32,
+    /// The first sample's byte offset.
+    pub base: u64,
+    /// Bytes from one sample's start to the next.
+    pub step: u64,
+    /// Bytes of each sample.
+    pub len: u32,
+}
+
+impl Run {
+    fn sample(&self, k: u64) -> Sample {
+        Sample {
+            file: self.file,
+            len: self.len,
+            offset: self.base + k * self.step,
+            label: -1,
+            crc32c: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Repr {
+    Table(Vec<Sample>),
+    Runs { runs: Vec<Run>, len: u64 },
+}
+
+/// Every sample of a dataset, in dataset order: where its bytes are, its label and checksum.
+#[derive(Debug, Clone)]
+pub struct Samples(Repr);
+
+impl Default for Samples {
+    fn default() -> Self {
+        Samples(Repr::Table(Vec::new()))
+    }
+}
+
+impl From<Vec<Sample>> for Samples {
+    fn from(v: Vec<Sample>) -> Self {
+        Samples(Repr::Table(v))
+    }
+}
+
+impl FromIterator<Sample> for Samples {
+    fn from_iter<I: IntoIterator<Item = Sample>>(it: I) -> Self {
+        Samples(Repr::Table(it.into_iter().collect()))
+    }
+}
+
+impl<'a> IntoIterator for &'a Samples {
+    type Item = Sample;
+    type IntoIter = Box<dyn ExactSizeIterator<Item = Sample> + 'a>;
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
+}
+
+impl Samples {
+    /// Runs of windows (each of its own file, in sample order from 0): nothing stored per
+    /// sample.
+    pub(crate) fn from_runs(runs: Vec<Run>) -> Samples {
+        let len = runs.last().map_or(0, |r| r.first + r.count);
+        debug_assert!(runs
+            .windows(2)
+            .all(|w| w[0].first + w[0].count == w[1].first));
+        Samples(Repr::Runs { runs, len })
+    }
+
+    /// How many samples there are.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Repr::Table(v) => v.len(),
+            Repr::Runs { len, .. } => *len as usize,
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sample `i`. Panics when `i` is not below [`len`](Samples::len), as a slice does.
+    #[inline]
+    pub fn get(&self, i: usize) -> Sample {
+        match &self.0 {
+            Repr::Table(v) => v[i],
+            Repr::Runs { runs, len } => {
+                assert!((i as u64) < *len, "sample {i} of {len}");
+                let r = &runs[runs.partition_point(|r| r.first <= i as u64) - 1];
+                r.sample(i as u64 - r.first)
+            }
+        }
+    }
+
+    /// Every sample, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = Sample> + '_ {
+        let (table, runs): (&[Sample], &[Run]) = match &self.0 {
+            Repr::Table(v) => (v, &[]),
+            Repr::Runs { runs, .. } => (&[], runs),
+        };
+        Iter {
+            table: table.iter(),
+            runs: runs.iter(),
+            run: None,
+            left: self.len(),
+        }
+    }
+
+    /// The samples as a table, when they are stored as one.
+    pub fn as_table(&self) -> Option<&[Sample]> {
+        match &self.0 {
+            Repr::Table(v) => Some(v),
+            Repr::Runs { .. } => None,
+        }
+    }
+
+    /// Samples `range`, as a table of their own.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Samples {
+        range.map(|i| self.get(i)).collect()
+    }
+
+    /// The first sample of the run of consecutive samples of `i`'s file that holds `i` (a
+    /// file's samples are contiguous in every index gpufeed builds).
+    pub fn first_of_file(&self, i: usize) -> usize {
+        match &self.0 {
+            Repr::Table(v) => {
+                let f = v[i].file;
+                let mut k = i;
+                // Bisection over the prefix when it is sorted by file; else a walk back.
+                if v[..i].last().is_some_and(|x| x.file <= f) {
+                    let first = v[..i].partition_point(|x| x.file < f);
+                    if v[first..=i].iter().all(|x| x.file == f) {
+                        return first;
+                    }
+                }
+                while k > 0 && v[k - 1].file == f {
+                    k -= 1;
+                }
+                k
+            }
+            Repr::Runs { runs, .. } => {
+                let mut r = runs.partition_point(|r| r.first <= i as u64) - 1;
+                while r > 0 && runs[r - 1].file == runs[r].file {
+                    r -= 1;
+                }
+                runs[r].first as usize
+            }
+        }
+    }
+
+    /// The largest span of one sample widened to `align` at both ends (see [`super::span`]).
+    pub fn largest_span(&self, align: u64) -> u64 {
+        match &self.0 {
+            Repr::Table(v) => v.iter().map(|s| super::span(s, align)).max().unwrap_or(0),
+            Repr::Runs { runs, .. } => runs
+                .iter()
+                .map(|r| run_span_max(r, align))
+                .max()
+                .unwrap_or(0),
+        }
+    }
+
+    /// Bytes of all samples together.
+    pub fn total_len(&self) -> u64 {
+        match &self.0 {
+            Repr::Table(v) => v.iter().map(|s| s.len as u64).sum(),
+            Repr::Runs { runs, .. } => runs.iter().map(|r| r.count * r.len as u64).sum(),
+        }
+    }
+
+    /// Whether the samples are computed, not stored.
+    pub fn is_arithmetic(&self) -> bool {
+        matches!(self.0, Repr::Runs { .. })
+    }
+
+    /// Heap bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        match &self.0 {
+            Repr::Table(v) => v.capacity() * std::mem::size_of::<Sample>(),
+            Repr::Runs { runs, .. } => runs.capacity() * std::mem::size_of::<Run>(),
+        }
+    }
+
+    /// The runs, when the samples are computed.
+    pub(crate) fn runs(&self) -> Option<&[Run]> {
+        match &self.0 {
+            Repr::Table(_) => None,
+            Repr::Runs { runs, .. } => Some(runs),
+        }
+    }
+}
+
+/// The largest aligned span in a run: exact where the run is short, else the bound no span
+/// exceeds (its length rounded up to `align`, and one more block where offsets fall between
+/// blocks).
+pub(super) fn run_span_max(r: &Run, a: u64) -> u64 {
+    if r.count == 0 {
+        return 0;
+    }
+    if r.count <= 4096 {
+        return (0..r.count)
+            .map(|k| super::span(&r.sample(k), a))
+            .max()
+            .unwrap_or(0);
+    }
+    let len = r.len as u64;
+    if r.base.is_multiple_of(a) && r.step.is_multiple_of(a) {
+        len.div_ceil(a) * a
+    } else {
+        len.div_ceil(a) * a + a
+    }
+}
+
+struct Iter<'a> {
+    table: std::slice::Iter<'a, Sample>,
+    runs: std::slice::Iter<'a, Run>,
+    run: Option<(Run, u64)>,
+    left: usize,
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Sample;
+    #[inline]
+    fn next(&mut self) -> Option<Sample> {
+        if let Some(s) = self.table.next() {
+            self.left -= 1;
+            return Some(*s);
+        }
+        loop {
+            match &mut self.run {
+                Some((r, k)) if *k < r.count => {
+                    let s = r.sample(*k);
+                    *k += 1;
+                    self.left -= 1;
+                    return Some(s);
+                }
+                _ => self.run = Some((*self.runs.next()?, 0)),
+            }
+        }
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs() -> Samples {
+        Samples::from_runs(vec![
+            Run {
+                first: 0,
+                count: 5,
+                file: 0,
+                base: 0,
+                step: 512,
+                len: 514,
+            },
+            Run {
+                first: 5,
+                count: 3,
+                file: 1,
+                base: 100,
+                step: 6,
+                len: 8,
+            },
+            Run {
+                first: 8,
+                count: 5000,
+                file: 2,
+                base: 0,
+                step: 2,
+                len: 4,
+            },
+        ])
+    }
+
+    #[test]
+    fn runs_agree_with_their_table() {
+        let r = runs();
+        let table: Vec<Sample> = r.iter().collect();
+        assert_eq!(table.len(), r.len());
+        assert_eq!(r.len(), 5008);
+        let t = Samples::from(table.clone());
+        for (i, &s) in table.iter().enumerate() {
+            assert_eq!(r.get(i), s, "{i}");
+            assert_eq!(t.get(i), s);
+            assert_eq!(r.first_of_file(i), t.first_of_file(i), "{i}");
+        }
+        assert_eq!(table[6].offset, 106);
+        assert_eq!(table[4].offset, 2048);
+        assert_eq!(r.first_of_file(7), 5);
+        assert_eq!(r.first_of_file(5007), 8);
+        assert_eq!(r.total_len(), t.total_len());
+        for a in [1, 512, 4096] {
+            // The bound of a long run is never below the exact largest span.
+            assert!(r.largest_span(a) >= t.largest_span(a), "align {a}");
+            assert!(r.largest_span(a) <= t.largest_span(a) + a, "align {a}");
+        }
+        assert!(r.heap_bytes() < 200);
+        assert_eq!(r.slice(3..7).iter().collect::<Vec<_>>(), table[3..7]);
+    }
+
+    #[test]
+    #[should_panic(expected = "sample 5008 of 5008")]
+    fn past_the_end_panics_as_a_slice_does() {
+        runs().get(5008);
+    }
+
+    #[test]
+    fn a_table_with_interleaved_files_walks_back() {
+        let s = |file| Sample {
+            file,
+            len: 1,
+            offset: 0,
+            label: -1,
+            crc32c: 0,
+        };
+        let t = Samples::from(vec![s(0), s(1), s(1), s(0), s(0), s(2)]);
+        assert_eq!(t.first_of_file(2), 1);
+        assert_eq!(t.first_of_file(4), 3);
+        assert_eq!(t.first_of_file(5), 5);
+        assert_eq!(t.first_of_file(0), 0);
+    }
+}
