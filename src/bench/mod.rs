@@ -13,6 +13,7 @@ pub mod load;
 pub mod plot;
 #[cfg(feature = "remote")]
 pub mod remote;
+pub mod scale;
 #[cfg(feature = "tokio-uring")]
 pub mod tokio_uring;
 

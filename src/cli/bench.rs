@@ -8,6 +8,7 @@ pub(super) fn bench_cmd(b: BenchCmd) -> Result<()> {
     match b.which {
         Some(BenchWhich::Io(a)) => bench_io(a),
         Some(BenchWhich::Load(a)) => bench_load(a),
+        Some(BenchWhich::Scale(a)) => bench_scale(a),
         Some(BenchWhich::Gpu(a)) => bench_gpu(a),
         #[cfg(feature = "decode")]
         Some(BenchWhich::Decode(a)) => bench_decode(a),
@@ -33,6 +34,11 @@ pub(super) enum BenchWhich {
     /// One epoch per mode over an ImageNet-like dataset it generates: small files vs packed
     /// shards in global, block and shard-buffer order (cold cache when root).
     Load(LoadArgs),
+    /// What a dataset's size costs a rank: token corpora of 10⁶ to 10⁹ windows (sparse files),
+    /// one rank and several, each its own process — open time, index bytes per sample, peak
+    /// RSS and PSS, time to plan and read the first batch, samples/s of short global and block
+    /// runs.
+    Scale(ScaleArgs),
     /// Storage → GPU: ours (io_uring → pinned → H2D), cuFile, a naive path, and the two
     /// ceilings (pinned H2D alone, storage → host alone); needs a CUDA GPU.
     Gpu(GpuArgs),
@@ -308,6 +314,52 @@ pub(super) struct LoadArgs {
     /// Also draw the rows as bars, each mode with its ratio to small-files (the baseline), into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub(super) plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct ScaleArgs {
+    /// Where the sparse token files are made (they take no disk space).
+    #[arg(long, default_value = "gpufeed-scale")]
+    pub(super) dir: PathBuf,
+    /// Dataset sizes in samples (comma-separated; 1e6 and 1000000 alike).
+    #[arg(long, default_value = "1e6,1e7,1e8,1e9", value_delimiter = ',', value_parser = count_arg)]
+    pub(super) sizes: Vec<u64>,
+    /// Rank counts on this node (comma-separated), each rank its own process.
+    #[arg(long, default_value = "1,8", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(super) ranks: Vec<u32>,
+    /// Seconds of each short run (global, then block).
+    #[arg(long, default_value_t = 2.0)]
+    pub(super) seconds: f64,
+    /// Tokens per window (u16 tokens; a sample is seq_len + 1 of them).
+    #[arg(long, default_value_t = 1023)]
+    pub(super) seq_len: u32,
+    #[command(flatten)]
+    pub(super) loader: LoaderArgs,
+    /// Print one JSON object per row.
+    #[arg(long)]
+    pub(super) json: bool,
+    /// Also draw each row's peak RSS per rank as bars into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(super) plot: Option<PathBuf>,
+    /// A rank process: RANK/WORLD (set by the bench for the processes it starts).
+    #[arg(long, hide = true)]
+    pub(super) rank_of: Option<String>,
+    /// A rank process: the token file.
+    #[arg(long, hide = true)]
+    pub(super) file: Option<PathBuf>,
+}
+
+/// A count: digits, or a number in e notation (1e9).
+fn count_arg(s: &str) -> std::result::Result<u64, String> {
+    s.parse::<u64>()
+        .ok()
+        .or_else(|| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0 && v.fract() == 0.0 && *v < 1.9e19)
+                .map(|v| v as u64)
+        })
+        .ok_or_else(|| format!("{s:?} is not a count (1000000 or 1e6)"))
 }
 
 #[derive(Debug, Args)]
@@ -629,6 +681,110 @@ pub(super) fn bench_gpu(a: GpuArgs) -> Result<()> {
         for l in crate::bench::gpu::ratios(&rows) {
             outln!("  -> {l}");
         }
+    }
+    Ok(())
+}
+
+pub(super) fn bench_scale(a: ScaleArgs) -> Result<()> {
+    use crate::bench::scale::{measure_rank, run_scale, table_header, table_row, ScaleSpec};
+    let settings = a.loader.settings()?;
+    if let Some(rw) = &a.rank_of {
+        // A rank process: measure, report one JSON line, wait for the bench to close stdin.
+        let (rank, world) = rw
+            .split_once('/')
+            .and_then(|(r, w)| Some((r.parse().ok()?, w.parse().ok()?)))
+            .ok_or_else(|| crate::error::invalid(format!("--rank-of {rw:?}: RANK/WORLD")))?;
+        let file = a
+            .file
+            .as_ref()
+            .ok_or_else(|| crate::error::invalid("--rank-of needs --file"))?;
+        let f = measure_rank(file, a.seq_len, &settings, rank, world, a.seconds)?;
+        outln!("{}", serde_json::to_string(&f).expect("serialises"));
+        crate::bench::scale::wait_for_parent();
+        return Ok(());
+    }
+    if !(a.seconds > 0.0 && a.seconds.is_finite()) {
+        return Err(crate::error::invalid(format!(
+            "--seconds {} is not a number of seconds above 0",
+            a.seconds
+        )));
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| crate::error::Error::io("cannot find this program to start ranks", e))?;
+    let flags: Vec<(String, String)> = a
+        .loader
+        .given
+        .iter()
+        .filter_map(|(name, v)| {
+            let o = crate::config::LOADER_SETTINGS
+                .iter()
+                .find(|o| o.name == *name)?;
+            Some((format!("--{}", o.flag), v.clone()))
+        })
+        .collect();
+    let (seconds, seq_len) = (a.seconds, a.seq_len);
+    let child = |rank: u32, world: u32, file: &std::path::Path| {
+        let mut c = std::process::Command::new(&exe);
+        c.args(["bench", "scale", "--rank-of", &format!("{rank}/{world}")])
+            .arg("--file")
+            .arg(file)
+            .args([
+                "--seconds",
+                &seconds.to_string(),
+                "--seq-len",
+                &seq_len.to_string(),
+            ]);
+        for (f, v) in &flags {
+            c.arg(f).arg(v);
+        }
+        c
+    };
+    let spec = ScaleSpec {
+        dir: a.dir.clone(),
+        sizes: a.sizes.clone(),
+        ranks: a.ranks.clone(),
+        seconds,
+        seq_len,
+    };
+    if !a.json {
+        outln!(
+            "gpufeed bench scale: flat u16 token files of seq_len {} in {} (sparse), {} s per run",
+            seq_len,
+            a.dir.display(),
+            seconds
+        );
+        outln!("{}", table_header());
+    }
+    let rows = run_scale(&spec, &child, &mut |r| {
+        if a.json {
+            outln!("{}", serde_json::to_string(r).expect("serialises"));
+        } else {
+            outln!("{}", table_row(r));
+        }
+    })?;
+    if !a.json {
+        outln!(
+            "  (peak MiB: the largest rank's peak RSS; -buf: less its read buffers; PSS: every \
+             rank's together; block runs only up to {} samples: its order is listed)",
+            crate::bench::scale::BLOCK_SAMPLES_MAX
+        );
+    }
+    if let Some(p) = &a.plot {
+        let bars: Vec<_> = rows
+            .iter()
+            .map(|r| crate::bench::plot::Bar {
+                group: format!("{} samples", r.samples),
+                label: format!("{} rank(s)", r.ranks),
+                value: r.peak_rss_mib,
+                baseline: r.ranks == a.ranks[0],
+            })
+            .collect();
+        crate::bench::plot::bars(
+            p,
+            "gpufeed bench scale: peak RSS per rank by dataset size",
+            "MiB",
+            &bars,
+        )?;
     }
     Ok(())
 }

@@ -374,8 +374,8 @@ impl BatchBytes {
 }
 
 /// [`BatchBytes`] of `samples` for batches of `batch` (one pass and one selection; no sort).
-/// Computed windows are counted at the largest span their run can have (never less than
-/// theirs), in O(runs).
+/// Computed windows are summed per run from one period of their offsets (O(alignment) per
+/// run); their worst batch is counted as `batch` × the run's largest span.
 pub fn batch_bytes(samples: &Samples, batch: u32, align: u32) -> BatchBytes {
     let a = align.max(1) as u64;
     let n = samples.len();
@@ -389,14 +389,17 @@ pub fn batch_bytes(samples: &Samples, batch: u32, align: u32) -> BatchBytes {
     }
     let b = (batch as usize).clamp(1, n);
     if let Some(runs) = samples.runs() {
-        let mut spans: Vec<(u64, u64)> = runs
+        let mut spans: Vec<(u64, u64, u64)> = runs
             .iter()
-            .map(|r| (samples::run_span_max(r, a), r.count))
+            .map(|r| {
+                let (largest, total) = samples::run_spans(r, a);
+                (largest, r.count, total)
+            })
             .collect();
         spans.sort_unstable_by(|x, y| y.cmp(x));
-        let total: u64 = spans.iter().map(|&(s, c)| s * c).sum();
+        let total: u64 = spans.iter().map(|&(_, _, t)| t).sum();
         let (mut left, mut worst) = (b as u64, 0u64);
-        for &(s, c) in &spans {
+        for &(s, c, _) in &spans {
             let k = c.min(left);
             worst += s * k;
             left -= k;

@@ -596,3 +596,58 @@ fn a_urls_password_is_never_printed() {
         assert!(all.contains("http://***@127.0.0.1"), "{all}");
     }
 }
+
+/// `bench scale` over a billion computed windows (a sparse 2 TiB file) and a small set, one
+/// rank and two (each its own process): every row parses, the index holds nothing per window
+/// (a run per file),
+/// the global run delivered batches, block runs only where its listed order is small, and a
+/// rank holds little beside its read buffers (memory, not time: no speed is asserted).
+#[test]
+fn bench_scale_reports_a_billion_windows_at_no_index_cost() {
+    let dir = disk_dir();
+    let out = gpufeed()
+        .args(["bench", "scale", "--dir"])
+        .arg(dir.path())
+        .args(["--sizes", "5000,1e9", "--ranks", "1,2", "--seconds", "0.2"])
+        .args(["--json", "--batch-size", "64"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    for r in &rows {
+        let n = r["samples"].as_u64().unwrap();
+        assert!(n == 5000 || n == 1_000_000_000, "{r}");
+        // A run per file, nothing per window.
+        assert!(r["per_rank"][0]["index_bytes"].as_u64().unwrap() <= 4096, "{r}");
+        assert!(r["global_samples_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["block_samples_per_s"].is_null(), n > 1 << 28, "{r}");
+        let ranks = r["per_rank"].as_array().unwrap();
+        assert_eq!(ranks.len() as u64, r["ranks"].as_u64().unwrap(), "{r}");
+        for k in ranks {
+            let beside =
+                k["peak_rss_bytes"].as_u64().unwrap() - k["buffers_bytes"].as_u64().unwrap();
+            assert!(k["pss_bytes"].as_u64().unwrap() > 0, "{k}");
+            if n > 1 << 28 {
+                assert!(
+                    beside < 64 << 20,
+                    "{k}: {} MiB beside the buffers",
+                    beside >> 20
+                );
+            }
+        }
+    }
+    // The sparse file is what was asked for: 10^9 windows of 1024 u16 tokens (and one more).
+    let f = dir.path().join("tokens-1000000000x1023.bin");
+    assert_eq!(
+        std::fs::metadata(&f).unwrap().len(),
+        (1_000_000_000 * 1023 + 1) * 2
+    );
+}
