@@ -16,10 +16,6 @@ use crate::error::{invalid, Error, Result};
 use crate::loader::{Loader, LoaderSettings};
 use crate::plan::Order;
 
-/// Above this many samples the block order (listed, 4 bytes per sample of its stream and of the
-/// rank's order) is not run.
-pub const BLOCK_SAMPLES_MAX: u64 = 1 << 28;
-
 /// What one rank measured.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct RankFigures {
@@ -36,10 +32,9 @@ pub struct RankFigures {
     pub plan_ms: f64,
     /// Milliseconds from asking for epoch 0 (global) to holding its first batch.
     pub first_batch_ms: f64,
-    /// Samples/s of a short global run; of a short block run (`None`: not run, see
-    /// [`BLOCK_SAMPLES_MAX`]).
+    /// Samples/s of a short global run, and of a short block run.
     pub global_samples_per_s: f64,
-    pub block_samples_per_s: Option<f64>,
+    pub block_samples_per_s: f64,
     /// The read buffers the loaders held (the larger of the two).
     pub buffers_bytes: u64,
     /// Resident memory and proportional share (PSS) with a loader alive (the larger of the
@@ -70,7 +65,7 @@ pub struct ScaleRow {
     pub pss_total_mib: f64,
     /// Samples/s of all ranks together.
     pub global_samples_per_s: f64,
-    pub block_samples_per_s: Option<f64>,
+    pub block_samples_per_s: f64,
     /// Every rank's figures.
     pub per_rank: Vec<RankFigures>,
 }
@@ -192,16 +187,12 @@ pub fn measure_rank(
     let (mut rss_bytes, _, mut pss_bytes) = memory_now();
     let mut buffers_bytes = global.memory().arena_bytes;
     drop(global);
-    let block_samples_per_s = if (ds.len() as u64) <= BLOCK_SAMPLES_MAX {
-        let block = build(Order::parse("block")?)?;
-        let r = short_run(&block, seconds)?;
-        let (rss, _, pss) = memory_now();
-        (rss_bytes, pss_bytes) = (rss_bytes.max(rss), pss_bytes.max(pss));
-        buffers_bytes = buffers_bytes.max(block.memory().arena_bytes);
-        Some(r)
-    } else {
-        None
-    };
+    let block = build(Order::parse("block")?)?;
+    let block_samples_per_s = short_run(&block, seconds)?;
+    let (rss, _, pss) = memory_now();
+    (rss_bytes, pss_bytes) = (rss_bytes.max(rss), pss_bytes.max(pss));
+    buffers_bytes = buffers_bytes.max(block.memory().arena_bytes);
+    drop(block);
     let peak_rss_bytes = memory_now().1;
     Ok(RankFigures {
         rank,
@@ -288,10 +279,7 @@ pub fn run_scale(
                 }),
                 pss_total_mib: per_rank.iter().map(|r| mib(r.pss_bytes)).sum(),
                 global_samples_per_s: per_rank.iter().map(|r| r.global_samples_per_s).sum(),
-                block_samples_per_s: per_rank
-                    .iter()
-                    .map(|r| r.block_samples_per_s)
-                    .sum::<Option<f64>>(),
+                block_samples_per_s: per_rank.iter().map(|r| r.block_samples_per_s).sum(),
                 per_rank,
             };
             each(&row);
@@ -328,7 +316,7 @@ pub fn table_header() -> String {
 /// A row of the table.
 pub fn table_row(r: &ScaleRow) -> String {
     format!(
-        "{:>13} {:>5} {:>8.3} {:>8.2} {:>10.1} {:>8.2} {:>9.1} {:>10.1} {:>9.1} {:>12.0} {:>12}",
+        "{:>13} {:>5} {:>8.3} {:>8.2} {:>10.1} {:>8.2} {:>9.1} {:>10.1} {:>9.1} {:>12.0} {:>12.0}",
         r.samples,
         r.ranks,
         r.open_s,
@@ -340,6 +328,5 @@ pub fn table_row(r: &ScaleRow) -> String {
         r.pss_total_mib,
         r.global_samples_per_s,
         r.block_samples_per_s
-            .map_or("not run".to_string(), |v| format!("{v:.0}"))
     )
 }

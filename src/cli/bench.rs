@@ -765,8 +765,7 @@ pub(super) fn bench_scale(a: ScaleArgs) -> Result<()> {
     if !a.json {
         outln!(
             "  (peak MiB: the largest rank's peak RSS; -buf: less its read buffers; PSS: every \
-             rank's together; block runs only up to {} samples: its order is listed)",
-            crate::bench::scale::BLOCK_SAMPLES_MAX
+             rank's together, each with its loader alive; samples/s: all ranks together)"
         );
     }
     if let Some(p) = &a.plot {

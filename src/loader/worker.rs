@@ -235,7 +235,8 @@ impl Drop for Service {
 struct Active {
     id: u64,
     job: Box<EpochJob>,
-    next_group: usize,
+    /// The first batch of the next group to submit.
+    next_group: u32,
     /// Groups submitted and not yet handed over or discarded.
     outstanding: usize,
     /// Failed or stopped: submits nothing more.
@@ -248,7 +249,7 @@ impl Active {
     }
 
     fn submitting(&self) -> bool {
-        !self.stopped() && self.next_group < self.job.plan.groups()
+        !self.stopped() && self.next_group < self.job.plan.batches()
     }
 
     /// Hands a finished group over, or drops it (its slot or region returns) when the epoch was
@@ -285,9 +286,9 @@ impl WorkerCtx {
         let _ = job.tx.send(Msg::Engine(path.to_string()));
         // Resuming at the end (or an empty epoch) reads nothing.
         let next_group = if job.start < job.plan.batches() {
-            job.plan.group_of_batch(job.start)
+            job.plan.group_of_batch(self.dataset.samples(), job.start)
         } else {
-            job.plan.groups()
+            job.plan.batches()
         };
         Active {
             id,
@@ -393,8 +394,8 @@ impl WorkerCtx {
                     arena.put(r.slot);
                     r.error
                 })?;
+                a.next_group = g.batches.end;
                 in_flight.insert(next_tag, (a.id, g, Instant::now(), unopened));
-                a.next_group += 1;
                 a.outstanding += 1;
             }
             // What the thread is about to wait on, for a consumer's report of a long wait.
@@ -447,7 +448,7 @@ impl WorkerCtx {
                     arena.put(c.slot);
                     continue;
                 };
-                let f = self.filled(&a.job.plan, g, c, submitted, &unopened);
+                let f = self.filled(g, c, submitted, &unopened);
                 let Filled {
                     mut meta,
                     slot,
@@ -477,17 +478,14 @@ impl WorkerCtx {
     /// Turns a completed group into sample spans within its slot.
     fn filled(
         &self,
-        plan: &EpochPlan,
-        g: Group,
+        mut g: Group,
         c: Completion,
         submitted: Instant,
         unopened: &Unopened,
     ) -> Filled {
         let read_done = Instant::now();
         let ds = &*self.dataset;
-        let first = plan.batch_range(g.batches.start).start;
-        let end = plan.batch_range(g.batches.end - 1).end;
-        let ids: Vec<u32> = plan.ids(first..end).into_owned();
+        let ids = std::mem::take(&mut g.ids);
         let outcomes = c.outcomes();
         let mut spans = Vec::with_capacity(ids.len());
         let mut read_errors: HashMap<u32, Arc<Error>> = HashMap::new();

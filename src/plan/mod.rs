@@ -579,8 +579,9 @@ fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
 }
 
 /// Which epoch orders this gpufeed makes: a saved resume point names it, and one saved under
-/// another is refused (the same settings would give other batches). 2: the global order is a
-/// keyed Feistel permutation computed one position at a time (1: a Fisher–Yates shuffle).
+/// another is refused (the same settings would give other batches). 2: the global order, the
+/// block order's blocks and its windows are keyed Feistel permutations computed one position
+/// at a time (1: Fisher–Yates shuffles).
 pub const ORDER_VERSION: u32 = 2;
 
 /// The whole-epoch global order of `n` samples: stream position `k` holds sample `at(k)`.
@@ -628,12 +629,10 @@ pub fn epoch_order(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Ve
             p
         }
         Order::Block { block_bytes, .. } => {
-            let blocks = blocks(samples, block_bytes);
-            let mut order: Vec<u32> = (0..blocks.len() as u32).collect();
-            shuffle(&mut order, &mut seed_for(cfg.seed, epoch, 3));
+            let bs = BlockStream::new(samples, block_bytes, cfg.seed, epoch);
             let mut p = Vec::with_capacity(n);
-            for bi in order {
-                p.extend(blocks[bi as usize].clone());
+            for j in 0..bs.ends.len() {
+                p.extend(bs.block(j));
             }
             p
         }
@@ -655,8 +654,13 @@ pub fn epoch_order(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Ve
             // drawn in random order. A block cut at a window's edge leaves one contiguous run
             // on each side, so every run in a window is one read.
             let w = block_window_samples(samples, cfg);
-            for chunk in mine_real.chunks_mut(w) {
-                shuffle(chunk, &mut rng);
+            let key = window_key(cfg, epoch);
+            let mut scratch = Vec::with_capacity(w);
+            for (c, chunk) in mine_real.chunks_mut(w).enumerate() {
+                let p = window_permutation(key, c as u64, chunk.len() as u64);
+                scratch.clear();
+                scratch.extend((0..chunk.len() as u64).map(|i| chunk[p.at(i) as usize]));
+                chunk.copy_from_slice(&scratch);
             }
         }
     }
@@ -695,9 +699,81 @@ fn block_window_samples(samples: &Samples, cfg: &PlanConfig) -> usize {
     batches * cfg.batch_size as usize
 }
 
+/// The block order's stream: the dataset's blocks in a keyed order, and where each ends in it.
+#[derive(Debug, Clone)]
+struct BlockStream {
+    /// The dataset's blocks in index order.
+    blocks: Vec<Range<u32>>,
+    /// The permutation of the blocks: stream block `j` is `blocks[perm.at(j)]`.
+    perm: perm::Permutation,
+    /// Samples in the stream up to and including stream block `j`.
+    ends: Vec<u64>,
+}
+
+impl BlockStream {
+    fn new(samples: &Samples, block_bytes: u64, seed: u64, epoch: u64) -> BlockStream {
+        let blocks = blocks(samples, block_bytes);
+        let perm = perm::Permutation::new(blocks.len() as u64, seed_for(seed, epoch, 3).next_u64());
+        let mut end = 0u64;
+        let ends = (0..blocks.len() as u64)
+            .map(|j| {
+                end += blocks[perm.at(j) as usize].len() as u64;
+                end
+            })
+            .collect();
+        BlockStream { blocks, perm, ends }
+    }
+
+    /// Stream block `j`'s samples.
+    fn block(&self, j: usize) -> Range<u32> {
+        self.blocks[self.perm.at(j as u64) as usize].clone()
+    }
+
+    /// The stream block holding stream position `k`.
+    fn block_at(&self, k: u64) -> usize {
+        self.ends.partition_point(|&e| e <= k)
+    }
+
+    /// The sample at stream position `k`, which stream block `j` holds.
+    fn in_block(&self, j: usize, k: u64) -> u32 {
+        let before = if j == 0 { 0 } else { self.ends[j - 1] };
+        self.block(j).start + (k - before) as u32
+    }
+
+    /// The sample at stream position `k`.
+    fn at(&self, k: u64) -> u32 {
+        self.in_block(self.block_at(k), k)
+    }
+}
+
+/// The key of a rank's block-order windows for `epoch`.
+fn window_key(cfg: &PlanConfig, epoch: u64) -> u64 {
+    seed_for(cfg.seed, epoch, 10 + cfg.rank as u64).next_u64()
+}
+
+/// The order within window `c` of `len` samples: position `i` of the window takes its sample
+/// `at(i)`.
+fn window_permutation(key: u64, c: u64, len: u64) -> perm::Permutation {
+    perm::Permutation::new(len, key ^ c.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
 /// The dataset (in index order) cut into runs of consecutive samples of one file, each about
-/// `block_bytes` long (at least one sample).
+/// `block_bytes` long (at least one sample). Computed windows are cut per run in O(blocks).
 fn blocks(samples: &Samples, block_bytes: u64) -> Vec<Range<u32>> {
+    if let Some(runs) = samples.runs() {
+        let mut v = Vec::new();
+        for r in runs {
+            // A block ends at the sample whose bytes reach block_bytes, or at the run's end.
+            let k = block_bytes.div_ceil(r.len.max(1) as u64).max(1);
+            let mut start = r.first;
+            while start < r.first + r.count {
+                let end = (start + k).min(r.first + r.count);
+                v.push(start as u32..end as u32);
+                start = end;
+            }
+        }
+        return v;
+    }
     let mut v = Vec::new();
     let mut start = 0usize;
     let mut bytes = 0u64;
@@ -766,6 +842,8 @@ pub struct Group {
     pub reads: Vec<PlannedRead>,
     /// One per sample of the group, in epoch order.
     pub scatter: Vec<Placement>,
+    /// The group's samples, in epoch order.
+    pub ids: Vec<u32>,
     /// Slot bytes the group needs (aligned spans of all reads).
     pub slot_bytes: u64,
     /// Bytes read (aligned spans), and bytes of the samples themselves.
@@ -774,12 +852,11 @@ pub struct Group {
     pub bytes_wanted: u64,
 }
 
+/// A group's reads, where each sample sits, and the slot bytes they take.
+type Coalesced = (Vec<PlannedRead>, Vec<Placement>, u64);
+
 /// Coalesces the samples `ids` (in epoch order) into reads and lays them out in a slot.
-pub fn coalesce(
-    samples: &Samples,
-    ids: &[u32],
-    cfg: &PlanConfig,
-) -> (Vec<PlannedRead>, Vec<Placement>, u64) {
+pub fn coalesce(samples: &Samples, ids: &[u32], cfg: &PlanConfig) -> Coalesced {
     let a = cfg.align as u64;
     // Each sample's position is looked up once: sorting by a key that reads `samples` would
     // touch the (large, randomly accessed) index on every comparison.
@@ -854,16 +931,26 @@ pub fn coalesce(
 enum Ids {
     /// Every position's sample.
     Listed(Vec<u32>),
-    /// Global and sequential orders whose batches need no evening out: position `p` of this
-    /// part's order is computed from `p` (nothing of the epoch's size is held).
+    /// Global, sequential and block orders whose batches need no evening out: position `p` of
+    /// this part's order is computed from `p` (nothing of the epoch's size is held).
     Computed(Computed),
 }
 
-/// A global or sequential order computed from the position.
+/// How the whole-epoch stream maps a stream position to a sample.
+#[derive(Debug, Clone)]
+enum Stream {
+    /// The dataset's own order.
+    Identity,
+    /// The global order's permutation.
+    Global(perm::Permutation),
+    /// The block order's shuffled blocks.
+    Blocks(std::sync::Arc<BlockStream>),
+}
+
+/// An order computed from the position.
 #[derive(Debug, Clone)]
 struct Computed {
-    /// The global order's permutation; `None`: the dataset's own order.
-    perm: Option<perm::Permutation>,
+    stream: Stream,
     /// Samples in the dataset.
     n: u64,
     /// Positions in this part's order.
@@ -875,15 +962,81 @@ struct Computed {
     batch: u64,
     part: u64,
     parts: u64,
+    /// Block order: the rank's real positions are drawn in random order within windows of
+    /// this many (0: none), keyed by `window_key`; `real` of them are real.
+    window: u64,
+    window_key: u64,
+    real: u64,
+}
+
+/// What consecutive positions of one window share: its permutation, and the stream blocks
+/// its samples lie in (`ends[lo..=hi]`).
+#[derive(Default)]
+struct WindowCache {
+    window: Option<(u64, perm::Permutation)>,
+    blocks: Option<(u64, usize, usize)>,
 }
 
 impl Computed {
     fn at(&self, p: usize) -> u32 {
+        self.at_with(p, &mut WindowCache::default())
+    }
+
+    /// Position `p`'s sample; `cache` carries what the positions of one window share.
+    fn at_with(&self, p: usize, cache: &mut WindowCache) -> u32 {
         let (b, p) = (self.batch, p as u64);
         // This part's batch p / b is the rank's batch (p / b) × parts + part.
-        let q = (p / b * self.parts + self.part) * b + p % b;
+        let mut q = (p / b * self.parts + self.part) * b + p % b;
+        let mut window = None;
+        if self.window > 0 && q < self.real {
+            let c = q / self.window;
+            let base = c * self.window;
+            let len = self.window.min(self.real - base);
+            let perm = match cache.window {
+                Some((wc, perm)) if wc == c => perm,
+                _ => {
+                    let perm = window_permutation(self.window_key, c, len);
+                    cache.window = Some((c, perm));
+                    perm
+                }
+            };
+            q = base + perm.at(q - base);
+            window = Some((c, base, len));
+        }
         let k = (self.start + q * self.step) % self.n;
-        self.perm.map_or(k, |perm| perm.at(k)) as u32
+        match &self.stream {
+            Stream::Identity => k as u32,
+            Stream::Global(perm) => perm.at(k) as u32,
+            Stream::Blocks(bs) => {
+                // A window's samples lie in a few consecutive stream blocks: found once per
+                // window, then searched among those alone.
+                let span = window.and_then(|(c, base, len)| {
+                    let lo = (self.start + base * self.step) % self.n;
+                    let hi = lo + (len - 1) * self.step;
+                    (hi < self.n).then_some((c, lo, hi))
+                });
+                if let Some((c, lo, hi)) = span {
+                    let (jl, jh) = match cache.blocks {
+                        Some((bc, jl, jh)) if bc == c => (jl, jh),
+                        _ => {
+                            let (jl, jh) = (bs.block_at(lo), bs.block_at(hi));
+                            cache.blocks = Some((c, jl, jh));
+                            (jl, jh)
+                        }
+                    };
+                    let j = jl + bs.ends[jl..=jh].partition_point(|&e| e <= k);
+                    bs.in_block(j, k)
+                } else {
+                    bs.at(k)
+                }
+            }
+        }
+    }
+
+    /// The samples at `positions`.
+    fn fill(&self, positions: Range<usize>) -> Vec<u32> {
+        let mut cache = WindowCache::default();
+        positions.map(|p| self.at_with(p, &mut cache)).collect()
     }
 }
 
@@ -896,23 +1049,18 @@ impl Ids {
     }
 }
 
-/// How an epoch's batches are grouped into slots.
-#[derive(Debug, Clone)]
-enum Groups {
-    /// The first batch of every group, and (sorted) those of the groups coalesced without
-    /// reading through gaps.
-    Listed { starts: Vec<u32>, tight: Vec<u32> },
-    /// Every group `per` batches (the last may be shorter), which fit a slot whatever their
-    /// samples; a group whose reads through gaps would not is read without them.
-    Even { per: u32 },
-}
-
 /// A rank's plan for one epoch: its order, and the groups it is read in.
 ///
-/// A global or sequential order whose batches always fit a slot is computed: batch `k`'s
-/// samples from `k` in O(batch), its group from `k`, nothing of the epoch's size held, so
-/// planning the first batch of 10⁹ samples costs what planning one batch does. Other orders
-/// list the rank's samples (4 bytes each) and their groups.
+/// Groups are named by their first batch. The epoch's batches are cut into chunks of `per`
+/// batches (`window_batches`, or a block-order window's batches when more); a group never
+/// crosses a chunk's end, and is the longest run of batches from its first that fits a slot
+/// (the whole chunk, usually) — found when asked, from the chunk alone, so a group deep in
+/// the epoch costs what the first does.
+///
+/// A global, sequential or block order whose batches all fit a slot as they fall is computed:
+/// batch `k`'s samples from `k` in O(batch), nothing of the epoch's size held, so planning the
+/// first batch of 10⁹ samples costs what planning one batch does. Other plans (shard-buffer
+/// order, sets whose batches need evening out) list the rank's samples (4 bytes each).
 #[derive(Debug, Clone)]
 pub struct EpochPlan {
     /// The epoch planned.
@@ -922,7 +1070,8 @@ pub struct EpochPlan {
     pub batch_size: u32,
     /// Positions of the order from here on are padding ([`LastBatch::Pad`]).
     padding_from: usize,
-    groups: Groups,
+    /// Batches per chunk: no group crosses a multiple of it.
+    per: u32,
     batches: u32,
     cfg: PlanConfig,
 }
@@ -941,114 +1090,69 @@ impl EpochPlan {
         }
     }
 
-    /// The plan with the rank's order listed and its groups found one after another.
+    /// Batches per chunk: `window_batches`, or a block-order window's when more.
+    fn per(samples: &Samples, cfg: &PlanConfig) -> u32 {
+        let unit = (block_window_samples(samples, cfg) / cfg.batch_size.max(1) as usize) as u32;
+        cfg.window_batches.max(unit).max(1)
+    }
+
+    /// The plan with the rank's order listed.
     fn listed(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<EpochPlan> {
         let (order, padding_from) = cfg.part_of(
             epoch_order(samples, cfg, epoch)?,
             cfg.rank_samples(samples.len()).1,
         );
-        let b = cfg.batch_size as usize;
-        // The last batch may be short.
-        let batches = order.len().div_ceil(b) as u32;
-        let ids =
-            |from: u32, to: u32| &order[from as usize * b..(to as usize * b).min(order.len())];
-        // Groups are made of whole block-order windows where they fit, so that no window's
-        // blocks are split between two slots (single batches otherwise).
-        let unit = (block_window_samples(samples, cfg) / b) as u32;
-        let max_batches = cfg.window_batches.max(unit);
-        // A run of batches fits a slot when its coalesced reads fit both the slot's bytes and
-        // the engine's reads per job.
-        let tight_cfg = cfg.without_gaps();
-        let fits = |from: u32, to: u32, c: &PlanConfig| {
-            let (reads, _, slot) = coalesce(samples, ids(from, to), c);
-            (
-                slot,
-                slot <= cfg.group_bytes_max && reads.len() <= cfg.reads_per_group_max as usize,
-            )
-        };
-        let mut group_starts = Vec::new();
-        let mut tight = Vec::new();
-        let mut g = 0u32;
-        while g < batches {
-            group_starts.push(g);
-            // Whole windows where one fits, else single batches; the group is the longest run
-            // of such steps, up to `max_batches`, that fits — tried longest first, so a group
-            // that fits whole (the usual case) is coalesced once.
-            let unit_end = (g + unit).min(batches);
-            let step = if unit_end - g > 1 && fits(g, unit_end, cfg).1 {
-                unit
-            } else {
-                1
-            };
-            let steps = (max_batches / step).max(1);
-            let mut end = None;
-            for k in (1..=steps).rev() {
-                let e = (g + k * step).min(batches);
-                if k > 1 && e == (g + (k - 1) * step).min(batches) {
-                    continue; // capped at the last batch: same group as k − 1
-                }
-                if fits(g, e, cfg).1 {
-                    end = Some(e);
-                    break;
-                }
-                if k == 1 {
-                    // Reading through gaps made this batch too big: read it without them (its
-                    // bytes are then at most its samples' spans, which fit_batches bounded).
-                    let (need, ok) = fits(g, e, &tight_cfg);
-                    if !ok {
-                        return Err(invalid(format!(
-                            "batch {g} needs {need} bytes of slot, more than group_bytes_max \
-                             {}: raise the memory budget or lower batch_size",
-                            cfg.group_bytes_max
-                        )));
-                    }
-                    tight.push(g);
-                    end = Some(e);
-                }
-            }
-            g = end.expect("k = 1 fits or returned");
-        }
-        Ok(EpochPlan {
+        let plan = EpochPlan {
             epoch,
+            batches: order.len().div_ceil(cfg.batch_size as usize) as u32,
             ids: Ids::Listed(order),
             batch_size: cfg.batch_size,
             padding_from,
-            groups: Groups::Listed {
-                starts: group_starts,
-                tight,
-            },
-            batches,
+            per: Self::per(samples, cfg),
             cfg: cfg.clone(),
-        })
+        };
+        // Every batch fits read without gaps (epoch_order evened them out): checked here once
+        // so that a group never meets a batch it cannot read.
+        let tight = cfg.without_gaps();
+        for k in 0..plan.batches {
+            let ids = plan.batch(k);
+            if ids.len() as u64 * samples.largest_span(cfg.align as u64) <= cfg.group_bytes_max {
+                break; // no batch is longer than the first: every one fits
+            }
+            let (reads, _, slot) = coalesce(samples, &ids, &tight);
+            if slot > cfg.group_bytes_max || reads.len() > cfg.reads_per_group_max as usize {
+                return Err(invalid(format!(
+                    "batch {k} needs {slot} bytes of slot, more than group_bytes_max {}: raise \
+                     the memory budget or lower batch_size",
+                    cfg.group_bytes_max
+                )));
+            }
+        }
+        Ok(plan)
     }
 
-    /// The computed plan of a global or sequential order, when every window of
-    /// `window_batches` batches fits a slot however its samples fall (the largest span ×
-    /// the samples, read without gaps) and no batch needs evening out; `None` otherwise.
+    /// The computed plan of a global, sequential or block order whose batches all fit a slot
+    /// as they fall (the largest aligned span × the batch size, read without gaps); `None`
+    /// otherwise.
     fn computed(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Option<EpochPlan>> {
-        if !matches!(cfg.order, Order::Global | Order::Sequential) {
+        if !matches!(
+            cfg.order,
+            Order::Global | Order::Sequential | Order::Block { .. }
+        ) {
             return Ok(None);
         }
         cfg.validate()?;
         let n = samples.len();
-        let per = cfg.window_batches as u64 * cfg.batch_size as u64;
+        let b = cfg.batch_size as u64;
         let largest = samples.largest_span(cfg.align as u64);
-        if n == 0
-            || n > u32::MAX as usize
-            || largest.saturating_mul(per) > cfg.group_bytes_max
-            || per > cfg.reads_per_group_max as u64
-        {
+        if n == 0 || n > u32::MAX as usize || largest.saturating_mul(b) > cfg.group_bytes_max {
             return Ok(None); // epoch_order says what is wrong, or evens batches out
         }
         let (per_rank, real) = cfg.rank_samples(n);
         if per_rank == 0 && cfg.last_batch == LastBatch::Drop {
             return Ok(None); // epoch_order's error
         }
-        let (world, rank, b) = (
-            cfg.world_size as u64,
-            cfg.rank as u64,
-            cfg.batch_size as u64,
-        );
+        let (world, rank) = (cfg.world_size as u64, cfg.rank as u64);
         let (start, step) = match (cfg.order, cfg.last_batch) {
             (Order::Global, _) => (rank, world),
             (_, LastBatch::Short) => ((rank as u128 * n as u128 / world as u128) as u64, 1),
@@ -1056,11 +1160,8 @@ impl EpochPlan {
             (_, LastBatch::Pad) => (rank * (n as u64).div_ceil(world), 1),
         };
         let (part, parts) = (cfg.batch_part.0 as u64, cfg.batch_part.1.max(1) as u64);
-        // This part's batches of the rank's, and the positions (and real ones) they hold.
-        let rank_batches = (per_rank as u64).div_ceil(b);
-        let mine = rank_batches.saturating_sub(part).div_ceil(parts);
+        // Positions of this part's batches among the rank's first `upto` positions.
         let positions = |upto: u64| -> u64 {
-            // Positions of this part's batches among the rank's first `upto` positions.
             let full = upto / b;
             let whole = full.saturating_sub(part).div_ceil(parts);
             let rest = if full % parts == part { upto % b } else { 0 };
@@ -1068,13 +1169,23 @@ impl EpochPlan {
         };
         let len = positions(per_rank as u64) as usize;
         let padding_from = positions(real as u64) as usize;
-        debug_assert!(len as u64 <= mine * b && len as u64 + b > mine * b);
-        let perm =
-            matches!(cfg.order, Order::Global).then(|| global_permutation(cfg.seed, epoch, n));
+        let (stream, window) = match cfg.order {
+            Order::Global => (Stream::Global(global_permutation(cfg.seed, epoch, n)), 0),
+            Order::Block { block_bytes, .. } => (
+                Stream::Blocks(std::sync::Arc::new(BlockStream::new(
+                    samples,
+                    block_bytes,
+                    cfg.seed,
+                    epoch,
+                ))),
+                block_window_samples(samples, cfg) as u64,
+            ),
+            _ => (Stream::Identity, 0),
+        };
         Ok(Some(EpochPlan {
             epoch,
             ids: Ids::Computed(Computed {
-                perm,
+                stream,
                 n: n as u64,
                 len,
                 start,
@@ -1082,12 +1193,13 @@ impl EpochPlan {
                 batch: b,
                 part,
                 parts,
+                window,
+                window_key: window_key(cfg, epoch),
+                real: real as u64,
             }),
             batch_size: cfg.batch_size,
             padding_from,
-            groups: Groups::Even {
-                per: cfg.window_batches,
-            },
+            per: Self::per(samples, cfg),
             batches: len.div_ceil(b as usize) as u32,
             cfg: cfg.clone(),
         }))
@@ -1113,14 +1225,6 @@ impl EpochPlan {
         self.ids.len() == 0
     }
 
-    /// Number of groups.
-    pub fn groups(&self) -> usize {
-        match &self.groups {
-            Groups::Listed { starts, .. } => starts.len(),
-            Groups::Even { per } => self.batches.div_ceil(*per) as usize,
-        }
-    }
-
     /// The sample at `position` of the rank's order.
     pub fn id(&self, position: usize) -> u32 {
         match &self.ids {
@@ -1143,12 +1247,12 @@ impl EpochPlan {
                     positions.end,
                     c.len
                 );
-                std::borrow::Cow::Owned(positions.map(|p| c.at(p)).collect())
+                std::borrow::Cow::Owned(c.fill(positions))
             }
         }
     }
 
-    /// The rank's whole order (listed: 4 bytes per sample; for tests and figures).
+    /// The rank's whole order (4 bytes per sample; for tests and figures).
     pub fn order(&self) -> Vec<u32> {
         self.ids(0..self.len()).into_owned()
     }
@@ -1164,6 +1268,11 @@ impl EpochPlan {
         (i as usize * b).min(n)..((i as usize + 1) * b).min(n)
     }
 
+    /// Positions of batches `from..to`.
+    fn batches_range(&self, from: u32, to: u32) -> Range<usize> {
+        self.batch_range(from).start..self.batch_range(to - 1).end
+    }
+
     /// Whether the sample at `position` of the rank's order is padding (a repeat that only
     /// evens out the ranks, [`LastBatch::Pad`]).
     pub fn is_padding(&self, position: usize) -> bool {
@@ -1175,46 +1284,68 @@ impl EpochPlan {
         self.padding_from
     }
 
-    /// The group holding batch `i`.
-    pub fn group_of_batch(&self, i: u32) -> usize {
-        match &self.groups {
-            Groups::Listed { starts, .. } => starts.partition_point(|&s| s <= i) - 1,
-            Groups::Even { per } => (i / per) as usize,
+    /// The group starting at batch `first`: the longest run of batches to its chunk's end that
+    /// fits a slot (the whole chunk tried first, then the longest by bisection, each candidate
+    /// checked), else the batch alone read without gaps. Returns its end, its samples and its
+    /// coalesced reads.
+    fn group_parts(&self, samples: &Samples, first: u32) -> (u32, Vec<u32>, Coalesced) {
+        let chunk_end = (first / self.per + 1)
+            .saturating_mul(self.per)
+            .min(self.batches);
+        let try_to = |to: u32, cfg: &PlanConfig| {
+            let ids = self.ids(self.batches_range(first, to)).into_owned();
+            let c = coalesce(samples, &ids, cfg);
+            let fits = c.2 <= self.cfg.group_bytes_max
+                && c.0.len() <= self.cfg.reads_per_group_max as usize;
+            (fits, ids, c)
+        };
+        let whole = try_to(chunk_end, &self.cfg);
+        if whole.0 {
+            return (chunk_end, whole.1, whole.2);
+        }
+        let one = try_to(first + 1, &self.cfg);
+        if !one.0 {
+            // Reading through gaps made this batch too big: without them it fits (planned so).
+            let tight = try_to(first + 1, &self.cfg.without_gaps());
+            return (first + 1, tight.1, tight.2);
+        }
+        // The longest run that fits: `lo` fits, `hi` does not.
+        let (mut lo, mut hi, mut best) = (first + 1, chunk_end, one);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let t = try_to(mid, &self.cfg);
+            if t.0 {
+                (lo, best) = (mid, t);
+            } else {
+                hi = mid;
+            }
+        }
+        (lo, best.1, best.2)
+    }
+
+    /// The first batch of the group holding batch `i` (walks `i`'s chunk from its start).
+    pub fn group_of_batch(&self, samples: &Samples, i: u32) -> u32 {
+        let mut g = i / self.per * self.per;
+        loop {
+            let (end, _, _) = self.group_parts(samples, g);
+            if i < end {
+                return g;
+            }
+            g = end;
         }
     }
 
-    /// Group `g`, coalesced and laid out.
-    pub fn group(&self, samples: &Samples, g: usize) -> Group {
-        let (start, end, tight) = match &self.groups {
-            Groups::Listed { starts, tight } => {
-                let start = starts[g];
-                let end = starts.get(g + 1).copied().unwrap_or(self.batches);
-                (start, end, tight.binary_search(&start).is_ok())
-            }
-            Groups::Even { per } => {
-                let start = g as u32 * per;
-                (start, (start + per).min(self.batches), false)
-            }
-        };
-        let ids = self.ids(self.batch_range(start).start..self.batch_range(end - 1).end);
-        let (mut reads, mut scatter, mut slot_bytes) = if tight {
-            coalesce(samples, &ids, &self.cfg.without_gaps())
-        } else {
-            coalesce(samples, &ids, &self.cfg)
-        };
-        if slot_bytes > self.cfg.group_bytes_max
-            || reads.len() > self.cfg.reads_per_group_max as usize
-        {
-            // An even group read through gaps may overflow; without them it fits (planned so).
-            (reads, scatter, slot_bytes) = coalesce(samples, &ids, &self.cfg.without_gaps());
-        }
+    /// The group whose first batch is `first` (a group's start: 0, or where one ends),
+    /// coalesced and laid out.
+    pub fn group(&self, samples: &Samples, first: u32) -> Group {
+        let (end, ids, (reads, scatter, slot_bytes)) = self.group_parts(samples, first);
         let a = self.cfg.align as u64;
         let bytes_read = reads
             .iter()
             .map(|r| (r.offset + r.len as u64).div_ceil(a) * a - r.offset / a * a)
             .sum();
         Group {
-            batches: start..end,
+            batches: first..end,
             reads,
             scatter,
             slot_bytes,
@@ -1223,20 +1354,28 @@ impl EpochPlan {
                 .iter()
                 .map(|&i| samples.get(i as usize).len as u64)
                 .sum(),
+            ids,
         }
     }
 
-    /// Heap bytes this plan holds.
+    /// Every group of the epoch, in order (each coalesced when reached).
+    pub fn groups<'a>(&'a self, samples: &'a Samples) -> impl Iterator<Item = Group> + 'a {
+        let mut next = 0u32;
+        std::iter::from_fn(move || {
+            (next < self.batches).then(|| {
+                let g = self.group(samples, next);
+                next = g.batches.end;
+                g
+            })
+        })
+    }
+
+    /// Heap bytes this plan holds (a block order's blocks, 16 bytes each, aside).
     pub fn heap_bytes(&self) -> usize {
-        let ids = match &self.ids {
+        match &self.ids {
             Ids::Listed(v) => v.capacity() * 4,
             Ids::Computed(_) => 0,
-        };
-        let groups = match &self.groups {
-            Groups::Listed { starts, tight } => (starts.capacity() + tight.capacity()) * 4,
-            Groups::Even { .. } => 0,
-        };
-        ids + groups
+        }
     }
 }
 
@@ -1269,8 +1408,7 @@ pub fn quality(samples: &Samples, plan: &EpochPlan) -> Quality {
     let mut reads = 0u64;
     let mut read_bytes = 0u64;
     let mut wanted = 0u64;
-    for g in 0..plan.groups() {
-        let gr = plan.group(samples, g);
+    for gr in plan.groups(samples) {
         reads += gr.reads.len() as u64;
         read_bytes += gr.bytes_read;
         wanted += gr.bytes_wanted;

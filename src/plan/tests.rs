@@ -196,8 +196,7 @@ fn groups_cover_batches_and_scatter_points_into_reads() {
             };
             let plan = EpochPlan::new(&samples, &cfg, case).unwrap();
             let mut next_batch = 0;
-            for g in 0..plan.groups() {
-                let gr = plan.group(&samples, g);
+            for gr in plan.groups(&samples) {
                 assert_eq!(gr.batches.start, next_batch);
                 assert!(gr.batches.end > gr.batches.start);
                 if !matches!(order, Order::Block { .. }) {
@@ -245,7 +244,7 @@ fn groups_cover_batches_and_scatter_points_into_reads() {
             }
             assert_eq!(next_batch, plan.batches());
             for b in 0..plan.batches() {
-                let g = plan.group_of_batch(b);
+                let g = plan.group_of_batch(&samples, b);
                 assert!(plan.group(&samples, g).batches.contains(&b));
             }
         }
@@ -388,8 +387,8 @@ fn slots_sized_from_the_dataset_fit_every_batch_of_every_size() {
             };
             let plan =
                 EpochPlan::new(&samples, &cfg, case).unwrap_or_else(|e| panic!("{what}: {e}"));
-            for g in 0..plan.groups() {
-                let gr = plan.group(&samples, g);
+            for gr in plan.groups(&samples) {
+                let g = gr.batches.start;
                 assert!(
                     gr.slot_bytes <= slot,
                     "{what}: group {g} needs {} > {slot}",
@@ -451,8 +450,8 @@ fn batches_that_would_not_fit_are_evened_out_deterministically() {
     let mut sorted = a.order();
     sorted.sort_unstable();
     assert!(sorted.iter().enumerate().all(|(i, &x)| i as u32 == x));
-    for g in 0..a.groups() {
-        assert!(a.group(&samples, g).slot_bytes <= cfg.group_bytes_max);
+    for gr in a.groups(&samples) {
+        assert!(gr.slot_bytes <= cfg.group_bytes_max);
     }
 }
 
@@ -528,13 +527,14 @@ fn batch_parts_taken_in_turn_are_the_ranks_epoch() {
     assert!(bad.validate().is_err());
 }
 
-/// A computed plan (global and sequential orders) gives, position by position, the order the
-/// listed plan gives — for every last-batch policy, rank and batch part — and its even groups
-/// cover every batch once, each fitting its slot and the engine's reads.
+/// A computed plan (global, sequential and block orders) gives, position by position, the order
+/// the listed plan gives — for every last-batch policy, rank and batch part — and its groups
+/// cover every batch once, each fitting its slot and the engine's reads, and each found again
+/// from any of its batches (a resume).
 #[test]
 fn computed_orders_are_the_listed_ones() {
     let mut rng = Rng::new(21);
-    let mut computed_cases = 0;
+    let (mut computed_cases, mut block_cases) = (0, 0);
     for case in 0..400u64 {
         let n = 1 + rng.below(3000) as usize;
         let files = 1 + rng.below(4) as u32;
@@ -542,7 +542,14 @@ fn computed_orders_are_the_listed_ones() {
         let world = 1 + rng.below(6) as u32;
         let parts = 1 + rng.below(4) as u32;
         let cfg = PlanConfig {
-            order: [Order::Global, Order::Sequential][case as usize % 2],
+            order: [
+                Order::Global,
+                Order::Sequential,
+                Order::Block {
+                    block_bytes: 1 + rng.below(100_000),
+                    open_blocks: 1 + rng.below(6) as u32,
+                },
+            ][case as usize % 3],
             seed: case,
             rank: rng.below(world as u64) as u32,
             world_size: world,
@@ -562,20 +569,21 @@ fn computed_orders_are_the_listed_ones() {
             Err(e) => panic!("{what}: {e}"),
         };
         computed_cases += 1;
+        block_cases += matches!(cfg.order, Order::Block { .. }) as u32;
         let listed = listed.unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(computed.is_computed() && !listed.is_computed());
         assert_eq!(computed.order(), listed.order(), "{what}");
         assert_eq!(computed.padding_from(), listed.padding_from(), "{what}");
         assert_eq!(computed.batches(), listed.batches(), "{what}");
         let mut next = 0;
-        for g in 0..computed.groups() {
-            let gr = computed.group(&samples, g);
-            assert_eq!(gr.batches.start, next, "{what}");
+        for gr in computed.groups(&samples) {
+            let g = gr.batches.start;
+            assert_eq!(g, next, "{what}");
             next = gr.batches.end;
             assert!(gr.slot_bytes <= cfg.group_bytes_max, "{what}");
             assert!(gr.reads.len() <= cfg.reads_per_group_max as usize, "{what}");
             for b in gr.batches.clone() {
-                assert_eq!(computed.group_of_batch(b), g, "{what}");
+                assert_eq!(computed.group_of_batch(&samples, b), g, "{what}");
             }
             // Every sample of the group sits where its read put it.
             let ids = computed.ids(
@@ -594,6 +602,7 @@ fn computed_orders_are_the_listed_ones() {
         assert_eq!(computed.heap_bytes(), 0);
     }
     assert!(computed_cases > 250, "{computed_cases} of 400 computed");
+    assert!(block_cases > 80, "{block_cases} block orders computed");
 }
 
 /// A billion computed windows: the plan holds nothing of the epoch's size, and a batch deep in
@@ -618,10 +627,26 @@ fn a_billion_windows_plan_without_memory() {
     assert_eq!(plan.len(), 125_000_000);
     assert_eq!(plan.heap_bytes(), 0);
     let last = plan.batches() - 1;
-    let g = plan.group(&samples, plan.group_of_batch(last));
+    let g = plan.group(&samples, plan.group_of_batch(&samples, last));
     assert!(g.batches.contains(&last));
     let batch = plan.batch(7);
     assert_eq!(batch.len(), 256);
     let mut seen = std::collections::HashSet::new();
     assert!(batch.iter().all(|&i| i < 1_000_000_000 && seen.insert(i)));
+    // Block order: its blocks (16 bytes each) are all it holds; a window is one group, read in
+    // one read per block piece.
+    let block = PlanConfig {
+        order: Order::parse("block").unwrap(),
+        ..cfg
+    };
+    let plan = EpochPlan::new(&samples, &block, 0).unwrap();
+    assert!(plan.is_computed());
+    let g = plan.group(&samples, plan.group_of_batch(&samples, 1000));
+    assert_eq!(
+        g.batches.len(),
+        128,
+        "a window of 8 x 8 MiB blocks is 128 batches"
+    );
+    assert!(g.reads.len() <= 8 * 2 + 2, "{} reads", g.reads.len());
+    assert!(g.bytes_read < g.bytes_wanted * 11 / 10);
 }

@@ -599,9 +599,8 @@ fn a_urls_password_is_never_printed() {
 
 /// `bench scale` over a billion computed windows (a sparse 2 TiB file) and a small set, one
 /// rank and two (each its own process): every row parses, the index holds nothing per window
-/// (a run per file),
-/// the global run delivered batches, block runs only where its listed order is small, and a
-/// rank holds little beside its read buffers (memory, not time: no speed is asserted).
+/// (a run per file), the global and block runs delivered batches, and a rank holds under
+/// 64 MiB beside its read buffers (memory, not time: no speed is asserted).
 #[test]
 fn bench_scale_reports_a_billion_windows_at_no_index_cost() {
     let dir = disk_dir();
@@ -626,9 +625,12 @@ fn bench_scale_reports_a_billion_windows_at_no_index_cost() {
         let n = r["samples"].as_u64().unwrap();
         assert!(n == 5000 || n == 1_000_000_000, "{r}");
         // A run per file, nothing per window.
-        assert!(r["per_rank"][0]["index_bytes"].as_u64().unwrap() <= 4096, "{r}");
+        assert!(
+            r["per_rank"][0]["index_bytes"].as_u64().unwrap() <= 4096,
+            "{r}"
+        );
         assert!(r["global_samples_per_s"].as_f64().unwrap() > 0.0, "{r}");
-        assert_eq!(r["block_samples_per_s"].is_null(), n > 1 << 28, "{r}");
+        assert!(r["block_samples_per_s"].as_f64().unwrap() > 0.0, "{r}");
         let ranks = r["per_rank"].as_array().unwrap();
         assert_eq!(ranks.len() as u64, r["ranks"].as_u64().unwrap(), "{r}");
         for k in ranks {
