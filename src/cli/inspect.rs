@@ -66,6 +66,7 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
                 "files": ds.files().len(), "bytes": ds.total_bytes(),
                 "labels": (!labels_in_records).then_some(labels.len()),
                 "checksums": ds.has_checksums(), "size_histogram": h,
+                "index_bytes": ds.index_bytes(),
                 "problems": ds.problems_total(),
                 "first_problems": ds.problems().iter().take(20).map(error_json).collect::<Vec<_>>(),
                 "notes": ds.notes(), "recovered": ds.recovered_count(),

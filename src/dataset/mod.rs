@@ -231,6 +231,30 @@ impl Strings {
     pub fn heap_bytes(&self) -> usize {
         self.bytes.capacity() + self.ends.capacity() * 4
     }
+
+    /// Frees what growing left spare; holds nothing when every string is empty (the strings
+    /// then read as empty: [`Dataset::meta`]).
+    pub fn settle(&mut self) {
+        if self.bytes.is_empty() {
+            *self = Strings::default();
+        } else {
+            self.bytes.shrink_to_fit();
+            self.ends.shrink_to_fit();
+        }
+    }
+}
+
+/// Heap bytes of each part of a dataset's index ([`Dataset::index_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct IndexBytes {
+    /// Where each sample is: 16 bytes a sample (0 for computed windows).
+    pub samples: usize,
+    /// Keys (paths, member names), when the format has them.
+    pub keys: usize,
+    /// Per-sample metadata.
+    pub metadata: usize,
+    /// Image headers (packed shards carry them).
+    pub images: usize,
 }
 
 /// The sample index of a dataset.
@@ -260,6 +284,10 @@ pub struct Dataset {
     pub(crate) images: std::sync::OnceLock<Vec<image::ImageInfo>>,
     /// The URLs a remote dataset was opened from (its files are their node-cache copies).
     pub(crate) remote: Vec<String>,
+    /// Packed shards: keys (and image records) not yet read, read on first use into
+    /// `shard_keys` (and `images`).
+    pub(crate) in_shards: Option<shard::InShards>,
+    pub(crate) shard_keys: std::sync::OnceLock<Strings>,
     /// Token corpora: how a sample holds its tokens.
     pub(crate) tokens: Option<tokens::TokenLayout>,
 }
@@ -378,8 +406,18 @@ impl Dataset {
     }
 
     #[cfg_attr(not(feature = "remote"), allow(dead_code))]
-    pub(crate) fn set_source(&mut self, urls: Vec<String>) {
+    pub(crate) fn set_source(&mut self, urls: Vec<String>) -> Result<()> {
         self.remote = urls;
+        // A remote dataset's shards are cache files: their keys and image records are read
+        // now, while the open has them at hand, not later from a cache that may have moved on.
+        if let Some(s) = self.in_shards.take() {
+            let (keys, images) = shard::keys_and_images(self, s.images)?;
+            self.keys = keys;
+            if let Some(v) = images {
+                self.images = std::sync::OnceLock::from(v);
+            }
+        }
+        Ok(())
     }
 
     /// Whether sample `i` was found by resynchronising after damage
@@ -443,7 +481,8 @@ impl Dataset {
     /// without keys (TFRecord, tokens) `FILE#K@OFFSET`, where K is the sample's number in its
     /// file (the record or window number as indexed) and OFFSET its byte offset there.
     pub fn key(&self, i: usize) -> std::borrow::Cow<'_, str> {
-        if self.keys.is_empty() {
+        let keys = self.keys();
+        if keys.is_empty() || keys.get(i).is_empty() {
             let s = self.samples.get(i);
             let f = &self.files[s.file as usize].path;
             let name = f.file_name().unwrap_or_else(|| f.as_os_str());
@@ -455,7 +494,23 @@ impl Dataset {
             };
             return format!("{}#{k}@{}{mark}", name.to_string_lossy(), s.offset).into();
         }
-        String::from_utf8_lossy(self.keys.get(i))
+        String::from_utf8_lossy(keys.get(i))
+    }
+
+    /// Every key: packed shards' are read on first use (a shard that changed since the open
+    /// leaves its keys unknown: they read as `FILE#K@OFFSET`, and a notice says why).
+    fn keys(&self) -> &Strings {
+        if self.in_shards.is_none() {
+            return &self.keys;
+        }
+        self.shard_keys
+            .get_or_init(|| match shard::keys_and_images(self, false) {
+                Ok((k, _)) => k,
+                Err(e) => {
+                    crate::util::notice(&format!("sample keys unknown: {}", e.report()));
+                    Strings::default()
+                }
+            })
     }
 
     /// The sample's metadata bytes (empty when the format has none).
@@ -652,9 +707,22 @@ impl Dataset {
         self.samples.total_len()
     }
 
-    /// Heap bytes of the index (samples, keys, metadata).
+    /// Heap bytes of the index (samples, keys, metadata, image headers).
     pub fn index_heap_bytes(&self) -> usize {
-        self.samples.heap_bytes() + self.keys.heap_bytes() + self.metas.heap_bytes()
+        let b = self.index_bytes();
+        b.samples + b.keys + b.metadata + b.images
+    }
+
+    /// Heap bytes of each part of the index.
+    pub fn index_bytes(&self) -> IndexBytes {
+        IndexBytes {
+            samples: self.samples.heap_bytes(),
+            keys: self.keys.heap_bytes() + self.shard_keys.get().map_or(0, Strings::heap_bytes),
+            metadata: self.metas.heap_bytes(),
+            images: self.images.get().map_or(0, |v| {
+                v.capacity() * std::mem::size_of::<image::ImageInfo>()
+            }),
+        }
     }
 
     /// An error about sample `i`, naming its file, offset and key.
@@ -725,6 +793,8 @@ impl Dataset {
             },
             images: std::sync::OnceLock::new(),
             remote: Vec::new(),
+            in_shards: None,
+            shard_keys: std::sync::OnceLock::new(),
             tokens: None,
         }
     }
@@ -734,7 +804,7 @@ impl Dataset {
     ///
     /// [`image_info`]: Dataset::image_info
     pub fn has_image_info(&self) -> bool {
-        self.images.get().is_some()
+        self.images.get().is_some() || self.in_shards.is_some_and(|s| s.images)
     }
 
     /// Each sample's image header (dimensions, colour space, subsampling, progressive; kind
@@ -745,6 +815,11 @@ impl Dataset {
     pub fn image_info(&self) -> Result<&[image::ImageInfo]> {
         if let Some(v) = self.images.get() {
             return Ok(v);
+        }
+        if self.in_shards.is_some_and(|s| s.images) {
+            if let (_, Some(v)) = shard::keys_and_images(self, true)? {
+                return Ok(self.images.get_or_init(|| v));
+            }
         }
         let v = self.read_image_headers()?;
         Ok(self.images.get_or_init(|| v))
@@ -922,6 +997,7 @@ impl Builder {
         };
         let mut ds = Dataset::empty(format, self.files, samples);
         ds.keys = self.keys;
+        ds.keys.settle();
         ds.problems = self.problems;
         ds.problems_total = self.problems_total;
         ds.recovered = self.recovered;

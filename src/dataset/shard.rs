@@ -311,14 +311,13 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
     }
     let mut files = Vec::with_capacity(paths.len());
     let mut samples = Vec::new();
-    let mut keys = Strings::default();
     let mut metas = Strings::default();
     // Image records when every shard has them (a mix of versions has none).
-    let mut images = Some(Vec::new());
+    let mut images = true;
     for (fi, (p, idx)) in paths.iter().zip(read_indexes(paths)).enumerate() {
         let idx = idx?;
         if idx.header.flags & FLAG_IMAGE_INFO == 0 {
-            images = None;
+            images = false;
         }
         let size = idx.header.index_offset + idx.header.index_bytes;
         files.push(data_file(p, size));
@@ -331,22 +330,18 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
                 label: e.label,
                 crc32c: e.crc32c,
             });
-            keys.push(idx.key(i))?;
             metas.push(idx.meta(i))?;
-            if let Some(v) = images.as_mut() {
-                v.push(idx.image_info(i).unwrap_or_default());
-            }
         }
     }
+    metas.settle();
+    // Keys and image records stay in the shards until asked for (`Dataset::key`,
+    // `Dataset::image_info`): read again then, checked against what was opened.
     let ds = Dataset {
-        keys,
         metas,
         has_checksums: true,
+        in_shards: Some(InShards { images }),
         ..Dataset::empty(Format::Packed, files, samples.into())
     };
-    if let Some(v) = images {
-        let _ = ds.images.set(v);
-    }
     Ok(ds)
 }
 
@@ -377,6 +372,84 @@ fn read_indexes(paths: &[PathBuf]) -> Vec<Result<ShardIndex>> {
         .zip(paths)
         .map(|(r, p)| r.unwrap_or_else(|| read_index(p)))
         .collect()
+}
+
+/// What of a packed dataset's index stays in its shards until asked for: keys always, image
+/// records when every shard has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InShards {
+    /// Every shard carries image records.
+    pub images: bool,
+}
+
+/// The keys and (with `images`) image records of `ds`'s shards, read again and checked against
+/// the open (each shard's size, and every entry's offset, length and crc32c). With `images`, a
+/// shard that changed is an error naming it; without, its samples' keys are left empty (they
+/// read as `FILE#K@OFFSET`), a notice names it, and the other shards' keys are kept.
+pub(crate) fn keys_and_images(
+    ds: &Dataset,
+    images: bool,
+) -> Result<(Strings, Option<Vec<crate::image::ImageInfo>>)> {
+    let paths: Vec<PathBuf> = ds.files.iter().map(|f| f.path.to_path_buf()).collect();
+    let mut keys = Strings::default();
+    let mut infos = images.then(|| Vec::with_capacity(ds.len()));
+    let mut next = 0usize;
+    for (fi, (p, idx)) in paths.iter().zip(read_indexes(&paths)).enumerate() {
+        // The open's samples of this shard (a file's samples are together, in order).
+        let first = next;
+        while next < ds.len() && ds.sample(next).file as usize == fi {
+            next += 1;
+        }
+        let changed = |why: String| {
+            crate::error::invalid(format!(
+                "the shard changed since the dataset was opened ({why})"
+            ))
+            .with_path(p.clone())
+        };
+        let checked = idx.and_then(|idx| {
+            if idx.header.index_offset + idx.header.index_bytes != ds.files[fi].size {
+                return Err(changed("its size".into()));
+            }
+            if idx.entries.len() != next - first {
+                return Err(changed(format!(
+                    "{} samples, not {}",
+                    idx.entries.len(),
+                    next - first
+                )));
+            }
+            for (k, e) in idx.entries.iter().enumerate() {
+                let s = ds.sample(first + k);
+                if (s.offset, s.len, s.crc32c) != (e.offset, e.len, e.crc32c) {
+                    return Err(changed(format!("sample {} moved", first + k))
+                        .with_sample((first + k) as u64));
+                }
+            }
+            Ok(idx)
+        });
+        match checked {
+            Ok(idx) => {
+                for k in 0..idx.entries.len() {
+                    keys.push(idx.key(k))?;
+                    if let Some(v) = infos.as_mut() {
+                        v.push(idx.image_info(k).unwrap_or_default());
+                    }
+                }
+            }
+            Err(e) if !images => {
+                crate::util::notice(&format!(
+                    "keys of {} sample(s) unknown (named FILE#K@OFFSET): {}",
+                    next - first,
+                    e.report()
+                ));
+                for _ in first..next {
+                    keys.push(b"")?;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    keys.settle();
+    Ok((keys, infos))
 }
 
 /// Writes one shard: samples are appended, the index and header are written by [`finish`].
@@ -631,6 +704,41 @@ mod tests {
             let (n, bad) = verify(&p, |_| {}).unwrap();
             assert_eq!((n, bad.len()), (100, 0));
         }
+    }
+
+    /// Keys and image records stay in the shards until asked for (the open holds 16 bytes a
+    /// sample and the metadata), then read and checked: a shard rewritten after the open with
+    /// other samples leaves keys unknown (FILE#K@OFFSET) and image records refused, naming it.
+    #[test]
+    fn keys_are_read_when_asked_for_and_checked_against_the_open() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), 300, 1);
+        let ds = open_shards(std::slice::from_ref(&p)).unwrap();
+        let b = ds.index_bytes();
+        assert_eq!((b.keys, b.images), (0, 0), "nothing read at the open");
+        assert!(b.samples <= 300 * 16 + 64, "{b:?}");
+        assert!(ds.has_image_info());
+        assert_eq!(ds.key(7), "k7");
+        assert_eq!(ds.meta(7), &[7, 1, 2]);
+        assert!(ds.index_bytes().keys > 0);
+        assert_eq!(ds.image_info().unwrap().len(), 300);
+        // Rewritten with other sizes after a second open: the open's samples no longer match.
+        let again = open_shards(std::slice::from_ref(&p)).unwrap();
+        let mut w = ShardWriter::create(&p, 1).unwrap();
+        for i in 0..300 {
+            w.add(&format!("x{i}"), 0, &[], &sample_bytes(i + 1))
+                .unwrap();
+        }
+        w.finish().unwrap();
+        assert!(again.key(7).starts_with("s.gpf#7@"), "{}", again.key(7));
+        assert_eq!(ds.key(7), "k7", "keys read before stay");
+        let e = again.image_info().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("changed since the dataset was opened"),
+            "{e}"
+        );
+        assert_eq!(e.path(), Some(p.as_path()));
     }
 
     #[test]

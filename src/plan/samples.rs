@@ -1,10 +1,14 @@
-//! The sample index as the planner reads it: a table of [`Sample`]s, or runs of fixed windows
+//! The sample index as the planner reads it: 16 bytes per sample, or runs of fixed windows
 //! whose samples are computed from their number and stored nowhere.
 //!
 //! A flat token file's window `k` starts at `base + k × stride × width`: keeping 32 bytes for it
 //! would make a 10⁹-window corpus cost 32 GB per rank (nanoGPT computes its windows; so does
-//! this). Every reader of the index goes through [`Samples::get`] and [`Samples::iter`], which
-//! are the same for both forms.
+//! this). Other formats keep each sample in 16 bytes — offset (40 bits), label (24 bits),
+//! length, crc32c — with its file found from where each file's samples start (every index
+//! gpufeed builds keeps a file's samples together, files in order); an index that does not
+//! fit that (an offset past 1 TiB, a label outside ±8 M, files out of order) keeps 32-byte
+//! [`Sample`]s. Every reader goes through [`Samples::get`] and [`Samples::iter`], the same for
+//! every form.
 
 use super::Sample;
 
@@ -38,10 +42,64 @@ impl Run {
     }
 }
 
+/// One sample in 16 bytes: its offset (low 40 bits) and label + 1 (high 24 bits), its length
+/// and crc32c. Its file is its files' business ([`Repr::Compact`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Compact {
+    offset_label: u64,
+    len: u32,
+    crc32c: u32,
+}
+
+const OFFSET_BITS: u32 = 40;
+const OFFSET_MAX: u64 = (1 << OFFSET_BITS) - 1;
+/// Labels −1 ..= LABEL_MAX are stored (as label + 1 in 24 bits).
+const LABEL_MAX: i64 = (1 << (64 - OFFSET_BITS)) - 2;
+
 #[derive(Debug, Clone)]
 enum Repr {
+    /// 32 bytes per sample: what does not fit `Compact`.
     Table(Vec<Sample>),
-    Runs { runs: Vec<Run>, len: u64 },
+    /// 16 bytes per sample; `file_first[f]` is file f's first sample (files in order, each
+    /// one's samples together; an empty file's first is the next one's).
+    Compact {
+        entries: Vec<Compact>,
+        file_first: Vec<u32>,
+    },
+    Runs {
+        runs: Vec<Run>,
+        len: u64,
+    },
+}
+
+/// The compact form of `v`, if every sample fits it.
+fn compact(v: &[Sample]) -> Option<Repr> {
+    if v.len() > u32::MAX as usize {
+        return None;
+    }
+    let mut file_first: Vec<u32> = Vec::new();
+    let mut entries = Vec::with_capacity(v.len());
+    for (i, s) in v.iter().enumerate() {
+        if s.offset > OFFSET_MAX || !(-1..=LABEL_MAX).contains(&s.label) {
+            return None;
+        }
+        let f = s.file as usize;
+        if f + 1 < file_first.len() {
+            return None; // an earlier file again: files out of order
+        }
+        while file_first.len() <= f {
+            file_first.push(i as u32);
+        }
+        entries.push(Compact {
+            offset_label: s.offset | ((s.label + 1) as u64) << OFFSET_BITS,
+            len: s.len,
+            crc32c: s.crc32c,
+        });
+    }
+    Some(Repr::Compact {
+        entries,
+        file_first,
+    })
 }
 
 /// Every sample of a dataset, in dataset order: where its bytes are, its label and checksum.
@@ -54,15 +112,16 @@ impl Default for Samples {
     }
 }
 
+/// The compact form where every sample fits it, else the table.
 impl From<Vec<Sample>> for Samples {
     fn from(v: Vec<Sample>) -> Self {
-        Samples(Repr::Table(v))
+        Samples(compact(&v).unwrap_or(Repr::Table(v)))
     }
 }
 
 impl FromIterator<Sample> for Samples {
     fn from_iter<I: IntoIterator<Item = Sample>>(it: I) -> Self {
-        Samples(Repr::Table(it.into_iter().collect()))
+        it.into_iter().collect::<Vec<_>>().into()
     }
 }
 
@@ -89,7 +148,19 @@ impl Samples {
     pub fn len(&self) -> usize {
         match &self.0 {
             Repr::Table(v) => v.len(),
+            Repr::Compact { entries, .. } => entries.len(),
             Repr::Runs { len, .. } => *len as usize,
+        }
+    }
+
+    /// Sample `i` of the compact form, whose file is `file`.
+    fn unpack(e: &Compact, file: u32) -> Sample {
+        Sample {
+            file,
+            len: e.len,
+            offset: e.offset_label & OFFSET_MAX,
+            label: (e.offset_label >> OFFSET_BITS) as i64 - 1,
+            crc32c: e.crc32c,
         }
     }
 
@@ -103,6 +174,13 @@ impl Samples {
     pub fn get(&self, i: usize) -> Sample {
         match &self.0 {
             Repr::Table(v) => v[i],
+            Repr::Compact {
+                entries,
+                file_first,
+            } => {
+                let file = file_first.partition_point(|&f| f as usize <= i) - 1;
+                Self::unpack(&entries[i], file as u32)
+            }
             Repr::Runs { runs, len } => {
                 assert!((i as u64) < *len, "sample {i} of {len}");
                 let r = &runs[runs.partition_point(|r| r.first <= i as u64) - 1];
@@ -113,23 +191,23 @@ impl Samples {
 
     /// Every sample, in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Sample> + '_ {
-        let (table, runs): (&[Sample], &[Run]) = match &self.0 {
-            Repr::Table(v) => (v, &[]),
-            Repr::Runs { runs, .. } => (&[], runs),
+        let (table, compact, files, runs): (&[Sample], &[Compact], &[u32], &[Run]) = match &self.0 {
+            Repr::Table(v) => (v, &[], &[], &[]),
+            Repr::Compact {
+                entries,
+                file_first,
+            } => (&[], entries, file_first, &[]),
+            Repr::Runs { runs, .. } => (&[], &[], &[], runs),
         };
         Iter {
             table: table.iter(),
+            compact: compact.iter(),
+            files,
+            file: 0,
+            at: 0,
             runs: runs.iter(),
             run: None,
             left: self.len(),
-        }
-    }
-
-    /// The samples as a table, when they are stored as one.
-    pub fn as_table(&self) -> Option<&[Sample]> {
-        match &self.0 {
-            Repr::Table(v) => Some(v),
-            Repr::Runs { .. } => None,
         }
     }
 
@@ -157,6 +235,10 @@ impl Samples {
                 }
                 k
             }
+            Repr::Compact { file_first, .. } => {
+                let f = file_first.partition_point(|&f| f as usize <= i) - 1;
+                file_first[f] as usize
+            }
             Repr::Runs { runs, .. } => {
                 let mut r = runs.partition_point(|r| r.first <= i as u64) - 1;
                 while r > 0 && runs[r - 1].file == runs[r].file {
@@ -170,7 +252,11 @@ impl Samples {
     /// The largest span of one sample widened to `align` at both ends (see [`super::span`]).
     pub fn largest_span(&self, align: u64) -> u64 {
         match &self.0 {
-            Repr::Table(v) => v.iter().map(|s| super::span(s, align)).max().unwrap_or(0),
+            Repr::Table(_) | Repr::Compact { .. } => self
+                .iter()
+                .map(|s| super::span(&s, align))
+                .max()
+                .unwrap_or(0),
             Repr::Runs { runs, .. } => runs
                 .iter()
                 .map(|r| run_spans(r, align).0)
@@ -183,6 +269,7 @@ impl Samples {
     pub fn total_len(&self) -> u64 {
         match &self.0 {
             Repr::Table(v) => v.iter().map(|s| s.len as u64).sum(),
+            Repr::Compact { entries, .. } => entries.iter().map(|s| s.len as u64).sum(),
             Repr::Runs { runs, .. } => runs.iter().map(|r| r.count * r.len as u64).sum(),
         }
     }
@@ -196,6 +283,10 @@ impl Samples {
     pub fn heap_bytes(&self) -> usize {
         match &self.0 {
             Repr::Table(v) => v.capacity() * std::mem::size_of::<Sample>(),
+            Repr::Compact {
+                entries,
+                file_first,
+            } => entries.capacity() * std::mem::size_of::<Compact>() + file_first.capacity() * 4,
             Repr::Runs { runs, .. } => runs.capacity() * std::mem::size_of::<Run>(),
         }
     }
@@ -203,7 +294,7 @@ impl Samples {
     /// The runs, when the samples are computed.
     pub(crate) fn runs(&self) -> Option<&[Run]> {
         match &self.0 {
-            Repr::Table(_) => None,
+            Repr::Table(_) | Repr::Compact { .. } => None,
             Repr::Runs { runs, .. } => Some(runs),
         }
     }
@@ -238,6 +329,11 @@ pub(super) fn run_spans(r: &Run, a: u64) -> (u64, u64) {
 
 struct Iter<'a> {
     table: std::slice::Iter<'a, Sample>,
+    compact: std::slice::Iter<'a, Compact>,
+    /// The compact form's files' first samples, the current file and sample.
+    files: &'a [u32],
+    file: usize,
+    at: usize,
     runs: std::slice::Iter<'a, Run>,
     run: Option<(Run, u64)>,
     left: usize,
@@ -250,6 +346,15 @@ impl Iterator for Iter<'_> {
         if let Some(s) = self.table.next() {
             self.left -= 1;
             return Some(*s);
+        }
+        if let Some(e) = self.compact.next() {
+            while self.file + 1 < self.files.len() && self.files[self.file + 1] as usize <= self.at
+            {
+                self.file += 1;
+            }
+            self.at += 1;
+            self.left -= 1;
+            return Some(Samples::unpack(e, self.file as u32));
         }
         loop {
             match &mut self.run {
@@ -333,6 +438,60 @@ mod tests {
         assert!(runs_total(a) >= total(&t, a));
         assert!(r.heap_bytes() < 200);
         assert_eq!(r.slice(3..7).iter().collect::<Vec<_>>(), table[3..7]);
+    }
+
+    /// The 16-byte form gives back every sample as stored — files (empty ones between, and at
+    /// either end), offsets up to 2^40 − 1, labels −1 to 2^24 − 2 — and a sample it cannot hold
+    /// keeps the whole table.
+    #[test]
+    fn sixteen_bytes_a_sample_hold_every_field() {
+        let mut rng = crate::rng::Rng::new(3);
+        let mut v = Vec::new();
+        for file in [1u32, 2, 2, 2, 5, 5, 6] {
+            for _ in 0..rng.below(50) {
+                v.push(Sample {
+                    file,
+                    len: rng.next_u64() as u32,
+                    offset: rng.next_u64() & OFFSET_MAX,
+                    label: rng.below(LABEL_MAX as u64 + 2) as i64 - 1,
+                    crc32c: rng.next_u64() as u32,
+                });
+            }
+        }
+        v.push(Sample {
+            file: 9,
+            len: u32::MAX,
+            offset: OFFSET_MAX,
+            label: LABEL_MAX,
+            crc32c: u32::MAX,
+        });
+        v.push(Sample {
+            file: 9,
+            len: 0,
+            offset: 0,
+            label: -1,
+            crc32c: 0,
+        });
+        let s = Samples::from(v.clone());
+        assert!(matches!(s.0, Repr::Compact { .. }));
+        assert_eq!(s.iter().collect::<Vec<_>>(), v);
+        for (i, x) in v.iter().enumerate() {
+            assert_eq!(s.get(i), *x, "{i}");
+            let first = v.iter().position(|y| y.file == x.file).unwrap();
+            assert_eq!(s.first_of_file(i), first, "{i}");
+        }
+        assert!(s.heap_bytes() <= v.len() * 16 + 64);
+        let table = |f: &dyn Fn(&mut Sample)| {
+            let mut w = v.clone();
+            f(&mut w[3]);
+            let t = Samples::from(w.clone());
+            assert!(matches!(t.0, Repr::Table(_)));
+            assert_eq!(t.iter().collect::<Vec<_>>(), w);
+        };
+        table(&|s| s.offset = OFFSET_MAX + 1);
+        table(&|s| s.label = LABEL_MAX + 1);
+        table(&|s| s.label = -2);
+        table(&|s| s.file = 0); // file 0 after file 1: out of order
     }
 
     #[test]
