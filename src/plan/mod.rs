@@ -657,9 +657,9 @@ pub fn epoch_order(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Ve
             let key = window_key(cfg, epoch);
             let mut scratch = Vec::with_capacity(w);
             for (c, chunk) in mine_real.chunks_mut(w).enumerate() {
-                let p = window_permutation(key, c as u64, chunk.len() as u64);
+                let order = window_order(key, c as u64, chunk.len());
                 scratch.clear();
-                scratch.extend((0..chunk.len() as u64).map(|i| chunk[p.at(i) as usize]));
+                scratch.extend(order.iter().map(|&i| chunk[i as usize]));
                 chunk.copy_from_slice(&scratch);
             }
         }
@@ -752,9 +752,14 @@ fn window_key(cfg: &PlanConfig, epoch: u64) -> u64 {
 }
 
 /// The order within window `c` of `len` samples: position `i` of the window takes its sample
-/// `at(i)`.
-fn window_permutation(key: u64, c: u64, len: u64) -> perm::Permutation {
-    perm::Permutation::new(len, key ^ c.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+/// `order[i]` — a Fisher–Yates shuffle seeded by (key, c), so any window is drawn without the
+/// ones before it (a window is bounded: `open_blocks` blocks' samples).
+fn window_order(key: u64, c: u64, len: usize) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..len as u32).collect();
+    let mut rng = Rng::new(key ^ c.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    rng.next_u64();
+    shuffle(&mut v, &mut rng);
+    v
 }
 
 /// The dataset (in index order) cut into runs of consecutive samples of one file, each about
@@ -973,7 +978,7 @@ struct Computed {
 /// its samples lie in (`ends[lo..=hi]`).
 #[derive(Default)]
 struct WindowCache {
-    window: Option<(u64, perm::Permutation)>,
+    window: Option<(u64, Vec<u32>)>,
     blocks: Option<(u64, usize, usize)>,
 }
 
@@ -992,15 +997,11 @@ impl Computed {
             let c = q / self.window;
             let base = c * self.window;
             let len = self.window.min(self.real - base);
-            let perm = match cache.window {
-                Some((wc, perm)) if wc == c => perm,
-                _ => {
-                    let perm = window_permutation(self.window_key, c, len);
-                    cache.window = Some((c, perm));
-                    perm
-                }
-            };
-            q = base + perm.at(q - base);
+            if cache.window.as_ref().is_none_or(|(wc, _)| *wc != c) {
+                cache.window = Some((c, window_order(self.window_key, c, len as usize)));
+            }
+            let order = &cache.window.as_ref().expect("set above").1;
+            q = base + order[(q - base) as usize] as u64;
             window = Some((c, base, len));
         }
         let k = (self.start + q * self.step) % self.n;
@@ -1052,10 +1053,11 @@ impl Ids {
 /// A rank's plan for one epoch: its order, and the groups it is read in.
 ///
 /// Groups are named by their first batch. The epoch's batches are cut into chunks of `per`
-/// batches (`window_batches`, or a block-order window's batches when more); a group never
-/// crosses a chunk's end, and is the longest run of batches from its first that fits a slot
-/// (the whole chunk, usually) — found when asked, from the chunk alone, so a group deep in
-/// the epoch costs what the first does.
+/// batches (the whole block-order windows `window_batches` holds, at least one; other orders
+/// `window_batches`); a group never crosses a chunk's end, and is the longest run of batches
+/// (whole windows where one fits) from its first that fits a slot (the whole chunk, usually) —
+/// found when asked, from the chunk alone, so a group deep in the epoch costs what the first
+/// does.
 ///
 /// A global, sequential or block order whose batches all fit a slot as they fall is computed:
 /// batch `k`'s samples from `k` in O(batch), nothing of the epoch's size held, so planning the
@@ -1072,6 +1074,9 @@ pub struct EpochPlan {
     padding_from: usize,
     /// Batches per chunk: no group crosses a multiple of it.
     per: u32,
+    /// Batches per block-order window (1 for other orders): groups are whole windows where
+    /// they fit.
+    unit: u32,
     batches: u32,
     cfg: PlanConfig,
 }
@@ -1090,10 +1095,13 @@ impl EpochPlan {
         }
     }
 
-    /// Batches per chunk: `window_batches`, or a block-order window's when more.
-    fn per(samples: &Samples, cfg: &PlanConfig) -> u32 {
-        let unit = (block_window_samples(samples, cfg) / cfg.batch_size.max(1) as usize) as u32;
-        cfg.window_batches.max(unit).max(1)
+    /// Batches per block-order window (1 for other orders), and per chunk: the whole windows
+    /// within `window_batches`, at least one (a chunk that ended inside a window would split it
+    /// between two groups, which read its blocks' regions twice).
+    fn per(samples: &Samples, cfg: &PlanConfig) -> (u32, u32) {
+        let unit =
+            ((block_window_samples(samples, cfg) / cfg.batch_size.max(1) as usize) as u32).max(1);
+        (unit, (cfg.window_batches / unit).max(1) * unit)
     }
 
     /// The plan with the rank's order listed.
@@ -1108,7 +1116,8 @@ impl EpochPlan {
             ids: Ids::Listed(order),
             batch_size: cfg.batch_size,
             padding_from,
-            per: Self::per(samples, cfg),
+            unit: Self::per(samples, cfg).0,
+            per: Self::per(samples, cfg).1,
             cfg: cfg.clone(),
         };
         // Every batch fits read without gaps (epoch_order evened them out): checked here once
@@ -1199,7 +1208,8 @@ impl EpochPlan {
             }),
             batch_size: cfg.batch_size,
             padding_from,
-            per: Self::per(samples, cfg),
+            unit: Self::per(samples, cfg).0,
+            per: Self::per(samples, cfg).1,
             batches: len.div_ceil(b as usize) as u32,
             cfg: cfg.clone(),
         }))
@@ -1225,7 +1235,8 @@ impl EpochPlan {
         self.ids.len() == 0
     }
 
-    /// The sample at `position` of the rank's order.
+    /// The sample at `position` of the rank's order (a computed block order draws the
+    /// position's window: [`ids`](EpochPlan::ids) over a range shares it).
     pub fn id(&self, position: usize) -> u32 {
         match &self.ids {
             Ids::Listed(v) => v[position],
@@ -1303,24 +1314,37 @@ impl EpochPlan {
         if whole.0 {
             return (chunk_end, whole.1, whole.2);
         }
+        // The largest run that fits among ends first + k × step, k in 1..=most (the first
+        // known to fit, the end not), by bisection on k.
+        let longest = |step: u32, most: u32, fit: (bool, Vec<u32>, Coalesced)| {
+            let (mut lo, mut hi, mut best) = (1, most, fit);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                let t = try_to(first + mid * step, &self.cfg);
+                if t.0 {
+                    (lo, best) = (mid, t);
+                } else {
+                    hi = mid;
+                }
+            }
+            (first + lo * step, best.1, best.2)
+        };
+        // Whole block-order windows where one fits: a window split between groups would read
+        // its blocks' regions twice.
+        let windows = (chunk_end - first) / self.unit;
+        if self.unit > 1 && windows >= 1 {
+            let one = try_to(first + self.unit, &self.cfg);
+            if one.0 {
+                return longest(self.unit, windows + 1, one);
+            }
+        }
         let one = try_to(first + 1, &self.cfg);
         if !one.0 {
             // Reading through gaps made this batch too big: without them it fits (planned so).
             let tight = try_to(first + 1, &self.cfg.without_gaps());
             return (first + 1, tight.1, tight.2);
         }
-        // The longest run that fits: `lo` fits, `hi` does not.
-        let (mut lo, mut hi, mut best) = (first + 1, chunk_end, one);
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            let t = try_to(mid, &self.cfg);
-            if t.0 {
-                (lo, best) = (mid, t);
-            } else {
-                hi = mid;
-            }
-        }
-        (lo, best.1, best.2)
+        longest(1, chunk_end - first, one)
     }
 
     /// The first batch of the group holding batch `i` (walks `i`'s chunk from its start).
@@ -1443,8 +1467,10 @@ pub fn quality(samples: &Samples, plan: &EpochPlan) -> Quality {
     // Correlation between dataset index and epoch position.
     let m = plan.len() as f64;
     let (mut sx, mut sy, mut sxx, mut syy, mut sxy) = (0f64, 0f64, 0f64, 0f64, 0f64);
-    for pos in 0..plan.len() {
-        let (x, y) = (plan.id(pos) as f64, pos as f64);
+    // Batch by batch: a computed block order draws each window once per call.
+    let ids = (0..plan.batches()).flat_map(|b| plan.batch(b).into_owned());
+    for (pos, id) in ids.enumerate() {
+        let (x, y) = (id as f64, pos as f64);
         sx += x;
         sy += y;
         sxx += x * x;
