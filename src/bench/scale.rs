@@ -1,7 +1,9 @@
 //! `gpufeed bench scale`: what a dataset's size costs a rank — open time, index bytes per
 //! sample, memory, the time to plan and read the first batch, and a short run's samples/s —
-//! for token corpora of 10⁶ to 10⁹ windows (sparse files: they cost no disk), one rank and
-//! several on the node, each rank its own process (so PSS says what the node holds).
+//! for token corpora of 10⁶ to 10⁹ windows (sparse files: they cost no disk), or packed shards
+//! of small samples with ImageNet-like keys (written: 32 bytes of shard index, ~30 of key and
+//! 64 of data a sample), one rank and several on the node, each rank its own process (so PSS
+//! says what the node holds).
 //!
 //! Samples/s here measure the loader's machinery, not a disk: a sparse file's holes read as
 //! zeros without touching the device.
@@ -70,9 +72,85 @@ pub struct ScaleRow {
     pub per_rank: Vec<RankFigures>,
 }
 
+/// What `bench scale` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleFormat {
+    /// A flat u16 token file (sparse), `seq_len` windows.
+    Tokens,
+    /// Packed shards of 64-byte samples with ImageNet-like keys and 1,000 labels.
+    Packed,
+}
+
+impl ScaleFormat {
+    /// `tokens` or `packed`.
+    pub fn parse(s: &str) -> Result<ScaleFormat> {
+        match s {
+            "tokens" => Ok(ScaleFormat::Tokens),
+            "packed" => Ok(ScaleFormat::Packed),
+            _ => Err(invalid(format!("--format {s:?}: tokens or packed"))),
+        }
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScaleFormat::Tokens => "tokens",
+            ScaleFormat::Packed => "packed",
+        }
+    }
+}
+
+/// Samples per generated shard.
+const PACKED_SHARD_SAMPLES: u64 = 1 << 20;
+
+/// A directory of packed shards holding exactly `samples` 64-byte samples (written once; kept
+/// when complete).
+pub fn ensure_packed(dir: &Path, samples: u64) -> Result<PathBuf> {
+    use crate::dataset::shard::ShardWriter;
+    let root = dir.join(format!("packed-{samples}"));
+    let done = root.join("COMPLETE");
+    if done.exists() {
+        return Ok(root);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root)
+        .map_err(|e| Error::io("cannot create the bench directory", e).with_path(root.as_path()))?;
+    let mut prog = crate::progress::Task::items_after(
+        "writing packed shards",
+        samples,
+        "samples",
+        std::time::Duration::from_secs(2),
+    );
+    let data = [0x5au8; 64];
+    let mut i = 0u64;
+    for shard in 0..samples.div_ceil(PACKED_SHARD_SAMPLES) {
+        let mut w = ShardWriter::create(&root.join(format!("shard-{shard:05}.gpf")), 1)?;
+        while i < samples && w.samples() < PACKED_SHARD_SAMPLES as usize {
+            let class = i % 1000;
+            w.add(
+                &format!("n{class:08}/n{class:08}_{i}.JPEG"),
+                class as i64,
+                &[],
+                &data,
+            )?;
+            i += 1;
+            if i.is_multiple_of(65536) {
+                prog.set(i);
+            }
+        }
+        w.finish()?;
+    }
+    prog.finish();
+    std::fs::write(&done, b"")
+        .map_err(|e| Error::io("cannot write", e).with_path(done.as_path()))?;
+    Ok(root)
+}
+
 /// The runs to make.
 #[derive(Debug, Clone)]
 pub struct ScaleSpec {
+    /// What is measured.
+    pub format: ScaleFormat,
     /// Where the sparse token files are made.
     pub dir: PathBuf,
     /// Dataset sizes in samples.
@@ -134,7 +212,9 @@ pub fn memory_now() -> (u64, u64, u64) {
     )
 }
 
-/// Reads batches of `loader`'s epoch 0 for `seconds`; samples/s.
+/// Reads batches of `loader`'s epoch 0 for `seconds`; samples/s from asking for the epoch (a
+/// block window of small samples is one group of up to millions of them, whose first batch
+/// waits for the whole group: a short run shows that wait).
 fn short_run(loader: &Loader, seconds: f64) -> Result<f64> {
     let t0 = Instant::now();
     let mut epoch = loader.epoch(0)?;
@@ -154,6 +234,7 @@ fn short_run(loader: &Loader, seconds: f64) -> Result<f64> {
 
 /// One rank's measurements (run in its own process by [`run_scale`]).
 pub fn measure_rank(
+    format: ScaleFormat,
     file: &Path,
     seq_len: u32,
     settings: &LoaderSettings,
@@ -162,7 +243,10 @@ pub fn measure_rank(
     seconds: f64,
 ) -> Result<RankFigures> {
     let t = Instant::now();
-    let ds = std::sync::Arc::new(Dataset::open_with(file, &token_options(seq_len))?);
+    let ds = std::sync::Arc::new(match format {
+        ScaleFormat::Tokens => Dataset::open_with(file, &token_options(seq_len))?,
+        ScaleFormat::Packed => Dataset::open(file)?,
+    });
     let open_s = t.elapsed().as_secs_f64();
     let build = |order: Order| {
         Loader::builder(ds.clone())
@@ -226,7 +310,10 @@ pub fn run_scale(
                 "--sizes {n}: a dataset holds 1 to 2^32 − 1 samples"
             )));
         }
-        let file = ensure_tokens(&spec.dir, n, spec.seq_len)?;
+        let file = match spec.format {
+            ScaleFormat::Tokens => ensure_tokens(&spec.dir, n, spec.seq_len)?,
+            ScaleFormat::Packed => ensure_packed(&spec.dir, n)?,
+        };
         for &world in &spec.ranks {
             let mut kids = Vec::new();
             for rank in 0..world {
@@ -268,7 +355,7 @@ pub fn run_scale(
             let row = ScaleRow {
                 samples: n,
                 ranks: world,
-                format: "tokens",
+                format: spec.format.name(),
                 open_s: max(&|r| r.open_s),
                 plan_ms: max(&|r| r.plan_ms),
                 first_batch_ms: max(&|r| r.first_batch_ms),

@@ -333,6 +333,10 @@ pub(super) struct ScaleArgs {
     /// Tokens per window (u16 tokens; a sample is seq_len + 1 of them).
     #[arg(long, default_value_t = 1023)]
     pub(super) seq_len: u32,
+    /// What to measure: tokens (flat u16 files, sparse) or packed (shards of 64-byte samples
+    /// with ImageNet-like keys, written into --dir: ~130 bytes of disk a sample).
+    #[arg(long, default_value = "tokens")]
+    pub(super) format: String,
     #[command(flatten)]
     pub(super) loader: LoaderArgs,
     /// Print one JSON object per row.
@@ -688,6 +692,7 @@ pub(super) fn bench_gpu(a: GpuArgs) -> Result<()> {
 pub(super) fn bench_scale(a: ScaleArgs) -> Result<()> {
     use crate::bench::scale::{measure_rank, run_scale, table_header, table_row, ScaleSpec};
     let settings = a.loader.settings()?;
+    let format = crate::bench::scale::ScaleFormat::parse(&a.format)?;
     if let Some(rw) = &a.rank_of {
         // A rank process: measure, report one JSON line, wait for the bench to close stdin.
         let (rank, world) = rw
@@ -698,7 +703,7 @@ pub(super) fn bench_scale(a: ScaleArgs) -> Result<()> {
             .file
             .as_ref()
             .ok_or_else(|| crate::error::invalid("--rank-of needs --file"))?;
-        let f = measure_rank(file, a.seq_len, &settings, rank, world, a.seconds)?;
+        let f = measure_rank(format, file, a.seq_len, &settings, rank, world, a.seconds)?;
         outln!("{}", serde_json::to_string(&f).expect("serialises"));
         crate::bench::scale::wait_for_parent();
         return Ok(());
@@ -733,6 +738,8 @@ pub(super) fn bench_scale(a: ScaleArgs) -> Result<()> {
                 &seconds.to_string(),
                 "--seq-len",
                 &seq_len.to_string(),
+                "--format",
+                format.name(),
             ]);
         for (f, v) in &flags {
             c.arg(f).arg(v);
@@ -740,6 +747,7 @@ pub(super) fn bench_scale(a: ScaleArgs) -> Result<()> {
         c
     };
     let spec = ScaleSpec {
+        format,
         dir: a.dir.clone(),
         sizes: a.sizes.clone(),
         ranks: a.ranks.clone(),
@@ -747,12 +755,20 @@ pub(super) fn bench_scale(a: ScaleArgs) -> Result<()> {
         seq_len,
     };
     if !a.json {
-        outln!(
-            "gpufeed bench scale: flat u16 token files of seq_len {} in {} (sparse), {} s per run",
-            seq_len,
-            a.dir.display(),
-            seconds
-        );
+        match format {
+            crate::bench::scale::ScaleFormat::Tokens => outln!(
+                "gpufeed bench scale: flat u16 token files of seq_len {} in {} (sparse), {} s \
+                 per run",
+                seq_len,
+                a.dir.display(),
+                seconds
+            ),
+            crate::bench::scale::ScaleFormat::Packed => outln!(
+                "gpufeed bench scale: packed shards of 64-byte samples in {}, {} s per run",
+                a.dir.display(),
+                seconds
+            ),
+        }
         outln!("{}", table_header());
     }
     let rows = run_scale(&spec, &child, &mut |r| {

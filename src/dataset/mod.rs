@@ -890,7 +890,7 @@ pub const PROBLEMS_KEPT: usize = 1000;
 #[derive(Default)]
 pub(crate) struct Builder {
     pub files: Vec<DataFile>,
-    pub samples: Vec<Sample>,
+    pub samples: crate::plan::SamplesBuilder,
     /// Windows computed from their number (token files), when `samples` is empty.
     pub runs: Vec<crate::plan::Run>,
     pub keys: Strings,
@@ -937,7 +937,7 @@ impl Builder {
                 ..*r
             }));
         self.samples.reserve(other.samples.len());
-        for s in other.samples {
+        for s in other.samples.finish().iter() {
             self.samples.push(Sample {
                 file: s.file + shift,
                 ..s
@@ -991,7 +991,7 @@ impl Builder {
             ));
         }
         let samples = if self.runs.is_empty() {
-            self.samples.into()
+            self.samples.finish()
         } else {
             crate::plan::Samples::from_runs(self.runs)
         };

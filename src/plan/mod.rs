@@ -1505,8 +1505,8 @@ pub fn quality(samples: &Samples, plan: &EpochPlan) -> Quality {
 
 pub mod perm;
 mod samples;
-pub(crate) use samples::Run;
 pub use samples::Samples;
+pub(crate) use samples::{Run, SamplesBuilder};
 
 #[cfg(test)]
 mod tests;

@@ -72,34 +72,78 @@ enum Repr {
     },
 }
 
-/// The compact form of `v`, if every sample fits it.
-fn compact(v: &[Sample]) -> Option<Repr> {
-    if v.len() > u32::MAX as usize {
-        return None;
-    }
-    let mut file_first: Vec<u32> = Vec::new();
-    let mut entries = Vec::with_capacity(v.len());
-    for (i, s) in v.iter().enumerate() {
-        if s.offset > OFFSET_MAX || !(-1..=LABEL_MAX).contains(&s.label) {
-            return None;
+/// Collects samples in the compact form while they fit it, in the table from the first that
+/// does not (16 bytes a sample while indexing, not 32 then 16).
+#[derive(Debug, Default)]
+pub(crate) struct SamplesBuilder {
+    entries: Vec<Compact>,
+    file_first: Vec<u32>,
+    table: Option<Vec<Sample>>,
+}
+
+impl SamplesBuilder {
+    /// Appends sample `s` (the next one).
+    pub fn push(&mut self, s: Sample) {
+        if let Some(t) = &mut self.table {
+            t.push(s);
+            return;
         }
+        let i = self.entries.len();
         let f = s.file as usize;
-        if f + 1 < file_first.len() {
-            return None; // an earlier file again: files out of order
+        let fits = s.offset <= OFFSET_MAX
+            && (-1..=LABEL_MAX).contains(&s.label)
+            && f + 1 >= self.file_first.len()
+            && i < u32::MAX as usize;
+        if !fits {
+            let mut t: Vec<Sample> = self.take_compact().iter().collect();
+            t.push(s);
+            self.table = Some(t);
+            return;
         }
-        while file_first.len() <= f {
-            file_first.push(i as u32);
+        while self.file_first.len() <= f {
+            self.file_first.push(i as u32);
         }
-        entries.push(Compact {
+        self.entries.push(Compact {
             offset_label: s.offset | ((s.label + 1) as u64) << OFFSET_BITS,
             len: s.len,
             crc32c: s.crc32c,
         });
     }
-    Some(Repr::Compact {
-        entries,
-        file_first,
-    })
+
+    fn take_compact(&mut self) -> Samples {
+        let mut entries = std::mem::take(&mut self.entries);
+        entries.shrink_to_fit();
+        Samples(Repr::Compact {
+            entries,
+            file_first: std::mem::take(&mut self.file_first),
+        })
+    }
+
+    /// Samples so far.
+    pub fn len(&self) -> usize {
+        self.table.as_ref().map_or(self.entries.len(), Vec::len)
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Room for `n` more.
+    pub fn reserve(&mut self, n: usize) {
+        match &mut self.table {
+            Some(t) => t.reserve(n),
+            None => self.entries.reserve(n),
+        }
+    }
+
+    /// The samples.
+    pub fn finish(mut self) -> Samples {
+        match self.table.take() {
+            Some(t) => Samples(Repr::Table(t)),
+            None => self.take_compact(),
+        }
+    }
 }
 
 /// Every sample of a dataset, in dataset order: where its bytes are, its label and checksum.
@@ -115,13 +159,17 @@ impl Default for Samples {
 /// The compact form where every sample fits it, else the table.
 impl From<Vec<Sample>> for Samples {
     fn from(v: Vec<Sample>) -> Self {
-        Samples(compact(&v).unwrap_or(Repr::Table(v)))
+        v.into_iter().collect()
     }
 }
 
 impl FromIterator<Sample> for Samples {
     fn from_iter<I: IntoIterator<Item = Sample>>(it: I) -> Self {
-        it.into_iter().collect::<Vec<_>>().into()
+        let mut b = SamplesBuilder::default();
+        for s in it {
+            b.push(s);
+        }
+        b.finish()
     }
 }
 
