@@ -168,7 +168,14 @@ pub fn ensure_tokens(dir: &Path, samples: u64, seq_len: u32) -> Result<PathBuf> 
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io("cannot create the bench directory", e).with_path(dir))?;
     let path = dir.join(format!("tokens-{samples}x{seq_len}.bin"));
-    let bytes = (samples * seq_len as u64 + 1) * 2;
+    let bytes = samples
+        .checked_mul(seq_len as u64)
+        .and_then(|t| t.checked_add(1)?.checked_mul(2))
+        .ok_or_else(|| {
+            invalid(format!(
+                "{samples} windows of {seq_len} tokens: too many bytes"
+            ))
+        })?;
     let make = || -> std::io::Result<()> {
         match std::fs::metadata(&path) {
             Ok(m) if m.len() == bytes => Ok(()),
