@@ -39,6 +39,13 @@ pub struct LoadBenchResult {
     pub checksums_verified: bool,
     /// Fraction of the loader's arena backed by huge pages (packed modes).
     pub arena_huge_pages: Option<f64>,
+    /// The alignment reads were planned at (loader modes), and the direct-I/O offset alignment
+    /// the first data file's file system reports (`statx`), when it reports one.
+    pub plan_align_bytes: Option<u32>,
+    pub dio_align_bytes: Option<u32>,
+    /// The read amplification that alignment forces: every sample read alone, widened to it
+    /// at both ends (coalescing neighbours can only do better on bytes).
+    pub dio_floor_amplification: Option<f64>,
     /// The loader settings of the loader modes (rank 0's; `LoaderSettings::to_json`).
     pub settings: Option<serde_json::Value>,
     /// The dataset's format ("image-folder" for small-files).
@@ -271,6 +278,9 @@ pub fn run_small_files(
         engine: format!("{} threads, open/read/close", threads),
         checksums_verified: false,
         arena_huge_pages: None,
+        plan_align_bytes: None,
+        dio_align_bytes: None,
+        dio_floor_amplification: None,
         settings: None,
         format: "image-folder",
         epochs: 1,
@@ -311,10 +321,10 @@ pub struct LoadModes {
 #[derive(Debug)]
 pub enum LoadRow {
     /// `small-files`, `global`, `block`, `shard-buffer`, `sequential`.
-    Loader(LoadBenchResult),
+    Loader(Box<LoadBenchResult>),
     /// `io`: random reads of the ImageNet size mix from the largest shard, at the loader's
     /// queue depth, for reference.
-    Io(IoBenchResult),
+    Io(Box<IoBenchResult>),
 }
 
 impl LoadModes {
@@ -322,9 +332,8 @@ impl LoadModes {
     pub fn run(&self, mode: &str, cold: bool) -> Result<LoadRow> {
         let settings = &self.spec.settings;
         match mode {
-            "small-files" => {
-                run_small_files(&self.small, self.threads, settings.seed, cold).map(LoadRow::Loader)
-            }
+            "small-files" => run_small_files(&self.small, self.threads, settings.seed, cold)
+                .map(|r| LoadRow::Loader(Box::new(r))),
             "io" => {
                 let shards = crate::dataset::shard::find_shards(&self.packed)?;
                 let biggest = shards
@@ -341,7 +350,7 @@ impl LoadModes {
                         SizeMix::parse(IMAGENET_MIX)?,
                     )
                 };
-                run_io_bench(&spec).map(LoadRow::Io)
+                run_io_bench(&spec).map(|r| LoadRow::Io(Box::new(r)))
             }
             m => {
                 // The mode names the order; its parameters are the settings'.
@@ -352,7 +361,7 @@ impl LoadModes {
                 } else {
                     Dataset::open_paths(&self.dataset, &self.options)?
                 };
-                run_packed(ds, s.order(), &self.spec, cold).map(LoadRow::Loader)
+                run_packed(ds, s.order(), &self.spec, cold).map(|r| LoadRow::Loader(Box::new(r)))
             }
         }
     }
@@ -469,7 +478,26 @@ pub fn run_packed(
         .collect::<Result<_>>()?;
     let loader = &loaders[0];
     // Shuffle quality is computed from the plan, outside the timed epoch.
-    let q = quality(loader.dataset().samples(), &loader.plan_epoch(0)?);
+    let plan = loader.plan_epoch(0)?;
+    let q = quality(loader.dataset().samples(), &plan);
+    let plan_align = plan.config().align;
+    drop(plan);
+    let dio_align = loader
+        .dataset()
+        .files()
+        .first()
+        .and_then(|f| std::fs::File::open(&*f.path).ok())
+        .and_then(|f| sys::statx_fd(std::os::fd::AsFd::as_fd(&f)).ok())
+        .and_then(|st| st.dio_offset_align);
+    let dio_floor = dio_align.map(|a| {
+        let ds = loader.dataset();
+        let spans: u64 = ds
+            .samples()
+            .iter()
+            .map(|s| crate::plan::span(&s, a as u64))
+            .sum();
+        spans as f64 / ds.total_bytes().max(1) as f64
+    });
     let epochs = spec.epochs.max(1);
     let cpu0 = sys::process_cpu_seconds();
     let t0 = Instant::now();
@@ -528,6 +556,9 @@ pub fn run_packed(
             (Some(h), len) => Some(h as f64 / len.max(1) as f64),
             (None, _) => None,
         },
+        plan_align_bytes: Some(plan_align),
+        dio_align_bytes: dio_align,
+        dio_floor_amplification: dio_floor,
         format,
         epochs,
         epoch_samples_per_s: epoch_rates,

@@ -1031,6 +1031,16 @@ pub(super) fn emit_load(r: &crate::bench::load::LoadBenchResult, json: bool) {
         outln!("{}", serde_json::to_string(r).expect("serialises"));
     } else {
         outln!("{}", crate::bench::load::table_row(r));
+        if let (Some(plan), Some(dio), Some(floor)) = (
+            r.plan_align_bytes,
+            r.dio_align_bytes,
+            r.dio_floor_amplification,
+        ) {
+            outln!(
+                "  reads planned at {plan}-byte alignment; this file system's direct-I/O \
+                 alignment is {dio} bytes, which alone forces {floor:.3}x"
+            );
+        }
         if let Some(v) = &r.verdict {
             outln!(
                 "  at {:.1} ms per step, {} consumer(s): {:.1} of {:.1} batches/s; {v}",

@@ -534,6 +534,16 @@ fn bench_load_step_gives_a_verdict() {
     let verdict = v["verdict"].as_str().unwrap();
     assert!(verdict.starts_with("keeps up"), "{verdict}");
     assert_eq!(v["gpus"], 1);
+    // The alignment reads are planned at, beside what the file system's own forces.
+    assert_eq!(v["plan_align_bytes"], 4096, "{v}");
+    if let Some(dio) = v["dio_align_bytes"].as_u64() {
+        assert!(dio.is_power_of_two() && dio <= 4096, "{v}");
+        let floor = v["dio_floor_amplification"].as_f64().unwrap();
+        assert!(
+            floor >= 1.0 && floor <= v["read_amplification"].as_f64().unwrap() + 1e-9,
+            "{v}"
+        );
+    }
 }
 
 /// `--plot FILE.svg` draws the rows as bars with their ratio to the baseline (the last engine).
