@@ -817,7 +817,9 @@ impl Dataset {
             return Ok(v);
         }
         if self.in_shards.is_some_and(|s| s.images) {
-            if let (_, Some(v)) = shard::keys_and_images(self, true)? {
+            if let (keys, Some(v)) = shard::keys_and_images(self, true)? {
+                // Read together and checked: the keys are kept too.
+                let _ = self.shard_keys.set(keys);
                 return Ok(self.images.get_or_init(|| v));
             }
         }
@@ -923,9 +925,8 @@ impl Builder {
         let shift = u32::try_from(self.files.len()).map_err(|_| invalid("more than 2^32 files"))?;
         self.files.extend(other.files);
         let base = self.len() as u32;
-        if !(other.runs.is_empty() || self.samples.is_empty() && other.samples.is_empty())
-            || !(self.runs.is_empty() || other.samples.is_empty())
-        {
+        let runs = !self.runs.is_empty() || !other.runs.is_empty();
+        if runs && (!self.samples.is_empty() || !other.samples.is_empty()) {
             return Err(invalid(
                 "computed windows and indexed samples in one dataset (open them apart)",
             ));

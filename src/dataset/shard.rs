@@ -314,13 +314,7 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
     let mut metas = Strings::default();
     // Image records when every shard has them (a mix of versions has none).
     let mut images = true;
-    // Indexes read a few at a time (in parallel) and dropped once taken in: a shard of 10⁶
-    // samples has ~80 MB of index.
-    let at_once = std::thread::available_parallelism().map_or(4, |n| n.get().clamp(2, 16));
-    let indexes = paths
-        .chunks(at_once)
-        .flat_map(|chunk| read_indexes(chunk).into_iter());
-    for (fi, (p, idx)) in paths.iter().zip(indexes).enumerate() {
+    for (fi, (p, idx)) in paths.iter().zip(indexes_in_turn(paths)).enumerate() {
         let idx = idx?;
         if idx.header.flags & FLAG_IMAGE_INFO == 0 {
             images = false;
@@ -380,6 +374,15 @@ fn read_indexes(paths: &[PathBuf]) -> Vec<Result<ShardIndex>> {
         .collect()
 }
 
+/// Every shard's index in turn, read a few at a time (in parallel) and each dropped once taken
+/// in: a shard of 10⁶ samples has ~80 MB of index.
+fn indexes_in_turn(paths: &[PathBuf]) -> impl Iterator<Item = Result<ShardIndex>> + '_ {
+    let at_once = std::thread::available_parallelism().map_or(4, |n| n.get().clamp(2, 16));
+    paths
+        .chunks(at_once)
+        .flat_map(|chunk| read_indexes(chunk).into_iter())
+}
+
 /// What of a packed dataset's index stays in its shards until asked for: keys always, image
 /// records when every shard has them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,7 +403,7 @@ pub(crate) fn keys_and_images(
     let mut keys = Strings::default();
     let mut infos = images.then(|| Vec::with_capacity(ds.len()));
     let mut next = 0usize;
-    for (fi, (p, idx)) in paths.iter().zip(read_indexes(&paths)).enumerate() {
+    for (fi, (p, idx)) in paths.iter().zip(indexes_in_turn(&paths)).enumerate() {
         // The open's samples of this shard (a file's samples are together, in order).
         let first = next;
         while next < ds.len() && ds.sample(next).file as usize == fi {

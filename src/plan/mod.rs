@@ -579,9 +579,10 @@ fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
 }
 
 /// Which epoch orders this gpufeed makes: a saved resume point names it, and one saved under
-/// another is refused (the same settings would give other batches). 2: the global order, the
-/// block order's blocks and its windows are keyed Feistel permutations computed one position
-/// at a time (1: Fisher–Yates shuffles).
+/// another is refused (the same settings would give other batches). 2: the global order and
+/// the block order's blocks are keyed Feistel permutations computed one position at a time,
+/// and each block-order window is shuffled by its own seed (1: Fisher–Yates shuffles run
+/// through the whole epoch).
 pub const ORDER_VERSION: u32 = 2;
 
 /// The whole-epoch global order of `n` samples: stream position `k` holds sample `at(k)`.
@@ -782,20 +783,20 @@ fn blocks(samples: &Samples, block_bytes: u64) -> Vec<Range<u32>> {
     let mut v = Vec::new();
     let mut start = 0usize;
     let mut bytes = 0u64;
-    let mut it = samples.iter().peekable();
-    let mut i = 0usize;
-    while let Some(s) = it.next() {
+    let mut it = samples.iter().enumerate().peekable();
+    while let Some((i, s)) = it.next() {
         bytes += s.len as u64;
         let end_here = match it.peek() {
             None => true,
-            Some(next) => next.file != s.file || next.offset < s.offset || bytes >= block_bytes,
+            Some((_, next)) => {
+                next.file != s.file || next.offset < s.offset || bytes >= block_bytes
+            }
         };
         if end_here {
             v.push(start as u32..i as u32 + 1);
             start = i + 1;
             bytes = 0;
         }
-        i += 1;
     }
     v
 }
@@ -1110,34 +1111,21 @@ impl EpochPlan {
             epoch_order(samples, cfg, epoch)?,
             cfg.rank_samples(samples.len()).1,
         );
-        let plan = EpochPlan {
+        // Every batch fits a slot read without gaps: its slot bytes are at most the sum of its
+        // samples' spans, which epoch_order bounded (evening batches out where the largest
+        // span × batch size would not fit), and it issues at most batch_size ≤
+        // reads_per_group_max reads (validated).
+        let (unit, per) = Self::per(samples, cfg);
+        Ok(EpochPlan {
             epoch,
             batches: order.len().div_ceil(cfg.batch_size as usize) as u32,
             ids: Ids::Listed(order),
             batch_size: cfg.batch_size,
             padding_from,
-            unit: Self::per(samples, cfg).0,
-            per: Self::per(samples, cfg).1,
+            unit,
+            per,
             cfg: cfg.clone(),
-        };
-        // Every batch fits read without gaps (epoch_order evened them out): checked here once
-        // so that a group never meets a batch it cannot read.
-        let tight = cfg.without_gaps();
-        for k in 0..plan.batches {
-            let ids = plan.batch(k);
-            if ids.len() as u64 * samples.largest_span(cfg.align as u64) <= cfg.group_bytes_max {
-                break; // no batch is longer than the first: every one fits
-            }
-            let (reads, _, slot) = coalesce(samples, &ids, &tight);
-            if slot > cfg.group_bytes_max || reads.len() > cfg.reads_per_group_max as usize {
-                return Err(invalid(format!(
-                    "batch {k} needs {slot} bytes of slot, more than group_bytes_max {}: raise \
-                     the memory budget or lower batch_size",
-                    cfg.group_bytes_max
-                )));
-            }
-        }
-        Ok(plan)
+        })
     }
 
     /// The computed plan of a global, sequential or block order whose batches all fit a slot
@@ -1178,6 +1166,7 @@ impl EpochPlan {
         };
         let len = positions(per_rank as u64) as usize;
         let padding_from = positions(real as u64) as usize;
+        let (unit, per) = Self::per(samples, cfg);
         let (stream, window) = match cfg.order {
             Order::Global => (Stream::Global(global_permutation(cfg.seed, epoch, n)), 0),
             Order::Block { block_bytes, .. } => (
@@ -1187,7 +1176,7 @@ impl EpochPlan {
                     cfg.seed,
                     epoch,
                 ))),
-                block_window_samples(samples, cfg) as u64,
+                unit as u64 * b,
             ),
             _ => (Stream::Identity, 0),
         };
@@ -1208,8 +1197,8 @@ impl EpochPlan {
             }),
             batch_size: cfg.batch_size,
             padding_from,
-            unit: Self::per(samples, cfg).0,
-            per: Self::per(samples, cfg).1,
+            unit,
+            per,
             batches: len.div_ceil(b as usize) as u32,
             cfg: cfg.clone(),
         }))
@@ -1303,48 +1292,54 @@ impl EpochPlan {
         let chunk_end = (first / self.per + 1)
             .saturating_mul(self.per)
             .min(self.batches);
+        // The chunk's samples from `first`, computed once: every candidate is a prefix.
+        let mut ids = self.ids(self.batches_range(first, chunk_end)).into_owned();
+        let upto = |to: u32| self.batches_range(first, to).len();
         let try_to = |to: u32, cfg: &PlanConfig| {
-            let ids = self.ids(self.batches_range(first, to)).into_owned();
-            let c = coalesce(samples, &ids, cfg);
+            let c = coalesce(samples, &ids[..upto(to)], cfg);
             let fits = c.2 <= self.cfg.group_bytes_max
                 && c.0.len() <= self.cfg.reads_per_group_max as usize;
-            (fits, ids, c)
+            (fits, c)
         };
-        let whole = try_to(chunk_end, &self.cfg);
-        if whole.0 {
-            return (chunk_end, whole.1, whole.2);
-        }
-        // The largest run that fits among ends first + k × step, k in 1..=most (the first
-        // known to fit, the end not), by bisection on k.
-        let longest = |step: u32, most: u32, fit: (bool, Vec<u32>, Coalesced)| {
+        // The largest run that fits among ends first + k × step, k in 1..most (k = 1 known to
+        // fit; `most` does not, or lies past the chunk), by bisection on k.
+        let longest = |step: u32, most: u32, fit: Coalesced| {
             let (mut lo, mut hi, mut best) = (1, most, fit);
             while hi - lo > 1 {
                 let mid = lo + (hi - lo) / 2;
-                let t = try_to(first + mid * step, &self.cfg);
-                if t.0 {
-                    (lo, best) = (mid, t);
-                } else {
-                    hi = mid;
+                match try_to(first + mid * step, &self.cfg) {
+                    (true, c) => (lo, best) = (mid, c),
+                    (false, _) => hi = mid,
                 }
             }
-            (first + lo * step, best.1, best.2)
+            (first + lo * step, best)
         };
-        // Whole block-order windows where one fits: a window split between groups would read
-        // its blocks' regions twice.
-        let windows = (chunk_end - first) / self.unit;
-        if self.unit > 1 && windows >= 1 {
-            let one = try_to(first + self.unit, &self.cfg);
-            if one.0 {
-                return longest(self.unit, windows + 1, one);
+        let (end, c) = 'found: {
+            let whole = try_to(chunk_end, &self.cfg);
+            if whole.0 {
+                break 'found (chunk_end, whole.1);
             }
-        }
-        let one = try_to(first + 1, &self.cfg);
-        if !one.0 {
-            // Reading through gaps made this batch too big: without them it fits (planned so).
-            let tight = try_to(first + 1, &self.cfg.without_gaps());
-            return (first + 1, tight.1, tight.2);
-        }
-        longest(1, chunk_end - first, one)
+            // Whole block-order windows where one fits: a window split between groups would
+            // read its blocks' regions twice.
+            let windows = (chunk_end - first) / self.unit;
+            if self.unit > 1 && windows >= 1 && first + self.unit < chunk_end {
+                if let (true, one) = try_to(first + self.unit, &self.cfg) {
+                    break 'found longest(self.unit, windows + 1, one);
+                }
+            }
+            match try_to(first + 1, &self.cfg) {
+                (true, one) => longest(1, chunk_end - first, one),
+                (false, _) => {
+                    // Reading through gaps made this batch too big: without them it fits
+                    // (planned so: see `listed`).
+                    let (fits, tight) = try_to(first + 1, &self.cfg.without_gaps());
+                    debug_assert!(fits, "batch {first} does not fit its slot read tight");
+                    (first + 1, tight)
+                }
+            }
+        };
+        ids.truncate(upto(end));
+        (end, ids, c)
     }
 
     /// The first batch of the group holding batch `i` (walks `i`'s chunk from its start).
@@ -1432,26 +1427,38 @@ pub fn quality(samples: &Samples, plan: &EpochPlan) -> Quality {
     let mut reads = 0u64;
     let mut read_bytes = 0u64;
     let mut wanted = 0u64;
+    let mut files = 0usize;
+    let mut labels = 0usize;
+    let mut scratch: Vec<i64> = Vec::new();
+    // Correlation between dataset index and epoch position, from the groups' samples (a group
+    // starts at a batch, so its samples cut every batch_size are its batches).
+    let (mut sx, mut sy, mut sxx, mut syy, mut sxy) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    let mut pos = 0usize;
     for gr in plan.groups(samples) {
         reads += gr.reads.len() as u64;
         read_bytes += gr.bytes_read;
         wanted += gr.bytes_wanted;
-    }
-    let mut files = 0usize;
-    let mut labels = 0usize;
-    let mut scratch: Vec<i64> = Vec::new();
-    for b in 0..plan.batches() {
-        let ids = plan.batch(b);
-        scratch.clear();
-        scratch.extend(ids.iter().map(|&i| samples.get(i as usize).file as i64));
-        scratch.sort_unstable();
-        scratch.dedup();
-        files += scratch.len();
-        scratch.clear();
-        scratch.extend(ids.iter().map(|&i| samples.get(i as usize).label));
-        scratch.sort_unstable();
-        scratch.dedup();
-        labels += scratch.len();
+        for ids in gr.ids.chunks(plan.batch_size.max(1) as usize) {
+            scratch.clear();
+            scratch.extend(ids.iter().map(|&i| samples.get(i as usize).file as i64));
+            scratch.sort_unstable();
+            scratch.dedup();
+            files += scratch.len();
+            scratch.clear();
+            scratch.extend(ids.iter().map(|&i| samples.get(i as usize).label));
+            scratch.sort_unstable();
+            scratch.dedup();
+            labels += scratch.len();
+        }
+        for &id in &gr.ids {
+            let (x, y) = (id as f64, pos as f64);
+            sx += x;
+            sy += y;
+            sxx += x * x;
+            syy += y * y;
+            sxy += x * y;
+            pos += 1;
+        }
     }
     // Expected distinct labels in a uniformly random batch: Σ_c 1 − (1 − p_c)^B.
     let mut counts = std::collections::HashMap::new();
@@ -1464,19 +1471,7 @@ pub fn quality(samples: &Samples, plan: &EpochPlan) -> Quality {
         .values()
         .map(|&c| 1.0 - (1.0 - c as f64 / n).powf(bsz))
         .sum();
-    // Correlation between dataset index and epoch position.
     let m = plan.len() as f64;
-    let (mut sx, mut sy, mut sxx, mut syy, mut sxy) = (0f64, 0f64, 0f64, 0f64, 0f64);
-    // Batch by batch: a computed block order draws each window once per call.
-    let ids = (0..plan.batches()).flat_map(|b| plan.batch(b).into_owned());
-    for (pos, id) in ids.enumerate() {
-        let (x, y) = (id as f64, pos as f64);
-        sx += x;
-        sy += y;
-        sxx += x * x;
-        syy += y * y;
-        sxy += x * y;
-    }
     let cov = sxy / m - (sx / m) * (sy / m);
     let vx = sxx / m - (sx / m).powi(2);
     let vy = syy / m - (sy / m).powi(2);

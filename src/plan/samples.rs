@@ -6,7 +6,7 @@
 //! this). Other formats keep each sample in 16 bytes — offset (40 bits), label (24 bits),
 //! length, crc32c — with its file found from where each file's samples start (every index
 //! gpufeed builds keeps a file's samples together, files in order); an index that does not
-//! fit that (an offset past 1 TiB, a label outside ±8 M, files out of order) keeps 32-byte
+//! fit that (an offset past 1 TiB, a label outside −1 ..= 16,777,214, files out of order) keeps 32-byte
 //! [`Sample`]s. Every reader goes through [`Samples::get`] and [`Samples::iter`], the same for
 //! every form.
 
@@ -259,25 +259,14 @@ impl Samples {
         }
     }
 
-    /// Samples `range`, as a table of their own.
-    pub fn slice(&self, range: std::ops::Range<usize>) -> Samples {
-        range.map(|i| self.get(i)).collect()
-    }
-
     /// The first sample of the run of consecutive samples of `i`'s file that holds `i` (a
     /// file's samples are contiguous in every index gpufeed builds).
     pub fn first_of_file(&self, i: usize) -> usize {
         match &self.0 {
             Repr::Table(v) => {
+                // Rare (what the compact form cannot hold): a walk back.
                 let f = v[i].file;
                 let mut k = i;
-                // Bisection over the prefix when it is sorted by file; else a walk back.
-                if v[..i].last().is_some_and(|x| x.file <= f) {
-                    let first = v[..i].partition_point(|x| x.file < f);
-                    if v[first..=i].iter().all(|x| x.file == f) {
-                        return first;
-                    }
-                }
                 while k > 0 && v[k - 1].file == f {
                     k -= 1;
                 }
@@ -320,11 +309,6 @@ impl Samples {
             Repr::Compact { entries, .. } => entries.iter().map(|s| s.len as u64).sum(),
             Repr::Runs { runs, .. } => runs.iter().map(|r| r.count * r.len as u64).sum(),
         }
-    }
-
-    /// Whether the samples are computed, not stored.
-    pub fn is_arithmetic(&self) -> bool {
-        matches!(self.0, Repr::Runs { .. })
     }
 
     /// Heap bytes held.
@@ -485,7 +469,6 @@ mod tests {
         assert!(r.largest_span(a) >= t.largest_span(a) && r.largest_span(a) <= 2 * a);
         assert!(runs_total(a) >= total(&t, a));
         assert!(r.heap_bytes() < 200);
-        assert_eq!(r.slice(3..7).iter().collect::<Vec<_>>(), table[3..7]);
     }
 
     /// The 16-byte form gives back every sample as stored — files (empty ones between, and at
