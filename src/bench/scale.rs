@@ -108,13 +108,25 @@ const PACKED_SHARD_SAMPLES: u64 = 1 << 20;
 pub fn ensure_packed(dir: &Path, samples: u64) -> Result<PathBuf> {
     use crate::dataset::shard::ShardWriter;
     let root = dir.join(format!("packed-{samples}"));
-    let done = root.join("COMPLETE");
-    if done.exists() {
+    if root.join("COMPLETE").exists() {
         return Ok(root);
     }
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root)
-        .map_err(|e| Error::io("cannot create the bench directory", e).with_path(root.as_path()))?;
+    // Nothing there is deleted or written into: the set is written beside it and renamed into
+    // place, and a `packed-N` this bench did not finish (no COMPLETE mark) is refused.
+    if std::fs::symlink_metadata(&root).is_ok() {
+        return Err(invalid(format!(
+            "{} exists and is not a set this bench finished (no COMPLETE mark in it): remove it \
+             or give another --dir",
+            root.display()
+        )));
+    }
+    let io_err = |what: &'static str, p: &Path| {
+        let p = p.to_path_buf();
+        move |e| Error::io(what, e).with_path(p)
+    };
+    std::fs::create_dir_all(dir).map_err(io_err("cannot create the bench directory", dir))?;
+    let partial = dir.join(format!(".packed-{samples}.partial-{}", std::process::id()));
+    std::fs::create_dir(&partial).map_err(io_err("cannot create", &partial))?;
     let mut prog = crate::progress::Task::items_after(
         "writing packed shards",
         samples,
@@ -124,7 +136,7 @@ pub fn ensure_packed(dir: &Path, samples: u64) -> Result<PathBuf> {
     let data = [0x5au8; 64];
     let mut i = 0u64;
     for shard in 0..samples.div_ceil(PACKED_SHARD_SAMPLES) {
-        let mut w = ShardWriter::create(&root.join(format!("shard-{shard:05}.gpf")), 1)?;
+        let mut w = ShardWriter::create(&partial.join(format!("shard-{shard:05}.gpf")), 1)?;
         while i < samples && w.samples() < PACKED_SHARD_SAMPLES as usize {
             let class = i % 1000;
             w.add(
@@ -141,8 +153,9 @@ pub fn ensure_packed(dir: &Path, samples: u64) -> Result<PathBuf> {
         w.finish()?;
     }
     prog.finish();
-    std::fs::write(&done, b"")
-        .map_err(|e| Error::io("cannot write", e).with_path(done.as_path()))?;
+    let done = partial.join("COMPLETE");
+    std::fs::write(&done, b"").map_err(io_err("cannot write", &done))?;
+    std::fs::rename(&partial, &root).map_err(io_err("cannot rename into place", &root))?;
     Ok(root)
 }
 
@@ -176,15 +189,24 @@ pub fn ensure_tokens(dir: &Path, samples: u64, seq_len: u32) -> Result<PathBuf> 
                 "{samples} windows of {seq_len} tokens: too many bytes"
             ))
         })?;
-    let make = || -> std::io::Result<()> {
-        match std::fs::metadata(&path) {
-            Ok(m) if m.len() == bytes => Ok(()),
-            _ => std::fs::File::create(&path)?.set_len(bytes),
-        }
-    };
-    make()
-        .map_err(|e| Error::io("cannot make a sparse token file", e).with_path(path.as_path()))?;
-    Ok(path)
+    // A file of that name is only read, never replaced or written through: a link or a
+    // file of another size there is refused.
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_file() && m.len() == bytes => Ok(path),
+        Ok(_) => Err(invalid(format!(
+            "{} exists and is not the {bytes}-byte token file this bench makes: remove it or \
+             give another --dir",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|f| f.set_len(bytes))
+            .map(|()| path.clone())
+            .map_err(|e| Error::io("cannot make a sparse token file", e).with_path(path.as_path())),
+        Err(e) => Err(Error::io("cannot stat", e).with_path(path.as_path())),
+    }
 }
 
 /// The open options of the token files this bench makes.
