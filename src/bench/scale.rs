@@ -155,7 +155,13 @@ pub fn ensure_packed(dir: &Path, samples: u64) -> Result<PathBuf> {
     prog.finish();
     let done = partial.join("COMPLETE");
     std::fs::write(&done, b"").map_err(io_err("cannot write", &done))?;
-    std::fs::rename(&partial, &root).map_err(io_err("cannot rename into place", &root))?;
+    if let Err(e) = std::fs::rename(&partial, &root) {
+        // Another bench finished the same set meanwhile: its copy is used, this one dropped.
+        let _ = std::fs::remove_dir_all(&partial);
+        if !root.join("COMPLETE").exists() {
+            return Err(io_err("cannot rename into place", &root)(e));
+        }
+    }
     Ok(root)
 }
 
@@ -198,13 +204,25 @@ pub fn ensure_tokens(dir: &Path, samples: u64, seq_len: u32) -> Result<PathBuf> 
              give another --dir",
             path.display()
         ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .and_then(|f| f.set_len(bytes))
-            .map(|()| path.clone())
-            .map_err(|e| Error::io("cannot make a sparse token file", e).with_path(path.as_path())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let fail =
+                |e| Error::io("cannot make a sparse token file", e).with_path(path.as_path());
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(f) => f.set_len(bytes).map(|()| path.clone()).map_err(fail),
+                // Another bench made it meanwhile: taken if it is what this one would make.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    match std::fs::symlink_metadata(&path) {
+                        Ok(m) if m.file_type().is_file() && m.len() == bytes => Ok(path),
+                        _ => Err(fail(e)),
+                    }
+                }
+                Err(e) => Err(fail(e)),
+            }
+        }
         Err(e) => Err(Error::io("cannot stat", e).with_path(path.as_path())),
     }
 }
