@@ -184,6 +184,13 @@ pub struct ScaleSpec {
 
 /// A flat u16 token file holding exactly `samples` windows of `seq_len` (sparse).
 pub fn ensure_tokens(dir: &Path, samples: u64, seq_len: u32) -> Result<PathBuf> {
+    // The window the loader will be asked for, checked before anything is made.
+    if seq_len == 0 || (seq_len as u64 + 1) * 2 > u32::MAX as u64 {
+        return Err(invalid(format!(
+            "--seq-len {seq_len}: 1 to {} tokens (a window of u16 tokens under 4 GiB)",
+            u32::MAX / 2 - 1
+        )));
+    }
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io("cannot create the bench directory", e).with_path(dir))?;
     let path = dir.join(format!("tokens-{samples}x{seq_len}.bin"));
@@ -205,15 +212,24 @@ pub fn ensure_tokens(dir: &Path, samples: u64, seq_len: u32) -> Result<PathBuf> 
             path.display()
         ))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Made whole under a name of its own, then linked into place: another bench making
+            // the same file at once never sees it half made, and nothing there is replaced.
             let fail =
                 |e| Error::io("cannot make a sparse token file", e).with_path(path.as_path());
-            match std::fs::OpenOptions::new()
+            let partial = dir.join(format!(
+                ".tokens-{samples}x{seq_len}.partial-{}",
+                std::process::id()
+            ));
+            let made = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .open(&path)
-            {
-                Ok(f) => f.set_len(bytes).map(|()| path.clone()).map_err(fail),
-                // Another bench made it meanwhile: taken if it is what this one would make.
+                .open(&partial)
+                .and_then(|f| f.set_len(bytes))
+                .and_then(|()| std::fs::hard_link(&partial, &path));
+            let _ = std::fs::remove_file(&partial);
+            match made {
+                Ok(()) => Ok(path),
+                // Another bench linked it first: taken if it is what this one would make.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     match std::fs::symlink_metadata(&path) {
                         Ok(m) if m.file_type().is_file() && m.len() == bytes => Ok(path),
@@ -391,9 +407,12 @@ pub fn run_scale(
                 let _ = k.wait();
             }
             if let Some(line) = failed {
+                let said = match line.trim() {
+                    "" => String::new(),
+                    l => format!(" ({l})"),
+                };
                 return Err(invalid(format!(
-                    "a rank of {world} over {n} samples did not report ({}): see its error above",
-                    line.trim()
+                    "a rank of {world} over {n} samples did not report{said}: see its error above"
                 )));
             }
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;

@@ -708,9 +708,9 @@ pub(super) fn bench_scale(a: ScaleArgs) -> Result<()> {
         crate::bench::scale::wait_for_parent();
         return Ok(());
     }
-    if !(a.seconds > 0.0 && a.seconds.is_finite()) {
+    if !(a.seconds > 0.0 && a.seconds <= 86_400.0) {
         return Err(crate::error::invalid(format!(
-            "--seconds {} is not a number of seconds above 0",
+            "--seconds {} is not a number of seconds above 0 and at most a day",
             a.seconds
         )));
     }
