@@ -164,6 +164,14 @@ const char* gpufeed_loader_problem(const gpufeed_loader* l, uint64_t i);
 uint32_t gpufeed_loader_batches(const gpufeed_loader* l);
 uint64_t gpufeed_loader_samples(const gpufeed_loader* l);
 int32_t gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint32_t start);
+/* Resumes epoch on this loader's rank count after it stopped on others: stop i (oldest first, n
+ * of them) had world_sizes[i] ranks, each of which had delivered batches[i] batches (lockstep
+ * training stops them together). The new ranks' loaders deliver every sample the epoch still
+ * owed exactly once between them (last_batch PAD or DROP: the same number of batches on each,
+ * repeats flagged by gpufeed_batch_is_padding); this one from its batch start of that rest.
+ * n = 0: as gpufeed_loader_start_epoch. gpufeed_loader_resumed_batches: that rest's batches. */
+int32_t gpufeed_loader_start_epoch_resumed(gpufeed_loader* l, uint64_t epoch, const uint32_t* world_sizes, const uint32_t* batches, uint32_t n, uint32_t start);
+int32_t gpufeed_loader_resumed_batches(const gpufeed_loader* l, uint64_t epoch, const uint32_t* world_sizes, const uint32_t* batches, uint32_t n, uint32_t* out);
 int32_t gpufeed_loader_next(gpufeed_loader* l, gpufeed_batch** out);
 void gpufeed_loader_close(gpufeed_loader* l);
 uint32_t gpufeed_batch_len(const gpufeed_batch* b);

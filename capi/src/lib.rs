@@ -681,19 +681,123 @@ pub unsafe extern "C" fn gpufeed_loader_start_epoch(
     epoch: u64,
     start: u32,
 ) -> i32 {
+    // SAFETY: the loader per this function's contract; no stops.
+    unsafe {
+        gpufeed_loader_start_epoch_resumed(l, epoch, std::ptr::null(), std::ptr::null(), 0, start)
+    }
+}
+
+/// The stops of a resumed epoch from two caller arrays of `n` entries (null with `n` 0).
+///
+/// # Safety
+/// `world_sizes` and `batches` readable for `n` values each, or null with `n` 0.
+unsafe fn stops_of(
+    world_sizes: *const u32,
+    batches: *const u32,
+    n: u32,
+) -> Result<Vec<gpufeed::plan::Stop>, i32> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if world_sizes.is_null() || batches.is_null() {
+        return Err(invalid("world_sizes or batches is null with n > 0"));
+    }
+    if n as usize > gpufeed::plan::STOPS_MAX {
+        return Err(invalid(&format!(
+            "{n} stops: at most {} are kept",
+            gpufeed::plan::STOPS_MAX
+        )));
+    }
+    // SAFETY: both readable for `n` values per the contract; `n` is bounded above.
+    let (w, b) = unsafe {
+        (
+            std::slice::from_raw_parts(world_sizes, n as usize),
+            std::slice::from_raw_parts(batches, n as usize),
+        )
+    };
+    Ok(w.iter()
+        .zip(b)
+        .map(|(&world_size, &batch)| gpufeed::plan::Stop { world_size, batch })
+        .collect())
+}
+
+/// Resumes `epoch` on this loader's rank count after it stopped on others: stop `i` (oldest
+/// first, `n` of them) had `world_sizes[i]` ranks, each of which had delivered `batches[i]`
+/// batches (lockstep training stops them together). The loaders of the new ranks deliver every
+/// sample the epoch still owed exactly once between them; this one from its batch `start` of
+/// that rest. `n` 0: as `gpufeed_loader_start_epoch`. Ends the previous epoch, if any.
+///
+/// # Safety
+/// As `gpufeed_loader_start_epoch`; `world_sizes` and `batches` readable for `n` values each,
+/// or null with `n` 0.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_start_epoch_resumed(
+    l: *mut GpufeedLoader,
+    epoch: u64,
+    world_sizes: *const u32,
+    batches: *const u32,
+    n: u32,
+    start: u32,
+) -> i32 {
     guard(|| {
         // SAFETY: valid or null per the contract.
         let Some(l) = (unsafe { l.as_mut() }) else {
             return invalid("loader is null");
         };
+        // SAFETY: the arrays per the contract.
+        let stops = match unsafe { stops_of(world_sizes, batches, n) } {
+            Ok(s) => s,
+            Err(st) => return st,
+        };
         l.epoch = None;
         let e = match &l.images {
-            Some(il) => il.epoch_from(epoch, start).map(CEpoch::Images),
-            None => l.loader.epoch_from(epoch, start).map(CEpoch::Bytes),
+            Some(il) => il.epoch_resumed(epoch, &stops, start).map(CEpoch::Images),
+            None => l
+                .loader
+                .epoch_resumed(epoch, &stops, start)
+                .map(CEpoch::Bytes),
         };
         match e {
             Ok(e) => {
                 l.epoch = Some(e);
+                GPUFEED_OK
+            }
+            Err(e) => status_of(&e),
+        }
+    })
+}
+
+/// Into `*out`, the batches this loader reads of what `n` stops left of `epoch` (as
+/// `gpufeed_loader_start_epoch_resumed` takes them; `n` 0: `gpufeed_loader_batches`).
+///
+/// # Safety
+/// As `gpufeed_loader_start_epoch_resumed`; `out` writable for one value.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_resumed_batches(
+    l: *const GpufeedLoader,
+    epoch: u64,
+    world_sizes: *const u32,
+    batches: *const u32,
+    n: u32,
+    out: *mut u32,
+) -> i32 {
+    guard(|| {
+        // SAFETY: valid or null per the contract.
+        let Some(l) = (unsafe { l.as_ref() }) else {
+            return invalid("loader is null");
+        };
+        if out.is_null() {
+            return invalid("out is null");
+        }
+        // SAFETY: the arrays per the contract.
+        let stops = match unsafe { stops_of(world_sizes, batches, n) } {
+            Ok(s) => s,
+            Err(st) => return st,
+        };
+        match l.loader.plan_epoch_resumed(epoch, &stops) {
+            Ok(p) => {
+                // SAFETY: writable per the contract.
+                unsafe { out.write(p.batches()) };
                 GPUFEED_OK
             }
             Err(e) => status_of(&e),

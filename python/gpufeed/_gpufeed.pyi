@@ -365,11 +365,14 @@ class Loader(Generic[_B]):
     def __len__(self) -> int: ...
     def __iter__(self) -> _Epoch[_B]: ...
     def state_dict(self) -> Dict[str, Any]:
-        """Where a run resumed from it starts (``epoch``, ``batch``: after the last batch yielded)
-        and the settings that must match. In this process a new pass after an unfinished one
-        starts that epoch again, as a new ``DataLoader`` iterator does."""
+        """Where a run resumed from it starts (``epoch``, ``batch``: after the last batch yielded;
+        ``stops``: where the epoch stopped on other rank counts before) and the settings that
+        must match. In this process a new pass after an unfinished one starts that epoch again,
+        as a new ``DataLoader`` iterator does."""
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """The next pass resumes there (``set_epoch`` of the saved epoch keeps it)."""
+        """The next pass resumes there (``set_epoch`` of the saved epoch keeps it). Saved with
+        another ``world_size``, every new rank loads the same state and together they deliver
+        what the epoch still owed, each sample once."""
     def init_kwargs(self) -> Dict[str, Any]:
         """The arguments it was made with (rank and world size resolved): ``Loader(**kw)``."""
     def _mark_worker_part(self) -> None: ...

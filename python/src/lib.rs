@@ -18,6 +18,7 @@ use gpufeed::decode::{
 };
 use gpufeed::dlpack::{self, DLDevice, DLManagedTensor};
 use gpufeed::loader::{FrontDoor, LoaderSettings, OnError, LOADER_SETTINGS};
+use gpufeed::plan::Stop;
 use gpufeed::{Batch, Dataset, Epoch, Loader};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyIndexError, PyValueError};
@@ -146,52 +147,71 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// after an unfinished one reads that epoch again from its start.
 #[derive(Debug, Default)]
 struct State {
-    /// The epoch chosen for the next pass, and a resume point in it (`load_state_dict`).
+    /// The epoch chosen for the next pass, and a resume point in it (`load_state_dict`): the
+    /// stops on other rank counts the epoch resumes after, and a batch of what they left.
     epoch: u64,
+    stops: Vec<Stop>,
     resume: Option<u32>,
     /// `set_epoch` or `load_state_dict` was called since the latest pass began.
     chosen: bool,
-    /// A pass has begun; the latest one's epoch, and the batches it has yielded.
+    /// A pass has begun; the latest one's epoch, its stops and its batches, and the batches it
+    /// has yielded.
     started: bool,
     iter_epoch: u64,
+    iter_stops: Vec<Stop>,
+    iter_batches: u32,
     yielded: u32,
 }
+
+/// Where a pass starts or a saved state resumes: an epoch, the stops on other rank counts it
+/// resumes after, and a batch.
+type Point = (u64, Vec<Stop>, u32);
 
 impl State {
     /// Where a saved state resumes: a chosen point, the next epoch after a finished pass, the
     /// batch after the last one yielded otherwise.
-    fn saved_point(&self, batches: u32) -> (u64, u32) {
+    fn saved_point(&self) -> Point {
         if self.chosen || !self.started {
-            (self.epoch, self.resume.unwrap_or(0))
-        } else if self.yielded >= batches {
-            (self.iter_epoch + 1, 0)
+            (self.epoch, self.stops.clone(), self.resume.unwrap_or(0))
+        } else if self.yielded >= self.iter_batches {
+            (self.iter_epoch + 1, Vec::new(), 0)
         } else {
-            (self.iter_epoch, self.yielded)
+            (self.iter_epoch, self.iter_stops.clone(), self.yielded)
         }
     }
 
-    /// Where the next pass starts (and that pass has begun).
-    fn begin_pass(&mut self, batches: u32) -> (u64, u32) {
-        let (epoch, start) = if self.chosen || !self.started {
-            (self.epoch, self.resume.take().unwrap_or(0))
-        } else if self.yielded >= batches {
-            (self.iter_epoch + 1, 0)
+    /// Where the next pass starts, and its batches (`batches` counts them for an epoch and its
+    /// stops); that pass has begun.
+    fn begin_pass(
+        &mut self,
+        batches: impl FnOnce(u64, &[Stop]) -> gpufeed::Result<u32>,
+    ) -> gpufeed::Result<Point> {
+        let (epoch, stops, start) = if self.chosen || !self.started {
+            (self.epoch, self.stops.clone(), self.resume.unwrap_or(0))
+        } else if self.yielded >= self.iter_batches {
+            (self.iter_epoch + 1, Vec::new(), 0)
         } else {
-            (self.iter_epoch, 0)
+            (self.iter_epoch, self.iter_stops.clone(), 0)
         };
+        let count = batches(epoch, &stops)?;
         self.chosen = false;
         self.resume = None;
+        self.stops = Vec::new();
         self.started = true;
         self.epoch = epoch;
         self.iter_epoch = epoch;
+        self.iter_stops = stops.clone();
+        self.iter_batches = count;
         self.yielded = start;
-        (epoch, start)
+        Ok((epoch, stops, start))
     }
 }
 
-/// One pass's place: its epoch, the next batch, and its reading (none while parked).
+/// One pass's place: its epoch (and the stops it resumes after), the next batch, and its
+/// reading (none while parked).
 struct Cursor {
     epoch: u64,
+    stops: Vec<Stop>,
     next: u32,
     inner: Option<EpochKind>,
     done: bool,
@@ -221,10 +241,10 @@ struct Shared {
 impl Shared {
     /// Epoch `epoch`'s reading from batch `start`: for images, with the checksums left to the
     /// decode stage (it verifies each sample where it decodes it).
-    fn read_epoch(&self, epoch: u64, start: u32) -> gpufeed::Result<Epoch> {
+    fn read_epoch(&self, epoch: u64, stops: &[Stop], start: u32) -> gpufeed::Result<Epoch> {
         match &self.images {
-            Some(il) => il.read_epoch(epoch, start),
-            None => self.loader.epoch_from(epoch, start),
+            Some(il) => il.read_epoch(epoch, stops, start),
+            None => self.loader.epoch_resumed(epoch, stops, start),
         }
     }
 
@@ -248,14 +268,14 @@ impl Shared {
         // one wanted; a new one is asked after this one.
         let ahead = lock(&self.ahead).take();
         let it = match ahead {
-            Some((e, it)) if e == c.epoch && c.next == 0 => it,
+            Some((e, it)) if e == c.epoch && c.stops.is_empty() && c.next == 0 => it,
             other => {
                 drop(other);
-                self.read_epoch(c.epoch, c.next)?
+                self.read_epoch(c.epoch, &c.stops, c.next)?
             }
         };
         if self.prefetch_next_epoch {
-            *lock(&self.ahead) = Some((c.epoch + 1, self.read_epoch(c.epoch + 1, 0)?));
+            *lock(&self.ahead) = Some((c.epoch + 1, self.read_epoch(c.epoch + 1, &[], 0)?));
         }
         c.inner = Some(match &self.images {
             Some(il) => EpochKind::Images(il.decode_epoch(it)),
@@ -730,11 +750,16 @@ impl PyLoader {
         let dropped = {
             let mut s = lock(&self.shared.state);
             let dropped = match s.resume {
-                Some(b) if s.chosen && s.epoch != epoch && b > 0 => Some((s.epoch, b)),
+                Some(b) if s.chosen && s.epoch != epoch && (b > 0 || !s.stops.is_empty()) => {
+                    Some((s.epoch, b))
+                }
                 _ => None,
             };
             if s.epoch != epoch || !s.chosen {
                 s.resume = s.resume.filter(|_| s.chosen && s.epoch == epoch);
+                if s.resume.is_none() {
+                    s.stops.clear();
+                }
             }
             s.epoch = epoch;
             s.chosen = true;
@@ -848,9 +873,20 @@ impl PyLoader {
         if !self.worker_part.load(std::sync::atomic::Ordering::Relaxed) {
             refuse_in_torch_worker(py)?;
         }
-        let (epoch, start) = lock(&self.shared.state).begin_pass(self.__len__() as u32);
+        let plain = self.__len__() as u32;
+        let loader = self.loader();
+        let (epoch, stops, start) = lock(&self.shared.state)
+            .begin_pass(|epoch, stops| {
+                if stops.is_empty() {
+                    Ok(plain)
+                } else {
+                    Ok(loader.plan_epoch_resumed(epoch, stops)?.batches())
+                }
+            })
+            .map_err(err)?;
         let cursor = Arc::new(Mutex::new(Cursor {
             epoch,
+            stops,
             next: start,
             inner: None,
             done: false,
@@ -875,10 +911,14 @@ impl PyLoader {
     /// pass, or what ``set_epoch`` / ``load_state_dict`` chose. (In this process, a new pass
     /// after an unfinished one starts that epoch again, as a new `DataLoader` iterator does.)
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (epoch, batch) = lock(&self.shared.state).saved_point(self.__len__() as u32);
+        let (epoch, stops, batch) = lock(&self.shared.state).saved_point();
         let d = PyDict::new(py);
         d.set_item("epoch", epoch)?;
         d.set_item("batch", batch)?;
+        // Where the epoch stopped on other rank counts before this run resumed it (oldest
+        // first): [world_size, batch] pairs.
+        let stops: Vec<Vec<u32>> = stops.iter().map(|s| vec![s.world_size, s.batch]).collect();
+        d.set_item("stops", stops)?;
         d.set_item("batch_size", self.settings.batch_size)?;
         d.set_item("order", &self.settings.order)?;
         d.set_item("seed", self.settings.seed)?;
@@ -893,7 +933,12 @@ impl PyLoader {
 
     /// Resumes from `state_dict()`: the next pass yields exactly the batches an uninterrupted
     /// run would from there (``set_epoch`` of the saved epoch keeps it). Settings that change
-    /// the order must match.
+    /// the order must match — but the rank count may change: a state saved by one of W ranks
+    /// that stopped together (as lockstep training does) resumes the epoch on this loader's
+    /// ``world_size`` ranks, which then deliver every sample the epoch still owed exactly once
+    /// between them (each loads the same state; with ``last_batch="pad"`` or ``"drop"`` every
+    /// rank gets the same number of batches, repeats flagged as padding). The state they save
+    /// names the stop (``stops``), so the run may stop and move again.
     fn load_state_dict(&self, state: &Bound<'_, PyDict>) -> PyResult<()> {
         let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
             state
@@ -926,23 +971,79 @@ impl PyLoader {
             dataset_options: get("dataset_options")?.extract()?,
             samples: get("num_samples")?.extract()?,
         };
-        if saved != self.settings {
+        let epoch: u64 = get("epoch")?.extract()?;
+        let batch: u32 = get("batch")?.extract()?;
+        let mut stops: Vec<Stop> = match state.get_item("stops")? {
+            None => Vec::new(),
+            Some(v) => {
+                let bad = || {
+                    PyValueError::new_err("state's \"stops\" is not a list of [world_size, batch]")
+                };
+                let pairs: Vec<Vec<u32>> = v.extract().map_err(|_| bad())?;
+                pairs
+                    .into_iter()
+                    .map(|p| match p[..] {
+                        [world_size, batch] => Ok(Stop { world_size, batch }),
+                        _ => Err(bad()),
+                    })
+                    .collect::<PyResult<_>>()?
+            }
+        };
+        // A state saved on another rank count resumes the epoch here with its stop added (the
+        // ranks stopped together, so any rank's state says where); on the same count, rank for
+        // rank.
+        let other_world = saved.world_size != self.settings.world_size;
+        let same_but_ranks = Settings {
+            rank: self.settings.rank,
+            world_size: self.settings.world_size,
+            ..saved.clone()
+        };
+        let mismatch = if other_world {
+            same_but_ranks != self.settings
+        } else {
+            saved != self.settings
+        };
+        if mismatch {
+            let compared = if other_world { &same_but_ranks } else { &saved };
             return Err(PyValueError::new_err(format!(
                 "this state cannot resume this loader: {} — resuming would give other batches; \
-                 make the loader with the settings the state was saved with",
-                saved.differences(&self.settings).join("; ")
+                 make the loader with the settings the state was saved with{}",
+                compared.differences(&self.settings).join("; "),
+                if other_world {
+                    " (the rank count may differ: the epoch's rest is shared among the new ranks)"
+                } else {
+                    ""
+                }
             )));
         }
-        let batch: u32 = get("batch")?.extract()?;
-        if batch as usize > self.__len__() {
+        let start = if !other_world {
+            batch
+        } else if batch == 0 && stops.is_empty() {
+            0 // the epoch from its start, on this rank count
+        } else {
+            stops.push(Stop {
+                world_size: saved.world_size,
+                batch,
+            });
+            0
+        };
+        let batches = if stops.is_empty() {
+            self.__len__() as u32
+        } else {
+            self.loader()
+                .plan_epoch_resumed(epoch, &stops)
+                .map_err(|e| PyValueError::new_err(format!("this state cannot resume: {e}")))?
+                .batches()
+        };
+        if start > batches {
             return Err(PyValueError::new_err(format!(
-                "batch {batch} is past the epoch's {} batches",
-                self.__len__()
+                "batch {start} is past the epoch's {batches} batches"
             )));
         }
         let mut s = lock(&self.shared.state);
-        s.epoch = get("epoch")?.extract()?;
-        s.resume = Some(batch);
+        s.epoch = epoch;
+        s.stops = stops;
+        s.resume = Some(start);
         s.chosen = true;
         Ok(())
     }

@@ -123,6 +123,61 @@ class LoaderTests(unittest.TestCase):
         old["order_version"] = 2
         loader(order=MODES[-1]).load_state_dict(old)
 
+    def test_a_resume_on_another_rank_count_delivers_the_rest_exactly_once(self):
+        # Ranks stop together after k batches (lockstep), every new rank loads rank 0's state,
+        # and the new ranks deliver what the epoch still owed, each sample once; a second move
+        # (8 -> 6 -> 3) goes through the state the resumed run saved.
+        def run(world, k, state, **kw):
+            got, states, counts = [], [], []
+            for rank in range(world):
+                ld = loader(rank=rank, world_size=world, batch_size=4, **kw)
+                if state is None:
+                    ld.set_epoch(2)
+                else:
+                    ld.load_state_dict(state)
+                n = 0
+                it = iter(ld)
+                for b in it:
+                    pad = np.from_dlpack(b.padding)
+                    got += [i for i, p in zip(b.sample_ids.tolist(), pad) if not p]
+                    n += 1
+                    if n == k:
+                        break
+                else:
+                    counts.append(n)
+                states.append(ld.state_dict())
+                del it
+            same = [{k: v for k, v in s.items() if k != "rank"} for s in states]
+            self.assertTrue(all(s == same[0] for s in same))
+            return got, states[0], counts
+
+        for order in MODES + ("sequential",):
+            for last_batch in ("pad", "drop", "short"):
+                kw = dict(order=order, last_batch=last_batch)
+                owed = {w: sorted(run(w, 0, None, **kw)[0]) for w in (8, 2, 4)}
+                for chain in ((8, 6), (2, 3), (4, 1), (8, 6, 3)):
+                    what = f"{order} {last_batch} {chain}"
+                    got, state = [], None
+                    for level, world in enumerate(chain):
+                        last = level + 1 == len(chain)
+                        part, state, counts = run(world, 0 if last else 3, state, **kw)
+                        got += part
+                        if last and last_batch != "short":
+                            self.assertEqual(len(set(counts)), 1, what)
+                    if chain == (8, 6, 3):
+                        self.assertEqual(state["stops"], [], what)  # finished: the next epoch
+                        self.assertEqual(state["epoch"], 3, what)
+                    self.assertEqual(sorted(got), owed[chain[0]], what)
+        # A state that moved names its stop, and resumes on that count rank for rank.
+        _, state, _ = run(8, 3, None, order="global", last_batch="pad")
+        _, moved, _ = run(6, 1, state, order="global", last_batch="pad")
+        self.assertEqual(moved["stops"], [[8, 3]])
+        self.assertEqual((moved["epoch"], moved["batch"]), (2, 1))
+        bad = dict(moved, stops=[[8, 999]])
+        with self.assertRaisesRegex(ValueError, "rank 0 had only"):
+            loader(world_size=6, rank=0, batch_size=4, order="global",
+                   last_batch="pad").load_state_dict(bad)
+
     def test_prefetch_next_epoch_delivers_the_same_epochs(self):
         def epochs(ld, which):
             out = []
@@ -459,11 +514,17 @@ class WhatATorchUserReachesFor(unittest.TestCase):
     def test_a_resume_mismatch_names_the_setting_in_python_words(self):
         state = loader(world_size=8, rank=0).state_dict()
         with self.assertRaises(ValueError) as e:
-            loader(world_size=6, rank=0).load_state_dict(state)
+            loader(world_size=8, rank=1).load_state_dict(state)
         msg = str(e.exception)
-        self.assertIn("world_size=8 when saved, 6 here", msg)
+        self.assertIn("rank=0 when saved, 1 here", msg)
         self.assertNotIn("Settings", msg)
         self.assertNotIn("batch_size", msg)  # only what differs
+        # Another rank count is a resume, not a mismatch; another seed with it still is one.
+        loader(world_size=6, rank=5).load_state_dict(state)
+        with self.assertRaises(ValueError) as e:
+            loader(world_size=6, rank=0, seed=4).load_state_dict(state)
+        self.assertIn("seed=3 when saved, 4 here", str(e.exception))
+        self.assertNotIn("world_size", str(e.exception).split("—")[0])
         with tempfile.TemporaryDirectory(dir=DATA) as d:
             path = os.path.join(d, "train.bin")
             np.arange(4000, dtype=np.uint16).tofile(path)

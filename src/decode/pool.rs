@@ -726,7 +726,18 @@ impl ImageLoader {
     /// The image batches of `epoch` from batch `start` (resuming): the same tensors an
     /// uninterrupted epoch gives from there.
     pub fn epoch_from(&self, epoch: u64, start: u32) -> Result<ImageEpoch> {
-        Ok(self.decode_epoch(self.read_epoch(epoch, start)?))
+        Ok(self.decode_epoch(self.read_epoch(epoch, &[], start)?))
+    }
+
+    /// The image batches of what is left of `epoch` after it stopped at `stops` on other rank
+    /// counts, from batch `start` of it ([`Loader::epoch_resumed`]).
+    pub fn epoch_resumed(
+        &self,
+        epoch: u64,
+        stops: &[crate::plan::Stop],
+        start: u32,
+    ) -> Result<ImageEpoch> {
+        Ok(self.decode_epoch(self.read_epoch(epoch, stops, start)?))
     }
 
     /// The underlying loader's epoch for [`decode_epoch`](Self::decode_epoch), from batch
@@ -734,8 +745,8 @@ impl ImageLoader {
     /// the crc32c kernel verifies them; on the host each decode thread, just before it decodes
     /// the sample (its bytes then come through the cache once, for both). An epoch asked of the
     /// loader directly is verified by it instead.
-    pub fn read_epoch(&self, epoch: u64, start: u32) -> Result<Epoch> {
-        self.loader.epoch_checked(epoch, start, true)
+    pub fn read_epoch(&self, epoch: u64, stops: &[crate::plan::Stop], start: u32) -> Result<Epoch> {
+        self.loader.epoch_checked(epoch, stops, start, true)
     }
 
     /// Decodes an epoch already asked of the underlying loader (one asked ahead, say).

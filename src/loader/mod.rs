@@ -20,7 +20,7 @@ pub use crate::config::{LoaderSettings, OnError, LOADER_SETTINGS};
 use crate::dataset::Dataset;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::gpu::{cuda, Device, DevicePool, GpuPath};
-use crate::plan::{EpochPlan, LastBatch, Order, PlanConfig};
+use crate::plan::{EpochPlan, LastBatch, Order, PlanConfig, Stop};
 use crate::util::Unpoison;
 
 mod epoch;
@@ -541,6 +541,13 @@ impl Loader {
         EpochPlan::new(self.dataset.samples(), &self.plan, epoch)
     }
 
+    /// Plans what is left of `epoch` after it stopped at `stops` on other rank counts
+    /// ([`EpochPlan::resumed`]), without reading: its [`batches`](EpochPlan::batches) are what
+    /// [`epoch_resumed`](Self::epoch_resumed) yields from batch 0.
+    pub fn plan_epoch_resumed(&self, epoch: u64, stops: &[Stop]) -> Result<EpochPlan> {
+        EpochPlan::resumed(self.dataset.samples(), &self.plan, epoch, stops)
+    }
+
     /// The batches of `epoch`, from the first.
     pub fn epoch(&self, epoch: u64) -> Result<Epoch> {
         self.epoch_from(epoch, 0)
@@ -549,7 +556,35 @@ impl Loader {
     /// The batches of `epoch` from batch `start`: exactly the batches an uninterrupted epoch
     /// yields from there (resuming after a restart).
     pub fn epoch_from(&self, epoch: u64, start: u32) -> Result<Epoch> {
-        self.epoch_checked(epoch, start, false)
+        self.epoch_checked(epoch, &[], start, false)
+    }
+
+    /// Resumes `epoch` on this loader's rank count after it stopped on others: `stops` says
+    /// where (oldest first: the ranks each stop had and the batches each of them had delivered,
+    /// together — lockstep training stops them so). The `world_size` loaders, one per rank,
+    /// then deliver every sample the epoch still owed exactly once between them
+    /// ([`EpochPlan::resumed`] says how they share it), this one from its batch `start` of that
+    /// rest (a run resumed so that stops again on the same rank count resumes with the same
+    /// `stops` and its new batch; on yet another count, with its stop added). No stops: as
+    /// [`epoch_from`](Self::epoch_from).
+    ///
+    /// ```no_run
+    /// # fn main() -> gpufeed::Result<()> {
+    /// use gpufeed::{plan::Stop, Dataset, Loader, PlanConfig};
+    /// // 8 ranks had each read 120 batches of epoch 3; this is rank 2 of the 6 left.
+    /// let loader = Loader::builder(Dataset::open("/data/train")?)
+    ///     .plan(PlanConfig { rank: 2, world_size: 6, batch_size: 256, ..PlanConfig::default() })
+    ///     .build()?;
+    /// let stops = [Stop { world_size: 8, batch: 120 }];
+    /// for batch in loader.epoch_resumed(3, &stops, 0)? {
+    ///     let batch = batch?;
+    ///     // train on batch …
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn epoch_resumed(&self, epoch: u64, stops: &[Stop], start: u32) -> Result<Epoch> {
+        self.epoch_checked(epoch, stops, start, false)
     }
 
     /// [`epoch_from`](Self::epoch_from), where with `caller_checksums` the caller verifies the
@@ -560,6 +595,7 @@ impl Loader {
     pub(crate) fn epoch_checked(
         &self,
         epoch: u64,
+        stops: &[Stop],
         start: u32,
         caller_checksums: bool,
     ) -> Result<Epoch> {
@@ -579,7 +615,7 @@ impl Loader {
             ));
         }
         let caller_takes = caller_checksums && self.dataset.frame() == crate::dataset::Frame::None;
-        let plan = self.plan_epoch(epoch)?;
+        let plan = self.plan_epoch_resumed(epoch, stops)?;
         if start > plan.batches() {
             return Err(invalid(format!(
                 "cannot resume at batch {start}: the epoch has {} batches",

@@ -22,6 +22,9 @@ use std::ops::Range;
 use crate::error::{invalid, Result};
 use crate::rng::Rng;
 
+mod resume;
+pub use resume::{Stop, STOPS_MAX, STOP_WORLD_MAX};
+
 /// The most reads one read group may issue (the engine's `reads_per_job_max` at most:
 /// [`crate::config::READS_PER_JOB_MAX`] is this).
 pub const READS_PER_GROUP_MAX: u32 = 65536;
@@ -940,6 +943,9 @@ enum Ids {
     /// Global, sequential and block orders whose batches need no evening out: position `p` of
     /// this part's order is computed from `p` (nothing of the epoch's size is held).
     Computed(Computed),
+    /// A rank's part of what an epoch stopped on another rank count had left
+    /// ([`EpochPlan::resumed`]).
+    Resumed(resume::Resumed),
 }
 
 /// How the whole-epoch stream maps a stream position to a sample.
@@ -1047,8 +1053,18 @@ impl Ids {
         match self {
             Ids::Listed(v) => v.len(),
             Ids::Computed(c) => c.len,
+            Ids::Resumed(r) => r.len,
         }
     }
+}
+
+/// Positions of part `part` of `parts`'s batches (batch `k` is the part's when
+/// `k % parts == part`) among a rank's first `upto` positions, batches of `b`.
+fn part_positions(upto: u64, b: u64, part: u64, parts: u64) -> u64 {
+    let full = upto / b;
+    let whole = full.saturating_sub(part).div_ceil(parts);
+    let rest = if full % parts == part { upto % b } else { 0 };
+    whole * b + rest
 }
 
 /// A rank's plan for one epoch: its order, and the groups it is read in.
@@ -1157,13 +1173,7 @@ impl EpochPlan {
             (_, LastBatch::Pad) => (rank * (n as u64).div_ceil(world), 1),
         };
         let (part, parts) = (cfg.batch_part.0 as u64, cfg.batch_part.1.max(1) as u64);
-        // Positions of this part's batches among the rank's first `upto` positions.
-        let positions = |upto: u64| -> u64 {
-            let full = upto / b;
-            let whole = full.saturating_sub(part).div_ceil(parts);
-            let rest = if full % parts == part { upto % b } else { 0 };
-            whole * b + rest
-        };
+        let positions = |upto: u64| part_positions(upto, b, part, parts);
         let len = positions(per_rank as u64) as usize;
         let padding_from = positions(real as u64) as usize;
         let (unit, per) = Self::per(samples, cfg);
@@ -1233,6 +1243,10 @@ impl EpochPlan {
                 assert!(position < c.len, "position {position} of {}", c.len);
                 c.at(position)
             }
+            Ids::Resumed(r) => {
+                assert!(position < r.len, "position {position} of {}", r.len);
+                r.fill(position..position + 1)[0]
+            }
         }
     }
 
@@ -1248,6 +1262,15 @@ impl EpochPlan {
                     c.len
                 );
                 std::borrow::Cow::Owned(c.fill(positions))
+            }
+            Ids::Resumed(r) => {
+                assert!(
+                    positions.end <= r.len,
+                    "positions to {} of {}",
+                    positions.end,
+                    r.len
+                );
+                std::borrow::Cow::Owned(r.fill(positions))
             }
         }
     }
@@ -1394,6 +1417,7 @@ impl EpochPlan {
         match &self.ids {
             Ids::Listed(v) => v.capacity() * 4,
             Ids::Computed(_) => 0,
+            Ids::Resumed(r) => r.heap_bytes(),
         }
     }
 }

@@ -650,3 +650,205 @@ fn a_billion_windows_plan_without_memory() {
     assert!(g.reads.len() <= 8 * 2 + 2, "{} reads", g.reads.len());
     assert!(g.bytes_read < g.bytes_wanted * 11 / 10);
 }
+
+/// One rank count's plans of an epoch resumed after `stops`, every rank.
+fn resumed_plans(
+    samples: &Samples,
+    cfg: &PlanConfig,
+    world: u32,
+    stops: &[Stop],
+) -> Result<Vec<EpochPlan>> {
+    (0..world)
+        .map(|rank| {
+            let c = PlanConfig {
+                rank,
+                world_size: world,
+                ..cfg.clone()
+            };
+            EpochPlan::resumed(samples, &c, 4, stops)
+        })
+        .collect()
+}
+
+/// An epoch stopped on W ranks together (each after its first k batches) and resumed on W′ —
+/// 8 → 6, 2 → 3, 4 → 1 and chains of three — delivers every sample the uninterrupted epoch
+/// owed exactly once, for every order and last-batch policy: `pad` and `drop` keep every
+/// rank's batch count equal (`drop` every batch full), flagging the repeats that even them
+/// out; `short` ranks differ by at most one sample. Batch parts of a resumed rank, taken in
+/// turn, are its epoch; batches that need evening out still fit their slots.
+#[test]
+fn resumes_on_another_rank_count_deliver_the_rest_exactly_once() {
+    let mut rng = Rng::new(39);
+    let chains: [&[u32]; 6] = [&[8, 6], &[2, 3], &[4, 1], &[8, 6, 3], &[1, 5, 2], &[3, 3]];
+    let (mut evened, mut refused) = (0, 0);
+    for case in 0..40u64 {
+        let n = 1 + rng.below(600) as usize;
+        let files = 1 + rng.below(6) as u32;
+        let samples = dataset(&mut rng, n, files, 3000);
+        let batch = 1 + rng.below(9) as u32;
+        let b = batch as usize;
+        // Every fifth case: slots that make batches need evening out.
+        let group_bytes_max = if case % 5 == 4 {
+            batch_bytes(&samples, batch, 4096).typical + samples.largest_span(4096)
+        } else {
+            PlanConfig::default().group_bytes_max
+        };
+        for last_batch in [LastBatch::Short, LastBatch::Drop, LastBatch::Pad] {
+            for order in modes() {
+                for chain in chains {
+                    let cfg = PlanConfig {
+                        order,
+                        seed: case,
+                        batch_size: batch,
+                        last_batch,
+                        group_bytes_max,
+                        ..PlanConfig::default()
+                    };
+                    let what = format!(
+                        "case {case} n {n} batch {batch} {last_batch:?} {order:?} {chain:?}"
+                    );
+                    let tight = group_bytes_max < PlanConfig::default().group_bytes_max;
+                    let first = match resumed_plans(&samples, &cfg, chain[0], &[]) {
+                        Ok(p) => p,
+                        Err(e) if last_batch == LastBatch::Drop && n / (chain[0] as usize) < b => {
+                            assert!(e.to_string().contains("do not fill"), "{what}: {e}");
+                            continue;
+                        }
+                        Err(e) if tight && e.to_string().contains("no nearby batch has room") => {
+                            continue;
+                        }
+                        Err(e) => panic!("{what}: {e}"),
+                    };
+                    let mut owed = vec![0u32; n];
+                    for p in &first {
+                        for &i in p.ids(0..p.padding_from()).iter() {
+                            owed[i as usize] += 1;
+                        }
+                    }
+                    let mut got = vec![0u32; n];
+                    let mut stops = Vec::new();
+                    let mut plans = first;
+                    let mut cut_short = false;
+                    for (level, &world) in chain.iter().enumerate() {
+                        if level > 0 {
+                            plans = match resumed_plans(&samples, &cfg, world, &stops) {
+                                Ok(p) => p,
+                                // Tight slots: a rank whose few batches cannot be evened out
+                                // is refused as a fresh epoch's would be.
+                                Err(e)
+                                    if tight
+                                        && e.to_string().contains("no nearby batch has room") =>
+                                {
+                                    cut_short = true;
+                                    break;
+                                }
+                                Err(e) => panic!("{what} after {stops:?}: {e}"),
+                            };
+                        }
+                        let counts: Vec<u32> = plans.iter().map(|p| p.batches()).collect();
+                        let lens: Vec<usize> = plans.iter().map(|p| p.len()).collect();
+                        match last_batch {
+                            LastBatch::Short => assert!(
+                                lens.iter().max().unwrap() - lens.iter().min().unwrap() <= 1
+                                    || level == 0,
+                                "{what}: {lens:?}"
+                            ),
+                            _ => assert!(counts.windows(2).all(|w| w[0] == w[1]), "{what}"),
+                        }
+                        if last_batch == LastBatch::Drop {
+                            assert!(lens.iter().all(|l| l % b == 0), "{what}: {lens:?}");
+                        }
+                        for p in &plans {
+                            for gr in p.groups(&samples) {
+                                assert!(gr.slot_bytes <= group_bytes_max, "{what}");
+                            }
+                        }
+                        // Stop all ranks together, somewhere they all reach; the last level
+                        // reads to the end.
+                        let last = level + 1 == chain.len();
+                        let k = if last {
+                            u32::MAX
+                        } else {
+                            rng.below(*counts.iter().min().unwrap() as u64 + 1) as u32
+                        };
+                        for p in &plans {
+                            let upto = (k as usize).saturating_mul(b).min(p.padding_from());
+                            for &i in p.ids(0..upto).iter() {
+                                got[i as usize] += 1;
+                            }
+                        }
+                        stops.push(Stop {
+                            world_size: world,
+                            batch: k,
+                        });
+                    }
+                    if cut_short {
+                        refused += 1;
+                        continue;
+                    }
+                    if tight {
+                        evened += 1;
+                    }
+                    assert_eq!(got, owed, "{what}: stops {stops:?}");
+                    // The last level's first rank read in 3 batch parts, taken in turn.
+                    let rank0 = &plans[0];
+                    stops.pop();
+                    let parts: Vec<EpochPlan> = (0..3)
+                        .map(|part| {
+                            let c = PlanConfig {
+                                world_size: *chain.last().unwrap(),
+                                batch_part: (part, 3),
+                                ..cfg.clone()
+                            };
+                            EpochPlan::resumed(&samples, &c, 4, &stops).unwrap()
+                        })
+                        .collect();
+                    let mut taken = Vec::new();
+                    for k in 0..rank0.batches() {
+                        let p = &parts[(k % 3) as usize];
+                        let r = p.batch_range(k / 3);
+                        taken.extend(r.map(|pos| (p.id(pos), p.is_padding(pos))));
+                    }
+                    let want: Vec<_> = (0..rank0.len())
+                        .map(|pos| (rank0.id(pos), rank0.is_padding(pos)))
+                        .collect();
+                    assert_eq!(taken, want, "{what}: parts");
+                }
+            }
+        }
+    }
+    // Tight slots were resumed far more often than refused.
+    assert!(
+        evened > 10 * refused.max(10),
+        "evened {evened}, refused {refused}"
+    );
+}
+
+/// A stop that does not fit the dataset, a rank count out of range or too long a chain is
+/// refused, naming what is wrong.
+#[test]
+fn a_stop_that_does_not_fit_is_refused() {
+    let samples = dataset(&mut Rng::new(3), 100, 2, 1000);
+    let cfg = PlanConfig {
+        batch_size: 10,
+        world_size: 2,
+        ..PlanConfig::default()
+    };
+    let stop = |world_size, batch| Stop { world_size, batch };
+    let err = |stops: &[Stop]| {
+        EpochPlan::resumed(&samples, &cfg, 0, stops)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(
+        err(&[stop(4, 4)]).contains("had only 3 batches"),
+        "{}",
+        err(&[stop(4, 4)])
+    );
+    assert!(err(&[stop(0, 0)]).contains("names 0 ranks"));
+    assert!(err(&[stop(STOP_WORLD_MAX + 1, 0)]).contains("ranks"));
+    assert!(err(&vec![stop(2, 0); STOPS_MAX + 1]).contains("stops"));
+    // Every batch delivered: nothing is left, on any rank.
+    let done = EpochPlan::resumed(&samples, &cfg, 0, &[stop(4, 3)]).unwrap();
+    assert_eq!((done.len(), done.batches()), (0, 0));
+}

@@ -309,6 +309,101 @@ fn a_c_program_reads_an_epoch() {
     assert!(bad_line.contains(&format!("sample {bad}")), "{bad_line}");
 }
 
+/// A C program stops an epoch on W ranks after K batches each and resumes it on W2 through
+/// `gpufeed_loader_start_epoch_resumed` — 8 → 6, 2 → 3, 4 → 1, every order, `pad` and `drop` —
+/// and the two runs together deliver exactly the samples the uninterrupted epoch owed, each
+/// once, every new rank the same number of batches.
+#[test]
+fn a_c_program_resumes_an_epoch_on_another_rank_count() {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("skipped: no C compiler (cc) on this machine");
+        return;
+    }
+    let lib = build_capi();
+    let dir = disk_dir();
+    let exe = compile_named(dir.path(), &lib, "resume");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let n = 200usize;
+    let mut rng = Rng::new(9);
+    for s in 0..2 {
+        let mut w = ShardWriter::create(&data.join(format!("shard-{s:05}.gpf")), 1).unwrap();
+        for i in s * n / 2..(s + 1) * n / 2 {
+            w.add(
+                &i.to_string(),
+                0,
+                &[],
+                &content(i, 1 + rng.below(3000) as usize),
+            )
+            .unwrap();
+        }
+        w.finish().unwrap();
+    }
+    let samples = gpufeed::Dataset::open(&data).unwrap();
+    let orders = [
+        gpufeed::Order::Global,
+        gpufeed::Order::ShardBuffer { buffer: 16 },
+        gpufeed::Order::Block {
+            block_bytes: 64 << 10,
+            open_blocks: 2,
+        },
+        gpufeed::Order::Sequential,
+    ];
+    for (o, order) in (0u32..).zip(orders) {
+        for (lb, last_batch) in [
+            (1u32, gpufeed::LastBatch::Drop),
+            (2, gpufeed::LastBatch::Pad),
+        ] {
+            for (w, k, w2) in [(8u32, 3u32, 6u32), (2, 7, 3), (4, 5, 1)] {
+                let what = format!("{order:?} {last_batch:?} {w} -> {w2} after {k}");
+                // What the uninterrupted epoch owed: every rank's real samples.
+                let mut owed = Vec::new();
+                for rank in 0..w {
+                    let cfg = gpufeed::PlanConfig {
+                        order,
+                        seed: 11,
+                        rank,
+                        world_size: w,
+                        batch_size: 4,
+                        last_batch,
+                        ..gpufeed::PlanConfig::default()
+                    };
+                    let p = gpufeed::plan::EpochPlan::new(samples.samples(), &cfg, 1).unwrap();
+                    owed.extend(p.ids(0..p.padding_from()).iter().copied());
+                }
+                owed.sort_unstable();
+                let out = Command::new(&exe)
+                    .arg(&data)
+                    .args([o, lb, w, k, w2].map(|v| v.to_string()))
+                    .output()
+                    .unwrap();
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                assert!(
+                    out.status.success(),
+                    "{what}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let mut got: Vec<u32> = stdout
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("id "))
+                    .map(|v| v.parse().unwrap())
+                    .collect();
+                got.sort_unstable();
+                assert_eq!(got, owed, "{what}");
+                let counts: Vec<&str> = stdout
+                    .lines()
+                    .filter_map(|l| l.split_once(" batches ").map(|(_, c)| c))
+                    .collect();
+                assert_eq!(counts.len(), w2 as usize, "{what}");
+                assert!(
+                    counts.windows(2).all(|c| c[0] == c[1]),
+                    "{what}: {counts:?}"
+                );
+            }
+        }
+    }
+}
+
 /// The CLI's `inspect --json` over `paths` with `--FLAG VALUE` for each option.
 fn cli_inspect(paths: &[&Path], opts: &[(&str, &str)]) -> serde_json::Value {
     let mut c = Command::new(gpufeed_bin());

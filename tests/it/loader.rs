@@ -474,6 +474,84 @@ fn resumed_epoch_equals_uninterrupted() {
     }
 }
 
+/// An epoch stopped on 4 ranks after 5 batches, resumed on 3 (`pad`): each new rank's loader
+/// delivers its share with the right bytes, the three shares and the stopped ranks' first 5
+/// batches are the epoch once over, every new rank has the same batch count, and a resume
+/// inside the resumed epoch (`start` > 0) gives its batches from there.
+#[test]
+fn an_epoch_resumed_on_another_rank_count_reads_the_rest_once() {
+    let dir = disk_dir();
+    let paths = write_shards(dir.path(), 500, 3, 30_000, 6);
+    let ds = Dataset::open_shards(&paths).unwrap();
+    let stops = [gpufeed::plan::Stop {
+        world_size: 4,
+        batch: 5,
+    }];
+    for order in modes() {
+        let loader = |rank, world| {
+            Loader::builder(ds.clone())
+                .plan(gpufeed::PlanConfig {
+                    order,
+                    seed: 8,
+                    rank,
+                    world_size: world,
+                    batch_size: 9,
+                    last_batch: LastBatch::Pad,
+                    ..gpufeed::PlanConfig::default()
+                })
+                .window(2, 1 << 20)
+                .build()
+                .unwrap()
+        };
+        let read = |e: gpufeed::Epoch, upto: usize| -> Vec<Vec<(u32, bool)>> {
+            e.take(upto)
+                .map(|b| {
+                    let b = b.unwrap();
+                    for (k, s) in b.samples().enumerate() {
+                        check_sample(&ds, b.sample_ids()[k], s.unwrap());
+                    }
+                    (0..b.len())
+                        .map(|k| (b.sample_ids()[k], b.is_padding(k)))
+                        .collect()
+                })
+                .collect()
+        };
+        let mut seen = vec![0u32; ds.len()];
+        for rank in 0..4 {
+            for batch in read(loader(rank, 4).epoch(2).unwrap(), 5) {
+                for (id, pad) in batch {
+                    seen[id as usize] += u32::from(!pad);
+                }
+            }
+        }
+        let mut counts = Vec::new();
+        for rank in 0..3 {
+            let l = loader(rank, 3);
+            let rest = read(l.epoch_resumed(2, &stops, 0).unwrap(), usize::MAX);
+            assert_eq!(
+                rest.len() as u32,
+                l.plan_epoch_resumed(2, &stops).unwrap().batches()
+            );
+            counts.push(rest.len());
+            for batch in &rest {
+                for &(id, pad) in batch {
+                    seen[id as usize] += u32::from(!pad);
+                }
+            }
+            let from_2 = read(l.epoch_resumed(2, &stops, 2).unwrap(), usize::MAX);
+            assert!(
+                from_2[..] == rest[2..],
+                "{order:?} rank {rank}: resumed at 2"
+            );
+        }
+        assert!(seen.iter().all(|&c| c == 1), "{order:?}: {seen:?}");
+        assert!(
+            counts.windows(2).all(|c| c[0] == c[1]),
+            "{order:?} {counts:?}"
+        );
+    }
+}
+
 #[test]
 fn a_corrupt_sample_is_named_and_every_other_sample_delivered() {
     let dir = disk_dir();
