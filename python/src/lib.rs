@@ -950,12 +950,22 @@ impl PyLoader {
             Some(v) => v.extract()?,
             None => 1,
         };
-        if version != gpufeed::plan::ORDER_VERSION {
+        // Version 3 changed only the shard-buffer order: a version 2 state of another order
+        // resumes the same batches.
+        let saved_order: Option<String> = match state.get_item("order")? {
+            Some(o) => o.extract().ok(),
+            None => None,
+        };
+        let same_batches = version == gpufeed::plan::ORDER_VERSION
+            || (version == 2 && saved_order.as_deref() != Some("shard-buffer"));
+        if !same_batches {
             return Err(PyValueError::new_err(format!(
                 "this state was saved by a gpufeed whose epoch orders are version {version}; \
-                 this one makes version {} (the global order is now computed position by \
-                 position), so resuming would deliver other batches: finish the epoch with the \
-                 gpufeed that saved it, or start epoch {} over with loader.set_epoch({})",
+                 this one makes version {} (3: the shard-buffer order reads windows of its \
+                 shards whole and shuffles them in memory; 2: the global order is computed \
+                 position by position), so resuming would deliver other batches: finish the \
+                 epoch with the gpufeed that saved it, or start epoch {} over with \
+                 loader.set_epoch({})",
                 gpufeed::plan::ORDER_VERSION,
                 state.get_item("epoch")?.map_or(Ok(0u64), |e| e.extract())?,
                 state.get_item("epoch")?.map_or(Ok(0u64), |e| e.extract())?,

@@ -121,7 +121,13 @@ class LoaderTests(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "version 1.*set_epoch\\(4\\)"):
             loader(order=MODES[-1]).load_state_dict(old)
         old["order_version"] = 2
-        loader(order=MODES[-1]).load_state_dict(old)
+        loader(order=MODES[-1]).load_state_dict(old)  # version 3 changed shard-buffer only
+        sb = loader(order="shard-buffer").state_dict()
+        sb["order_version"] = 2
+        with self.assertRaisesRegex(ValueError, "version 2.*shard-buffer order reads windows"):
+            loader(order="shard-buffer").load_state_dict(sb)
+        sb["order_version"] = state["order_version"]
+        loader(order="shard-buffer").load_state_dict(sb)
 
     def test_a_resume_on_another_rank_count_delivers_the_rest_exactly_once(self):
         # Ranks stop together after k batches (lockstep), every new rank loads rank 0's state,

@@ -36,10 +36,12 @@ pub enum Order {
     /// An exact uniform permutation of all samples every epoch; ranks take interleaved
     /// positions (as PyTorch's DistributedSampler).
     Global,
-    /// Shards (files) in a shuffled order, each rank a contiguous part of that stream, then a
-    /// shuffle buffer of `buffer` samples (as WebDataset and DALI do).
+    /// Shards (files) in a shuffled order, each rank a contiguous part of that stream, cut into
+    /// windows of about `buffer` samples (whole batches) whose samples are drawn in random order
+    /// — each window read whole, in a few large sequential reads, and shuffled in memory, as
+    /// WebDataset's and DALI's shuffle buffers read a shard once and shuffle what they hold.
     ShardBuffer {
-        /// Samples in the shuffle buffer.
+        /// Samples shuffled together (a window of the rank's shard stream).
         buffer: u32,
     },
     /// Quasi-random: the dataset cut into blocks of about `block_bytes` consecutive bytes,
@@ -146,8 +148,8 @@ pub struct PlanConfig {
     /// What happens to the samples that do not fill a rank's last batch (default: a short
     /// last batch, every sample exactly once).
     pub last_batch: LastBatch,
-    /// Batches read together into one slot at most; a block-order window that holds more
-    /// batches is still read whole (if it fits `group_bytes_max`).
+    /// Batches read together into one slot at most; a block-order or shard-buffer window that
+    /// holds more batches is still read whole (if it fits `group_bytes_max`).
     pub window_batches: u32,
     /// Bytes a group may take in its slot (the slot size).
     pub group_bytes_max: u64,
@@ -429,15 +431,16 @@ pub fn batch_bytes(samples: &Samples, batch: u32, align: u32) -> BatchBytes {
 }
 
 /// The most a slot is sized for the sake of large reads alone: a group of `window_batches`
-/// batches, or a block-order window, up to this (a worst-case batch may need more).
+/// batches, or a block-order or shard-buffer window, up to this (a worst-case batch may need
+/// more).
 pub const SLOT_BYTES_TARGET: u64 = 128 << 20;
 /// The largest slot (an io_uring fixed buffer is at most 1 GiB).
 pub const SLOT_BYTES_MAX: u64 = 1 << 30;
 
 /// The slot size for `cfg`'s batches, `slots` slots within `budget` bytes, sized from the
 /// work: what a group wants — `window_batches` typical batches and the largest sample, or a
-/// block-order window, at most [`SLOT_BYTES_TARGET`] and at most the whole dataset — and never
-/// less than the worst case (the batch-size largest samples together) when that fits; else the
+/// block-order or shard-buffer window, at most [`SLOT_BYTES_TARGET`] and at most the whole
+/// dataset — and never less than the worst case (the batch-size largest samples together) when that fits; else the
 /// largest slot the budget allows, as long as it is above [`BatchBytes::floor`] (the planner
 /// then evens out the rare batch that would not fit). Rounded up to 2 MiB (huge pages). The
 /// error says which setting to change.
@@ -455,6 +458,12 @@ pub fn slot_bytes_for(samples: &Samples, cfg: &PlanConfig, slots: u32, budget: u
         } => block_bytes
             .saturating_mul(open_blocks as u64)
             .saturating_add(bb.largest),
+        Order::ShardBuffer { buffer } => {
+            let mean = samples.total_len() / samples.len().max(1) as u64;
+            (buffer as u64)
+                .saturating_mul(mean)
+                .saturating_add(bb.largest)
+        }
         _ => 0,
     };
     let target = group
@@ -582,11 +591,13 @@ fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
 }
 
 /// Which epoch orders this gpufeed makes: a saved resume point names it, and one saved under
-/// another is refused (the same settings would give other batches). 2: the global order and
-/// the block order's blocks are keyed Feistel permutations computed one position at a time,
-/// and each block-order window is shuffled by its own seed (1: Fisher–Yates shuffles run
-/// through the whole epoch).
-pub const ORDER_VERSION: u32 = 2;
+/// another is refused (the same settings would give other batches). 3: the shard-buffer order
+/// shuffles windows of `buffer` samples of the shard stream, each drawn by its own seed, the
+/// shards ordered by a keyed permutation (2: a shuffle buffer slid through the rank's
+/// stream); 2: the global order and the block order's blocks are keyed Feistel permutations
+/// computed one position at a time, and each block-order window is shuffled by its own seed
+/// (1: Fisher–Yates shuffles run through the whole epoch).
+pub const ORDER_VERSION: u32 = 3;
 
 /// The whole-epoch global order of `n` samples: stream position `k` holds sample `at(k)`.
 fn global_permutation(seed: u64, epoch: u64, n: usize) -> perm::Permutation {
@@ -611,29 +622,14 @@ pub fn epoch_order(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Ve
             cfg.world_size, cfg.batch_size
         )));
     }
-    let rank = cfg.rank as usize;
     // The whole-epoch stream, then this rank's part of it.
     let stream: Vec<u32> = match cfg.order {
         Order::Global => {
             let p = global_permutation(cfg.seed, epoch, n);
             (0..n as u64).map(|k| p.at(k) as u32).collect()
         }
-        Order::ShardBuffer { .. } => {
-            let mut files: Vec<u32> = samples.iter().map(|s| s.file).collect();
-            files.sort_unstable();
-            files.dedup();
-            shuffle(&mut files, &mut seed_for(cfg.seed, epoch, 2));
-            let mut place_of_file = vec![0u32; files.iter().max().map_or(0, |&m| m as usize + 1)];
-            for (pos, &f) in files.iter().enumerate() {
-                place_of_file[f as usize] = pos as u32;
-            }
-            let mut p: Vec<u32> = (0..n as u32).collect();
-            // Stable: samples keep their order within a shard.
-            p.sort_by_key(|&i| place_of_file[samples.get(i as usize).file as usize]);
-            p
-        }
-        Order::Block { block_bytes, .. } => {
-            let bs = BlockStream::new(samples, block_bytes, cfg.seed, epoch);
+        Order::ShardBuffer { .. } | Order::Block { .. } => {
+            let bs = BlockStream::new(samples, cfg, epoch);
             let mut p = Vec::with_capacity(n);
             for j in 0..bs.ends.len() {
                 p.extend(bs.block(j));
@@ -646,17 +642,16 @@ pub fn epoch_order(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Ve
     // which only `pad` asks for, and which comes last).
     let mut mine: Vec<u32> = cfg.positions(n).map(|k| stream[k % n]).collect();
     debug_assert_eq!(mine.len(), per_rank);
-    let mut rng = seed_for(cfg.seed, epoch, 10 + rank as u64);
     // The shuffles within a rank move only its real samples: padding stays last, so that "the
     // samples from position `real` on" are exactly the padded ones.
     let (mine_real, _padding) = mine.split_at_mut(real);
     match cfg.order {
         Order::Global | Order::Sequential => {}
-        Order::ShardBuffer { buffer } => shuffle_buffer(mine_real, buffer as usize, &mut rng),
-        Order::Block { .. } => {
-            // Windows of whole batches, each about `open_blocks` blocks: their samples are
-            // drawn in random order. A block cut at a window's edge leaves one contiguous run
-            // on each side, so every run in a window is one read.
+        Order::ShardBuffer { .. } | Order::Block { .. } => {
+            // Windows of whole batches (about `open_blocks` blocks, or `buffer` samples of the
+            // shard stream): their samples are drawn in random order. A block cut at a window's
+            // edge leaves one contiguous run on each side, so every run in a window is one
+            // read.
             let w = block_window_samples(samples, cfg);
             let key = window_key(cfg, epoch);
             let mut scratch = Vec::with_capacity(w);
@@ -687,23 +682,27 @@ pub fn epoch_order(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Ve
     Ok(mine)
 }
 
-/// Samples per block-order window: `open_blocks` blocks' worth at the dataset's mean sample
-/// size, rounded to whole batches (at least one).
+/// Samples per window a rank's samples are drawn from in random order: for the block order,
+/// `open_blocks` blocks' worth at the dataset's mean sample size; for shard-buffer, `buffer`
+/// samples; rounded to whole batches (at least one). One batch for other orders.
 fn block_window_samples(samples: &Samples, cfg: &PlanConfig) -> usize {
-    let Order::Block {
-        block_bytes,
-        open_blocks,
-    } = cfg.order
-    else {
-        return cfg.batch_size as usize;
+    let per_window = match cfg.order {
+        Order::Block {
+            block_bytes,
+            open_blocks,
+        } => {
+            let mean = samples.total_len() as f64 / samples.len().max(1) as f64;
+            open_blocks as f64 * block_bytes as f64 / mean.max(1.0)
+        }
+        Order::ShardBuffer { buffer } => buffer as f64,
+        _ => return cfg.batch_size as usize,
     };
-    let mean = samples.total_len() as f64 / samples.len().max(1) as f64;
-    let per_window = open_blocks as f64 * block_bytes as f64 / mean.max(1.0);
     let batches = (per_window / cfg.batch_size as f64).round().max(1.0) as usize;
     batches * cfg.batch_size as usize
 }
 
-/// The block order's stream: the dataset's blocks in a keyed order, and where each ends in it.
+/// The block and shard-buffer orders' stream: the dataset's blocks (a shard-buffer order's are
+/// its shards) in a keyed order, and where each ends in it.
 #[derive(Debug, Clone)]
 struct BlockStream {
     /// The dataset's blocks in index order.
@@ -715,9 +714,18 @@ struct BlockStream {
 }
 
 impl BlockStream {
-    fn new(samples: &Samples, block_bytes: u64, seed: u64, epoch: u64) -> BlockStream {
+    /// The stream of `cfg`'s order (block or shard-buffer) for `epoch`.
+    fn new(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> BlockStream {
+        let (block_bytes, purpose) = match cfg.order {
+            Order::Block { block_bytes, .. } => (block_bytes, 3),
+            // Whole shards: a block ends only where its file does.
+            _ => (u64::MAX, 2),
+        };
         let blocks = blocks(samples, block_bytes);
-        let perm = perm::Permutation::new(blocks.len() as u64, seed_for(seed, epoch, 3).next_u64());
+        let perm = perm::Permutation::new(
+            blocks.len() as u64,
+            seed_for(cfg.seed, epoch, purpose).next_u64(),
+        );
         let mut end = 0u64;
         let ends = (0..blocks.len() as u64)
             .map(|j| {
@@ -802,22 +810,6 @@ fn blocks(samples: &Samples, block_bytes: u64) -> Vec<Range<u32>> {
         }
     }
     v
-}
-
-/// A shuffle buffer of `q` samples over `v`, in place.
-fn shuffle_buffer(v: &mut [u32], q: usize, rng: &mut Rng) {
-    let q = q.min(v.len());
-    let mut buf: Vec<u32> = v[..q].to_vec();
-    let mut out = 0;
-    for k in q..v.len() {
-        let j = rng.below(q as u64) as usize;
-        let next = v[k];
-        v[out] = buf[j];
-        buf[j] = next;
-        out += 1;
-    }
-    shuffle(&mut buf, rng);
-    v[out..].copy_from_slice(&buf);
 }
 
 /// One read of a group.
@@ -940,7 +932,7 @@ pub fn coalesce(samples: &Samples, ids: &[u32], cfg: &PlanConfig) -> Coalesced {
 enum Ids {
     /// Every position's sample.
     Listed(Vec<u32>),
-    /// Global, sequential and block orders whose batches need no evening out: position `p` of
+    /// Orders whose batches need no evening out: position `p` of
     /// this part's order is computed from `p` (nothing of the epoch's size is held).
     Computed(Computed),
     /// A rank's part of what an epoch stopped on another rank count had left
@@ -1070,16 +1062,16 @@ fn part_positions(upto: u64, b: u64, part: u64, parts: u64) -> u64 {
 /// A rank's plan for one epoch: its order, and the groups it is read in.
 ///
 /// Groups are named by their first batch. The epoch's batches are cut into chunks of `per`
-/// batches (the whole block-order windows `window_batches` holds, at least one; other orders
+/// batches (the whole block-order or shard-buffer windows `window_batches` holds, at least one; other orders
 /// `window_batches`); a group never crosses a chunk's end, and is the longest run of batches
 /// (whole windows where one fits) from its first that fits a slot (the whole chunk, usually) —
 /// found when asked, from the chunk alone, so a group deep in the epoch costs what the first
 /// does.
 ///
-/// A global, sequential or block order whose batches all fit a slot as they fall is computed:
-/// batch `k`'s samples from `k` in O(batch), nothing of the epoch's size held, so planning the
-/// first batch of 10⁹ samples costs what planning one batch does. Other plans (shard-buffer
-/// order, sets whose batches need evening out) list the rank's samples (4 bytes each).
+/// An order whose batches all fit a slot as they fall is computed: batch `k`'s samples from
+/// `k` in O(batch), nothing of the epoch's size held, so planning the first batch of 10⁹
+/// samples costs what planning one batch does. Sets whose batches need evening out list the
+/// rank's samples (4 bytes each).
 #[derive(Debug, Clone)]
 pub struct EpochPlan {
     /// The epoch planned.
@@ -1091,7 +1083,7 @@ pub struct EpochPlan {
     padding_from: usize,
     /// Batches per chunk: no group crosses a multiple of it.
     per: u32,
-    /// Batches per block-order window (1 for other orders): groups are whole windows where
+    /// Batches per block-order or shard-buffer window (1 for other orders): groups are whole windows where
     /// they fit.
     unit: u32,
     batches: u32,
@@ -1112,7 +1104,7 @@ impl EpochPlan {
         }
     }
 
-    /// Batches per block-order window (1 for other orders), and per chunk: the whole windows
+    /// Batches per block-order or shard-buffer window (1 for other orders), and per chunk: the whole windows
     /// within `window_batches`, at least one (a chunk that ended inside a window would split it
     /// between two groups, which read its blocks' regions twice).
     fn per(samples: &Samples, cfg: &PlanConfig) -> (u32, u32) {
@@ -1144,13 +1136,13 @@ impl EpochPlan {
         })
     }
 
-    /// The computed plan of a global, sequential or block order whose batches all fit a slot
+    /// The computed plan of an order whose batches all fit a slot
     /// as they fall (the largest aligned span × the batch size, read without gaps); `None`
     /// otherwise.
     fn computed(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Option<EpochPlan>> {
         if !matches!(
             cfg.order,
-            Order::Global | Order::Sequential | Order::Block { .. }
+            Order::Global | Order::Sequential | Order::Block { .. } | Order::ShardBuffer { .. }
         ) {
             return Ok(None);
         }
@@ -1179,13 +1171,8 @@ impl EpochPlan {
         let (unit, per) = Self::per(samples, cfg);
         let (stream, window) = match cfg.order {
             Order::Global => (Stream::Global(global_permutation(cfg.seed, epoch, n)), 0),
-            Order::Block { block_bytes, .. } => (
-                Stream::Blocks(std::sync::Arc::new(BlockStream::new(
-                    samples,
-                    block_bytes,
-                    cfg.seed,
-                    epoch,
-                ))),
+            Order::Block { .. } | Order::ShardBuffer { .. } => (
+                Stream::Blocks(std::sync::Arc::new(BlockStream::new(samples, cfg, epoch))),
                 unit as u64 * b,
             ),
             _ => (Stream::Identity, 0),

@@ -199,7 +199,8 @@ fn groups_cover_batches_and_scatter_points_into_reads() {
             for gr in plan.groups(&samples) {
                 assert_eq!(gr.batches.start, next_batch);
                 assert!(gr.batches.end > gr.batches.start);
-                if !matches!(order, Order::Block { .. }) {
+                // A block or shard-buffer window is read whole where it fits.
+                if !matches!(order, Order::Block { .. } | Order::ShardBuffer { .. }) {
                     assert!(gr.batches.len() <= cfg.window_batches as usize);
                 }
                 next_batch = gr.batches.end;
@@ -527,7 +528,7 @@ fn batch_parts_taken_in_turn_are_the_ranks_epoch() {
     assert!(bad.validate().is_err());
 }
 
-/// A computed plan (global, sequential and block orders) gives, position by position, the order
+/// A computed plan (every order) gives, position by position, the order
 /// the listed plan gives — for every last-batch policy, rank and batch part — and its groups
 /// cover every batch once, each fitting its slot and the engine's reads, and each found again
 /// from any of its batches (a resume).
@@ -549,7 +550,10 @@ fn computed_orders_are_the_listed_ones() {
                     block_bytes: 1 + rng.below(100_000),
                     open_blocks: 1 + rng.below(6) as u32,
                 },
-            ][case as usize % 3],
+                Order::ShardBuffer {
+                    buffer: 1 + rng.below(400) as u32,
+                },
+            ][case as usize % 4],
             seed: case,
             rank: rng.below(world as u64) as u32,
             world_size: world,
@@ -569,7 +573,7 @@ fn computed_orders_are_the_listed_ones() {
             Err(e) => panic!("{what}: {e}"),
         };
         computed_cases += 1;
-        block_cases += matches!(cfg.order, Order::Block { .. }) as u32;
+        block_cases += matches!(cfg.order, Order::Block { .. } | Order::ShardBuffer { .. }) as u32;
         let listed = listed.unwrap_or_else(|e| panic!("{what}: {e}"));
         assert!(computed.is_computed() && !listed.is_computed());
         assert_eq!(computed.order(), listed.order(), "{what}");
