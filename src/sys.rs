@@ -23,14 +23,27 @@ pub struct FileStat {
 
 /// `statx(fd, "", AT_EMPTY_PATH, BASIC | DIOALIGN)`.
 pub fn statx_fd(fd: BorrowedFd<'_>) -> io::Result<FileStat> {
+    statx_at(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
+}
+
+/// `statx(AT_FDCWD, path, 0, BASIC | DIOALIGN)`: follows links, opens nothing (a FIFO among a
+/// dataset's files is stat'ed, not waited on).
+pub fn statx_path(path: &Path) -> io::Result<FileStat> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    statx_at(libc::AT_FDCWD, &c, 0)
+}
+
+fn statx_at(dirfd: i32, path: &std::ffi::CStr, flags: i32) -> io::Result<FileStat> {
     let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: `st` is a writable `struct statx`; the path is the empty NUL-terminated string
-    // and AT_EMPTY_PATH makes the call operate on `fd`, which is open for the borrow.
+    // SAFETY: `st` is a writable `struct statx`; `path` is NUL-terminated and lives across the
+    // call; `dirfd` is open for the call (a borrowed fd) or AT_FDCWD.
     let rc = unsafe {
         libc::statx(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
+            dirfd,
+            path.as_ptr(),
+            flags,
             libc::STATX_BASIC_STATS | libc::STATX_DIOALIGN,
             st.as_mut_ptr(),
         )

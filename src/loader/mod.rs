@@ -80,6 +80,41 @@ pub struct LoaderBuilder {
 /// The most files the I/O thread keeps open at once (see [`crate::config::OPEN_FILES_MAX`]).
 pub use crate::config::OPEN_FILES_MAX;
 
+/// Samples smaller than this on average are read at their files' direct-I/O alignment (512
+/// bytes on most disks) rather than 4 KiB: below it, 4 KiB alignment costs over a fifth more
+/// bytes than needed.
+const SMALL_SAMPLE_BYTES: u64 = 16 << 10;
+
+/// The direct-I/O alignment a local dataset's files need (offsets and memory, from `statx`),
+/// between 512 bytes and 4 KiB, probed on at most 64 files spread over the dataset (a file not
+/// probed that needs more is refused when opened, naming it). `None` — plan at 4 KiB — for a
+/// remote dataset, a file that cannot be stat'ed, or files that report no alignment (no
+/// direct I/O there) or more than 4 KiB.
+fn files_dio_align(ds: &Dataset) -> Option<u32> {
+    #[cfg(feature = "remote")]
+    if !ds.remote_urls().is_empty() {
+        return None;
+    }
+    let files = ds.files();
+    let probes = files.len().min(64);
+    let mut need = 512u32;
+    for k in 0..probes {
+        // Evenly spread, the first and the last included.
+        let i = if probes == 1 {
+            0
+        } else {
+            k * (files.len() - 1) / (probes - 1)
+        };
+        let st = crate::sys::statx_path(&files[i].path).ok()?;
+        let a = st.dio_offset_align?.max(st.dio_mem_align?);
+        if a > 4096 || !a.is_power_of_two() {
+            return None;
+        }
+        need = need.max(a);
+    }
+    Some(need)
+}
+
 impl LoaderBuilder {
     /// Every setting at once, as the front doors give them ([`LoaderSettings::set`]).
     pub fn settings(mut self, settings: &LoaderSettings) -> Self {
@@ -261,6 +296,22 @@ impl LoaderBuilder {
         }
         if self.dataset.is_empty() {
             return Err(invalid("the dataset has no samples"));
+        }
+        // Small samples are read at the alignment the files' direct I/O needs (statx), not
+        // 4 KiB: a 1 KB sample read alone costs 1.5 KB at 512 bytes, 5 KB at 4 KiB. Larger ones
+        // stay at 4 KiB, most devices' physical block: reads at 512 bytes cost this VM's disk
+        // (512-byte logical, 4 KiB physical blocks) 7% of its rate at ~110 KB samples for 4%
+        // fewer bytes. Only where the plan keeps the defaults (a choice by hand stays).
+        let defaults = PlanConfig::default();
+        let mean = self.dataset.samples().total_len() / self.dataset.len().max(1) as u64;
+        if plan.align == defaults.align && self.engine.kind.direct() && mean < SMALL_SAMPLE_BYTES {
+            if let Some(a) = files_dio_align(&self.dataset) {
+                plan.align = a;
+            }
+        }
+        if plan.gap_bytes_max == defaults.gap_bytes_max {
+            plan.gap_bytes_max =
+                crate::plan::gap_for(self.dataset.samples(), defaults.gap_bytes_max);
         }
         // A remote dataset's cache files are read through the node cache's gate: this engine's
         // and every later one's (the I/O layer knows nothing of the cache).

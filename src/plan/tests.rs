@@ -252,6 +252,37 @@ fn groups_cover_batches_and_scatter_points_into_reads() {
     }
 }
 
+/// Two samples of a group that share an aligned block are one read, even with no gap allowed
+/// (the block is read once); samples in blocks of their own stay apart. `gap_for` keeps four
+/// mean samples, at most its limit.
+#[test]
+fn samples_sharing_an_aligned_block_are_read_once() {
+    let s = |offset, len| Sample {
+        file: 0,
+        offset,
+        len,
+        label: 0,
+        crc32c: 0,
+    };
+    // 0..300 and 400..700 share the block 0..512; 2000..2100 is alone.
+    let samples = Samples::from(vec![s(0, 300), s(400, 300), s(2000, 100)]);
+    let cfg = PlanConfig {
+        align: 512,
+        gap_bytes_max: 0,
+        ..PlanConfig::default()
+    };
+    let (reads, scatter, slot) = coalesce(&samples, &[0, 1, 2], &cfg);
+    assert_eq!(reads.len(), 2, "{reads:?}");
+    assert_eq!((reads[0].offset, reads[0].len), (0, 700));
+    assert_eq!(scatter[1].offset_in_read, 400);
+    assert_eq!(slot, 1024 + 1024);
+    assert_eq!(gap_for(&samples, 64 << 10), 4 * 233);
+    assert_eq!(
+        gap_for(&dataset(&mut Rng::new(1), 50, 1, 1 << 20), 64 << 10),
+        64 << 10
+    );
+}
+
 #[test]
 fn a_batch_larger_than_a_slot_is_a_clear_error() {
     let mut rng = Rng::new(4);

@@ -552,6 +552,86 @@ fn an_epoch_resumed_on_another_rank_count_reads_the_rest_once() {
     }
 }
 
+/// The direct-I/O alignment `path` reports (offsets and memory), by `statx` called here.
+fn dio_align(path: &Path) -> Option<u32> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: a writable statx and a NUL-terminated path, both alive across the call.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            0,
+            libc::STATX_DIOALIGN,
+            st.as_mut_ptr(),
+        )
+    };
+    assert_eq!(rc, 0, "statx {}", path.display());
+    // SAFETY: zeroed integers, filled by the successful call.
+    let st = unsafe { st.assume_init() };
+    let (mem, off) = (st.stx_dio_mem_align, st.stx_dio_offset_align);
+    (st.stx_mask & libc::STATX_DIOALIGN != 0 && mem != 0 && off != 0).then_some(mem.max(off))
+}
+
+/// Small samples are read at the alignment their files' direct I/O needs (what `statx` says,
+/// 512 bytes on most disks), with every sample's bytes right and the read amplification near
+/// what that alignment forces; large samples stay at 4 KiB; an alignment chosen by hand stays.
+#[test]
+fn small_samples_are_planned_at_the_files_direct_io_alignment() {
+    let dir = disk_dir();
+    let (small_dir, big_dir) = (dir.path().join("small"), dir.path().join("big"));
+    std::fs::create_dir_all(&small_dir).unwrap();
+    std::fs::create_dir_all(&big_dir).unwrap();
+    let small = write_shards(&small_dir, 3000, 2, 1500, 4);
+    write_shards(&big_dir, 100, 2, 200_000, 5);
+    let want = match dio_align(&small[0]) {
+        Some(a) if a <= 4096 => a.max(512),
+        _ => 4096,
+    };
+    let ds = std::sync::Arc::new(Dataset::open(&small_dir).unwrap());
+    // Groups of 64 of 3,000 samples: scattered as a global order over a large set is.
+    let loader = Loader::builder(ds.clone()).batch_size(16).build().unwrap();
+    assert_eq!(loader.plan_config().align, want);
+    let mut epoch = loader.epoch(0).unwrap();
+    let mut n = 0;
+    for b in epoch.by_ref() {
+        let b = b.unwrap();
+        for (k, s) in b.samples().enumerate() {
+            check_sample(&ds, b.sample_ids()[k], s.unwrap());
+            n += 1;
+        }
+    }
+    assert_eq!(n, 3000);
+    // Every sample alone, widened to the alignment: the floor the plan stays near.
+    let floor: u64 = ds
+        .samples()
+        .iter()
+        .map(|s| gpufeed::plan::span(&s, want as u64))
+        .sum();
+    let amp = epoch.stats().read_amplification();
+    let floor = floor as f64 / ds.total_bytes() as f64;
+    eprintln!("align {want}: read amplification {amp:.3}, floor {floor:.3}");
+    assert!(
+        amp <= 1.2 * floor,
+        "amplification {amp:.3}, floor {floor:.3}"
+    );
+    let big = Loader::builder(Dataset::open(&big_dir).unwrap())
+        .batch_size(8)
+        .build()
+        .unwrap();
+    assert_eq!(big.plan_config().align, 4096);
+    let chosen = Loader::builder(ds.clone())
+        .plan(gpufeed::PlanConfig {
+            align: 8192,
+            batch_size: 64,
+            ..gpufeed::PlanConfig::default()
+        })
+        .build()
+        .unwrap();
+    assert_eq!(chosen.plan_config().align, 8192);
+}
+
 #[test]
 fn a_corrupt_sample_is_named_and_every_other_sample_delivered() {
     let dir = disk_dir();
