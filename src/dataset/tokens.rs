@@ -347,29 +347,35 @@ fn megatron_one(
             "{rest} bytes after the arrays (expected none, or one mode byte per sequence)"
         )));
     }
-    let mut read_array = |n: u64, w: usize| -> Result<Vec<u8>> {
-        let mut v = vec![0u8; n as usize * w]; // bounded by the file's size, checked above
-        r.read_exact(&mut v).map_err(|e| {
-            Error::io("cannot read (did the index shrink?)", e).with_path(idx.clone())
-        })?;
-        Ok(v)
+    // The arrays are read a chunk at a time (sizes and pointers side by side, then the document
+    // index), so opening 10^8 sequences holds a few MiB, not the 2 GB the arrays take.
+    const CHUNK: u64 = 1 << 16;
+    let file = r.into_inner();
+    let read_at = |buf: &mut [u8], at: u64| -> Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&file, buf, at)
+            .map_err(|e| Error::io("cannot read (did the index shrink?)", e).with_path(idx.clone()))
     };
-    let sizes = read_array(seqs, 4)?;
-    let pointers = read_array(seqs, 8)?;
-    let doc_idx = read_array(docs, 8)?;
+    let (sizes_at, pointers_at) = (MEGATRON_HEADER, MEGATRON_HEADER + seqs * 4);
+    let docs_at = pointers_at + seqs * 8;
     // The document index must be what Megatron asserts it is: starting at 0, non-decreasing,
     // ending at the sequence count. An index that disagrees with itself is refused (Megatron
     // refuses it too) rather than opened with a warning.
     let mut prev = 0u64;
-    for (d, x) in doc_idx.chunks_exact(8).enumerate() {
-        let v = read_u64(x);
-        if v > seqs || v < prev || (d == 0 && v != 0) {
-            return Err(bad(format!(
-                "document {d} starts at sequence {v}: the document index must rise from 0 to \
-                 the {seqs} sequences (Megatron refuses this index too)"
-            )));
+    let mut buf = vec![0u8; (CHUNK * 12) as usize];
+    for first in (0..docs).step_by(CHUNK as usize) {
+        let n = CHUNK.min(docs - first);
+        let chunk = &mut buf[..(n * 8) as usize];
+        read_at(chunk, docs_at + first * 8)?;
+        for (k, x) in chunk.chunks_exact(8).enumerate() {
+            let (d, v) = (first + k as u64, read_u64(x));
+            if v > seqs || v < prev || (d == 0 && v != 0) {
+                return Err(bad(format!(
+                    "document {d} starts at sequence {v}: the document index must rise from 0 \
+                     to the {seqs} sequences (Megatron refuses this index too)"
+                )));
+            }
+            prev = v;
         }
-        prev = v;
     }
     if docs > 0 && prev != seqs {
         return Err(bad(format!(
@@ -377,17 +383,26 @@ fn megatron_one(
              holds (Megatron refuses this index too)"
         )));
     }
-    let fi = b.file(&bin, bin_size)?;
-    let seq = |i: usize| -> (i64, i64) {
-        let s = i32::from_le_bytes(sizes[i * 4..i * 4 + 4].try_into().expect("4"));
-        let p = i64::from_le_bytes(pointers[i * 8..i * 8 + 8].try_into().expect("8"));
-        (s as i64, p)
+    // Every sequence's (size in tokens, byte offset), in order, to `f`.
+    let mut each_seq = |f: &mut dyn FnMut(u64, i64, i64) -> Result<()>| -> Result<()> {
+        for first in (0..seqs).step_by(CHUNK as usize) {
+            let n = CHUNK.min(seqs - first);
+            let (sz, pt) = buf[..(n * 12) as usize].split_at_mut((n * 4) as usize);
+            read_at(sz, sizes_at + first * 4)?;
+            read_at(pt, pointers_at + first * 8)?;
+            for k in 0..n as usize {
+                let s = i32::from_le_bytes(sz[k * 4..k * 4 + 4].try_into().expect("4"));
+                let p = i64::from_le_bytes(pt[k * 8..k * 8 + 8].try_into().expect("8"));
+                f(first + k as u64, s as i64, p)?;
+            }
+        }
+        Ok(())
     };
+    let fi = b.file(&bin, bin_size)?;
     if opts.seq_len.is_some() {
         // Windows over the concatenated sequences, which must tile the .bin from 0.
         let mut end = 0u64;
-        for i in 0..seqs as usize {
-            let (s, p) = seq(i);
+        each_seq(&mut |i, s, p| {
             if s < 0 || p != end as i64 {
                 return Err(bad(format!(
                     "sequence {i} is not contiguous with the one before (offset {p}, expected \
@@ -395,7 +410,8 @@ fn megatron_one(
                 )));
             }
             end += s as u64 * width;
-        }
+            Ok(())
+        })?;
         if end > bin_size {
             return Err(invalid(format!(
                 "the index covers {end} bytes but the .bin holds {bin_size}"
@@ -406,8 +422,7 @@ fn megatron_one(
         return Ok((dtype, width));
     }
     b.samples.reserve(seqs as usize);
-    for i in 0..seqs as usize {
-        let (s, p) = seq(i);
+    each_seq(&mut |i, s, p| {
         let fits = u64::try_from(s)
             .ok()
             .zip(u64::try_from(p).ok())
@@ -429,9 +444,10 @@ fn megatron_one(
                      bytes) or is over 4 GiB; skipped"
                 ))
                 .with_path(bin.clone())
-                .with_sample(i as u64),
+                .with_sample(i),
             ),
         }
-    }
+        Ok(())
+    })?;
     Ok((dtype, width))
 }

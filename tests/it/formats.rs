@@ -663,6 +663,61 @@ fn megatron_indexes_that_lie() {
     assert!(e.to_string().contains("too short"), "{e}");
 }
 
+/// An index of more sequences than one read of the arrays holds (200,000: the arrays are read
+/// in chunks of 65,536): every sequence is a sample where it should be, windows cover the
+/// whole .bin, and a sequence out of place in a later chunk is named.
+#[test]
+fn megatron_indexes_read_in_chunks() {
+    let dir = disk_dir();
+    let n = 200_000u64;
+    let len = |i: u64| (i % 7 + 1) as i32;
+    let write = |bad: Option<u64>| {
+        let mut v = b"MMIDIDX\0\0".to_vec();
+        v.extend_from_slice(&1u64.to_le_bytes());
+        v.push(8);
+        v.extend_from_slice(&n.to_le_bytes());
+        v.extend_from_slice(&2u64.to_le_bytes());
+        for i in 0..n {
+            v.extend_from_slice(&len(i).to_le_bytes());
+        }
+        let mut at = 0i64;
+        for i in 0..n {
+            let p = if Some(i) == bad { at + 2 } else { at };
+            v.extend_from_slice(&p.to_le_bytes());
+            at += 2 * len(i) as i64;
+        }
+        v.extend_from_slice(&0u64.to_le_bytes());
+        v.extend_from_slice(&n.to_le_bytes());
+        std::fs::write(dir.path().join("c.idx"), v).unwrap();
+        std::fs::File::create(dir.path().join("c.bin"))
+            .unwrap()
+            .set_len(at as u64)
+            .unwrap();
+        at as u64
+    };
+    let bytes = write(None);
+    let ds = Dataset::open(dir.path().join("c")).unwrap();
+    assert_eq!(ds.len() as u64, n);
+    let mut at = 0;
+    for i in [0u64, 65_535, 65_536, 131_072, n - 1] {
+        let s = ds.sample(i as usize);
+        at = (0..i).map(|k| 2 * len(k) as u64).sum::<u64>().max(at);
+        assert_eq!((s.offset, s.len as u64), (at, 2 * len(i) as u64), "sequence {i}");
+    }
+    let windows = OpenOptions {
+        tokens: TokenOptions {
+            seq_len: Some(15),
+            ..TokenOptions::default()
+        },
+        ..OpenOptions::default()
+    };
+    let ds = Dataset::open_with(dir.path().join("c"), &windows).unwrap();
+    assert_eq!(ds.len() as u64, (bytes / 2 - 16) / 15 + 1);
+    write(Some(150_001));
+    let e = Dataset::open_with(dir.path().join("c"), &windows).unwrap_err();
+    assert!(e.to_string().contains("sequence 150001"), "{e}");
+}
+
 #[test]
 fn pack_webdataset_tars_into_shards_round_trip() {
     let dir = disk_dir();
