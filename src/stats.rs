@@ -174,6 +174,10 @@ pub struct MemoryStats {
     pub index_bytes: u64,
     /// Device memory of the read groups' regions (0 on the host).
     pub device_bytes: u64,
+    /// The image stage's decoded batches: on the host, the batch tensors made and not yet
+    /// dropped (those queued ahead and those the consumer holds), when the figures were taken;
+    /// on a device, its pool of output tensors. 0 for a loader of bytes.
+    pub decode_bytes: u64,
 }
 
 impl LoaderStats {

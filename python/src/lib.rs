@@ -735,7 +735,7 @@ impl PyLoader {
     /// The figures of the epoch being iterated (or the last one): samples, bytes, reads per
     /// sample, read amplification, the consumer's waiting split into storage / copy / verify /
     /// decode / other (``stall``, ``bound``), CPU seconds by thread, and the memory the loader
-    /// holds (``memory``: arena, slot, index and device bytes). A dict, for loggers.
+    /// holds (``memory``: arena, slot, index, device and decoded-batch bytes). A dict, for loggers.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let st = lock(&self.shared.last_stats).clone();
         stats_dict(py, &st)
@@ -1296,6 +1296,7 @@ fn stats_dict<'py>(py: Python<'py>, st: &gpufeed::LoaderStats) -> PyResult<Bound
     m.set_item("slot_bytes", st.memory.slot_bytes)?;
     m.set_item("index_bytes", st.memory.index_bytes)?;
     m.set_item("device_bytes", st.memory.device_bytes)?;
+    m.set_item("decode_bytes", st.memory.decode_bytes)?;
     d.set_item("memory", m)?;
     Ok(d)
 }

@@ -6,7 +6,7 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout as AllocLayout};
 use std::collections::VecDeque;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::Poll;
@@ -31,6 +31,8 @@ const TENSOR_ALIGN: usize = 64;
 struct Tensor {
     ptr: NonNull<u8>,
     len: usize,
+    /// The stage's count of tensor bytes alive, which this tensor is part of.
+    gauge: Arc<AtomicU64>,
 }
 
 // SAFETY: the memory is owned by the tensor; writers touch disjoint sample ranges (each
@@ -41,11 +43,12 @@ unsafe impl Send for Tensor {}
 unsafe impl Sync for Tensor {}
 
 impl Tensor {
-    fn new(len: usize) -> Result<Tensor> {
+    fn new(len: usize, gauge: &Arc<AtomicU64>) -> Result<Tensor> {
         if len == 0 {
             return Ok(Tensor {
                 ptr: NonNull::dangling(),
                 len: 0,
+                gauge: gauge.clone(),
             });
         }
         let layout = AllocLayout::from_size_align(len, TENSOR_ALIGN)
@@ -58,7 +61,12 @@ impl Tensor {
                 format!("out of memory allocating a {len}-byte batch tensor"),
             )
         })?;
-        Ok(Tensor { ptr, len })
+        gauge.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(Tensor {
+            ptr,
+            len,
+            gauge: gauge.clone(),
+        })
     }
 
     fn bytes(&self) -> &[u8] {
@@ -82,6 +90,7 @@ impl Tensor {
 impl Drop for Tensor {
     fn drop(&mut self) {
         if self.len > 0 {
+            self.gauge.fetch_sub(self.len as u64, Ordering::Relaxed);
             // SAFETY: allocated in `new` with this size and alignment; freed once.
             unsafe {
                 dealloc(
@@ -552,6 +561,8 @@ struct PoolQueue {
 struct PoolHandle {
     pool: Arc<Pool>,
     threads: Vec<JoinHandle<()>>,
+    /// Bytes of the host batch tensors alive (made by the feeder, dropped with their batches).
+    tensor_bytes: Arc<AtomicU64>,
 }
 
 impl Drop for PoolHandle {
@@ -579,7 +590,11 @@ impl Pool {
                 .map_err(|e| Error::io("cannot start a decode thread", e))?;
             threads.push(t);
         }
-        Ok(PoolHandle { pool, threads })
+        Ok(PoolHandle {
+            pool,
+            threads,
+            tensor_bytes: Arc::default(),
+        })
     }
 
     fn run(&self, spec: &ImageSpec) {
@@ -700,6 +715,15 @@ impl ImageLoader {
         self.pool.threads.len()
     }
 
+    /// The memory this loader holds: the reading's ([`Loader::memory`]) and its decoded
+    /// batches ([`MemoryStats::decode_bytes`](crate::MemoryStats::decode_bytes), as now).
+    pub fn memory(&self) -> crate::MemoryStats {
+        crate::MemoryStats {
+            decode_bytes: decode_bytes(&self.pool.tensor_bytes, self.device.as_deref()),
+            ..self.loader.memory()
+        }
+    }
+
     /// Whether image batches are in device memory.
     pub fn is_device(&self) -> bool {
         self.device.is_some()
@@ -799,9 +823,11 @@ impl ImageLoader {
             spec: self.spec.clone(),
             batches,
             stats: LoaderStats {
-                memory: self.loader.memory(),
+                memory: self.memory(),
                 ..LoaderStats::default()
             },
+            tensor_bytes: self.pool.tensor_bytes.clone(),
+            device_stage: self.device.clone(),
             read_seen: StallStats::default(),
             timeout,
             door: self.loader.front_door(),
@@ -813,6 +839,15 @@ impl ImageLoader {
             current: None,
         }
     }
+}
+
+/// The image stage's decoded batches' bytes now: host tensors alive, or the device's pool of
+/// output tensors.
+fn decode_bytes(tensors: &AtomicU64, device: Option<&DeviceStage>) -> u64 {
+    tensors.load(Ordering::Relaxed)
+        + device.map_or(0, |d| {
+            (d.outputs.regions() * d.outputs.region_bytes()) as u64
+        })
 }
 
 /// What the feeder thread shares with its epoch.
@@ -859,7 +894,9 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
             Some(Ok(batch)) => {
                 let bytes = batch.len() * spec.sample_elems() * spec.dtype.size();
                 let target = match device {
-                    None => Tensor::new(bytes).map(|t| Target::Host(Arc::new(t))),
+                    None => {
+                        Tensor::new(bytes, &pool.tensor_bytes).map(|t| Target::Host(Arc::new(t)))
+                    }
                     Some(stage) => {
                         // Flat memory: a tensor of the pool, waiting while the consumer holds
                         // them all; the checksums by the device's crc32c over the group.
@@ -930,6 +967,9 @@ pub struct ImageEpoch {
     waiting_since: Option<Instant>,
     /// The next batch's job once the feeder queued it, and when it arrived.
     current: Option<(Arc<Job>, Instant)>,
+    /// The host tensors' bytes alive, and the device stage: the decoded batches' memory.
+    tensor_bytes: Arc<AtomicU64>,
+    device_stage: Option<Arc<DeviceStage>>,
 }
 
 impl ImageEpoch {
@@ -1069,6 +1109,7 @@ impl ImageEpoch {
         st.stall = all;
         st.consumer_wait_s = wait;
         st.decode_cpu_s = decode_cpu_s;
+        st.memory.decode_bytes = decode_bytes(&self.tensor_bytes, self.device_stage.as_deref());
         self.stats = st;
         self.next = b.index() + 1;
         ImageBatch {

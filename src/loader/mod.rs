@@ -531,6 +531,7 @@ impl Loader {
                 .gpu
                 .as_ref()
                 .map_or(0, |g| (g.pool.regions() * g.pool.region_bytes()) as u64),
+            decode_bytes: 0,
         }
     }
 

@@ -548,6 +548,25 @@ fn a_batch_tensor_has_the_shape_and_labels_it_claims() {
         )
         .unwrap();
     let mut seen = 0;
+    // The decoded batches' memory counts the tensors alive: at least the held ones', none
+    // once every batch is gone.
+    let tensor = 32 * 3 * 40 * 40 * 4;
+    assert_eq!(il.memory().decode_bytes, 0);
+    let mut epoch = il.epoch(0).unwrap();
+    let (first, second) = (
+        epoch.next().unwrap().unwrap(),
+        epoch.next().unwrap().unwrap(),
+    );
+    assert!(il.memory().decode_bytes >= 2 * tensor as u64);
+    assert!(epoch.stats().memory.decode_bytes >= 2 * tensor as u64);
+    assert!(epoch.stats().memory.arena_bytes > 0);
+    drop((first, second, epoch));
+    // Jobs queued ahead go when the decode threads next take them (cancelled, not decoded).
+    let t0 = std::time::Instant::now();
+    while il.memory().decode_bytes != 0 && t0.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(il.memory().decode_bytes, 0);
     for b in il.epoch(0).unwrap() {
         let b = b.unwrap();
         assert_eq!(b.shape(), [b.len(), 3, 40, 40]);

@@ -702,7 +702,11 @@ fn megatron_indexes_read_in_chunks() {
     for i in [0u64, 65_535, 65_536, 131_072, n - 1] {
         let s = ds.sample(i as usize);
         at = (0..i).map(|k| 2 * len(k) as u64).sum::<u64>().max(at);
-        assert_eq!((s.offset, s.len as u64), (at, 2 * len(i) as u64), "sequence {i}");
+        assert_eq!(
+            (s.offset, s.len as u64),
+            (at, 2 * len(i) as u64),
+            "sequence {i}"
+        );
     }
     let windows = OpenOptions {
         tokens: TokenOptions {
