@@ -63,7 +63,7 @@ typedef struct gpufeed_options {
     /* From here on, 0 keeps the default (which gpufeed_options_default writes). */
     uint32_t in_flight; /* read groups being read at once */
     uint32_t queue_depth; /* reads in flight in the engine */
-    uint32_t shuffle_buffer; /* order shard-buffer: samples shuffled together (a window of the shard stream, read whole) */
+    uint32_t shuffle_buffer; /* order shard-buffer: samples shuffled together (a window of the shard stream, read whole; rounded to whole batches, at least one) */
     uint32_t open_blocks; /* order block: blocks drawn from at a time */
     uint64_t block_bytes; /* order block: bytes of consecutive samples per block */
     uint32_t open_files_max; /* files kept open at most; 0: every file, within the fd limit */

@@ -447,3 +447,72 @@ pub fn ofd_lock(fd: BorrowedFd<'_>, start: u64, len: u64, lock: bool) -> io::Res
         }
     }
 }
+
+// SAFETY: `Compact` is `repr(C)`: a u64 then two u32 — 16 bytes, 8-aligned, no padding — and
+// every bit pattern of those integers is a valid value, so it may be viewed as bytes and bytes
+// (suitably aligned, checked by bytemuck) as it.
+unsafe impl bytemuck::Zeroable for crate::plan::Compact {}
+// SAFETY: as above; `Copy` and `'static`.
+unsafe impl bytemuck::Pod for crate::plan::Compact {}
+
+/// A read-only shared mapping of a whole file (`mmap(PROT_READ, MAP_SHARED)`), unmapped when
+/// dropped. The ranks of a node mapping one file share its pages.
+///
+/// A mapped file that shrinks makes reading past its new end fault (SIGBUS): map only files no
+/// one changes in place (gpufeed's shared index files are written whole under another name and
+/// renamed or linked into place, in a directory only their owner can write).
+pub struct FileMapping {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only memory owned by this value; reading it from any thread is
+// sound, and it is unmapped once, when the value drops.
+unsafe impl Send for FileMapping {}
+// SAFETY: as above: shared references only read.
+unsafe impl Sync for FileMapping {}
+
+impl FileMapping {
+    /// Maps the first `len` bytes of `fd` (`len` > 0, at most the file's size).
+    pub fn of(fd: BorrowedFd<'_>, len: usize) -> io::Result<FileMapping> {
+        if len == 0 {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        // SAFETY: a new read-only mapping chosen by the kernel (no fixed address, so nothing
+        // existing is replaced) of an open fd; the result is checked for MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::Other))?;
+        Ok(FileMapping { ptr, len })
+    }
+}
+
+impl AsRef<[u8]> for FileMapping {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` bytes mapped readable at `ptr` for as long as `self` lives; the file is
+        // one no one changes in place (see the type's doc).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for FileMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `of`, unmapped once; no reference into it outlives
+        // `self` (`as_ref` borrows it).
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}

@@ -71,7 +71,7 @@ pub struct GpufeedOptions {
     pub in_flight: u32,
     /// Reads in flight in the engine.
     pub queue_depth: u32,
-    /// Order shard-buffer: samples shuffled together (a window of the shard stream, read whole).
+    /// Order shard-buffer: samples shuffled together (a window of the shard stream, read whole; rounded to whole batches, at least one).
     pub shuffle_buffer: u32,
     /// Order block: blocks drawn from at a time.
     pub open_blocks: u32,

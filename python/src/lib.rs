@@ -315,6 +315,35 @@ struct Settings {
     /// The dataset options in effect, as JSON text.
     dataset_options: String,
     samples: usize,
+    /// The order's parameters that shape its batches (`shuffle_buffer=…`, `block_bytes=…,
+    /// open_blocks=…`; empty for global and sequential). A state without them (saved before
+    /// they were kept) is not checked for them.
+    order_params: String,
+    /// The dataset's files, by name and size (a hash): another dataset of as many samples is
+    /// not resumed as if it were this one. Unchecked for a state without it.
+    dataset: String,
+}
+
+/// The order's parameters that shape its batches, as `name=value` pairs.
+fn order_params(order: &gpufeed::Order) -> String {
+    match order {
+        gpufeed::Order::ShardBuffer { buffer } => format!("shuffle_buffer={buffer}"),
+        gpufeed::Order::Block {
+            block_bytes,
+            open_blocks,
+        } => format!("block_bytes={block_bytes}, open_blocks={open_blocks}"),
+        _ => String::new(),
+    }
+}
+
+/// A hash of the dataset's files' names and sizes, as hex.
+fn dataset_fingerprint(ds: &Dataset) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in ds.files() {
+        (f.path.file_name(), f.size).hash(&mut h);
+    }
+    format!("{:016x}", h.finish())
 }
 
 impl Settings {
@@ -354,6 +383,22 @@ impl Settings {
             self.samples.to_string(),
             here.samples.to_string(),
         );
+        // Order parameters one by one (`shuffle_buffer=300 when saved, 1000 here`).
+        let pairs = |t: &str| -> Vec<(String, String)> {
+            t.split(", ")
+                .filter_map(|p| p.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        if self.order_params != here.order_params && self.order == here.order {
+            for ((k, a), (_, b)) in pairs(&self.order_params)
+                .into_iter()
+                .zip(pairs(&here.order_params))
+            {
+                cmp(&k, a, b);
+            }
+        }
+
         // The dataset options (format, seq_len, …), one by one where both parse.
         let parse = |t: &str| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(t);
         match (parse(&self.dataset_options), parse(&here.dataset_options)) {
@@ -380,6 +425,13 @@ impl Settings {
                 self.dataset_options.clone(),
                 here.dataset_options.clone(),
             ),
+        }
+        if self.dataset != here.dataset {
+            d.push(
+                "the dataset's files (names and sizes) differ from the ones the state was saved \
+                 over"
+                    .to_string(),
+            );
         }
         d
     }
@@ -591,6 +643,8 @@ impl PyLoader {
             .map_err(err)?;
         let samples = loader.dataset().len();
         let dataset_options = loader.dataset().options().to_json().to_string();
+        let loader_order = loader.plan_config().order;
+        let fingerprint = dataset_fingerprint(loader.dataset());
         warn_problems(py, loader.dataset(), &path_list)?;
         let images_loader = match image_spec {
             Some(spec) => Some(loader.decode_images(spec).map_err(err)?),
@@ -635,6 +689,8 @@ impl PyLoader {
                 last_batch: settings.last_batch.name().to_string(),
                 dataset_options,
                 samples,
+                order_params: order_params(&loader_order),
+                dataset: fingerprint,
             },
             init: init.unbind(),
             worker_part: std::sync::atomic::AtomicBool::new(false),
@@ -927,6 +983,8 @@ impl PyLoader {
         d.set_item("last_batch", &self.settings.last_batch)?;
         d.set_item("dataset_options", &self.settings.dataset_options)?;
         d.set_item("num_samples", self.settings.samples)?;
+        d.set_item("order_params", &self.settings.order_params)?;
+        d.set_item("dataset", &self.settings.dataset)?;
         d.set_item("order_version", gpufeed::plan::ORDER_VERSION)?;
         Ok(d)
     }
@@ -945,6 +1003,21 @@ impl PyLoader {
                 .get_item(k)?
                 .ok_or_else(|| PyValueError::new_err(format!("state has no {k:?}")))
         };
+        // A field of the kind expected, or an error naming it.
+        macro_rules! field {
+            ($k:expr) => {{
+                let v = get($k)?;
+                v.extract().map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "state's {:?} is {}, not what state_dict() saves there",
+                        $k,
+                        v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string())
+                    ))
+                })?
+            }};
+        }
+        // Not a loader's state at all (an empty dict, another object's state).
+        get("epoch")?;
         // Epoch orders change between versions: the same settings would give other batches.
         let version: u32 = match state.get_item("order_version")? {
             Some(v) => v.extract()?,
@@ -972,17 +1045,25 @@ impl PyLoader {
             )));
         }
         let saved = Settings {
-            batch_size: get("batch_size")?.extract()?,
-            order: get("order")?.extract()?,
-            seed: get("seed")?.extract()?,
-            rank: get("rank")?.extract()?,
-            world_size: get("world_size")?.extract()?,
-            last_batch: get("last_batch")?.extract()?,
-            dataset_options: get("dataset_options")?.extract()?,
-            samples: get("num_samples")?.extract()?,
+            batch_size: field!("batch_size"),
+            order: field!("order"),
+            seed: field!("seed"),
+            rank: field!("rank"),
+            world_size: field!("world_size"),
+            last_batch: field!("last_batch"),
+            dataset_options: field!("dataset_options"),
+            samples: field!("num_samples"),
+            order_params: match state.get_item("order_params")? {
+                Some(v) => v.extract()?,
+                None => self.settings.order_params.clone(),
+            },
+            dataset: match state.get_item("dataset")? {
+                Some(v) => v.extract()?,
+                None => self.settings.dataset.clone(),
+            },
         };
-        let epoch: u64 = get("epoch")?.extract()?;
-        let batch: u32 = get("batch")?.extract()?;
+        let epoch: u64 = field!("epoch");
+        let batch: u32 = field!("batch");
         let mut stops: Vec<Stop> = match state.get_item("stops")? {
             None => Vec::new(),
             Some(v) => {
@@ -1013,6 +1094,20 @@ impl PyLoader {
         } else {
             saved != self.settings
         };
+        if mismatch
+            && !other_world
+            && (Settings {
+                rank: self.settings.rank,
+                ..saved.clone()
+            }) == self.settings
+        {
+            return Err(PyValueError::new_err(format!(
+                "this state was saved by rank {} of {}: on the same rank count each rank resumes \
+                 from its own state — load rank {}'s here (a state moves to another rank only \
+                 with another world_size)",
+                saved.rank, saved.world_size, self.settings.rank
+            )));
+        }
         if mismatch {
             let compared = if other_world { &same_but_ranks } else { &saved };
             return Err(PyValueError::new_err(format!(

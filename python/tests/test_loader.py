@@ -521,10 +521,26 @@ class WhatATorchUserReachesFor(unittest.TestCase):
         state = loader(world_size=8, rank=0).state_dict()
         with self.assertRaises(ValueError) as e:
             loader(world_size=8, rank=1).load_state_dict(state)
+        self.assertIn("saved by rank 0 of 8", str(e.exception))
+        self.assertIn("load rank 1's", str(e.exception))
+        with self.assertRaises(ValueError) as e:
+            loader(world_size=8, rank=0, seed=5, batch_size=4).load_state_dict(state)
         msg = str(e.exception)
-        self.assertIn("rank=0 when saved, 1 here", msg)
+        self.assertIn("seed=3 when saved, 5 here", msg)
         self.assertNotIn("Settings", msg)
-        self.assertNotIn("batch_size", msg)  # only what differs
+        self.assertNotIn("shuffle_buffer", msg)  # only what differs
+        # The order's parameters shape its batches: another buffer or block size is refused.
+        sb = loader(order="shard-buffer", shuffle_buffer=40).state_dict()
+        with self.assertRaisesRegex(ValueError, "shuffle_buffer=40 when saved, 80 here"):
+            loader(order="shard-buffer", shuffle_buffer=80).load_state_dict(sb)
+        bl = loader(order="block", block_bytes=64 << 10).state_dict()
+        with self.assertRaisesRegex(ValueError, "block_bytes=65536 when saved, 131072 here"):
+            loader(order="block", block_bytes=128 << 10).load_state_dict(bl)
+        # Fields of the wrong kind are named.
+        with self.assertRaisesRegex(ValueError, "state's \"batch\" is -1"):
+            loader().load_state_dict(dict(loader().state_dict(), batch=-1))
+        with self.assertRaisesRegex(ValueError, "state has no \"epoch\""):
+            loader().load_state_dict({})
         # Another rank count is a resume, not a mismatch; another seed with it still is one.
         loader(world_size=6, rank=5).load_state_dict(state)
         with self.assertRaises(ValueError) as e:
@@ -540,6 +556,12 @@ class WhatATorchUserReachesFor(unittest.TestCase):
                                stride=32).load_state_dict(state)
             self.assertIn("seq_len=64 when saved, 128 here", str(e.exception))
             self.assertIn("stride=None when saved, 32 here", str(e.exception))
+            # Another corpus of as many windows is not this one.
+            other = os.path.join(d, "val.bin")
+            np.arange(4000, 8000, dtype=np.uint16).tofile(other)
+            with self.assertRaisesRegex(ValueError, "the dataset's files"):
+                gpufeed.Loader(other, batch_size=4, format="tokens",
+                               seq_len=64).load_state_dict(state)
 
     def test_a_sample_error_carries_its_batch_and_the_pass_goes_on(self):
         with tempfile.TemporaryDirectory(dir=DATA) as d:

@@ -346,7 +346,7 @@ pub fn measure_rank(
         world,
         samples: ds.len() as u64,
         open_s,
-        index_bytes: ds.index_heap_bytes() as u64,
+        index_bytes: (ds.index_heap_bytes() + ds.index_bytes().samples_shared) as u64,
         plan_ms,
         first_batch_ms,
         global_samples_per_s,

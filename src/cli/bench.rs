@@ -1038,7 +1038,8 @@ pub(super) fn emit_load(r: &crate::bench::load::LoadBenchResult, json: bool) {
         ) {
             outln!(
                 "  reads planned at {plan}-byte alignment; this file system's direct-I/O \
-                 alignment is {dio} bytes, which alone forces {floor:.3}x"
+                 alignment is {dio} bytes: every sample read alone at it would read {floor:.3}x \
+                 (neighbours read together can read less)"
             );
         }
         if let Some(v) = &r.verdict {

@@ -261,7 +261,7 @@ pub const LOADER_SETTINGS: &[Setting] = &[
         unit: "samples",
         default: "10000",
         range: Some((1, u32::MAX as u64)),
-        help: "order shard-buffer: samples shuffled together (a window of the shard stream, read whole)",
+        help: "order shard-buffer: samples shuffled together (a window of the shard stream, read whole; rounded to whole batches, at least one)",
         env: None,
         rust: "order",
         c: None,
@@ -407,7 +407,7 @@ pub struct LoaderSettings {
     pub verify: bool,
     /// A batch with a bad sample (the Python door's policy).
     pub on_error: OnError,
-    /// Order shard-buffer: samples shuffled together (a window of the shard stream, read whole).
+    /// Order shard-buffer: samples shuffled together (a window of the shard stream, read whole; rounded to whole batches, at least one).
     pub shuffle_buffer: u32,
     /// Order block: bytes per block.
     pub block_bytes: u64,

@@ -23,6 +23,7 @@ pub use remote::{
     cache_status, cache_status_of, upload_indexes, warm_cache, CacheStatus, IndexReport, WarmReport,
 };
 pub mod shard;
+pub(crate) mod shared;
 pub(crate) mod tar;
 pub(crate) mod tfrecord;
 pub(crate) mod tokens;
@@ -255,6 +256,9 @@ pub struct IndexBytes {
     pub metadata: usize,
     /// Image headers (packed shards carry them).
     pub images: usize,
+    /// The sample table mapped from the node's shared index file (one copy for every rank of
+    /// the node, not in the heap figures above; `GPUFEED_SHARED_INDEX=0` keeps it private).
+    pub samples_shared: usize,
 }
 
 /// The sample index of a dataset.
@@ -722,6 +726,7 @@ impl Dataset {
             images: self.images.get().map_or(0, |v| {
                 v.capacity() * std::mem::size_of::<image::ImageInfo>()
             }),
+            samples_shared: self.samples.shared_bytes(),
         }
     }
 
@@ -771,8 +776,13 @@ impl Dataset {
     pub(crate) fn empty(
         format: Format,
         files: Vec<DataFile>,
-        samples: crate::plan::Samples,
+        mut samples: crate::plan::Samples,
     ) -> Dataset {
+        // A large table is shared with the node's other ranks (one copy in the page cache).
+        if samples.len() >= shared::SHARED_MIN_SAMPLES {
+            let named: Vec<(&Path, u64)> = files.iter().map(|f| (&*f.path, f.size)).collect();
+            shared::share(&mut samples, format.name(), &named);
+        }
         Dataset {
             format,
             files,

@@ -403,7 +403,13 @@ fn megatron_one(
         // Windows over the concatenated sequences, which must tile the .bin from 0.
         let mut end = 0u64;
         each_seq(&mut |i, s, p| {
-            if s < 0 || p != end as i64 {
+            if s < 0 {
+                return Err(bad(format!(
+                    "sequence {i} has a negative size ({s} tokens): windows need every \
+                     sequence's size; open without seq_len to skip it"
+                )));
+            }
+            if p != end as i64 {
                 return Err(bad(format!(
                     "sequence {i} is not contiguous with the one before (offset {p}, expected \
                      {end}): windows need a contiguous .bin; open without seq_len"
@@ -428,7 +434,9 @@ fn megatron_one(
             .zip(u64::try_from(p).ok())
             .and_then(|(s, p)| {
                 let len = s.checked_mul(width)?;
-                (p.checked_add(len)? <= bin_size).then_some((p, u32::try_from(len).ok()?))
+                // A token starts on a multiple of its width: another offset reads halves.
+                (p.is_multiple_of(width) && p.checked_add(len)? <= bin_size)
+                    .then_some((p, u32::try_from(len).ok()?))
             });
         match fits {
             Some((offset, len)) => b.samples.push(Sample {
@@ -441,7 +449,8 @@ fn megatron_one(
             None => b.problem(
                 invalid(format!(
                     "sequence {i} ({s} tokens at byte {p}) lies outside the .bin ({bin_size} \
-                     bytes) or is over 4 GiB; skipped"
+                     bytes), is over 4 GiB, or does not start on a token ({width}-byte \
+                     tokens); skipped"
                 ))
                 .with_path(bin.clone())
                 .with_sample(i),

@@ -1527,7 +1527,7 @@ pub fn quality(samples: &Samples, plan: &EpochPlan) -> Quality {
 pub mod perm;
 mod samples;
 pub use samples::Samples;
-pub(crate) use samples::{Run, SamplesBuilder};
+pub(crate) use samples::{Compact, Run, SamplesBuilder, SharedBytes};
 
 #[cfg(test)]
 mod tests;

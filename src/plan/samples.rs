@@ -45,10 +45,47 @@ impl Run {
 /// One sample in 16 bytes: its offset (low 40 bits) and label + 1 (high 24 bits), its length
 /// and crc32c. Its file is its files' business ([`Repr::Compact`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Compact {
+#[repr(C)]
+pub(crate) struct Compact {
     offset_label: u64,
     len: u32,
     crc32c: u32,
+}
+
+/// Bytes that stay put while shared (a file mapping the ranks of a node share).
+pub(crate) type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// The compact entries: this process's own, or a mapping of a file every rank of the node maps
+/// (the same pages, one copy), checked equal to this process's own before use.
+#[derive(Clone)]
+enum Entries {
+    Owned(Vec<Compact>),
+    Shared {
+        bytes: SharedBytes,
+        offset: usize,
+        len: usize,
+    },
+}
+
+impl std::fmt::Debug for Entries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Entries::Owned(v) => write!(f, "Owned({} entries)", v.len()),
+            Entries::Shared { len, .. } => write!(f, "Shared({len} entries)"),
+        }
+    }
+}
+
+impl std::ops::Deref for Entries {
+    type Target = [Compact];
+    fn deref(&self) -> &[Compact] {
+        match self {
+            Entries::Owned(v) => v,
+            Entries::Shared { bytes, offset, len } => bytemuck::cast_slice(
+                &(**bytes).as_ref()[*offset..*offset + len * std::mem::size_of::<Compact>()],
+            ),
+        }
+    }
 }
 
 const OFFSET_BITS: u32 = 40;
@@ -63,7 +100,7 @@ enum Repr {
     /// 16 bytes per sample; `file_first[f]` is file f's first sample (files in order, each
     /// one's samples together; an empty file's first is the next one's).
     Compact {
-        entries: Vec<Compact>,
+        entries: Entries,
         file_first: Vec<u32>,
     },
     Runs {
@@ -114,7 +151,7 @@ impl SamplesBuilder {
         let mut entries = std::mem::take(&mut self.entries);
         entries.shrink_to_fit();
         Samples(Repr::Compact {
-            entries,
+            entries: Entries::Owned(entries),
             file_first: std::mem::take(&mut self.file_first),
         })
     }
@@ -318,9 +355,60 @@ impl Samples {
             Repr::Compact {
                 entries,
                 file_first,
-            } => entries.capacity() * std::mem::size_of::<Compact>() + file_first.capacity() * 4,
+            } => {
+                let own = match entries {
+                    Entries::Owned(v) => v.capacity() * std::mem::size_of::<Compact>(),
+                    Entries::Shared { .. } => 0,
+                };
+                own + file_first.capacity() * 4
+            }
             Repr::Runs { runs, .. } => runs.capacity() * std::mem::size_of::<Run>(),
         }
+    }
+
+    /// Bytes of the index mapped from a file the ranks of a node share (counted once per node,
+    /// not in [`heap_bytes`](Samples::heap_bytes)).
+    pub fn shared_bytes(&self) -> usize {
+        match &self.0 {
+            Repr::Compact {
+                entries: Entries::Shared { len, .. },
+                ..
+            } => len * std::mem::size_of::<Compact>(),
+            _ => 0,
+        }
+    }
+
+    /// The compact entries this process holds, as bytes (what a shared index file holds).
+    pub(crate) fn owned_compact_bytes(&self) -> Option<&[u8]> {
+        match &self.0 {
+            Repr::Compact {
+                entries: Entries::Owned(v),
+                ..
+            } => Some(bytemuck::cast_slice(v)),
+            _ => None,
+        }
+    }
+
+    /// Uses `bytes[offset..]` for the compact entries instead of this process's own, if they
+    /// are byte for byte the same (nothing in them is trusted otherwise). Returns whether it did.
+    pub(crate) fn share(&mut self, bytes: SharedBytes, offset: usize) -> bool {
+        let Repr::Compact { entries, .. } = &mut self.0 else {
+            return false;
+        };
+        let Entries::Owned(v) = entries else {
+            return false;
+        };
+        let (len, own): (usize, &[u8]) = (v.len(), bytemuck::cast_slice(v));
+        let theirs = (*bytes).as_ref();
+        let align = std::mem::align_of::<Compact>();
+        let same = offset.is_multiple_of(align)
+            && (theirs.as_ptr() as usize).is_multiple_of(align)
+            && theirs.len() == offset + own.len()
+            && &theirs[offset..] == own;
+        if same {
+            *entries = Entries::Shared { bytes, offset, len };
+        }
+        same
     }
 
     /// The runs, when the samples are computed.

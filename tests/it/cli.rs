@@ -663,3 +663,99 @@ fn bench_scale_reports_a_billion_windows_at_no_index_cost() {
         (1_000_000_000 * 1023 + 1) * 2
     );
 }
+
+/// The node's ranks share one copy of a large sample index: the first process to open the
+/// dataset writes its table into `$GPUFEED_CACHE_DIR/index` and every later one maps that file
+/// (`index_bytes.samples_shared`) — after checking it byte for byte against its own, so a
+/// damaged file is replaced, never used; a link planted where the directory goes is not
+/// followed (the process keeps its own copy and says so); `GPUFEED_SHARED_INDEX=0` keeps it
+/// private. `verify` reads every sample against its checksum through whichever copy is used.
+#[test]
+fn a_large_index_is_shared_through_one_file_checked_before_use() {
+    let dir = disk_dir();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let n = 70_000usize;
+    for s in 0..2 {
+        let path = data.join(format!("shard-{s:05}.gpf"));
+        let mut w = gpufeed::dataset::shard::ShardWriter::create(&path, 1).unwrap();
+        for i in s * n / 2..(s + 1) * n / 2 {
+            let bytes: Vec<u8> = (0..16 + i % 9).map(|k| (i * 7 + k) as u8).collect();
+            w.add(&i.to_string(), (i % 10) as i64, &[], &bytes).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    let cache = dir.path().join("cache");
+    let run = |cmd: &str, env: &[(&str, &std::path::Path)]| {
+        let mut c = Command::new(gpufeed_bin());
+        c.env("GPUFEED_QUIET", "1")
+            .env_remove("GPUFEED_SHARED_INDEX");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.args([cmd, "--json"]).arg(&data).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        (out, String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let shared = |out: &str| -> u64 {
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        v["index_bytes"]["samples_shared"].as_u64().unwrap()
+    };
+    let index_files = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(cache.join("index"))
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default()
+    };
+    let env = [("GPUFEED_CACHE_DIR", cache.as_path())];
+    // The first open writes the file, the second maps it: one file, 16 bytes a sample.
+    assert_eq!(shared(&run("inspect", &env).0), 16 * n as u64);
+    let files = index_files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&files[0]).unwrap());
+    assert_eq!(shared(&run("inspect", &env).0), 16 * n as u64);
+    let again = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&files[0]).unwrap());
+    assert_eq!(inode, again, "the second open rewrote the file");
+    // A damaged file is replaced, and every sample still reads right.
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    bytes[64 + 16 * 1234] ^= 0x10;
+    std::fs::write(&files[0], &bytes).unwrap();
+    assert_eq!(shared(&run("inspect", &env).0), 16 * n as u64);
+    let (out, _) = run("verify", &env);
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(v["bad"].as_u64(), Some(0), "{out}");
+    assert_eq!(v["samples"].as_u64(), Some(n as u64), "{out}");
+    assert!(
+        std::fs::read(&files[0]).unwrap() != bytes,
+        "the damaged file was kept"
+    );
+    // A link planted where the index directory goes: not followed, nothing written there.
+    let planted = dir.path().join("planted");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&planted).unwrap();
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, planted.join("index")).unwrap();
+    let o = Command::new(gpufeed_bin())
+        .env_remove("GPUFEED_QUIET")
+        .env_remove("GPUFEED_SHARED_INDEX")
+        .env("GPUFEED_CACHE_DIR", &planted)
+        .args(["inspect", "--json"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(shared(&String::from_utf8_lossy(&o.stdout)), 0);
+    assert!(err.contains("keeps its own copy"), "{err}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    // Opted out.
+    let mut c = Command::new(gpufeed_bin());
+    let o = c
+        .env("GPUFEED_QUIET", "1")
+        .env("GPUFEED_CACHE_DIR", &cache)
+        .env("GPUFEED_SHARED_INDEX", "0")
+        .args(["inspect", "--json"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert_eq!(shared(&String::from_utf8_lossy(&o.stdout)), 0);
+}
