@@ -397,8 +397,11 @@ class IterableDataset(torch.utils.data.IterableDataset):
 
         state = self.loader.state_dict()
         spawning = context.get_spawning_popen() is not None
+        # A resume point (load_state_dict) travels too: the workers' first pass starts there.
+        resume = state if state["batch"] > 0 or state.get("stops") else None
         return {
             "kwargs": self.loader.init_kwargs(),
+            "resume": resume,
             "epoch": self._epoch if self._epoch is not None else state["epoch"],
             "board": self._board if spawning else None,
             "device": self.device,
@@ -409,6 +412,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.loader = None
         self._kwargs = state["kwargs"]
+        self._resume = state.get("resume")
         self._epoch = state["epoch"]
         self._board = state["board"]
         self.device = state["device"]
@@ -450,13 +454,26 @@ class IterableDataset(torch.utils.data.IterableDataset):
         # the same in every worker, a pass left early included).
         self._passes += 1
         pass_id = ((info.seed - info.id) * 1_000_003 + self._passes) & 0x7FFF_FFFF_FFFF_FFFF
-        if self.loader is None or self._part_of != (info.id, info.num_workers):
-            self.loader = Loader(**kwargs)  # a persistent worker keeps its part's loader
-            self.loader._mark_worker_part()
-            self._part_of = (info.id, info.num_workers)
-        self.loader.set_epoch(epoch)
-        for b in batches(self.loader, self.device, self.non_blocking, self.ids_dtype):
-            b.index = b.index * info.num_workers + info.id  # the batch's place in the rank's epoch
+        n = info.num_workers
+        resume = getattr(self, "_resume", None)
+        if resume is not None and self._passes == 1 and resume["epoch"] == epoch:
+            # Resumed at the rank's batch k: the DataLoader takes batches from workers 0, 1, …
+            # in turn, so worker w reads batches k + w, k + w + n, … — part (k + w) mod n, from
+            # its batch (k + w) // n — with a loader of that part for this pass.
+            k = resume["batch"]
+            part = (k + info.id) % n
+            reader = Loader(**dict(kwargs, _batch_part=(part, n)))
+            reader._mark_worker_part()
+            reader.load_state_dict(dict(resume, batch=(k + info.id) // n))
+        else:
+            if self.loader is None or self._part_of != (info.id, n):
+                self.loader = Loader(**kwargs)  # a persistent worker keeps its part's loader
+                self.loader._mark_worker_part()
+                self._part_of = (info.id, n)
+            self.loader.set_epoch(epoch)
+            reader, part = self.loader, info.id
+        for b in batches(reader, self.device, self.non_blocking, self.ids_dtype):
+            b.index = b.index * n + part  # the batch's place in the rank's epoch
             yield b
         if board is not None:
             # Every worker's part of this pass (one DataLoader iterator: one base seed) read.

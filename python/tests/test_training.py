@@ -382,6 +382,33 @@ class TorchGlue(unittest.TestCase):
             self.assertEqual([ids for _, ids in got], direct, f"{workers} workers")
             self.assertEqual([i for i, _ in got], list(range(35)))
 
+    def test_a_dataloader_with_workers_resumes_where_the_state_says(self):
+        import gpufeed.torch as gt
+        from torch.utils.data import DataLoader
+
+        # Stopped after 5 of 35 batches; the state loaded into a new loader whose batches reach
+        # the trainer through 2 or 3 spawn-started workers: the 30 batches left, in order.
+        ld = good(batch_size=7, order="global", seed=9)
+        ld.set_epoch(4)
+        direct = [b.sample_ids.tolist() for b in gt.batches(ld)]
+        run = good(batch_size=7, order="global", seed=9)
+        run.set_epoch(4)
+        it = iter(run)
+        for _ in range(5):
+            next(it)
+        state = run.state_dict()
+        del it
+        for workers in (2, 3):
+            again = good(batch_size=7, order="global", seed=9)
+            again.load_state_dict(state)
+            ds = gt.IterableDataset(again)
+            ds.set_epoch(4)
+            dl = DataLoader(ds, batch_size=None, num_workers=workers,
+                            multiprocessing_context="spawn")
+            got = [(b.index, b.sample_ids.tolist()) for b in dl]
+            self.assertEqual([ids for _, ids in got], direct[5:], f"{workers} workers")
+            self.assertEqual([i for i, _ in got], list(range(5, 35)))
+
     def test_token_batches_are_nanogpts_pairs(self):
         import gpufeed.torch as gt
 
