@@ -199,49 +199,128 @@ pub struct Checked {
     pub label: Option<i64>,
 }
 
-/// Variable-length byte strings stored back to back (keys, metadata).
+/// Variable-length byte strings stored back to back (keys, metadata): this process's own, or
+/// a mapping of the node's shared copy (`GPUFEED_SHARED_INDEX`, in the README).
 #[derive(Debug, Clone, Default)]
 pub struct Strings {
     bytes: Vec<u8>,
     ends: Vec<u32>,
+    shared: Option<SharedStrings>,
+}
+
+/// Strings read from a mapping: `count` ends (u32, native order) at `ends_at`, then the bytes.
+#[derive(Clone)]
+struct SharedStrings {
+    map: crate::plan::SharedBytes,
+    ends_at: usize,
+    count: usize,
+    bytes_len: usize,
+}
+
+impl std::fmt::Debug for SharedStrings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedStrings({} strings)", self.count)
+    }
+}
+
+impl SharedStrings {
+    fn ends(&self) -> &[u32] {
+        bytemuck::cast_slice(&(*self.map).as_ref()[self.ends_at..self.ends_at + self.count * 4])
+    }
+    fn bytes(&self) -> &[u8] {
+        let at = self.ends_at + self.count * 4;
+        &(*self.map).as_ref()[at..at + self.bytes_len]
+    }
 }
 
 impl Strings {
     /// Appends a string; fails once all strings together exceed 4 GiB.
     pub fn push(&mut self, s: &[u8]) -> Result<()> {
+        debug_assert!(self.shared.is_none(), "a shared Strings is read-only");
         self.bytes.extend_from_slice(s);
         let end = u32::try_from(self.bytes.len())
             .map_err(|_| invalid("keys and metadata exceed 4 GiB in one dataset"))?;
         self.ends.push(end);
         Ok(())
     }
+    fn parts(&self) -> (&[u32], &[u8]) {
+        match &self.shared {
+            Some(s) => (s.ends(), s.bytes()),
+            None => (&self.ends, &self.bytes),
+        }
+    }
     /// String `i`.
     pub fn get(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.bytes[start..self.ends[i] as usize]
+        let (ends, bytes) = self.parts();
+        let start = if i == 0 { 0 } else { ends[i - 1] as usize };
+        &bytes[start..ends[i] as usize]
     }
     /// How many strings there are.
     pub fn len(&self) -> usize {
-        self.ends.len()
+        self.parts().0.len()
     }
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.len() == 0
     }
-    /// Heap bytes held.
+    /// Heap bytes held (a shared mapping aside).
     pub fn heap_bytes(&self) -> usize {
         self.bytes.capacity() + self.ends.capacity() * 4
+    }
+    /// Bytes mapped from the node's shared copy.
+    pub fn shared_bytes(&self) -> usize {
+        self.shared
+            .as_ref()
+            .map_or(0, |s| s.count * 4 + s.bytes_len)
     }
 
     /// Frees what growing left spare; holds nothing when every string is empty (the strings
     /// then read as empty: [`Dataset::meta`]).
     pub fn settle(&mut self) {
+        if self.shared.is_some() {
+            return;
+        }
         if self.bytes.is_empty() {
             *self = Strings::default();
         } else {
             self.bytes.shrink_to_fit();
             self.ends.shrink_to_fit();
         }
+    }
+
+    /// This process's ends and bytes (what the node's shared copy holds), unless shared.
+    pub(crate) fn owned_parts(&self) -> Option<(&[u8], &[u8])> {
+        self.shared
+            .is_none()
+            .then(|| (bytemuck::cast_slice(&self.ends[..]), &self.bytes[..]))
+    }
+
+    /// Reads the strings from `map[offset..]` instead of its own, if they are byte for byte the
+    /// same (ends, then bytes). Returns whether it did.
+    pub(crate) fn share(&mut self, map: crate::plan::SharedBytes, offset: usize) -> bool {
+        let Some((ends, bytes)) = self.owned_parts() else {
+            return false;
+        };
+        let theirs = (*map).as_ref();
+        let (n, e, b) = (self.ends.len(), ends.len(), bytes.len());
+        let same = offset.is_multiple_of(4)
+            && (theirs.as_ptr() as usize).is_multiple_of(4)
+            && theirs.len() == offset + e + b
+            && &theirs[offset..offset + e] == ends
+            && &theirs[offset + e..] == bytes;
+        if same {
+            *self = Strings {
+                bytes: Vec::new(),
+                ends: Vec::new(),
+                shared: Some(SharedStrings {
+                    map,
+                    ends_at: offset,
+                    count: n,
+                    bytes_len: b,
+                }),
+            };
+        }
+        same
     }
 }
 
@@ -259,6 +338,9 @@ pub struct IndexBytes {
     /// The sample table mapped from the node's shared index file (one copy for every rank of
     /// the node, not in the heap figures above; `GPUFEED_SHARED_INDEX=0` keeps it private).
     pub samples_shared: usize,
+    /// The keys mapped from the node's shared copy (WebDataset, TFRecord, ImageFolder keys read
+    /// at the open; packed shards read theirs when first asked for, and keep them).
+    pub keys_shared: usize,
 }
 
 /// The sample index of a dataset.
@@ -727,6 +809,7 @@ impl Dataset {
                 v.capacity() * std::mem::size_of::<image::ImageInfo>()
             }),
             samples_shared: self.samples.shared_bytes(),
+            keys_shared: self.keys.shared_bytes(),
         }
     }
 
@@ -1009,6 +1092,10 @@ impl Builder {
         let mut ds = Dataset::empty(format, self.files, samples);
         ds.keys = self.keys;
         ds.keys.settle();
+        if ds.keys.len() >= shared::SHARED_MIN_SAMPLES {
+            let named: Vec<(&Path, u64)> = ds.files.iter().map(|f| (&*f.path, f.size)).collect();
+            shared::share_keys(&mut ds.keys, format.name(), &named);
+        }
         ds.problems = self.problems;
         ds.problems_total = self.problems_total;
         ds.recovered = self.recovered;

@@ -18,7 +18,7 @@ use crate::plan::Samples;
 /// Datasets of fewer samples keep their own table (1 MiB: not worth a file).
 pub(crate) const SHARED_MIN_SAMPLES: usize = 1 << 16;
 const MAGIC: &[u8; 8] = b"GPFIDX01";
-/// The header before the entries: magic, entry count, entry size, zeros.
+/// The header before the bytes: magic, entry count, bytes after the header, zeros.
 const HEADER: usize = 64;
 
 /// The directory of shared index files: `$GPUFEED_CACHE_DIR/index`, else
@@ -38,13 +38,28 @@ pub(crate) fn index_dir() -> Option<PathBuf> {
     env("HOME").map(|h| h.join(".cache").join("gpufeed").join("index"))
 }
 
+/// Whether sharing is on (`GPUFEED_SHARED_INDEX=0` turns it off).
+fn enabled() -> bool {
+    std::env::var_os("GPUFEED_SHARED_INDEX").is_none_or(|v| v != "0")
+}
+
+/// Says once per process why an index part stays private.
+fn say_private(dir: &Path, e: &std::io::Error) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        crate::util::notice(&format!(
+            "the sample index is not shared with the node's other ranks ({}: {e}); this \
+             process keeps its own copy",
+            dir.display()
+        ))
+    });
+}
+
 /// Replaces `samples`' own compact table by the node's shared copy of it (written now if no
 /// one has), for a dataset of `format` whose files are `files` (path, size). Keeps its own copy
 /// — saying why, once — where that cannot be done; does nothing for small or computed indexes.
 pub(crate) fn share(samples: &mut Samples, format: &str, files: &[(&Path, u64)]) {
-    if samples.len() < SHARED_MIN_SAMPLES
-        || std::env::var_os("GPUFEED_SHARED_INDEX").is_some_and(|v| v == "0")
-    {
+    if samples.len() < SHARED_MIN_SAMPLES || !enabled() {
         return;
     }
     let Some(own) = samples.owned_compact_bytes() else {
@@ -53,57 +68,93 @@ pub(crate) fn share(samples: &mut Samples, format: &str, files: &[(&Path, u64)])
     let Some(dir) = index_dir() else {
         return;
     };
-    let name = file_name(format, samples.len(), own.len(), files);
-    if let Err(e) = try_share(samples, &dir, &name) {
-        static SAID: std::sync::Once = std::sync::Once::new();
-        SAID.call_once(|| {
-            crate::util::notice(&format!(
-                "the sample index is not shared with the node's other ranks ({}: {e}); this \
-                 process keeps its own copy",
-                dir.display()
-            ))
-        });
+    let name = file_name("samples", format, samples.len(), own.len(), files);
+    let count = samples.len();
+    match node_copy(&dir, &name, &[own], count) {
+        Ok(m) => {
+            if !samples.share(m, HEADER) {
+                say_private(&dir, &std::io::Error::other("the mapped table differs"));
+            }
+        }
+        Err(e) => say_private(&dir, &e),
+    }
+}
+
+/// The same for a dataset's keys (tar member names, paths): their ends and bytes.
+pub(crate) fn share_keys(keys: &mut super::Strings, format: &str, files: &[(&Path, u64)]) {
+    if keys.len() < SHARED_MIN_SAMPLES || !enabled() {
+        return;
+    }
+    let Some((ends, bytes)) = keys.owned_parts() else {
+        return;
+    };
+    let Some(dir) = index_dir() else {
+        return;
+    };
+    let name = file_name("keys", format, keys.len(), bytes.len(), files);
+    let count = keys.len();
+    match node_copy(&dir, &name, &[ends, bytes], count) {
+        Ok(m) => {
+            if !keys.share(m, HEADER) {
+                say_private(&dir, &std::io::Error::other("the mapped keys differ"));
+            }
+        }
+        Err(e) => say_private(&dir, &e),
     }
 }
 
 /// The file's name: a hash of what names the dataset (format, files, sizes, counts). Two
 /// datasets that hash alike only replace each other's file (contents are compared, not trusted).
-fn file_name(format: &str, samples: usize, bytes: usize, files: &[(&Path, u64)]) -> String {
+fn file_name(
+    what: &str,
+    format: &str,
+    count: usize,
+    bytes: usize,
+    files: &[(&Path, u64)],
+) -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (MAGIC, format, samples, bytes, files.len()).hash(&mut h);
+    (MAGIC, format, count, bytes, files.len()).hash(&mut h);
     for (p, size) in files {
         (p, size).hash(&mut h);
     }
-    format!("samples-{:016x}.gpfidx", h.finish())
+    format!("{what}-{:016x}.gpfidx", h.finish())
 }
 
-fn try_share(samples: &mut Samples, dir: &Path, name: &str) -> std::io::Result<()> {
+/// The node's copy of `parts` (one after another, after a header naming `count` entries),
+/// mapped: the file in `dir` named `name` if it holds exactly these bytes, else written now —
+/// whole under a private name, then hard-linked into place (the first process to link wins and
+/// every one maps that file) or renamed over a different one (stale, damaged).
+fn node_copy(
+    dir: &Path,
+    name: &str,
+    parts: &[&[u8]],
+    count: usize,
+) -> std::io::Result<SharedMapping> {
     private_dir(dir)?;
     let path = dir.join(name);
-    let len = samples.owned_compact_bytes().map_or(0, <[u8]>::len);
-    let count = samples.len();
-    // The file at `path`, if it is this table, in use: whether it was.
-    let use_it = |samples: &mut Samples| -> std::io::Result<bool> {
-        Ok(match map_existing(&path, len, count)? {
-            Some(m) => samples.share(m, HEADER),
-            None => false,
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let same = |m: &SharedMapping| {
+        let mut at = HEADER;
+        parts.iter().all(|p| {
+            let ok = (**m).as_ref().get(at..at + p.len()) == Some(*p);
+            at += p.len();
+            ok
         })
     };
-    // Another rank's file.
-    if use_it(samples)? {
-        return Ok(());
+    let existing = || -> std::io::Result<Option<SharedMapping>> {
+        Ok(map_existing(&path, len, count)?.filter(&same))
+    };
+    if let Some(m) = existing()? {
+        return Ok(m);
     }
-    // Ours, written whole beside it, then linked into place: the first rank to link wins and
-    // every rank maps that one file. Over a different file (stale, damaged), renamed.
     sweep(dir);
-    let own = samples.owned_compact_bytes().expect("checked by share");
-    let tmp = write_beside(dir, name, own, count)?;
+    let tmp = write_beside(dir, name, parts, count)?;
     let placed = match std::fs::hard_link(&tmp, &path) {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            if use_it(samples)? {
+            if let Some(m) = existing()? {
                 let _ = std::fs::remove_file(&tmp);
-                return Ok(());
+                return Ok(m);
             }
             std::fs::rename(&tmp, &path)
         }
@@ -111,13 +162,7 @@ fn try_share(samples: &mut Samples, dir: &Path, name: &str) -> std::io::Result<(
     };
     let _ = std::fs::remove_file(&tmp);
     placed?;
-    if use_it(samples)? {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(
-            "another process replaced the index file meanwhile",
-        ))
-    }
+    existing()?.ok_or_else(|| std::io::Error::other("another process replaced the file meanwhile"))
 }
 
 /// Index files are kept a week from when they were written (a dataset opened again after that
@@ -135,9 +180,11 @@ fn sweep(dir: &Path) {
     for e in entries.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        let keep = if name.starts_with("samples-") && name.ends_with(".gpfidx") {
+        let ours = ["samples-", "keys-"].iter().any(|p| name.starts_with(p));
+        let partial = [".samples-", ".keys-"].iter().any(|p| name.starts_with(p));
+        let keep = if ours && name.ends_with(".gpfidx") {
             KEEP
-        } else if name.starts_with(".samples-") && name.ends_with(".partial") {
+        } else if partial && name.ends_with(".partial") {
             std::time::Duration::from_secs(24 * 3600)
         } else {
             continue; // not ours
@@ -199,7 +246,7 @@ fn map_existing(path: &Path, len: usize, count: usize) -> std::io::Result<Option
     let head = &m.as_ref()[..HEADER];
     if &head[..8] != MAGIC
         || head[8..16] != (count as u64).to_le_bytes()
-        || head[16..24] != 16u64.to_le_bytes()
+        || head[16..24] != (len as u64).to_le_bytes()
     {
         return Ok(None);
     }
@@ -208,9 +255,9 @@ fn map_existing(path: &Path, len: usize, count: usize) -> std::io::Result<Option
 
 type SharedMapping = crate::plan::SharedBytes;
 
-/// Writes the header and `own` to a new file in `dir` no one else can have opened; returns its
+/// Writes the header and `parts` to a new file in `dir` no one else can have opened; returns its
 /// path.
-fn write_beside(dir: &Path, name: &str, own: &[u8], count: usize) -> std::io::Result<PathBuf> {
+fn write_beside(dir: &Path, name: &str, parts: &[&[u8]], count: usize) -> std::io::Result<PathBuf> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -224,11 +271,92 @@ fn write_beside(dir: &Path, name: &str, own: &[u8], count: usize) -> std::io::Re
     let mut head = [0u8; HEADER];
     head[..8].copy_from_slice(MAGIC);
     head[8..16].copy_from_slice(&(count as u64).to_le_bytes());
-    head[16..24].copy_from_slice(&16u64.to_le_bytes());
-    let written = f.write_all(&head).and_then(|()| f.write_all(own));
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    head[16..24].copy_from_slice(&(len as u64).to_le_bytes());
+    let written = f
+        .write_all(&head)
+        .and_then(|()| parts.iter().try_for_each(|p| f.write_all(p)));
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
     Ok(tmp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::Strings;
+    use crate::plan::Sample;
+
+    /// Bytes 8-aligned, as a file mapping's are.
+    struct Aligned(Vec<u64>);
+    impl AsRef<[u8]> for Aligned {
+        fn as_ref(&self) -> &[u8] {
+            bytemuck::cast_slice(&self.0)
+        }
+    }
+    fn shared(parts: &[&[u8]]) -> SharedMapping {
+        let mut b = vec![0u8; HEADER];
+        for p in parts {
+            b.extend_from_slice(p);
+        }
+        b.resize(b.len().next_multiple_of(8), 0xAA);
+        let n = b.len();
+        let mut v = vec![0u64; n / 8];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut v).copy_from_slice(&b);
+        // Trailing filler past the parts makes the lengths differ unless they fit exactly.
+        Arc::new(Aligned(v))
+    }
+
+    /// Strings and samples read from a shared copy only when it holds exactly their bytes,
+    /// and then read the same as before.
+    #[test]
+    fn a_shared_copy_is_used_only_when_it_is_the_same() {
+        // 4 ends (16 bytes) and 24 bytes of strings: 64 + 40, a whole number of u64s.
+        let words = ["a", "", "n01440764_10026", "ü/x.jpg"];
+        let mut keys = Strings::default();
+        for k in words {
+            keys.push(k.as_bytes()).unwrap();
+        }
+        let (e, b) = keys
+            .owned_parts()
+            .map(|(e, b)| (e.to_vec(), b.to_vec()))
+            .unwrap();
+        assert_eq!((e.len() + b.len()) % 8, 0);
+        let mut copy = keys.clone();
+        assert!(copy.share(shared(&[&e, &b]), HEADER));
+        for (i, w) in words.iter().enumerate() {
+            assert_eq!(copy.get(i), w.as_bytes());
+        }
+        assert_eq!(copy.len(), 4);
+        assert_eq!((copy.heap_bytes(), copy.shared_bytes()), (0, 40));
+        // One byte different, or 8 bytes more: refused, its own copy kept.
+        let mut wrong = b.clone();
+        wrong[3] ^= 1;
+        let mut kept = keys.clone();
+        assert!(!kept.share(shared(&[&e, &wrong]), HEADER));
+        assert!(!kept.share(shared(&[&e, &b, &[0; 8]]), HEADER));
+        assert_eq!((kept.get(2), kept.shared_bytes()), (words[2].as_bytes(), 0));
+
+        // 16-byte samples: 64 + 16·n is a multiple of 8.
+        let v: Vec<Sample> = (0..100)
+            .map(|i| Sample {
+                file: 0,
+                len: 10 + i,
+                offset: 4096 * i as u64,
+                label: (i % 7) as i64,
+                crc32c: i * 31,
+            })
+            .collect();
+        let own: Samples = v.clone().into();
+        let bytes = own.owned_compact_bytes().unwrap().to_vec();
+        let mut s = own.clone();
+        assert!(s.share(shared(&[&bytes]), HEADER));
+        assert_eq!(s.iter().collect::<Vec<_>>(), v);
+        assert_eq!((s.shared_bytes(), s.heap_bytes() < 64), (1600, true));
+        let mut bad = bytes.clone();
+        bad[17] ^= 4;
+        assert!(!own.clone().share(shared(&[&bad]), HEADER));
+    }
 }

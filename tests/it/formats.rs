@@ -1121,3 +1121,50 @@ fn long_work_reports_its_progress_to_the_callers_function() {
     assert_eq!(last.1, last.2);
     assert_eq!(last.2, ds.total_bytes());
 }
+
+/// A WebDataset tar of 70,000 samples written by Python's tarfile: its member names (the keys,
+/// read at the open) are shared by the node's processes as the sample table is — the second
+/// open maps both from `$GPUFEED_CACHE_DIR/index` — and the keys read back are Python's names.
+#[test]
+fn webdataset_keys_are_shared_by_the_node() {
+    let Some(mut py) = python() else { return };
+    let dir = disk_dir();
+    let tar = dir.path().join("a.tar");
+    py.arg("-c")
+        .arg(
+            "import io, sys, tarfile\n\
+             with tarfile.open(sys.argv[1], 'w') as t:\n\
+             \x20   for i in range(70000):\n\
+             \x20       for ext, data in (('jpg', b'x' * (10 + i % 7)), ('cls', str(i % 10).encode())):\n\
+             \x20           ti = tarfile.TarInfo(f'shard/s{i:06d}.{ext}'); ti.size = len(data)\n\
+             \x20           t.addfile(ti, io.BytesIO(data))\n",
+        )
+        .arg(&tar);
+    run_ok(py);
+    let cache = dir.path().join("cache");
+    let inspect = || -> serde_json::Value {
+        let o = Command::new(gpufeed_bin())
+            .env("GPUFEED_QUIET", "1")
+            .env_remove("GPUFEED_SHARED_INDEX")
+            .env("GPUFEED_CACHE_DIR", &cache)
+            .args(["inspect", "--json"])
+            .arg(&tar)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    for _ in 0..2 {
+        let v = inspect();
+        assert_eq!(v["samples"].as_u64(), Some(70_000));
+        let ib = &v["index_bytes"];
+        assert_eq!(ib["samples_shared"].as_u64(), Some(16 * 70_000), "{ib}");
+        assert!(ib["keys_shared"].as_u64().unwrap() >= 70_000 * 4, "{ib}");
+        assert!(ib["keys"].as_u64().unwrap() < 1024, "{ib}");
+    }
+    assert_eq!(std::fs::read_dir(cache.join("index")).unwrap().count(), 2);
+    // The keys as this process reads them.
+    let ds = gpufeed::Dataset::open(&tar).unwrap();
+    assert_eq!(ds.key(0), "shard/s000000");
+    assert_eq!(ds.key(69_999), "shard/s069999");
+}
