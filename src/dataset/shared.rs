@@ -1,17 +1,23 @@
 //! The index the ranks of a node share. Every rank opening a dataset builds the same 16-byte
 //! sample table; held by each, 8 ranks hold 8 copies (10⁷ samples: 1.2 GiB over the node). So
 //! the first to open writes its table to a file in the index directory
-//! (`$GPUFEED_CACHE_DIR/index`, else `~/.cache/gpufeed/index`) and every rank maps that file:
+//! (`$GPUFEED_INDEX_DIR`, else `~/.cache/gpufeed/index`) and every rank maps that file:
 //! one copy in the page cache, shared. Nothing in the file is trusted: a rank maps it only if it
 //! is byte for byte the table it built itself (so a stale, damaged or planted file is never used,
-//! only replaced), owned by this user, in a directory only this user can write. Where that fails
+//! only replaced), owned by this user, in a directory only this user can write — every file
+//! operation made relative to that directory once opened and checked, so swapping the
+//! directory for a link midway leads nowhere. Where that fails
 //! (a full disk, a directory another user owns, `GPUFEED_SHARED_INDEX=0`) the rank keeps its own
 //! copy, as before, and says why once.
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::Mode;
 
 use crate::plan::Samples;
 
@@ -21,16 +27,17 @@ const MAGIC: &[u8; 8] = b"GPFIDX01";
 /// The header before the bytes: magic, entry count, bytes after the header, zeros.
 const HEADER: usize = 64;
 
-/// The directory of shared index files: `$GPUFEED_CACHE_DIR/index`, else
-/// `$XDG_CACHE_HOME/gpufeed/index`, else `~/.cache/gpufeed/index`.
+/// The directory of shared index files: `$GPUFEED_INDEX_DIR`, else
+/// `$XDG_CACHE_HOME/gpufeed/index`, else `~/.cache/gpufeed/index` (beside the node cache's
+/// default `objects`; not inside `$GPUFEED_CACHE_DIR`, which is the node cache's alone).
 pub(crate) fn index_dir() -> Option<PathBuf> {
     let env = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     };
-    if let Some(d) = env("GPUFEED_CACHE_DIR") {
-        return Some(d.join("index"));
+    if let Some(d) = env("GPUFEED_INDEX_DIR") {
+        return Some(d);
     }
     if let Some(d) = env("XDG_CACHE_HOME") {
         return Some(d.join("gpufeed").join("index"));
@@ -115,8 +122,16 @@ fn file_name(
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (MAGIC, format, count, bytes, files.len()).hash(&mut h);
+    // Names and sizes, and where the first and last files are (however their paths are
+    // spelled: `./a.tar`, an absolute path and a linked directory name one dataset).
     for (p, size) in files {
-        (p, size).hash(&mut h);
+        (p.file_name(), size).hash(&mut h);
+    }
+    for (p, _) in [files.first(), files.last()].into_iter().flatten() {
+        let parent = p.parent().filter(|d| !d.as_os_str().is_empty());
+        std::fs::canonicalize(parent.unwrap_or(Path::new(".")))
+            .ok()
+            .hash(&mut h);
     }
     format!("{what}-{:016x}.gpfidx", h.finish())
 }
@@ -131,8 +146,7 @@ fn node_copy(
     parts: &[&[u8]],
     count: usize,
 ) -> std::io::Result<SharedMapping> {
-    private_dir(dir)?;
-    let path = dir.join(name);
+    let d = private_dir(dir)?;
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let same = |m: &SharedMapping| {
         let mut at = HEADER;
@@ -143,25 +157,28 @@ fn node_copy(
         })
     };
     let existing = || -> std::io::Result<Option<SharedMapping>> {
-        Ok(map_existing(&path, len, count)?.filter(&same))
+        Ok(map_existing(&d, name, len, count)?.filter(&same))
     };
     if let Some(m) = existing()? {
         return Ok(m);
     }
-    sweep(dir);
-    let tmp = write_beside(dir, name, parts, count)?;
-    let placed = match std::fs::hard_link(&tmp, &path) {
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+    sweep(&d);
+    let tmp = write_beside(&d, name, parts, count)?;
+    let unlink_tmp = || {
+        let _ = nix::unistd::unlinkat(&d, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+    };
+    let placed = match nix::unistd::linkat(&d, tmp.as_str(), &d, name, AtFlags::empty()) {
+        Err(nix::errno::Errno::EEXIST) => {
             if let Some(m) = existing()? {
-                let _ = std::fs::remove_file(&tmp);
+                unlink_tmp();
                 return Ok(m);
             }
-            std::fs::rename(&tmp, &path)
+            nix::fcntl::renameat(&d, tmp.as_str(), &d, name)
         }
         other => other,
     };
-    let _ = std::fs::remove_file(&tmp);
-    placed?;
+    unlink_tmp();
+    placed.map_err(|e| std::io::Error::other(format!("cannot place {name}: {e}")))?;
     existing()?.ok_or_else(|| std::io::Error::other("another process replaced the file meanwhile"))
 }
 
@@ -171,78 +188,109 @@ fn node_copy(
 /// process left go after a day.
 const KEEP: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 
-/// Removes this directory's index files older than [`KEEP`] and partial ones older than a day.
-fn sweep(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+/// Removes the directory's index files older than [`KEEP`] and partial ones older than a day
+/// (regular files only, by name; nothing else is touched).
+fn sweep(d: &OwnedFd) {
+    let Ok(dup) = d.try_clone() else {
         return;
     };
-    let now = std::time::SystemTime::now();
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
+    let Ok(mut entries) = nix::dir::Dir::from_fd(dup) else {
+        return;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_secs() as i64);
+    let mut old = Vec::new();
+    for e in entries.iter().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
         let ours = ["samples-", "keys-"].iter().any(|p| name.starts_with(p));
         let partial = [".samples-", ".keys-"].iter().any(|p| name.starts_with(p));
         let keep = if ours && name.ends_with(".gpfidx") {
-            KEEP
+            KEEP.as_secs() as i64
         } else if partial && name.ends_with(".partial") {
-            std::time::Duration::from_secs(24 * 3600)
+            24 * 3600
         } else {
             continue; // not ours
         };
-        let old = e
-            .metadata()
-            .ok()
-            .filter(std::fs::Metadata::is_file)
-            .and_then(|m| m.modified().ok())
-            .and_then(|t| now.duration_since(t).ok())
-            .is_some_and(|age| age > keep);
-        if old {
-            let _ = std::fs::remove_file(e.path());
+        let Ok(st) = nix::sys::stat::fstatat(d, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG && now - st.st_mtime > keep {
+            old.push(name);
         }
+    }
+    for name in old {
+        let _ = nix::unistd::unlinkat(d, name.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
 }
 
-/// Makes `dir` (0700) and checks that it is a directory, not a link, owned by this user and
-/// writable by no one else: a file in it was written by this user.
-fn private_dir(dir: &Path) -> std::io::Result<()> {
+/// Makes `dir` (0700), opens it without following a link, and checks the directory opened is
+/// this user's and writable by no one else: the files in it were written by this user, and
+/// every later operation is made relative to the directory held here.
+fn private_dir(dir: &Path) -> std::io::Result<OwnedFd> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)?;
-    let md = std::fs::symlink_metadata(dir)?;
+    let d = nix::fcntl::open(
+        dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        std::io::Error::other(format!(
+            "{}: {e}{}",
+            dir.display(),
+            if e == nix::errno::Errno::ELOOP || e == nix::errno::Errno::ENOTDIR {
+                " (a link or not a directory)"
+            } else {
+                ""
+            }
+        ))
+    })?;
+    let st = nix::sys::stat::fstat(&d).map_err(std::io::Error::from)?;
     let me = std::fs::metadata("/proc/self")?.uid();
-    if !md.is_dir() || md.uid() != me || md.mode() & 0o022 != 0 {
+    if st.st_uid != me || st.st_mode & 0o022 != 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             format!(
-                "not a directory of this user's that only it can write (owner {}, mode {:o})",
-                md.uid(),
-                md.mode() & 0o7777
+                "{} is not a directory of this user's that only it can write (owner {}, mode \
+                 {:o})",
+                dir.display(),
+                st.st_uid,
+                st.st_mode & 0o7777
             ),
         ));
     }
-    Ok(())
+    Ok(d)
 }
 
-/// The index file at `path` mapped, if it is a regular file of this user's (not a link) with a
-/// header for `count` entries and `len` bytes of them; `None` if there is none.
-fn map_existing(path: &Path, len: usize, count: usize) -> std::io::Result<Option<SharedMapping>> {
-    let f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None), // a link: replaced
-        Err(e) => return Err(e),
+/// The index file `name` in `d` mapped, if it is a regular file of this user's (not a link)
+/// with a header for `count` entries and `len` bytes of them; `None` if there is none.
+fn map_existing(
+    d: &OwnedFd,
+    name: &str,
+    len: usize,
+    count: usize,
+) -> std::io::Result<Option<SharedMapping>> {
+    // Not waiting on a FIFO planted at the name (a regular file ignores O_NONBLOCK).
+    let fd = match nix::fcntl::openat(
+        d,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ELOOP) => return Ok(None),
+        Err(e) => return Err(std::io::Error::other(format!("{name}: {e}"))),
     };
+    let f = std::fs::File::from(fd);
     let md = f.metadata()?;
     let me = std::fs::metadata("/proc/self")?.uid();
     if !md.is_file() || md.uid() != me || md.len() != (HEADER + len) as u64 {
         return Ok(None);
     }
-    let m = crate::sys::FileMapping::of(std::os::fd::AsFd::as_fd(&f), HEADER + len)?;
+    let m = crate::sys::FileMapping::of(f.as_fd(), HEADER + len)?;
     let head = &m.as_ref()[..HEADER];
     if &head[..8] != MAGIC
         || head[8..16] != (count as u64).to_le_bytes()
@@ -255,19 +303,21 @@ fn map_existing(path: &Path, len: usize, count: usize) -> std::io::Result<Option
 
 type SharedMapping = crate::plan::SharedBytes;
 
-/// Writes the header and `parts` to a new file in `dir` no one else can have opened; returns its
-/// path.
-fn write_beside(dir: &Path, name: &str, parts: &[&[u8]], count: usize) -> std::io::Result<PathBuf> {
+/// Writes the header and `parts` to a new file in `d` that no one else can have opened;
+/// returns its name.
+fn write_beside(d: &OwnedFd, name: &str, parts: &[&[u8]], count: usize) -> std::io::Result<String> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    let tmp = dir.join(format!(".{name}.{}.{nanos}.partial", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)?;
+    let tmp = format!(".{name}.{}.{nanos}.partial", std::process::id());
+    let fd = nix::fcntl::openat(
+        d,
+        tmp.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|e| std::io::Error::other(format!("{tmp}: {e}")))?;
+    let mut f = std::fs::File::from(fd);
     let mut head = [0u8; HEADER];
     head[..8].copy_from_slice(MAGIC);
     head[8..16].copy_from_slice(&(count as u64).to_le_bytes());
@@ -277,8 +327,8 @@ fn write_beside(dir: &Path, name: &str, parts: &[&[u8]], count: usize) -> std::i
         .write_all(&head)
         .and_then(|()| parts.iter().try_for_each(|p| f.write_all(p)));
     if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+        let _ = nix::unistd::unlinkat(d, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+        return Err(std::io::Error::new(e.kind(), format!("{tmp}: {e}")));
     }
     Ok(tmp)
 }

@@ -665,7 +665,7 @@ fn bench_scale_reports_a_billion_windows_at_no_index_cost() {
 }
 
 /// The node's ranks share one copy of a large sample index: the first process to open the
-/// dataset writes its table into `$GPUFEED_CACHE_DIR/index` and every later one maps that file
+/// dataset writes its table into `$GPUFEED_INDEX_DIR` and every later one maps that file
 /// (`index_bytes.samples_shared`) — after checking it byte for byte against its own, so a
 /// damaged file is replaced, never used; a link planted where the directory goes is not
 /// followed (the process keeps its own copy and says so); `GPUFEED_SHARED_INDEX=0` keeps it
@@ -685,7 +685,7 @@ fn a_large_index_is_shared_through_one_file_checked_before_use() {
         }
         w.finish().unwrap();
     }
-    let cache = dir.path().join("cache");
+    let cache = dir.path().join("cache").join("index");
     let run = |cmd: &str, env: &[(&str, &std::path::Path)]| {
         let mut c = Command::new(gpufeed_bin());
         c.env("GPUFEED_QUIET", "1")
@@ -703,11 +703,11 @@ fn a_large_index_is_shared_through_one_file_checked_before_use() {
         v["index_bytes"]["samples_shared"].as_u64().unwrap()
     };
     let index_files = || -> Vec<std::path::PathBuf> {
-        std::fs::read_dir(cache.join("index"))
+        std::fs::read_dir(&cache)
             .map(|d| d.map(|e| e.unwrap().path()).collect())
             .unwrap_or_default()
     };
-    let env = [("GPUFEED_CACHE_DIR", cache.as_path())];
+    let env = [("GPUFEED_INDEX_DIR", cache.as_path())];
     // The first open writes the file, the second maps it: one file, 16 bytes a sample.
     assert_eq!(shared(&run("inspect", &env).0), 16 * n as u64);
     let files = index_files();
@@ -729,6 +729,12 @@ fn a_large_index_is_shared_through_one_file_checked_before_use() {
         std::fs::read(&files[0]).unwrap() != bytes,
         "the damaged file was kept"
     );
+    // A FIFO planted at the file's name is not waited on: it is replaced.
+    std::fs::remove_file(&files[0]).unwrap();
+    let st = Command::new("mkfifo").arg(&files[0]).status().unwrap();
+    assert!(st.success());
+    assert_eq!(shared(&run("inspect", &env).0), 16 * n as u64);
+    assert!(std::fs::metadata(&files[0]).unwrap().is_file());
     // A link planted where the index directory goes: not followed, nothing written there.
     let planted = dir.path().join("planted");
     let elsewhere = dir.path().join("elsewhere");
@@ -738,7 +744,7 @@ fn a_large_index_is_shared_through_one_file_checked_before_use() {
     let o = Command::new(gpufeed_bin())
         .env_remove("GPUFEED_QUIET")
         .env_remove("GPUFEED_SHARED_INDEX")
-        .env("GPUFEED_CACHE_DIR", &planted)
+        .env("GPUFEED_INDEX_DIR", planted.join("index"))
         .args(["inspect", "--json"])
         .arg(&data)
         .output()
@@ -751,7 +757,7 @@ fn a_large_index_is_shared_through_one_file_checked_before_use() {
     let mut c = Command::new(gpufeed_bin());
     let o = c
         .env("GPUFEED_QUIET", "1")
-        .env("GPUFEED_CACHE_DIR", &cache)
+        .env("GPUFEED_INDEX_DIR", &cache)
         .env("GPUFEED_SHARED_INDEX", "0")
         .args(["inspect", "--json"])
         .arg(&data)

@@ -1124,7 +1124,7 @@ fn long_work_reports_its_progress_to_the_callers_function() {
 
 /// A WebDataset tar of 70,000 samples written by Python's tarfile: its member names (the keys,
 /// read at the open) are shared by the node's processes as the sample table is — the second
-/// open maps both from `$GPUFEED_CACHE_DIR/index` — and the keys read back are Python's names.
+/// open maps both from `$GPUFEED_INDEX_DIR` — and the keys read back are Python's names.
 #[test]
 fn webdataset_keys_are_shared_by_the_node() {
     let Some(mut py) = python() else { return };
@@ -1146,7 +1146,7 @@ fn webdataset_keys_are_shared_by_the_node() {
         let o = Command::new(gpufeed_bin())
             .env("GPUFEED_QUIET", "1")
             .env_remove("GPUFEED_SHARED_INDEX")
-            .env("GPUFEED_CACHE_DIR", &cache)
+            .env("GPUFEED_INDEX_DIR", &cache)
             .args(["inspect", "--json"])
             .arg(&tar)
             .output()
@@ -1162,7 +1162,7 @@ fn webdataset_keys_are_shared_by_the_node() {
         assert!(ib["keys_shared"].as_u64().unwrap() >= 70_000 * 4, "{ib}");
         assert!(ib["keys"].as_u64().unwrap() < 1024, "{ib}");
     }
-    assert_eq!(std::fs::read_dir(cache.join("index")).unwrap().count(), 2);
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 2);
     // The keys as this process reads them.
     let ds = gpufeed::Dataset::open(&tar).unwrap();
     assert_eq!(ds.key(0), "shard/s000000");
