@@ -63,10 +63,12 @@ one() {
         "target/fuzz-corpus/$t" "target/fuzz-seeds/$t" >"$log" 2>&1 || rc=$?
     local took=$((SECONDS - start))
     local execs cov ft corp
-    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-    cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
-    ft=$(grep -oE 'ft: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
-    corp=$(grep -oE 'corp: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
+    # A target that fails before its first report has none of these: `|| true`, or the row
+    # would not be written and the previous run's "ok" shown.
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1 || true)
+    cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
+    ft=$(grep -oE 'ft: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
+    corp=$(grep -oE 'corp: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
     local result=ok
     if [ "$rc" != 0 ]; then
         local art

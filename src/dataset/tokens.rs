@@ -361,7 +361,8 @@ fn megatron_one(
     // ending at the sequence count. An index that disagrees with itself is refused (Megatron
     // refuses it too) rather than opened with a warning.
     let mut prev = 0u64;
-    let mut buf = vec![0u8; (CHUNK * 12) as usize];
+    // Sized by the arrays (checked against the file's size above), at most a chunk of them.
+    let mut buf = vec![0u8; (CHUNK.min(seqs.max(docs)) * 12) as usize];
     for first in (0..docs).step_by(CHUNK as usize) {
         let n = CHUNK.min(docs - first);
         let chunk = &mut buf[..(n * 8) as usize];

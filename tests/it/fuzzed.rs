@@ -105,3 +105,20 @@ fn label_ext_none_behind_dots_means_none() {
     o.set("label_ext", ".NONE").unwrap();
     assert_eq!(o.webdataset.label, None);
 }
+
+/// `megatron`: an index of no sequences and no documents made the open allocate a whole
+/// chunk's buffer (768 KiB) for arrays of nothing — past the fuzz harness's bound on memory
+/// for a 34-byte input (the arrays are now read through a buffer sized by them). It is still
+/// an index of no samples, said as such.
+#[test]
+fn an_empty_megatron_index_opens_without_a_chunk_buffer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut idx = b"MMIDIDX\0\0".to_vec();
+    idx.extend_from_slice(&1u64.to_le_bytes());
+    idx.push(8);
+    idx.extend_from_slice(&[0; 16]); // 0 sequences, 0 documents
+    std::fs::write(dir.path().join("m.idx"), &idx).unwrap();
+    std::fs::write(dir.path().join("m.bin"), b"").unwrap();
+    let e = gpufeed::Dataset::open(dir.path().join("m")).unwrap_err();
+    assert!(e.to_string().contains("no samples"), "{e}");
+}
