@@ -1047,12 +1047,6 @@ impl Computed {
             }
         }
     }
-
-    /// The samples at `positions`.
-    fn fill(&self, positions: Range<usize>) -> Vec<u32> {
-        let mut cache = WindowCache::default();
-        positions.map(|p| self.at_with(p, &mut cache)).collect()
-    }
 }
 
 impl Ids {
@@ -1254,26 +1248,27 @@ impl EpochPlan {
 
     /// The samples at `positions` of the rank's order.
     pub fn ids(&self, positions: Range<usize>) -> std::borrow::Cow<'_, [u32]> {
+        if let Ids::Listed(v) = &self.ids {
+            return std::borrow::Cow::Borrowed(&v[positions]);
+        }
+        let mut out = Vec::with_capacity(positions.len());
+        self.extend_ids(positions, &mut out, &mut WindowCache::default());
+        std::borrow::Cow::Owned(out)
+    }
+
+    /// Appends the samples at `positions` to `out`; `cache` carries a computed order's window
+    /// from one call to the next (a resumed plan reads its remainder a run at a time).
+    fn extend_ids(&self, positions: Range<usize>, out: &mut Vec<u32>, cache: &mut WindowCache) {
+        assert!(
+            positions.end <= self.len(),
+            "positions to {} of {}",
+            positions.end,
+            self.len()
+        );
         match &self.ids {
-            Ids::Listed(v) => std::borrow::Cow::Borrowed(&v[positions]),
-            Ids::Computed(c) => {
-                assert!(
-                    positions.end <= c.len,
-                    "positions to {} of {}",
-                    positions.end,
-                    c.len
-                );
-                std::borrow::Cow::Owned(c.fill(positions))
-            }
-            Ids::Resumed(r) => {
-                assert!(
-                    positions.end <= r.len,
-                    "positions to {} of {}",
-                    positions.end,
-                    r.len
-                );
-                std::borrow::Cow::Owned(r.fill(positions))
-            }
+            Ids::Listed(v) => out.extend_from_slice(&v[positions]),
+            Ids::Computed(c) => out.extend(positions.map(|p| c.at_with(p, cache))),
+            Ids::Resumed(r) => r.fill_into(positions, out),
         }
     }
 

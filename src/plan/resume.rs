@@ -20,7 +20,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::{fit_batches, part_positions, EpochPlan, Ids, LastBatch, PlanConfig, Samples};
+use super::{
+    fit_batches, part_positions, EpochPlan, Ids, LastBatch, PlanConfig, Samples, WindowCache,
+};
 use crate::error::{invalid, Result};
 
 /// One stop of an epoch that was resumed on another rank count: `world_size` ranks had each
@@ -55,14 +57,15 @@ impl Remainder {
         self.ends.last().copied().unwrap_or(0)
     }
 
-    /// Appends the samples at remainder positions `range` (within `0..len`) to `out`.
-    fn extend(&self, mut range: Range<u64>, out: &mut Vec<u32>) {
+    /// Appends the samples at remainder positions `range` (within `0..len`) to `out`; `caches`
+    /// (one per stopped rank) keep each rank's current window between runs.
+    fn extend(&self, mut range: Range<u64>, out: &mut Vec<u32>, caches: &mut [WindowCache]) {
         while range.start < range.end {
             let r = self.ends.partition_point(|&e| e <= range.start);
             let begin = if r == 0 { 0 } else { self.ends[r - 1] };
             let upto = range.end.min(self.ends[r]);
             let p = self.from[r] + (range.start - begin) as usize;
-            out.extend_from_slice(&self.ranks[r].ids(p..p + (upto - range.start) as usize));
+            self.ranks[r].extend_ids(p..p + (upto - range.start) as usize, out, &mut caches[r]);
             range.start = upto;
         }
     }
@@ -92,9 +95,21 @@ pub(super) struct Resumed {
 impl Resumed {
     /// The samples at `positions` of this part's order.
     pub(super) fn fill(&self, positions: Range<usize>) -> Vec<u32> {
+        let mut out = Vec::with_capacity(positions.len());
+        self.fill_into(positions, &mut out);
+        out
+    }
+
+    /// Appends the samples at `positions` of this part's order to `out`.
+    pub(super) fn fill_into(&self, positions: Range<usize>, out: &mut Vec<u32>) {
         let m = self.rest.len();
         let (b, parts, part) = (self.batch, self.parts, self.part);
-        let mut out = Vec::with_capacity(positions.len());
+        let mut caches: Vec<WindowCache> = self
+            .rest
+            .ranks
+            .iter()
+            .map(|_| WindowCache::default())
+            .collect();
         let (mut p, end) = (positions.start as u64, positions.end as u64);
         while p < end {
             // A run of positions consecutive in the rank's order: one batch of this part (the
@@ -109,13 +124,12 @@ impl Resumed {
             while left > 0 {
                 let s0 = s % m;
                 let take = left.min(m - s0);
-                self.rest.extend(s0..s0 + take, &mut out);
+                self.rest.extend(s0..s0 + take, out, &mut caches);
                 s += take;
                 left -= take;
             }
             p = run_end;
         }
-        out
     }
 
     pub(super) fn heap_bytes(&self) -> usize {
