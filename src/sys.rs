@@ -400,7 +400,6 @@ impl Drop for SharedMap {
 }
 
 /// An OFD lock request of kind `kind` (`F_RDLCK`, `F_WRLCK`, `F_UNLCK`) on `start .. start + len`.
-#[cfg(feature = "remote")]
 fn ofd_range(kind: libc::c_int, start: u64, len: u64) -> libc::flock {
     libc::flock {
         l_type: kind as libc::c_short,
@@ -413,7 +412,7 @@ fn ofd_range(kind: libc::c_int, start: u64, len: u64) -> libc::flock {
 
 /// Tries to take a shared (`shared`) or exclusive open-file-description lock on bytes `start ..
 /// start + len` of `fd` without waiting (converting one this open holds): whether it was taken.
-#[cfg(feature = "remote")]
+/// (The node cache's entries and the node's index being built: `dataset::snapshot`.)
 pub fn ofd_try_lock(fd: BorrowedFd<'_>, start: u64, len: u64, shared: bool) -> io::Result<bool> {
     use nix::fcntl::{fcntl, FcntlArg};
     let fl = ofd_range(

@@ -28,6 +28,11 @@ pub struct RankFigures {
     pub samples: u64,
     /// Seconds to open the dataset.
     pub open_s: f64,
+    /// The process's peak resident memory once the dataset is open (what the open cost, the
+    /// pages of a mapped index included), and its PSS then (a node's shared index counted
+    /// once over its ranks).
+    pub open_peak_rss_bytes: u64,
+    pub open_pss_bytes: u64,
     /// Heap bytes of its index.
     pub index_bytes: u64,
     /// Milliseconds to plan epoch 0 of the global order (its first batch included).
@@ -56,6 +61,9 @@ pub struct ScaleRow {
     pub format: &'static str,
     /// The slowest rank's open, plan and first batch.
     pub open_s: f64,
+    /// The largest rank's peak resident memory once open, and every rank's PSS then together.
+    pub open_peak_rss_mib: f64,
+    pub open_pss_total_mib: f64,
     pub plan_ms: f64,
     pub first_batch_ms: f64,
     /// Index heap bytes per sample (rank 0).
@@ -311,6 +319,7 @@ pub fn measure_rank(
         ScaleFormat::Packed => Dataset::open(file)?,
     });
     let open_s = t.elapsed().as_secs_f64();
+    let (_, open_peak_rss_bytes, open_pss_bytes) = memory_now();
     let build = |order: Order| {
         Loader::builder(ds.clone())
             .settings(settings)
@@ -346,6 +355,8 @@ pub fn measure_rank(
         world,
         samples: ds.len() as u64,
         open_s,
+        open_peak_rss_bytes,
+        open_pss_bytes,
         index_bytes: (ds.index_heap_bytes() + ds.index_bytes().samples_shared) as u64,
         plan_ms,
         first_batch_ms,
@@ -423,6 +434,8 @@ pub fn run_scale(
                 ranks: world,
                 format: spec.format.name(),
                 open_s: max(&|r| r.open_s),
+                open_peak_rss_mib: max(&|r| mib(r.open_peak_rss_bytes)),
+                open_pss_total_mib: per_rank.iter().map(|r| mib(r.open_pss_bytes)).sum(),
                 plan_ms: max(&|r| r.plan_ms),
                 first_batch_ms: max(&|r| r.first_batch_ms),
                 index_bytes_per_sample: per_rank[0].index_bytes as f64 / n as f64,
@@ -451,10 +464,12 @@ pub fn wait_for_parent() {
 /// The table's header.
 pub fn table_header() -> String {
     format!(
-        "{:>13} {:>5} {:>8} {:>8} {:>9} {:>8} {:>9} {:>10} {:>9} {:>12} {:>12}",
+        "{:>13} {:>5} {:>8} {:>11} {:>12} {:>8} {:>9} {:>8} {:>9} {:>10} {:>9} {:>12} {:>12}",
         "samples",
         "ranks",
         "open s",
+        "open pk MiB",
+        "open PSS MiB",
         "plan ms",
         "1st bat ms",
         "idx B/s",
@@ -469,10 +484,12 @@ pub fn table_header() -> String {
 /// A row of the table.
 pub fn table_row(r: &ScaleRow) -> String {
     format!(
-        "{:>13} {:>5} {:>8.3} {:>8.2} {:>10.1} {:>8.2} {:>9.1} {:>10.1} {:>9.1} {:>12.0} {:>12.0}",
+        "{:>13} {:>5} {:>8.3} {:>11.1} {:>12.1} {:>8.2} {:>10.1} {:>8.2} {:>9.1} {:>10.1} {:>9.1} {:>12.0} {:>12.0}",
         r.samples,
         r.ranks,
         r.open_s,
+        r.open_peak_rss_mib,
+        r.open_pss_total_mib,
         r.plan_ms,
         r.first_batch_ms,
         r.index_bytes_per_sample,

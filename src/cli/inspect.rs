@@ -67,6 +67,7 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
                 "labels": (!labels_in_records).then_some(labels.len()),
                 "checksums": ds.has_checksums(), "size_histogram": h,
                 "index_bytes": ds.index_bytes(),
+                "node_index": ds.node_index(),
                 "problems": ds.problems_total(),
                 "first_problems": ds.problems().iter().take(20).map(error_json).collect::<Vec<_>>(),
                 "notes": ds.notes(), "recovered": ds.recovered_count(),

@@ -24,6 +24,7 @@ pub use remote::{
 };
 pub mod shard;
 pub(crate) mod shared;
+mod snapshot;
 pub(crate) mod tar;
 pub(crate) mod tfrecord;
 pub(crate) mod tokens;
@@ -295,32 +296,73 @@ impl Strings {
             .then(|| (bytemuck::cast_slice(&self.ends[..]), &self.bytes[..]))
     }
 
-    /// Reads the strings from `map[offset..]` instead of its own, if they are byte for byte the
-    /// same (ends, then bytes). Returns whether it did.
-    pub(crate) fn share(&mut self, map: crate::plan::SharedBytes, offset: usize) -> bool {
+    /// Reads the strings from `map[at]` instead of its own, if they are byte for byte the same
+    /// (ends, then bytes). Returns whether it did.
+    pub(crate) fn share(&mut self, map: crate::plan::SharedBytes, at: Range<usize>) -> bool {
         let Some((ends, bytes)) = self.owned_parts() else {
             return false;
         };
         let theirs = (*map).as_ref();
         let (n, e, b) = (self.ends.len(), ends.len(), bytes.len());
-        let same = offset.is_multiple_of(4)
+        let same = at.start.is_multiple_of(4)
             && (theirs.as_ptr() as usize).is_multiple_of(4)
-            && theirs.len() == offset + e + b
-            && &theirs[offset..offset + e] == ends
-            && &theirs[offset + e..] == bytes;
+            && at.len() == e + b
+            && theirs.get(at.start..at.start + e) == Some(ends)
+            && theirs.get(at.start + e..at.end) == Some(bytes);
         if same {
             *self = Strings {
                 bytes: Vec::new(),
                 ends: Vec::new(),
                 shared: Some(SharedStrings {
                     map,
-                    ends_at: offset,
+                    ends_at: at.start,
                     count: n,
                     bytes_len: b,
                 }),
             };
         }
         same
+    }
+
+    /// `count` strings read from `map[at]` (their ends, u32 each, then their bytes), once
+    /// checked: the ends in order and the last at the bytes' end. What is wrong is said.
+    pub(crate) fn mapped(
+        map: crate::plan::SharedBytes,
+        at: Range<usize>,
+        count: usize,
+    ) -> std::result::Result<Strings, String> {
+        if count == 0 {
+            return if at.is_empty() {
+                Ok(Strings::default())
+            } else {
+                Err("bytes without strings".into())
+            };
+        }
+        let theirs = (*map).as_ref();
+        let ends_len = count.checked_mul(4).ok_or("too many strings")?;
+        let (Some(ends), Some(bytes_len)) = (
+            theirs.get(at.start..at.start.saturating_add(ends_len)),
+            at.len().checked_sub(ends_len),
+        ) else {
+            return Err("the strings lie outside the file".into());
+        };
+        if !at.start.is_multiple_of(4) || !(theirs.as_ptr() as usize).is_multiple_of(4) {
+            return Err("the strings' ends are not aligned".into());
+        }
+        let ends: &[u32] = bytemuck::cast_slice(ends);
+        if !ends.windows(2).all(|w| w[0] <= w[1]) || ends[count - 1] as usize != bytes_len {
+            return Err("the strings' ends are out of order".into());
+        }
+        Ok(Strings {
+            bytes: Vec::new(),
+            ends: Vec::new(),
+            shared: Some(SharedStrings {
+                map,
+                ends_at: at.start,
+                count,
+                bytes_len,
+            }),
+        })
     }
 }
 
@@ -338,8 +380,10 @@ pub struct IndexBytes {
     /// The sample table mapped from the node's shared index file (one copy for every rank of
     /// the node, not in the heap figures above; `GPUFEED_SHARED_INDEX=0` keeps it private).
     pub samples_shared: usize,
-    /// The keys mapped from the node's shared copy (WebDataset, TFRecord, ImageFolder keys read
-    /// at the open; packed shards read theirs when first asked for, and keep them).
+    /// The keys mapped from the node's shared copy: an index read from the node's file
+    /// ([`Dataset::node_index`]) maps its keys when they are first asked for (0 until then);
+    /// ImageFolder paths and keys of an index built here, at the open. Packed shards read
+    /// theirs from the shards when first asked for, and keep them.
     pub keys_shared: usize,
 }
 
@@ -376,6 +420,10 @@ pub struct Dataset {
     pub(crate) shard_keys: std::sync::OnceLock<Strings>,
     /// Token corpora: how a sample holds its tokens.
     pub(crate) tokens: Option<tokens::TokenLayout>,
+    /// Keys in the node's index file, read (into `shard_keys`) when first asked for.
+    pub(crate) lazy_keys: Option<snapshot::LazyKeys>,
+    /// The node's index file this index is read from ([`Dataset::node_index`]).
+    pub(crate) node_index: Option<PathBuf>,
 }
 
 /// A summary: a dataset's index can hold millions of samples.
@@ -440,7 +488,36 @@ impl Dataset {
     /// Opens the given files as one dataset of `format`, in the order given (for Megatron,
     /// each path is a `PREFIX` or `PREFIX.idx`).
     pub fn open_files(format: Format, paths: &[PathBuf], opts: &OpenOptions) -> Result<Dataset> {
-        Self::open_files_walked(format, paths, opts, &tar::walk_tar)
+        // A large index is built once for the node and kept whole where it can be: read if
+        // it is there; else the process that builds it holds a lock the others wait on, then
+        // read what it kept.
+        let node = snapshot::Inputs::of(format, paths, opts);
+        let mut building = None;
+        let kept = node.as_ref().and_then(|n| {
+            n.load(paths, opts).or_else(|| {
+                building = n.lock();
+                n.load(paths, opts)
+            })
+        });
+        if let Some(mut ds) = kept {
+            if format == Format::Packed {
+                shard::check_not_staged(paths)?;
+            }
+            if format == Format::TfRecord {
+                tfrecord::check_first_example(&ds)?;
+            }
+            ds.options = OpenOptions {
+                format: Some(format),
+                ..opts.clone()
+            };
+            return Ok(ds);
+        }
+        let mut ds = Self::open_files_walked(format, paths, opts, &tar::walk_tar)?;
+        if !node.is_some_and(|n| n.store(&mut ds, paths, opts)) {
+            ds.share_index();
+        }
+        drop(building);
+        Ok(ds)
     }
 
     /// [`open_files`](Self::open_files), a WebDataset's tars walked by `walker` (a remote
@@ -483,6 +560,15 @@ impl Dataset {
             ..opts.clone()
         };
         Ok(ds)
+    }
+
+    /// The node's index file this dataset's index was read from or kept in
+    /// (`$GPUFEED_INDEX_DIR/dataset-HASH.gpfidx`: packed shards, WebDataset tars and scanned
+    /// TFRecord files of 65,536 samples or more, built by the first process to open them and
+    /// read by every later one while the files stay as they were); `None` where this process
+    /// indexed the dataset and kept its index to itself.
+    pub fn node_index(&self) -> Option<&Path> {
+        self.node_index.as_deref()
     }
 
     /// The URLs of a remote dataset (`s3://…`), whose files are read through the node cache;
@@ -530,7 +616,7 @@ impl Dataset {
 
     /// Opens the given shards as one dataset, in the order given.
     pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
-        shard::open_shards(paths)
+        Dataset::open_files(Format::Packed, paths, &OpenOptions::default())
     }
 
     /// The format the dataset was opened as.
@@ -586,6 +672,14 @@ impl Dataset {
     /// Every key: packed shards' are read on first use (a shard that changed since the open
     /// leaves its keys unknown: they read as `FILE#K@OFFSET`, and a notice says why).
     fn keys(&self) -> &Strings {
+        if let Some(lazy) = &self.lazy_keys {
+            return self.shard_keys.get_or_init(|| {
+                lazy.read().unwrap_or_else(|e| {
+                    crate::util::notice(&format!("sample keys unknown: {e}"));
+                    Strings::default()
+                })
+            });
+        }
         if self.in_shards.is_none() {
             return &self.keys;
         }
@@ -809,7 +903,8 @@ impl Dataset {
                 v.capacity() * std::mem::size_of::<image::ImageInfo>()
             }),
             samples_shared: self.samples.shared_bytes(),
-            keys_shared: self.keys.shared_bytes(),
+            keys_shared: self.keys.shared_bytes()
+                + self.shard_keys.get().map_or(0, Strings::shared_bytes),
         }
     }
 
@@ -859,13 +954,8 @@ impl Dataset {
     pub(crate) fn empty(
         format: Format,
         files: Vec<DataFile>,
-        mut samples: crate::plan::Samples,
+        samples: crate::plan::Samples,
     ) -> Dataset {
-        // A large table is shared with the node's other ranks (one copy in the page cache).
-        if samples.len() >= shared::SHARED_MIN_SAMPLES {
-            let named: Vec<(&Path, u64)> = files.iter().map(|f| (&*f.path, f.size)).collect();
-            shared::share(&mut samples, format.name(), &named);
-        }
         Dataset {
             format,
             files,
@@ -889,6 +979,22 @@ impl Dataset {
             in_shards: None,
             shard_keys: std::sync::OnceLock::new(),
             tokens: None,
+            lazy_keys: None,
+            node_index: None,
+        }
+    }
+
+    /// Reads a large sample table and keys from the node's shared copies of them (written now
+    /// if no rank has: [`shared`]) where they are byte for byte this process's own — for the
+    /// indexes that are not kept whole for the node ([`snapshot`]).
+    pub(crate) fn share_index(&mut self) {
+        if self.samples.len() < shared::SHARED_MIN_SAMPLES {
+            return;
+        }
+        let named: Vec<(&Path, u64)> = self.files.iter().map(|f| (&*f.path, f.size)).collect();
+        shared::share(&mut self.samples, self.format.name(), &named);
+        if self.keys.len() >= shared::SHARED_MIN_SAMPLES {
+            shared::share_keys(&mut self.keys, self.format.name(), &named);
         }
     }
 
@@ -1092,10 +1198,6 @@ impl Builder {
         let mut ds = Dataset::empty(format, self.files, samples);
         ds.keys = self.keys;
         ds.keys.settle();
-        if ds.keys.len() >= shared::SHARED_MIN_SAMPLES {
-            let named: Vec<(&Path, u64)> = ds.files.iter().map(|f| (&*f.path, f.size)).collect();
-            shared::share_keys(&mut ds.keys, format.name(), &named);
-        }
         ds.problems = self.problems;
         ds.problems_total = self.problems_total;
         ds.recovered = self.recovered;

@@ -84,6 +84,7 @@ pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
     let walker = |p: &std::path::Path| walk_remote(p, &tars);
     let mut ds = Dataset::open_files_walked(format, &paths, opts, &walker)?;
     ds.set_source(urls.iter().map(|u| u.to_string()).collect())?;
+    ds.share_index();
     Ok(ds)
 }
 

@@ -293,22 +293,7 @@ pub fn find_shards(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Opens shards as one dataset.
 pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
-    // Shards beside an unfinished pack's staging folder may be part of a dataset only.
-    let mut dirs: Vec<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
-    dirs.dedup();
-    for d in dirs {
-        if d.file_name().is_some_and(|n| n == STAGING) {
-            return Err(crate::error::invalid(
-                "this shard is in an unfinished pack's staging folder: rerun the pack",
-            )
-            .with_path(d.to_path_buf()));
-        }
-        check_no_staging(if d.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            d
-        })?;
-    }
+    check_not_staged(paths)?;
     let mut files = Vec::with_capacity(paths.len());
     let mut samples = crate::plan::SamplesBuilder::default();
     let mut metas = Strings::default();
@@ -343,6 +328,27 @@ pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
         ..Dataset::empty(Format::Packed, files, samples.finish())
     };
     Ok(ds)
+}
+
+/// Refuses shards beside an unfinished pack's staging folder: they may be part of a dataset
+/// only.
+pub(crate) fn check_not_staged(paths: &[PathBuf]) -> Result<()> {
+    let mut dirs: Vec<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
+    dirs.dedup();
+    for d in dirs {
+        if d.file_name().is_some_and(|n| n == STAGING) {
+            return Err(crate::error::invalid(
+                "this shard is in an unfinished pack's staging folder: rerun the pack",
+            )
+            .with_path(d.to_path_buf()));
+        }
+        check_no_staging(if d.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            d
+        })?;
+    }
+    Ok(())
 }
 
 /// Every shard's index, read by up to 16 threads at once: a remote dataset's shards are opened

@@ -8,7 +8,10 @@
 //! operation made relative to that directory once opened and checked, so swapping the
 //! directory for a link midway leads nowhere. Where that fails
 //! (a full disk, a directory another user owns, `GPUFEED_SHARED_INDEX=0`) the rank keeps its own
-//! copy, as before, and says why once.
+//! copy, as before, and says why once. Packed shards, WebDataset tars and scanned TFRecord files
+//! go further: their whole index is kept for the node and read instead of built
+//! ([`super::snapshot`]); what is here serves the rest (ImageFolder, remote datasets, an open
+//! whose index is not kept).
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
@@ -46,12 +49,12 @@ pub(crate) fn index_dir() -> Option<PathBuf> {
 }
 
 /// Whether sharing is on (`GPUFEED_SHARED_INDEX=0` turns it off).
-fn enabled() -> bool {
+pub(super) fn enabled() -> bool {
     std::env::var_os("GPUFEED_SHARED_INDEX").is_none_or(|v| v != "0")
 }
 
 /// Says once per process why an index part stays private.
-fn say_private(dir: &Path, e: &std::io::Error) {
+pub(super) fn say_private(dir: &Path, e: &std::io::Error) {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| {
         crate::util::notice(&format!(
@@ -76,10 +79,10 @@ pub(crate) fn share(samples: &mut Samples, format: &str, files: &[(&Path, u64)])
         return;
     };
     let name = file_name("samples", format, samples.len(), own.len(), files);
-    let count = samples.len();
+    let (count, at) = (samples.len(), HEADER..HEADER + own.len());
     match node_copy(&dir, &name, &[own], count) {
         Ok(m) => {
-            if !samples.share(m, HEADER) {
+            if !samples.share(m, at) {
                 say_private(&dir, &std::io::Error::other("the mapped table differs"));
             }
         }
@@ -99,10 +102,10 @@ pub(crate) fn share_keys(keys: &mut super::Strings, format: &str, files: &[(&Pat
         return;
     };
     let name = file_name("keys", format, keys.len(), bytes.len(), files);
-    let count = keys.len();
+    let (count, at) = (keys.len(), HEADER..HEADER + ends.len() + bytes.len());
     match node_copy(&dir, &name, &[ends, bytes], count) {
         Ok(m) => {
-            if !keys.share(m, HEADER) {
+            if !keys.share(m, at) {
                 say_private(&dir, &std::io::Error::other("the mapped keys differ"));
             }
         }
@@ -190,7 +193,7 @@ const KEEP: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// Removes the directory's index files older than [`KEEP`] and partial ones older than a day
 /// (regular files only, by name; nothing else is touched).
-fn sweep(d: &OwnedFd) {
+pub(super) fn sweep(d: &OwnedFd) {
     let Ok(dup) = d.try_clone() else {
         return;
     };
@@ -203,9 +206,13 @@ fn sweep(d: &OwnedFd) {
     let mut old = Vec::new();
     for e in entries.iter().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let ours = ["samples-", "keys-"].iter().any(|p| name.starts_with(p));
-        let partial = [".samples-", ".keys-"].iter().any(|p| name.starts_with(p));
-        let keep = if ours && name.ends_with(".gpfidx") {
+        let ours = ["samples-", "keys-", "dataset-"]
+            .iter()
+            .any(|p| name.starts_with(p));
+        let partial = [".samples-", ".keys-", ".dataset-"]
+            .iter()
+            .any(|p| name.starts_with(p));
+        let keep = if ours && (name.ends_with(".gpfidx") || name.ends_with(".gpfidx.lock")) {
             KEEP.as_secs() as i64
         } else if partial && name.ends_with(".partial") {
             24 * 3600
@@ -227,7 +234,7 @@ fn sweep(d: &OwnedFd) {
 /// Makes `dir` (0700), opens it without following a link, and checks the directory opened is
 /// this user's and writable by no one else: the files in it were written by this user, and
 /// every later operation is made relative to the directory held here.
-fn private_dir(dir: &Path) -> std::io::Result<OwnedFd> {
+pub(super) fn private_dir(dir: &Path) -> std::io::Result<OwnedFd> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -303,9 +310,9 @@ fn map_existing(
 
 type SharedMapping = crate::plan::SharedBytes;
 
-/// Writes the header and `parts` to a new file in `d` that no one else can have opened;
-/// returns its name.
-fn write_beside(d: &OwnedFd, name: &str, parts: &[&[u8]], count: usize) -> std::io::Result<String> {
+/// A new file in `d` for `name`'s bytes, under a private name (`.NAME.PID.NANOS.partial`) no
+/// one else can have opened: its name and the file, for writing.
+pub(super) fn create_partial(d: &OwnedFd, name: &str) -> std::io::Result<(String, std::fs::File)> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -317,7 +324,13 @@ fn write_beside(d: &OwnedFd, name: &str, parts: &[&[u8]], count: usize) -> std::
         Mode::from_bits_truncate(0o600),
     )
     .map_err(|e| std::io::Error::other(format!("{tmp}: {e}")))?;
-    let mut f = std::fs::File::from(fd);
+    Ok((tmp, std::fs::File::from(fd)))
+}
+
+/// Writes the header and `parts` to a new file in `d` that no one else can have opened;
+/// returns its name.
+fn write_beside(d: &OwnedFd, name: &str, parts: &[&[u8]], count: usize) -> std::io::Result<String> {
+    let (tmp, mut f) = create_partial(d, name)?;
     let mut head = [0u8; HEADER];
     head[..8].copy_from_slice(MAGIC);
     head[8..16].copy_from_slice(&(count as u64).to_le_bytes());
@@ -375,7 +388,7 @@ mod tests {
             .unwrap();
         assert_eq!((e.len() + b.len()) % 8, 0);
         let mut copy = keys.clone();
-        assert!(copy.share(shared(&[&e, &b]), HEADER));
+        assert!(copy.share(shared(&[&e, &b]), HEADER..HEADER + 40));
         for (i, w) in words.iter().enumerate() {
             assert_eq!(copy.get(i), w.as_bytes());
         }
@@ -385,8 +398,8 @@ mod tests {
         let mut wrong = b.clone();
         wrong[3] ^= 1;
         let mut kept = keys.clone();
-        assert!(!kept.share(shared(&[&e, &wrong]), HEADER));
-        assert!(!kept.share(shared(&[&e, &b, &[0; 8]]), HEADER));
+        assert!(!kept.share(shared(&[&e, &wrong]), HEADER..HEADER + 40));
+        assert!(!kept.share(shared(&[&e, &b, &[0; 8]]), HEADER..HEADER + 48));
         assert_eq!((kept.get(2), kept.shared_bytes()), (words[2].as_bytes(), 0));
 
         // 16-byte samples: 64 + 16·n is a multiple of 8.
@@ -402,11 +415,11 @@ mod tests {
         let own: Samples = v.clone().into();
         let bytes = own.owned_compact_bytes().unwrap().to_vec();
         let mut s = own.clone();
-        assert!(s.share(shared(&[&bytes]), HEADER));
+        assert!(s.share(shared(&[&bytes]), HEADER..HEADER + 1600));
         assert_eq!(s.iter().collect::<Vec<_>>(), v);
         assert_eq!((s.shared_bytes(), s.heap_bytes() < 64), (1600, true));
         let mut bad = bytes.clone();
         bad[17] ^= 4;
-        assert!(!own.clone().share(shared(&[&bad]), HEADER));
+        assert!(!own.clone().share(shared(&[&bad]), HEADER..HEADER + 1600));
     }
 }

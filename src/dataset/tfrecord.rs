@@ -72,7 +72,7 @@ const FIRST_CHECK_MAX: u32 = 64 << 20;
 /// its checksums hold and it is not an Example with the payload feature, the options do not
 /// fit the dataset, and saying so now beats an error per sample. A record that cannot be read
 /// or fails its checksums proves nothing and is left to the loader.
-fn check_first_example(ds: &Dataset) -> Result<()> {
+pub(crate) fn check_first_example(ds: &Dataset) -> Result<()> {
     let Some(spec) = &ds.example else {
         return Ok(());
     };

@@ -389,9 +389,9 @@ impl Samples {
         }
     }
 
-    /// Uses `bytes[offset..]` for the compact entries instead of this process's own, if they
-    /// are byte for byte the same (nothing in them is trusted otherwise). Returns whether it did.
-    pub(crate) fn share(&mut self, bytes: SharedBytes, offset: usize) -> bool {
+    /// Uses `bytes[at]` for the compact entries instead of this process's own, if they are byte
+    /// for byte the same (nothing in them is trusted otherwise). Returns whether it did.
+    pub(crate) fn share(&mut self, bytes: SharedBytes, at: std::ops::Range<usize>) -> bool {
         let Repr::Compact { entries, .. } = &mut self.0 else {
             return false;
         };
@@ -401,14 +401,80 @@ impl Samples {
         let (len, own): (usize, &[u8]) = (v.len(), bytemuck::cast_slice(v));
         let theirs = (*bytes).as_ref();
         let align = std::mem::align_of::<Compact>();
-        let same = offset.is_multiple_of(align)
+        let same = at.start.is_multiple_of(align)
             && (theirs.as_ptr() as usize).is_multiple_of(align)
-            && theirs.len() == offset + own.len()
-            && &theirs[offset..] == own;
+            && theirs.get(at.clone()) == Some(own);
         if same {
-            *entries = Entries::Shared { bytes, offset, len };
+            *entries = Entries::Shared {
+                bytes,
+                offset: at.start,
+                len,
+            };
         }
         same
+    }
+
+    /// The compact entries in `bytes[at]` (16 bytes a sample), file `f`'s first at
+    /// `file_first[f]`, read from there — once they are checked: every sample inside its file
+    /// (`sizes`, one per file), the files in order. What is wrong is said (the caller then
+    /// builds the index itself).
+    pub(crate) fn mapped(
+        bytes: SharedBytes,
+        at: std::ops::Range<usize>,
+        file_first: Vec<u32>,
+        sizes: &[u64],
+    ) -> Result<Samples, String> {
+        let theirs = (*bytes).as_ref();
+        let size = std::mem::size_of::<Compact>();
+        let whole = theirs
+            .get(at.clone())
+            .ok_or("the table lies outside the file")?;
+        if !at.start.is_multiple_of(std::mem::align_of::<Compact>())
+            || !(theirs.as_ptr() as usize).is_multiple_of(std::mem::align_of::<Compact>())
+            || !whole.len().is_multiple_of(size)
+        {
+            return Err("the table is not whole 16-byte entries".into());
+        }
+        let len = whole.len() / size;
+        let in_order = file_first.first().is_none_or(|&f| f == 0)
+            && file_first.windows(2).all(|w| w[0] <= w[1])
+            && file_first.last().is_none_or(|&f| f as usize <= len)
+            && file_first.len() <= sizes.len()
+            && (len == 0 || !file_first.is_empty());
+        if !in_order || len > u32::MAX as usize {
+            return Err("the files' first samples are out of order".into());
+        }
+        let s = Samples(Repr::Compact {
+            entries: Entries::Shared {
+                bytes,
+                offset: at.start,
+                len,
+            },
+            file_first,
+        });
+        if let Some((i, e)) = s.iter().enumerate().find(|(_, e)| {
+            e.offset
+                .checked_add(e.len as u64)
+                .is_none_or(|end| end > sizes[e.file as usize])
+        }) {
+            return Err(format!(
+                "sample {i} ({} bytes at {}) lies past its file's {} bytes",
+                e.len, e.offset, sizes[e.file as usize]
+            ));
+        }
+        Ok(s)
+    }
+
+    /// The compact form's entries as bytes and where each file's samples start (what a node's
+    /// index file holds); `None` for the other forms.
+    pub(crate) fn compact_parts(&self) -> Option<(&[u8], &[u32])> {
+        match &self.0 {
+            Repr::Compact {
+                entries,
+                file_first,
+            } => Some((bytemuck::cast_slice(entries), file_first)),
+            _ => None,
+        }
     }
 
     /// The runs, when the samples are computed.

@@ -665,8 +665,8 @@ fn bench_scale_reports_a_billion_windows_at_no_index_cost() {
 }
 
 /// The node's ranks share one copy of a large sample index: the first process to open the
-/// dataset writes its table into `$GPUFEED_INDEX_DIR` and every later one maps that file
-/// (`index_bytes.samples_shared`) — after checking it byte for byte against its own, so a
+/// dataset writes its index into `$GPUFEED_INDEX_DIR` and every later one maps that file
+/// (`index_bytes.samples_shared`, `node_index`) instead of indexing — after checking it, so a
 /// damaged file is replaced, never used; a link planted where the directory goes is not
 /// followed (the process keeps its own copy and says so); `GPUFEED_SHARED_INDEX=0` keeps it
 /// private. `verify` reads every sample against its checksum through whichever copy is used.
@@ -685,6 +685,8 @@ fn a_large_index_is_shared_through_one_file_checked_before_use() {
         }
         w.finish().unwrap();
     }
+    // Files changed in the last two seconds are indexed but their index is not kept.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
     let cache = dir.path().join("cache").join("index");
     let run = |cmd: &str, env: &[(&str, &std::path::Path)]| {
         let mut c = Command::new(gpufeed_bin());
@@ -702,23 +704,35 @@ fn a_large_index_is_shared_through_one_file_checked_before_use() {
         let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
         v["index_bytes"]["samples_shared"].as_u64().unwrap()
     };
+    let node_index = |out: &str| -> Option<String> {
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        v["node_index"].as_str().map(String::from)
+    };
     let index_files = || -> Vec<std::path::PathBuf> {
         std::fs::read_dir(&cache)
-            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .map(|d| {
+                d.map(|e| e.unwrap().path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "gpfidx"))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let env = [("GPUFEED_INDEX_DIR", cache.as_path())];
     // The first open writes the file, the second maps it: one file, 16 bytes a sample.
-    assert_eq!(shared(&run("inspect", &env).0), 16 * n as u64);
+    let (out, _) = run("inspect", &env);
+    assert_eq!(shared(&out), 16 * n as u64);
     let files = index_files();
     assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(node_index(&out).as_deref(), files[0].to_str());
     let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&files[0]).unwrap());
     assert_eq!(shared(&run("inspect", &env).0), 16 * n as u64);
     let again = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&files[0]).unwrap());
     assert_eq!(inode, again, "the second open rewrote the file");
-    // A damaged file is replaced, and every sample still reads right.
+    // A damaged file is replaced, and every sample still reads right (the file is mostly its
+    // 16-byte entries: its middle is one).
     let mut bytes = std::fs::read(&files[0]).unwrap();
-    bytes[64 + 16 * 1234] ^= 0x10;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
     std::fs::write(&files[0], &bytes).unwrap();
     assert_eq!(shared(&run("inspect", &env).0), 16 * n as u64);
     let (out, _) = run("verify", &env);

@@ -1122,11 +1122,14 @@ fn long_work_reports_its_progress_to_the_callers_function() {
     assert_eq!(last.2, ds.total_bytes());
 }
 
-/// A WebDataset tar of 70,000 samples written by Python's tarfile: its member names (the keys,
-/// read at the open) are shared by the node's processes as the sample table is — the second
-/// open maps both from `$GPUFEED_INDEX_DIR` — and the keys read back are Python's names.
+/// A WebDataset tar of 70,000 samples written by Python's tarfile is indexed once for the
+/// node: the first open walks it and keeps its index in `$GPUFEED_INDEX_DIR` (table and member
+/// names mapped from there); a later open reads that file instead of walking the tar, and
+/// reads no key until one is asked for; the keys read back are Python's names. While one
+/// process builds the index, another opening the same tar waits for it (here a lock held by
+/// Python stands in for the builder, which then keeps nothing: the waiter builds it).
 #[test]
-fn webdataset_keys_are_shared_by_the_node() {
+fn webdataset_is_indexed_once_for_the_node() {
     let Some(mut py) = python() else { return };
     let dir = disk_dir();
     let tar = dir.path().join("a.tar");
@@ -1141,10 +1144,13 @@ fn webdataset_keys_are_shared_by_the_node() {
         )
         .arg(&tar);
     run_ok(py);
+    // Files changed in the last two seconds are indexed but their index is not kept.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
     let cache = dir.path().join("cache");
-    let inspect = || -> serde_json::Value {
+    let inspect = || -> (serde_json::Value, String, std::time::Duration) {
+        let t0 = std::time::Instant::now();
         let o = Command::new(gpufeed_bin())
-            .env("GPUFEED_QUIET", "1")
+            .env_remove("GPUFEED_QUIET")
             .env_remove("GPUFEED_SHARED_INDEX")
             .env("GPUFEED_INDEX_DIR", &cache)
             .args(["inspect", "--json"])
@@ -1152,19 +1158,144 @@ fn webdataset_keys_are_shared_by_the_node() {
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        serde_json::from_slice(&o.stdout).unwrap()
+        let v = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            v,
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+            t0.elapsed(),
+        )
     };
-    for _ in 0..2 {
-        let v = inspect();
-        assert_eq!(v["samples"].as_u64(), Some(70_000));
-        let ib = &v["index_bytes"];
-        assert_eq!(ib["samples_shared"].as_u64(), Some(16 * 70_000), "{ib}");
-        assert!(ib["keys_shared"].as_u64().unwrap() >= 70_000 * 4, "{ib}");
-        assert!(ib["keys"].as_u64().unwrap() < 1024, "{ib}");
-    }
-    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 2);
+    let (first, _, _) = inspect();
+    let ib = &first["index_bytes"];
+    assert_eq!(first["samples"].as_u64(), Some(70_000));
+    assert_eq!(ib["samples_shared"].as_u64(), Some(16 * 70_000), "{ib}");
+    assert!(ib["keys_shared"].as_u64().unwrap() >= 70_000 * 4, "{ib}");
+    assert!(ib["keys"].as_u64().unwrap() < 1024, "{ib}");
+    let kept = first["node_index"].as_str().unwrap().to_string();
+    assert!(kept.starts_with(cache.to_str().unwrap()), "{kept}");
+    let (second, _, _) = inspect();
+    let ib = &second["index_bytes"];
+    assert_eq!(second["node_index"].as_str(), Some(kept.as_str()));
+    assert_eq!(second["samples"].as_u64(), Some(70_000));
+    assert_eq!(second["labels"], first["labels"]);
+    assert_eq!(second["size_histogram"], first["size_histogram"]);
+    assert_eq!(ib["samples_shared"].as_u64(), Some(16 * 70_000), "{ib}");
+    assert_eq!(
+        (ib["keys"].as_u64(), ib["keys_shared"].as_u64()),
+        (Some(0), Some(0)),
+        "{ib}"
+    );
+    let kept_files = std::fs::read_dir(&cache)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "gpfidx")
+        })
+        .count();
+    assert_eq!(kept_files, 1);
+
+    // Another process building it: this one waits (and says so), then builds it itself, as
+    // that one kept nothing.
+    std::fs::remove_file(&kept).unwrap();
+    let Some(mut py) = python() else { return };
+    let mut holder = py
+        .arg("-c")
+        .arg(
+            "import fcntl, sys, time\n\
+             f = open(sys.argv[1], 'a')\n\
+             fcntl.lockf(f, fcntl.LOCK_EX)\n\
+             print('locked', flush=True)\n\
+             time.sleep(3)\n",
+        )
+        .arg(format!("{kept}.lock"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "locked");
+    let (third, err, took) = inspect();
+    assert!(holder.wait().unwrap().success());
+    assert!(err.contains("waiting for another process"), "{err}");
+    assert!(took >= std::time::Duration::from_millis(1500), "{took:?}");
+    assert_eq!(third["node_index"].as_str(), Some(kept.as_str()));
+    assert!(std::path::Path::new(&kept).is_file());
+
     // The keys as this process reads them.
     let ds = gpufeed::Dataset::open(&tar).unwrap();
     assert_eq!(ds.key(0), "shard/s000000");
     assert_eq!(ds.key(69_999), "shard/s069999");
+    // Keys damaged in the kept index (its last section): the samples still read from it, the
+    // keys read as `FILE#K@OFFSET` (a notice says why).
+    if let Some(kept) = ds.node_index() {
+        let mut bytes = std::fs::read(kept).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(kept, &bytes).unwrap();
+        let ds = gpufeed::Dataset::open(&tar).unwrap();
+        assert_eq!(ds.node_index(), Some(kept));
+        assert_eq!(ds.len(), 70_000);
+        assert_eq!(ds.key(1), "a.tar#1@2560");
+    }
+}
+
+/// 70,000 TFRecord records scanned (no `.idx`), written by an independent writer: the first
+/// open keeps the index for the node and the next reads it — the same samples; a record
+/// appended makes the kept index stale (the file's size and times changed): indexed anew,
+/// the new record there; a damaged or truncated kept index is rebuilt, never read.
+#[test]
+fn a_kept_index_is_used_only_for_the_files_it_was_built_from() {
+    let Some(mut py) = python() else { return };
+    let dir = disk_dir();
+    let p = dir.path().join("many.tfrecord");
+    let writer = TFRECORD_WRITER
+        .replace("range((i * 97) % 3000 if i != 3 else 0)", "range(i % 13)")
+        .replace("open(path + \".idx\", \"w\")", "open(\"/dev/null\", \"w\")")
+        .replace("open(path, \"wb\")", "open(path, sys.argv[3])");
+    py.arg("-c").arg(&writer).arg(&p).arg("70000").arg("wb");
+    run_ok(py);
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let all = |ds: &Dataset| ds.samples().iter().collect::<Vec<_>>();
+    let built = Dataset::open_with(&p, &raw_records()).unwrap();
+    let kept = built.node_index().expect("kept for the node").to_path_buf();
+    let read = Dataset::open_with(&p, &raw_records()).unwrap();
+    assert_eq!(read.node_index(), Some(kept.as_path()));
+    assert_eq!(read.len(), 70_000);
+    assert!(all(&read) == all(&built));
+    assert_eq!(read.key(12_345), built.key(12_345));
+    assert_eq!(read.sample(7).len, 12 + 7 + 4);
+    // One record appended: another index, with it.
+    let Some(mut py) = python() else { return };
+    py.arg("-c").arg(&writer).arg(&p).arg("1").arg("ab");
+    run_ok(py);
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let grown = Dataset::open_with(&p, &raw_records()).unwrap();
+    assert_eq!(grown.len(), 70_001);
+    let kept2 = grown.node_index().expect("kept").to_path_buf();
+    assert_ne!(kept2, kept);
+    let grown = all(&grown); // read now: damage below is written into the file it maps
+    assert!(grown[..70_000] == all(&built)[..]);
+    // Damaged: rebuilt (the same samples), the file replaced.
+    let mut bytes = std::fs::read(&kept2).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&kept2, &bytes).unwrap();
+    let again = Dataset::open_with(&p, &raw_records()).unwrap();
+    assert!(all(&again) == grown);
+    assert!(
+        std::fs::read(&kept2).unwrap() != bytes,
+        "the damaged index was kept"
+    );
+    // Truncated: the same.
+    std::fs::write(&kept2, &bytes[..bytes.len() / 3]).unwrap();
+    let again = Dataset::open_with(&p, &raw_records()).unwrap();
+    assert!(all(&again) == grown);
+    assert_eq!(again.node_index(), Some(kept2.as_path()));
 }

@@ -1,0 +1,623 @@
+//! A dataset's index kept whole for the node: the first process to open a large dataset of
+//! packed shards, WebDataset tars or TFRecord files (scanned, without `.idx` files) writes what
+//! it built — the 16-byte sample table, each file's first sample and size, metadata, classes,
+//! keys — to one file in the index directory ([`shared::index_dir`]); every later process
+//! (the node's other ranks, the next run) maps that file instead of indexing the dataset again:
+//! no walk of every tar header, no table built in its heap, the same pages for every rank.
+//!
+//! The file is used only if it was built from these very files: its name and first section
+//! are the files' identity and state (device, inode, size, modification and change times, to
+//! the nanosecond) and the options that shape the index; a file changed since (rewritten,
+//! appended to, touched, renamed over) has another state and is indexed anew, and the new
+//! index replaces the stale one. Files changed less than [`SETTLE`] before the build are not
+//! kept (a change within a filesystem's timestamp tick would not show). The index is checked
+//! before use — crc32c over every section, every sample inside its file, ends in order — so a
+//! damaged or truncated file is rebuilt, never read past; keys are checked when first asked for
+//! (an index whose keys are damaged reads them as `FILE#K@OFFSET`, with a notice). The file is
+//! this user's, a regular file (`O_NOFOLLOW`) in a directory only this user can write, every
+//! operation made relative to that directory once checked ([`shared::private_dir`]).
+//!
+//! While one process builds the index, the others opening the same files wait for it (an
+//! open-file-description lock beside the index: released when the builder exits, however it
+//! exits) and then map what it wrote — the index is built once per node. A wait is bounded
+//! ([`WAIT`]); after it, or where the builder kept nothing (a dataset with problems is
+//! indexed by every open: they are reported each time), each process builds its own and shares
+//! the table byte for byte ([`shared`]).
+
+use std::io::Write;
+use std::ops::Range;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+use super::{data_file, shard, shared, tfrecord, Dataset, Format, Frame, OpenOptions, Strings};
+use crate::plan::{Samples, SharedBytes};
+
+const MAGIC: &[u8; 8] = b"GPFNODE1";
+/// Magic, the sections' table, the checksum of every section but the keys'; zeros.
+const HEADER: usize = 256;
+/// Inputs, flags, sizes, files' first samples, entries, metadata, classes, keys.
+const SECTIONS: usize = 8;
+const INPUTS: usize = 0;
+const FLAGS: usize = 1;
+const SIZES: usize = 2;
+const FILE_FIRST: usize = 3;
+const ENTRIES: usize = 4;
+const METAS: usize = 5;
+const CLASSES: usize = 6;
+const KEYS: usize = 7;
+/// Bytes of the flags section: checksums, frame, shard image records (3 bytes, padded to 8),
+/// then counts (samples, files, metadata, classes, keys) and the keys' crc32c.
+const FLAGS_LEN: usize = 8 + 5 * 8 + 8;
+
+/// Files whose modification or change time is more recent than this when an index is built
+/// are indexed but not kept: a second change within a coarse filesystem's timestamp tick
+/// (one or two seconds on some) would leave the same times.
+pub(crate) const SETTLE: Duration = Duration::from_secs(2);
+/// How long a process waits for another building the same index before building its own.
+const WAIT: Duration = Duration::from_secs(600);
+
+/// What a dataset's index is built from: its files' identity and state, and the options that
+/// shape the index.
+pub(crate) struct Inputs {
+    format: Format,
+    blob: Vec<u8>,
+    name: String,
+    dir: PathBuf,
+    /// The latest modification or change time among the files (nanoseconds since 1970).
+    newest: i128,
+}
+
+/// A held lock on the index being built (released when dropped, or when the process exits).
+pub(crate) struct Building(#[allow(dead_code, reason = "held for its lock")] OwnedFd);
+
+/// Keys checked when first asked for: their crc32c and their ends.
+#[derive(Clone)]
+pub(crate) struct LazyKeys {
+    map: SharedBytes,
+    at: Range<usize>,
+    count: usize,
+    crc: u32,
+    file: PathBuf,
+}
+
+impl std::fmt::Debug for LazyKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LazyKeys({} keys)", self.count)
+    }
+}
+
+impl LazyKeys {
+    /// The keys, or why they cannot be read.
+    pub(crate) fn read(&self) -> Result<Strings, String> {
+        let bytes = (*self.map).as_ref().get(self.at.clone());
+        if bytes.and_then(|b| strings_digest(b, self.count)) != Some(self.crc) {
+            return Err(format!("{}: the keys are damaged", self.file.display()));
+        }
+        Strings::mapped(self.map.clone(), self.at.clone(), self.count)
+            .map_err(|e| format!("{}: {e}", self.file.display()))
+    }
+}
+
+fn nanos(s: i64, ns: i64) -> i128 {
+    s as i128 * 1_000_000_000 + ns as i128
+}
+
+impl Inputs {
+    /// The inputs of `paths` opened as `format` with `opts`, where such an index can be kept:
+    /// packed shards, WebDataset tars, TFRecord files with no `.idx` (an index file is an input
+    /// of its own); sharing on and an index directory named. `None` otherwise, or where a file
+    /// cannot be examined (the open then says why).
+    pub(crate) fn of(format: Format, paths: &[PathBuf], opts: &OpenOptions) -> Option<Inputs> {
+        if !cfg!(target_endian = "little") || !shared::enabled() || paths.is_empty() {
+            return None;
+        }
+        let kept = match format {
+            Format::Packed | Format::WebDataset => true,
+            Format::TfRecord => {
+                opts.tfrecord_index.is_none()
+                    && paths
+                        .iter()
+                        .all(|p| p.parent().and_then(|d| tfrecord::index_for(p, d)).is_none())
+            }
+            Format::ImageFolder | Format::Tokens | Format::Megatron => false,
+        };
+        if !kept {
+            return None;
+        }
+        let dir = shared::index_dir()?;
+        let mut blob = b"gpufeed node index 1\n".to_vec();
+        blob.extend_from_slice(format.name().as_bytes());
+        let shape = format!(
+            "\n{:?} {:?} {:?} {} {}\n",
+            opts.webdataset,
+            opts.tfrecord_payload,
+            opts.tfrecord_label,
+            opts.label_offset,
+            opts.tfrecord_recover
+        );
+        blob.extend_from_slice(shape.as_bytes());
+        blob.extend_from_slice(&(paths.len() as u64).to_le_bytes());
+        let mut newest = i128::MIN;
+        for p in paths {
+            let md = std::fs::metadata(p).ok().filter(|m| m.is_file())?;
+            for v in [
+                md.dev(),
+                md.ino(),
+                md.size(),
+                md.mtime() as u64,
+                md.mtime_nsec() as u64,
+                md.ctime() as u64,
+                md.ctime_nsec() as u64,
+            ] {
+                blob.extend_from_slice(&v.to_le_bytes());
+            }
+            newest = newest
+                .max(nanos(md.mtime(), md.mtime_nsec()))
+                .max(nanos(md.ctime(), md.ctime_nsec()));
+        }
+        let name = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            blob.hash(&mut h);
+            format!("dataset-{:016x}.gpfidx", h.finish())
+        };
+        Some(Inputs {
+            format,
+            blob,
+            name,
+            dir,
+            newest,
+        })
+    }
+
+    /// Whether the files are settled enough to keep an index of them ([`SETTLE`]).
+    fn settled(&self) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        self.newest < now - SETTLE.as_nanos() as i128
+    }
+
+    /// Takes the lock on this index if no other process holds it (then this process builds
+    /// it); else waits until the other lets go (at most [`WAIT`], saying so) and returns
+    /// `None` — the other's index is then read, or each builds its own. `None` too where the
+    /// files are too recent to keep an index of, or the lock cannot be had.
+    pub(crate) fn lock(&self) -> Option<Building> {
+        if !self.settled() {
+            return None;
+        }
+        let d = shared::private_dir(&self.dir).ok()?;
+        let lock = format!("{}.lock", self.name);
+        let fd = nix::fcntl::openat(
+            &d,
+            lock.as_str(),
+            OFlag::O_RDWR
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
+                | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .ok()?;
+        let st = nix::sys::stat::fstat(&fd).ok()?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return None;
+        }
+        if crate::sys::ofd_try_lock(fd.as_fd(), 0, 1, false).ok()? {
+            return Some(Building(fd));
+        }
+        crate::util::notice(&format!(
+            "waiting for another process to finish indexing this dataset ({})",
+            self.dir.join(&self.name).display()
+        ));
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < WAIT {
+            std::thread::sleep(Duration::from_millis(50));
+            if crate::sys::ofd_try_lock(fd.as_fd(), 0, 1, false).unwrap_or(true) {
+                return None; // closing `fd` lets go of it
+            }
+        }
+        crate::util::notice("still waiting after 10 minutes: indexing the dataset here too");
+        None
+    }
+
+    /// The dataset as the node's index file holds it, if there is one built from these very
+    /// inputs and it checks; `None` otherwise (the dataset is then indexed).
+    pub(crate) fn load(&self, paths: &[PathBuf], opts: &OpenOptions) -> Option<Dataset> {
+        let format = self.format;
+        let d = shared::private_dir(&self.dir).ok()?;
+        let map = map_file(&d, &self.name)?;
+        let b = (*map).as_ref();
+        let at = sections(b)?;
+        if b.get(at[INPUTS].clone())? != self.blob.as_slice() {
+            return None; // another dataset's, or these files' before they changed
+        }
+        let flags = b.get(at[FLAGS].clone()).filter(|f| f.len() == FLAGS_LEN)?;
+        let count = |k: usize| read_u64(flags, 8 + 8 * k).and_then(|v| usize::try_from(v).ok());
+        let (n, files, metas, classes, keys) =
+            (count(0)?, count(1)?, count(2)?, count(3)?, count(4)?);
+        let keys_crc = read_u32(flags, 48)?;
+        let digests = [
+            crc_of(&[&b[at[INPUTS].clone()]]),
+            crc_of(&[flags]),
+            crc_of(&[&b[at[SIZES].clone()]]),
+            crc_of(&[&b[at[FILE_FIRST].clone()]]),
+            crc_of(&[&b[at[ENTRIES].clone()]]),
+            strings_digest(&b[at[METAS].clone()], metas)?,
+            strings_digest(&b[at[CLASSES].clone()], classes)?,
+        ];
+        if checksum(&b[..8 + 16 * SECTIONS], &digests) != read_u32(b, 8 + 16 * SECTIONS)? {
+            return None; // damaged
+        }
+        if files != paths.len() || flags[0] > 1 || flags[1] > 1 || flags[2] > 2 {
+            return None;
+        }
+        let sizes: Vec<u64> = b
+            .get(at[SIZES].clone())
+            .filter(|s| s.len() == 8 * files)?
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        let first = b.get(at[FILE_FIRST].clone()).filter(|s| s.len() % 4 == 0)?;
+        let file_first: Vec<u32> = first
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        let samples = Samples::mapped(map.clone(), at[ENTRIES].clone(), file_first, &sizes).ok()?;
+        if samples.len() != n || (metas != n && metas != 0) || (keys != n && keys != 0) {
+            return None;
+        }
+        let metas = Strings::mapped(map.clone(), at[METAS].clone(), metas).ok()?;
+        let class_names = Strings::mapped(map.clone(), at[CLASSES].clone(), classes).ok()?;
+        let classes = (0..class_names.len())
+            .map(|i| String::from_utf8(class_names.get(i).to_vec()).ok())
+            .collect::<Option<Vec<String>>>()?;
+        let file = self.dir.join(&self.name);
+        let files = paths
+            .iter()
+            .zip(&sizes)
+            .map(|(p, &s)| data_file(p, s))
+            .collect();
+        let mut ds = Dataset {
+            metas,
+            classes,
+            has_checksums: flags[0] == 1,
+            frame: if flags[1] == 1 {
+                Frame::TfRecord
+            } else {
+                Frame::None
+            },
+            in_shards: (flags[2] > 0).then_some(shard::InShards {
+                images: flags[2] == 2,
+            }),
+            example: (format == Format::TfRecord)
+                .then(|| opts.example_spec())
+                .flatten(),
+            ..Dataset::empty(format, files, samples)
+        };
+        if keys > 0 {
+            ds.lazy_keys = Some(LazyKeys {
+                map: map.clone(),
+                at: at[KEYS].clone(),
+                count: keys,
+                crc: keys_crc,
+                file: file.clone(),
+            });
+        }
+        ds.node_index = Some(file);
+        Some(ds)
+    }
+
+    /// Keeps `ds` — just indexed from these inputs, with nothing wrong found — as the node's
+    /// index, and reads it from there (its own copy freed). Returns whether it did; it does not
+    /// for a small or computed index, one with problems or recovered samples, files that
+    /// changed meanwhile or too recently, or where the file cannot be written (said once).
+    pub(crate) fn store(&self, ds: &mut Dataset, paths: &[PathBuf], opts: &OpenOptions) -> bool {
+        let clean = ds.problems_total == 0 && ds.recovered.is_empty() && ds.notes.is_empty();
+        if ds.samples.len() < shared::SHARED_MIN_SAMPLES || !clean || !self.settled() {
+            return false;
+        }
+        // The files as they are now: the same as before they were indexed.
+        if Inputs::of(self.format, paths, opts).is_none_or(|now| now.blob != self.blob) {
+            return false;
+        }
+        let Some((entries, file_first)) = ds.samples.compact_parts() else {
+            return false;
+        };
+        let (Some((me, mb)), Some((ke, kb))) = (owned(&ds.metas), owned(&ds.keys)) else {
+            return false;
+        };
+        let mut class_names = Strings::default();
+        for c in &ds.classes {
+            if class_names.push(c.as_bytes()).is_err() {
+                return false;
+            }
+        }
+        let (ce, cb) = owned(&class_names).expect("built here");
+        let mut flags = vec![
+            ds.has_checksums as u8,
+            (ds.frame == Frame::TfRecord) as u8,
+            ds.in_shards.map_or(0, |s| 1 + s.images as u8),
+        ];
+        flags.resize(8, 0);
+        for c in [
+            ds.samples.len(),
+            ds.files.len(),
+            ds.metas.len(),
+            ds.classes.len(),
+            ds.keys.len(),
+        ] {
+            flags.extend_from_slice(&(c as u64).to_le_bytes());
+        }
+        let keys_crc = crc_of(&[ke, kb]);
+        flags.extend_from_slice(&(keys_crc as u64).to_le_bytes());
+        let sizes: Vec<u8> = ds.files.iter().flat_map(|f| f.size.to_le_bytes()).collect();
+        let first: Vec<u8> = file_first.iter().flat_map(|f| f.to_le_bytes()).collect();
+        let parts: [&[&[u8]]; SECTIONS] = [
+            &[&self.blob],
+            &[&flags],
+            &[&sizes],
+            &[&first],
+            &[entries],
+            &[me, mb],
+            &[ce, cb],
+            &[ke, kb],
+        ];
+        let placed = shared::private_dir(&self.dir).and_then(|d| {
+            write(&d, &self.name, &parts)?;
+            map_file(&d, &self.name)
+                .ok_or_else(|| std::io::Error::other("the file written is gone"))
+        });
+        let map = match placed {
+            Ok(m) => m,
+            Err(e) => {
+                shared::say_private(&self.dir, &e);
+                return false;
+            }
+        };
+        let Some(at) = sections((*map).as_ref()) else {
+            return false;
+        };
+        // Byte for byte what was built (another process may have replaced the file meanwhile).
+        if !ds.samples.share(map.clone(), at[ENTRIES].clone()) {
+            return false;
+        }
+        ds.metas.share(map.clone(), at[METAS].clone());
+        ds.keys.share(map.clone(), at[KEYS].clone());
+        ds.node_index = Some(self.dir.join(&self.name));
+        true
+    }
+}
+
+/// Strings' ends and bytes (an empty set has none), unless already mapped.
+fn owned(s: &Strings) -> Option<(&[u8], &[u8])> {
+    if s.is_empty() {
+        return Some((&[], &[]));
+    }
+    s.owned_parts()
+}
+
+fn read_u64(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn read_u32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// crc32c of the parts one after another (each part's crc32c, then theirs).
+fn crc_of(parts: &[&[u8]]) -> u32 {
+    let crcs: Vec<u8> = parts
+        .iter()
+        .flat_map(|p| crate::util::crc32c(p).to_le_bytes())
+        .collect();
+    crate::util::crc32c(&crcs)
+}
+
+/// The checksum the header keeps: of the magic and the sections' table, and of every section
+/// but the keys (checked when first asked for) by its digest ([`crc_of`] its parts).
+fn checksum(table: &[u8], digests: &[u32]) -> u32 {
+    let mut all = crate::util::crc32c(table).to_le_bytes().to_vec();
+    for d in digests {
+        all.extend_from_slice(&d.to_le_bytes());
+    }
+    crate::util::crc32c(&all)
+}
+
+/// The digest of a section of `count` strings: [`crc_of`] their ends and their bytes.
+fn strings_digest(b: &[u8], count: usize) -> Option<u32> {
+    let ends = count.checked_mul(4).filter(|&e| e <= b.len())?;
+    Some(crc_of(&[&b[..ends], &b[ends..]]))
+}
+
+/// The sections' places, if the header is this format's and each lies inside the file,
+/// 16-byte aligned, after the header.
+fn sections(b: &[u8]) -> Option<[Range<usize>; SECTIONS]> {
+    if b.get(..8)? != MAGIC || b.len() < HEADER {
+        return None;
+    }
+    let mut at: [Range<usize>; SECTIONS] = Default::default();
+    for (k, r) in at.iter_mut().enumerate() {
+        let off = usize::try_from(read_u64(b, 8 + 16 * k)?).ok()?;
+        let len = usize::try_from(read_u64(b, 16 + 16 * k)?).ok()?;
+        let end = off.checked_add(len).filter(|&e| e <= b.len())?;
+        if off < HEADER || !off.is_multiple_of(16) {
+            return None;
+        }
+        *r = off..end;
+    }
+    Some(at)
+}
+
+/// The index file `name` in `d`, mapped, if it is a regular file of this user's (not a link,
+/// not waited on) at least a header long.
+fn map_file(d: &OwnedFd, name: &str) -> Option<SharedBytes> {
+    let fd = nix::fcntl::openat(
+        d,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        Mode::empty(),
+    )
+    .ok()?;
+    let f = std::fs::File::from(fd);
+    let md = f.metadata().ok()?;
+    let me = std::fs::metadata("/proc/self").ok()?.uid();
+    if !md.is_file() || md.uid() != me || md.len() < HEADER as u64 {
+        return None;
+    }
+    let len = usize::try_from(md.len()).ok()?;
+    let m = crate::sys::FileMapping::of(f.as_fd(), len).ok()?;
+    Some(Arc::new(m))
+}
+
+/// Writes the header and the sections (each of its parts one after another, 16-byte aligned)
+/// to a new file, then renames it to `name` in `d` (whole or not at all, for every reader).
+fn write(d: &OwnedFd, name: &str, parts: &[&[&[u8]]; SECTIONS]) -> std::io::Result<()> {
+    shared::sweep(d);
+    let (tmp, file) = shared::create_partial(d, name)?;
+    let unlink = || {
+        let _ = nix::unistd::unlinkat(d, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+    };
+    let mut head = vec![0u8; HEADER];
+    head[..8].copy_from_slice(MAGIC);
+    let mut at: [Range<usize>; SECTIONS] = Default::default();
+    let mut off = HEADER;
+    for (k, p) in parts.iter().enumerate() {
+        let len: usize = p.iter().map(|x| x.len()).sum();
+        at[k] = off..off + len;
+        head[8 + 16 * k..16 + 16 * k].copy_from_slice(&(off as u64).to_le_bytes());
+        head[16 + 16 * k..24 + 16 * k].copy_from_slice(&(len as u64).to_le_bytes());
+        off = (off + len).next_multiple_of(16);
+    }
+    let digests: Vec<u32> = parts[..KEYS].iter().map(|p| crc_of(p)).collect();
+    let crc = checksum(&head[..8 + 16 * SECTIONS], &digests);
+    head[8 + 16 * SECTIONS..12 + 16 * SECTIONS].copy_from_slice(&crc.to_le_bytes());
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, file);
+    let written = (|| {
+        f.write_all(&head)?;
+        let mut pos = HEADER;
+        for (k, p) in parts.iter().enumerate() {
+            let pad = at[k].start - pos;
+            f.write_all(&[0u8; 16][..pad])?;
+            for x in p.iter() {
+                f.write_all(x)?;
+            }
+            pos = at[k].end;
+        }
+        f.flush()
+    })();
+    if let Err(e) = written {
+        unlink();
+        return Err(std::io::Error::new(e.kind(), format!("{tmp}: {e}")));
+    }
+    drop(f);
+    nix::fcntl::renameat(d, tmp.as_str(), d, name).map_err(|e| {
+        unlink();
+        std::io::Error::other(format!("cannot place {name}: {e}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Sample;
+
+    /// A dataset of 70,000 samples with keys over one file, kept as the node's index in a
+    /// directory of its own, then that file damaged at 400 places and cut at 100 lengths: each
+    /// load is refused or reads exactly the dataset kept (a flip in the header's unused bytes
+    /// changes nothing; one in the keys leaves the samples usable and the keys unknown) —
+    /// never a panic, never other samples.
+    #[test]
+    fn a_damaged_or_cut_index_is_refused_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("a.tar");
+        let n = 70_000usize;
+        std::fs::write(&data, vec![0u8; n * 100]).unwrap();
+        let samples: Vec<Sample> = (0..n)
+            .map(|i| Sample {
+                file: 0,
+                len: 10 + (i % 90) as u32,
+                offset: 100 * i as u64,
+                label: (i % 1000) as i64,
+                crc32c: 0,
+            })
+            .collect();
+        let keys: Vec<String> = (0..n).map(|i| format!("d/s{i:06}")).collect();
+        let files = vec![data_file(&data, (n * 100) as u64)];
+        let mut ds = Dataset::from_parts(files, samples.clone(), keys).unwrap();
+        ds.format = Format::WebDataset;
+        let paths = vec![data.clone()];
+        let opts = OpenOptions::default();
+        let mut inputs = Inputs::of(Format::WebDataset, &paths, &opts).expect("inputs");
+        inputs.dir = dir.path().join("index");
+        inputs.newest = 0; // settled
+        assert!(inputs.store(&mut ds, &paths, &opts));
+        let kept = inputs.dir.join(&inputs.name);
+        assert_eq!(ds.node_index(), Some(kept.as_path()));
+        let good = std::fs::read(&kept).unwrap();
+        drop(ds);
+        let same = |ds: &Dataset| ds.samples().iter().eq(samples.iter().copied());
+        let loaded = inputs.load(&paths, &opts).expect("loads");
+        assert!(same(&loaded));
+        assert_eq!(loaded.key(n - 1), format!("d/s{:06}", n - 1));
+        drop(loaded);
+
+        // Where each byte is: in a section (which), or in the header's unused tail or padding.
+        let at = sections(&good).unwrap();
+        let keys = at[KEYS].clone();
+        let checked =
+            |i: usize| i < 8 + 16 * SECTIONS + 4 || at[..KEYS].iter().any(|r| r.contains(&i));
+        let mut rng = crate::rng::Rng::new(7);
+        let mut seen = [0; 3];
+        for k in 0..400 {
+            // Half in the header and the small sections before the table, half anywhere.
+            let i = if k % 2 == 0 {
+                rng.below(1024) as usize
+            } else {
+                rng.below(good.len() as u64) as usize
+            };
+            let mut bad = good.clone();
+            bad[i] ^= 1 << rng.below(8);
+            std::fs::write(&kept, &bad).unwrap();
+            let got = inputs.load(&paths, &opts);
+            if checked(i) {
+                assert!(got.is_none(), "byte {i} flipped: used");
+                seen[0] += 1;
+                continue;
+            }
+            let ds =
+                got.unwrap_or_else(|| panic!("byte {i} flipped outside every section: refused"));
+            assert!(same(&ds), "byte {i} flipped: other samples read");
+            if keys.contains(&i) {
+                assert!(
+                    ds.key(n / 2).starts_with("a.tar#"),
+                    "byte {i}: damaged keys read"
+                );
+                seen[1] += 1;
+            } else {
+                assert_eq!(ds.key(n / 2), format!("d/s{:06}", n / 2));
+                seen[2] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&c| c > 0), "{seen:?}");
+        for k in 0..100 {
+            let len = (good.len() as u64 * k / 100) as usize;
+            std::fs::write(&kept, &good[..len]).unwrap();
+            assert!(inputs.load(&paths, &opts).is_none(), "cut at {len}");
+        }
+        // Another dataset's inputs, or these files changed: not used.
+        std::fs::write(&kept, &good).unwrap();
+        let mut other = Inputs::of(Format::WebDataset, &paths, &opts).unwrap();
+        other.dir = inputs.dir.clone();
+        other.name = inputs.name.clone();
+        other.blob.push(0);
+        assert!(other.load(&paths, &opts).is_none());
+        assert!(inputs.load(&paths, &opts).is_some_and(|d| same(&d)));
+    }
+}
