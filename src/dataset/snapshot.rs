@@ -1,5 +1,5 @@
 //! A dataset's index kept whole for the node: the first process to open a large dataset of
-//! packed shards, WebDataset tars or TFRecord files (scanned, without `.idx` files) writes what
+//! packed shards, WebDataset tars or TFRecord files (scanned, or from their `.idx`) writes what
 //! it built — the 16-byte sample table, each file's first sample and size, metadata, classes,
 //! keys — to one file in the index directory ([`shared::index_dir`]); every later process
 //! (the node's other ranks, the next run) maps that file instead of indexing the dataset again:
@@ -110,24 +110,17 @@ fn nanos(s: i64, ns: i64) -> i128 {
 
 impl Inputs {
     /// The inputs of `paths` opened as `format` with `opts`, where such an index can be kept:
-    /// packed shards, WebDataset tars, TFRecord files with no `.idx` (an index file is an input
-    /// of its own); sharing on and an index directory named. `None` otherwise, or where a file
-    /// cannot be examined (the open then says why).
+    /// packed shards, WebDataset tars, TFRecord files (each with the index file its open
+    /// reads, if any: an input too); sharing on and an index directory named. `None`
+    /// otherwise, or where a file cannot be examined (the open then says why).
     pub(crate) fn of(format: Format, paths: &[PathBuf], opts: &OpenOptions) -> Option<Inputs> {
         if !cfg!(target_endian = "little") || !shared::enabled() || paths.is_empty() {
             return None;
         }
-        let kept = match format {
-            Format::Packed | Format::WebDataset => true,
-            Format::TfRecord => {
-                opts.tfrecord_index.is_none()
-                    && paths
-                        .iter()
-                        .all(|p| p.parent().and_then(|d| tfrecord::index_for(p, d)).is_none())
-            }
-            Format::ImageFolder | Format::Tokens | Format::Megatron => false,
-        };
-        if !kept {
+        if !matches!(
+            format,
+            Format::Packed | Format::WebDataset | Format::TfRecord
+        ) {
             return None;
         }
         let dir = shared::index_dir()?;
@@ -145,21 +138,32 @@ impl Inputs {
         blob.extend_from_slice(&(paths.len() as u64).to_le_bytes());
         let mut newest = i128::MIN;
         for p in paths {
-            let md = std::fs::metadata(p).ok().filter(|m| m.is_file())?;
-            for v in [
-                md.dev(),
-                md.ino(),
-                md.size(),
-                md.mtime() as u64,
-                md.mtime_nsec() as u64,
-                md.ctime() as u64,
-                md.ctime_nsec() as u64,
-            ] {
-                blob.extend_from_slice(&v.to_le_bytes());
+            // A TFRecord file's index file (the one its open reads) is an input too.
+            let index = match format {
+                Format::TfRecord => Some(tfrecord::index_of(p, opts)),
+                _ => None,
+            };
+            for input in std::iter::once(Some(p.clone())).chain(index) {
+                let Some(p) = input else {
+                    blob.extend_from_slice(b"scanned");
+                    continue;
+                };
+                let md = std::fs::metadata(p).ok().filter(|m| m.is_file())?;
+                for v in [
+                    md.dev(),
+                    md.ino(),
+                    md.size(),
+                    md.mtime() as u64,
+                    md.mtime_nsec() as u64,
+                    md.ctime() as u64,
+                    md.ctime_nsec() as u64,
+                ] {
+                    blob.extend_from_slice(&v.to_le_bytes());
+                }
+                newest = newest
+                    .max(nanos(md.mtime(), md.mtime_nsec()))
+                    .max(nanos(md.ctime(), md.ctime_nsec()));
             }
-            newest = newest
-                .max(nanos(md.mtime(), md.mtime_nsec()))
-                .max(nanos(md.ctime(), md.ctime_nsec()));
         }
         let name = {
             use std::hash::{Hash, Hasher};

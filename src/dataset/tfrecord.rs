@@ -44,16 +44,9 @@ pub fn open(paths: &[PathBuf], opts: &super::OpenOptions) -> Result<Dataset> {
     }
     // One unreadable file among many is a problem, not the end of the dataset.
     let recover = opts.tfrecord_recover;
-    let b = index_files(paths, |p, b| {
-        let idx = match index {
-            Some(i) if i.is_dir() => index_for(p, i),
-            Some(i) => Some(i.to_path_buf()),
-            None => p.parent().and_then(|dir| index_for(p, dir)),
-        };
-        match idx {
-            Some(i) => from_index(p, &i, b),
-            None => scan(p, b, recover),
-        }
+    let b = index_files(paths, |p, b| match index_of(p, opts) {
+        Some(i) => from_index(p, &i, b),
+        None => scan(p, b, recover),
     })?;
     let mut ds = b.finish(Format::TfRecord, "these TFRecord files")?;
     ds.frame = Frame::TfRecord;
@@ -107,6 +100,16 @@ pub(crate) fn check_first_example(ds: &Dataset) -> Result<()> {
 /// `tfrecord2idx`), `NAME.tfindex` and `STEM.tfindex` (the `tfrecord` package's
 /// `create_indices`), `STEM.idx`, where NAME is the file's name and STEM that name without its
 /// extension. The first that exists.
+/// The index file the open of record file `p` reads with `opts`: the one named (a file, or
+/// `NAME.idx` in the directory named), else one beside it; `None`: the file is scanned.
+pub(crate) fn index_of(p: &Path, opts: &super::OpenOptions) -> Option<PathBuf> {
+    match opts.tfrecord_index.as_deref() {
+        Some(i) if i.is_dir() => index_for(p, i),
+        Some(i) => Some(i.to_path_buf()),
+        None => p.parent().and_then(|dir| index_for(p, dir)),
+    }
+}
+
 pub(crate) fn index_for(p: &Path, dir: &Path) -> Option<PathBuf> {
     let name = p.file_name()?;
     let stem = Path::new(name).file_stem().unwrap_or(name);

@@ -1298,4 +1298,30 @@ fn a_kept_index_is_used_only_for_the_files_it_was_built_from() {
     let again = Dataset::open_with(&p, &raw_records()).unwrap();
     assert!(all(&again) == grown);
     assert_eq!(again.node_index(), Some(kept2.as_path()));
+
+    // Records read through their `.idx` (the writer's own): the index file is an input too.
+    let q = dir.path().join("indexed.tfrecord");
+    let Some(mut py) = python() else { return };
+    let writer = TFRECORD_WRITER.replace("range((i * 97) % 3000 if i != 3 else 0)", "range(i % 5)");
+    py.arg("-c").arg(&writer).arg(&q).arg("70000");
+    run_ok(py);
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let built = Dataset::open_with(&q, &raw_records()).unwrap();
+    let kept = built.node_index().expect("kept").to_path_buf();
+    let read = Dataset::open_with(&q, &raw_records()).unwrap();
+    assert_eq!(read.node_index(), Some(kept.as_path()));
+    assert!(all(&read) == all(&built));
+    // The `.idx` rewritten (the same lines): another index. Moved away: the file is scanned,
+    // another index again, the same samples.
+    let idx = dir.path().join("indexed.tfrecord.idx");
+    std::fs::write(&idx, std::fs::read(&idx).unwrap()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let rewritten = Dataset::open_with(&q, &raw_records()).unwrap();
+    let kept2 = rewritten.node_index().expect("kept").to_path_buf();
+    assert_ne!(kept2, kept);
+    std::fs::rename(&idx, dir.path().join("moved.idx")).unwrap();
+    let scanned = Dataset::open_with(&q, &raw_records()).unwrap();
+    let kept3 = scanned.node_index().expect("kept").to_path_buf();
+    assert!(kept3 != kept && kept3 != kept2);
+    assert!(all(&scanned) == all(&built));
 }
