@@ -73,8 +73,36 @@ pub(crate) struct Inputs {
     newest: i128,
 }
 
-/// A held lock on the index being built (released when dropped, or when the process exits).
-pub(crate) struct Building(#[allow(dead_code, reason = "held for its lock")] OwnedFd);
+/// A held lock on the index being built: released when dropped — its file removed first, so
+/// the index directory keeps no lock files (processes waiting on it go on; a later one finds
+/// the index, or takes a new lock) — or when the process exits, however it exits.
+pub(crate) struct Building {
+    fd: OwnedFd,
+    dir: OwnedFd,
+    name: String,
+}
+
+impl Drop for Building {
+    fn drop(&mut self) {
+        // Only the file this lock is on: another process's lock file at the name is kept.
+        let ours = nix::sys::stat::fstat(&self.fd).ok();
+        let there = nix::sys::stat::fstatat(
+            &self.dir,
+            self.name.as_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .ok();
+        if let (Some(a), Some(b)) = (ours, there) {
+            if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) {
+                let _ = nix::unistd::unlinkat(
+                    &self.dir,
+                    self.name.as_str(),
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                );
+            }
+        }
+    }
+}
 
 /// Keys checked when first asked for: their crc32c and their ends.
 #[derive(Clone)]
@@ -117,10 +145,19 @@ impl Inputs {
         if !cfg!(target_endian = "little") || !shared::enabled() || paths.is_empty() {
             return None;
         }
-        if !matches!(
-            format,
-            Format::Packed | Format::WebDataset | Format::TfRecord
-        ) {
+        // The fewest bytes a sample takes in each format: files that together hold fewer than
+        // a kept index's samples are not examined further (no directory made, no lock taken).
+        let least = match format {
+            Format::WebDataset => 1024, // a member's header and one block of data
+            Format::TfRecord => 16,     // a record's framing
+            Format::Packed => 16,       // an index entry
+            Format::ImageFolder | Format::Tokens | Format::Megatron => return None,
+        };
+        let bytes: u64 = paths
+            .iter()
+            .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+            .sum();
+        if bytes < least * shared::SHARED_MIN_SAMPLES as u64 {
             return None;
         }
         let dir = shared::index_dir()?;
@@ -214,7 +251,11 @@ impl Inputs {
             return None;
         }
         if crate::sys::ofd_try_lock(fd.as_fd(), 0, 1, false).ok()? {
-            return Some(Building(fd));
+            return Some(Building {
+                fd,
+                dir: d,
+                name: lock,
+            });
         }
         crate::util::notice(&format!(
             "waiting for another process to finish indexing this dataset ({})",
@@ -235,6 +276,9 @@ impl Inputs {
     /// inputs and it checks; `None` otherwise (the dataset is then indexed).
     pub(crate) fn load(&self, paths: &[PathBuf], opts: &OpenOptions) -> Option<Dataset> {
         let format = self.format;
+        if !self.dir.is_dir() {
+            return None; // nothing kept (and nothing made here)
+        }
         let d = shared::private_dir(&self.dir).ok()?;
         let map = map_file(&d, &self.name)?;
         let b = (*map).as_ref();
@@ -542,18 +586,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("a.tar");
         let n = 70_000usize;
-        std::fs::write(&data, vec![0u8; n * 100]).unwrap();
+        // Sparse: as large as 70,000 tar members at least are.
+        std::fs::File::create(&data)
+            .unwrap()
+            .set_len((n * 1100) as u64)
+            .unwrap();
         let samples: Vec<Sample> = (0..n)
             .map(|i| Sample {
                 file: 0,
                 len: 10 + (i % 90) as u32,
-                offset: 100 * i as u64,
+                offset: 1100 * i as u64,
                 label: (i % 1000) as i64,
                 crc32c: 0,
             })
             .collect();
         let keys: Vec<String> = (0..n).map(|i| format!("d/s{i:06}")).collect();
-        let files = vec![data_file(&data, (n * 100) as u64)];
+        let files = vec![data_file(&data, (n * 1100) as u64)];
         let mut ds = Dataset::from_parts(files, samples.clone(), keys).unwrap();
         ds.format = Format::WebDataset;
         let paths = vec![data.clone()];

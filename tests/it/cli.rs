@@ -724,6 +724,8 @@ fn a_large_index_is_shared_through_one_file_checked_before_use() {
     let files = index_files();
     assert_eq!(files.len(), 1, "{files:?}");
     assert_eq!(node_index(&out).as_deref(), files[0].to_str());
+    // The builder's lock went with it: the directory holds the index alone.
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
     let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&files[0]).unwrap());
     assert_eq!(shared(&run("inspect", &env).0), 16 * n as u64);
     let again = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&files[0]).unwrap());
