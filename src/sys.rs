@@ -14,11 +14,22 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy)]
 pub struct FileStat {
     pub size: u64,
+    /// Which file this is, and when its bytes last changed.
+    pub identity: FileIdentity,
     pub is_regular: bool,
     /// Required alignment of user memory for O_DIRECT, if the file system reported one.
     pub dio_mem_align: Option<u32>,
     /// Required alignment of file offsets and lengths for O_DIRECT, if reported.
     pub dio_offset_align: Option<u32>,
+}
+
+/// A file's device and inode, and its modification time (nanoseconds since 1970): another file
+/// at the same path, or the same file rewritten, has another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    pub dev: u64,
+    pub ino: u64,
+    pub mtime_ns: i128,
 }
 
 /// `statx(fd, "", AT_EMPTY_PATH, BASIC | DIOALIGN)`.
@@ -65,6 +76,11 @@ fn statx_at(dirfd: i32, path: &std::ffi::CStr, flags: i32) -> io::Result<FileSta
     };
     Ok(FileStat {
         size: st.stx_size,
+        identity: FileIdentity {
+            dev: libc::makedev(st.stx_dev_major, st.stx_dev_minor),
+            ino: st.stx_ino,
+            mtime_ns: st.stx_mtime.tv_sec as i128 * 1_000_000_000 + st.stx_mtime.tv_nsec as i128,
+        },
         is_regular: st.stx_mode as u32 & libc::S_IFMT == libc::S_IFREG,
         dio_mem_align: mem,
         dio_offset_align: off,

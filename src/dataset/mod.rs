@@ -424,6 +424,9 @@ pub struct Dataset {
     pub(crate) lazy_keys: Option<snapshot::LazyKeys>,
     /// The node's index file this index is read from ([`Dataset::node_index`]).
     pub(crate) node_index: Option<PathBuf>,
+    /// Which file each of `files` was when the dataset was opened (empty, or `None`, where
+    /// not known): the loader reads a file only while the same one is at its path.
+    pub(crate) identities: Vec<Option<crate::sys::FileIdentity>>,
 }
 
 /// A summary: a dataset's index can hold millions of samples.
@@ -491,6 +494,17 @@ impl Dataset {
         // A large index is built once for the node and kept whole where it can be: read if
         // it is there; else the process that builds it holds a lock the others wait on, then
         // read what it kept.
+        // Which file each path is now, before it is indexed (an ImageFolder's files are its
+        // samples, found by the walk: not recorded).
+        let before: std::collections::HashMap<&Path, crate::sys::FileIdentity> =
+            if format == Format::ImageFolder {
+                Default::default()
+            } else {
+                paths
+                    .iter()
+                    .filter_map(|p| Some((p.as_path(), crate::sys::statx_path(p).ok()?.identity)))
+                    .collect()
+            };
         let node = snapshot::Inputs::of(format, paths, opts);
         let mut building = None;
         let kept = node.as_ref().and_then(|n| {
@@ -510,9 +524,13 @@ impl Dataset {
                 format: Some(format),
                 ..opts.clone()
             };
+            ds.identify(&before);
             return Ok(ds);
         }
         let mut ds = Self::open_files_walked(format, paths, opts, &tar::walk_tar)?;
+        if format != Format::ImageFolder {
+            ds.identify(&before);
+        }
         if !node.is_some_and(|n| n.store(&mut ds, paths, opts)) {
             ds.share_index();
         }
@@ -560,6 +578,26 @@ impl Dataset {
             ..opts.clone()
         };
         Ok(ds)
+    }
+
+    /// Records which file each of the dataset's files is: as `before` says (taken before it
+    /// was indexed), else as it is now (a Megatron prefix's `.bin`).
+    fn identify(&mut self, before: &std::collections::HashMap<&Path, crate::sys::FileIdentity>) {
+        self.identities = self
+            .files
+            .iter()
+            .map(|f| {
+                before
+                    .get(&*f.path)
+                    .copied()
+                    .or_else(|| Some(crate::sys::statx_path(&f.path).ok()?.identity))
+            })
+            .collect();
+    }
+
+    /// Which file dataset file `f` was when the dataset was opened, where known.
+    pub(crate) fn identity(&self, f: u32) -> Option<crate::sys::FileIdentity> {
+        self.identities.get(f as usize).copied().flatten()
     }
 
     /// The node's index file this dataset's index was read from or kept in
@@ -981,6 +1019,7 @@ impl Dataset {
             tokens: None,
             lazy_keys: None,
             node_index: None,
+            identities: Vec::new(),
         }
     }
 

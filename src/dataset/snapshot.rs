@@ -112,6 +112,8 @@ pub(crate) struct LazyKeys {
     count: usize,
     crc: u32,
     file: PathBuf,
+    /// The file's device and inode.
+    identity: (u64, u64),
 }
 
 impl std::fmt::Debug for LazyKeys {
@@ -121,11 +123,34 @@ impl std::fmt::Debug for LazyKeys {
 }
 
 impl LazyKeys {
+    /// Removes the index file this was read from, if that file is still at its name.
+    fn remove(&self) -> bool {
+        let (Some(dir), Some(name)) = (self.file.parent(), self.file.file_name()) else {
+            return false;
+        };
+        let Ok(d) = shared::private_dir(dir) else {
+            return false;
+        };
+        let there = nix::sys::stat::fstatat(&d, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW);
+        there.is_ok_and(|st| (st.st_dev, st.st_ino) == self.identity)
+            && nix::unistd::unlinkat(&d, name, nix::unistd::UnlinkatFlags::NoRemoveDir).is_ok()
+    }
+
     /// The keys, or why they cannot be read.
     pub(crate) fn read(&self) -> Result<Strings, String> {
         let bytes = (*self.map).as_ref().get(self.at.clone());
         if bytes.and_then(|b| strings_digest(b, self.count)) != Some(self.crc) {
-            return Err(format!("{}: the keys are damaged", self.file.display()));
+            // Removed (if it is still the file mapped here), so the next open builds it anew.
+            let removed = self.remove();
+            return Err(format!(
+                "{}: the keys are damaged{}",
+                self.file.display(),
+                if removed {
+                    "; the file is removed, and the next open indexes the dataset anew"
+                } else {
+                    ""
+                }
+            ));
         }
         Strings::mapped(self.map.clone(), self.at.clone(), self.count)
             .map_err(|e| format!("{}: {e}", self.file.display()))
@@ -258,7 +283,8 @@ impl Inputs {
             });
         }
         crate::util::notice(&format!(
-            "waiting for another process to finish indexing this dataset ({})",
+            "waiting for another process to finish indexing this dataset ({}; at most 10 minutes, \
+             then indexing here too; GPUFEED_SHARED_INDEX=0 indexes in every process)",
             self.dir.join(&self.name).display()
         ));
         let t0 = std::time::Instant::now();
@@ -280,7 +306,7 @@ impl Inputs {
             return None; // nothing kept (and nothing made here)
         }
         let d = shared::private_dir(&self.dir).ok()?;
-        let map = map_file(&d, &self.name)?;
+        let (map, identity) = map_file(&d, &self.name)?;
         let b = (*map).as_ref();
         let at = sections(b)?;
         if b.get(at[INPUTS].clone())? != self.blob.as_slice() {
@@ -356,6 +382,7 @@ impl Inputs {
                 count: keys,
                 crc: keys_crc,
                 file: file.clone(),
+                identity,
             });
         }
         ds.node_index = Some(file);
@@ -420,6 +447,7 @@ impl Inputs {
         let placed = shared::private_dir(&self.dir).and_then(|d| {
             write(&d, &self.name, &parts)?;
             map_file(&d, &self.name)
+                .map(|(m, _)| m)
                 .ok_or_else(|| std::io::Error::other("the file written is gone"))
         });
         let map = match placed {
@@ -500,12 +528,13 @@ fn sections(b: &[u8]) -> Option<[Range<usize>; SECTIONS]> {
         }
         *r = off..end;
     }
-    Some(at)
+    // Nothing after the last section (the writer ends the file there).
+    (at.iter().map(|r| r.end).max() == Some(b.len())).then_some(at)
 }
 
 /// The index file `name` in `d`, mapped, if it is a regular file of this user's (not a link,
 /// not waited on) at least a header long.
-fn map_file(d: &OwnedFd, name: &str) -> Option<SharedBytes> {
+fn map_file(d: &OwnedFd, name: &str) -> Option<(SharedBytes, (u64, u64))> {
     let fd = nix::fcntl::openat(
         d,
         name,
@@ -521,7 +550,7 @@ fn map_file(d: &OwnedFd, name: &str) -> Option<SharedBytes> {
     }
     let len = usize::try_from(md.len()).ok()?;
     let m = crate::sys::FileMapping::of(f.as_fd(), len).ok()?;
-    Some(Arc::new(m))
+    Some((Arc::new(m), (md.dev(), md.ino())))
 }
 
 /// Writes the header and the sections (each of its parts one after another, 16-byte aligned)
@@ -663,6 +692,9 @@ mod tests {
             std::fs::write(&kept, &good[..len]).unwrap();
             assert!(inputs.load(&paths, &opts).is_none(), "cut at {len}");
         }
+        // Bytes appended: refused.
+        std::fs::write(&kept, [&good[..], b"x"].concat()).unwrap();
+        assert!(inputs.load(&paths, &opts).is_none());
         // Another dataset's inputs, or these files changed: not used.
         std::fs::write(&kept, &good).unwrap();
         let mut other = Inputs::of(Format::WebDataset, &paths, &opts).unwrap();

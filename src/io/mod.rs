@@ -147,6 +147,8 @@ pub struct FileInfo {
     pub mem_align: u32,
     /// Required alignment of offsets and lengths (1 when buffered).
     pub offset_align: u32,
+    /// Which file was opened (device, inode, modification time).
+    pub identity: crate::sys::FileIdentity,
 }
 
 struct FileEntry {
@@ -557,6 +559,7 @@ impl Engine {
                 direct,
                 mem_align,
                 offset_align,
+                identity: st.identity,
             },
             fd,
             in_flight: 0,

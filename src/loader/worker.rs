@@ -377,8 +377,9 @@ impl WorkerCtx {
                 specs.clear();
                 let mut unopened = Unopened::default();
                 let pinned = files.pin();
+                let checked = a.job.verify && ds.has_checksums();
                 for (k, r) in g.reads.iter().enumerate() {
-                    match files.get(&mut engine, ds, r.file, pinned) {
+                    match files.get(&mut engine, ds, r.file, pinned, checked) {
                         Ok(file) => specs.push(ReadSpec {
                             file,
                             offset: r.offset,
@@ -711,8 +712,16 @@ impl OpenFiles {
         self.clock + 1
     }
 
-    /// Dataset file `f`, opened if it is not; files used since `pinned` stay open.
-    fn get(&mut self, engine: &mut Engine, ds: &Dataset, f: u32, pinned: u64) -> Result<FileId> {
+    /// Dataset file `f`, opened if it is not; files used since `pinned` stay open. `checked`:
+    /// every sample read from it is checked against its checksum.
+    fn get(
+        &mut self,
+        engine: &mut Engine,
+        ds: &Dataset,
+        f: u32,
+        pinned: u64,
+        checked: bool,
+    ) -> Result<FileId> {
         self.clock += 1;
         self.used[f as usize] = self.clock;
         if self.evicts() {
@@ -729,6 +738,30 @@ impl OpenFiles {
         }
         let id = engine.open(&ds.files()[f as usize].path)?;
         let info = engine.file_info(id)?;
+        // The file indexed, not another put at its path since (moved or linked there): an
+        // index's offsets and labels read from another file's bytes are wrong data that
+        // nothing else would catch. The same file written since (a later modification time) is
+        // read on where every sample is checked against its checksum (a damaged or cut sample
+        // fails alone, as it would have before the open); unchecked, it is refused too.
+        let changed = ds.identity(f).and_then(|was| {
+            let now = info.identity;
+            if (was.dev, was.ino) != (now.dev, now.ino) {
+                Some("another file is at this path")
+            } else if was.mtime_ns != now.mtime_ns && !checked {
+                Some("it was written since, and its samples carry no checksum to catch it")
+            } else {
+                None
+            }
+        });
+        if let Some(why) = changed {
+            let e = crate::error::invalid(format!(
+                "changed since the dataset was opened ({why}): its samples are not read; open \
+                 the dataset again"
+            ))
+            .with_path(info.path.clone());
+            let _ = engine.close(id);
+            return Err(e);
+        }
         let need = info.offset_align.max(info.mem_align);
         if info.direct && need > self.align {
             let e = crate::error::invalid(format!(

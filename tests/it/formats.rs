@@ -1243,6 +1243,10 @@ fn webdataset_is_indexed_once_for_the_node() {
         assert_eq!(ds.node_index(), Some(kept));
         assert_eq!(ds.len(), 70_000);
         assert_eq!(ds.key(1), "a.tar#1@2560");
+        // Removed once found damaged: the next open indexes the tar anew.
+        assert!(!kept.exists());
+        let ds = gpufeed::Dataset::open(&tar).unwrap();
+        assert_eq!(ds.key(1), "shard/s000001");
     }
 }
 
@@ -1324,4 +1328,85 @@ fn a_kept_index_is_used_only_for_the_files_it_was_built_from() {
     let kept3 = scanned.node_index().expect("kept").to_path_buf();
     assert!(kept3 != kept && kept3 != kept2);
     assert!(all(&scanned) == all(&built));
+}
+
+/// A tar replaced after the dataset was opened and before its first read — moved into place,
+/// a link switched to it, or copied over it — is not read with the old index (its payloads
+/// under the old file's offsets and labels): its samples fail, naming the file and what
+/// happened; the other tar's samples arrive.
+#[test]
+fn a_file_replaced_after_the_open_is_not_read_with_the_old_index() {
+    let Some(_) = python() else { return };
+    let dir = disk_dir();
+    let write = |path: &Path, seed: u32| {
+        let Some(mut py) = python() else { return };
+        py.arg("-c")
+            .arg(
+                "import io, sys, tarfile\n\
+                 seed = int(sys.argv[2])\n\
+                 with tarfile.open(sys.argv[1], 'w') as t:\n\
+                 \x20   for i in range(50):\n\
+                 \x20       for ext, data in (('bin', bytes([seed]) * (100 + (i * seed) % 300)), ('cls', str((i + seed) % 7).encode())):\n\
+                 \x20           ti = tarfile.TarInfo(f'{seed}/s{i:04d}.{ext}'); ti.size = len(data)\n\
+                 \x20           t.addfile(ti, io.BytesIO(data))\n",
+            )
+            .arg(path)
+            .arg(seed.to_string());
+        run_ok(py);
+    };
+    let mut opts = OpenOptions::default();
+    opts.set("payload", "bin").unwrap();
+    for how in ["moved", "linked", "copied"] {
+        let d = dir.path().join(how);
+        std::fs::create_dir(&d).unwrap();
+        let (a, b, other) = (d.join("a.tar"), d.join("b.tar"), d.join("other.tar"));
+        write(&a, 1);
+        write(&other, 2);
+        let target = d.join("b-v1.tar");
+        write(if how == "linked" { &target } else { &b }, 3);
+        if how == "linked" {
+            std::os::unix::fs::symlink(&target, &b).unwrap();
+        }
+        let ds = Dataset::open_many(&[a.clone(), b.clone()], &opts).unwrap();
+        assert_eq!(ds.len(), 100);
+        match how {
+            "moved" => std::fs::rename(&other, &b).unwrap(),
+            "linked" => {
+                std::fs::remove_file(&b).unwrap();
+                std::os::unix::fs::symlink(&other, &b).unwrap();
+            }
+            _ => {
+                // Rewritten in place: the same inode, other bytes (and a later time).
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                std::fs::write(&b, std::fs::read(&other).unwrap()).unwrap();
+            }
+        }
+        let loader = Loader::builder(ds.clone()).batch_size(1).build().unwrap();
+        let (mut good, mut refused) = (0, 0);
+        for b in loader.epoch(0).unwrap() {
+            let b = b.unwrap();
+            let i = b.sample_ids()[0] as usize;
+            match b.sample(0) {
+                Ok(bytes) => {
+                    assert_eq!(ds.sample(i).file, 0, "{how}: b.tar's sample {i} was read");
+                    assert!(bytes.iter().all(|&x| x == 1), "{how}: a.tar's sample {i}");
+                    good += 1;
+                }
+                Err(e) => {
+                    let e = e.report();
+                    assert_eq!(ds.sample(i).file, 1, "{how}: {e}");
+                    assert!(
+                        e.contains("changed since the dataset was opened"),
+                        "{how}: {e}"
+                    );
+                    assert!(
+                        e.contains("b.tar") && e.contains(&format!("sample {i}")),
+                        "{e}"
+                    );
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!((good, refused), (50, 50), "{how}");
+    }
 }
