@@ -603,8 +603,10 @@ impl Dataset {
     /// The node's index file this dataset's index was read from or kept in
     /// (`$GPUFEED_INDEX_DIR/dataset-HASH.gpfidx`: packed shards, WebDataset tars and
     /// TFRecord files of 65,536 samples or more, built by the first process to open them and
-    /// read by every later one while the files stay as they were); `None` where this process
-    /// indexed the dataset and kept its index to itself.
+    /// read by every later one while the files stay as they were) — or, for a Megatron index
+    /// opened as windows, the node's record of its check (`checked-HASH.gpfidx`: the sequences
+    /// tile the `.bin`); `None` where this process indexed the dataset and kept its index to
+    /// itself.
     pub fn node_index(&self) -> Option<&Path> {
         self.node_index.as_deref()
     }

@@ -206,10 +206,10 @@ pub(super) fn sweep(d: &OwnedFd) {
     let mut old = Vec::new();
     for e in entries.iter().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let ours = ["samples-", "keys-", "dataset-"]
+        let ours = ["samples-", "keys-", "dataset-", "checked-"]
             .iter()
             .any(|p| name.starts_with(p));
-        let partial = [".samples-", ".keys-", ".dataset-"]
+        let partial = [".samples-", ".keys-", ".dataset-", ".checked-"]
             .iter()
             .any(|p| name.starts_with(p));
         let keep = if ours && (name.ends_with(".gpfidx") || name.ends_with(".gpfidx.lock")) {

@@ -23,12 +23,15 @@
 //! ([`WAIT`]); after it, or where the builder kept nothing (a dataset with problems is
 //! indexed by every open: they are reported each time), each process builds its own and shares
 //! the table byte for byte ([`shared`]).
+//!
+//! The same file format keeps what a check of a dataset's files found, where the index itself
+//! is computed: a Megatron index opened as windows ([`Inputs::of_check`], `checked-HASH.gpfidx`).
 
 use std::io::Write;
 use std::ops::Range;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -185,9 +188,6 @@ impl Inputs {
         if bytes < least * shared::SHARED_MIN_SAMPLES as u64 {
             return None;
         }
-        let dir = shared::index_dir()?;
-        let mut blob = b"gpufeed node index 1\n".to_vec();
-        blob.extend_from_slice(format.name().as_bytes());
         let shape = format!(
             "\n{:?} {:?} {:?} {} {}\n",
             opts.webdataset,
@@ -196,42 +196,57 @@ impl Inputs {
             opts.label_offset,
             opts.tfrecord_recover
         );
-        blob.extend_from_slice(shape.as_bytes());
-        blob.extend_from_slice(&(paths.len() as u64).to_le_bytes());
-        let mut newest = i128::MIN;
+        let mut inputs = Vec::new();
         for p in paths {
+            inputs.push(Some(p.clone()));
             // A TFRecord file's index file (the one its open reads) is an input too.
-            let index = match format {
-                Format::TfRecord => Some(tfrecord::index_of(p, opts)),
-                _ => None,
-            };
-            for input in std::iter::once(Some(p.clone())).chain(index) {
-                let Some(p) = input else {
-                    blob.extend_from_slice(b"scanned");
-                    continue;
-                };
-                let md = std::fs::metadata(p).ok().filter(|m| m.is_file())?;
-                for v in [
-                    md.dev(),
-                    md.ino(),
-                    md.size(),
-                    md.mtime() as u64,
-                    md.mtime_nsec() as u64,
-                    md.ctime() as u64,
-                    md.ctime_nsec() as u64,
-                ] {
-                    blob.extend_from_slice(&v.to_le_bytes());
-                }
-                newest = newest
-                    .max(nanos(md.mtime(), md.mtime_nsec()))
-                    .max(nanos(md.ctime(), md.ctime_nsec()));
+            if format == Format::TfRecord {
+                inputs.push(tfrecord::index_of(p, opts));
             }
+        }
+        Inputs::from_files(format, &shape, &inputs, "dataset")
+    }
+
+    /// The inputs `files` (`None`: an input that is not a file, recorded as such) of something
+    /// of `format` kept under `prefix`, shaped by the options `shape` says.
+    fn from_files(
+        format: Format,
+        shape: &str,
+        files: &[Option<PathBuf>],
+        prefix: &str,
+    ) -> Option<Inputs> {
+        let dir = shared::index_dir()?;
+        let mut blob = b"gpufeed node index 1\n".to_vec();
+        blob.extend_from_slice(format.name().as_bytes());
+        blob.extend_from_slice(shape.as_bytes());
+        blob.extend_from_slice(&(files.len() as u64).to_le_bytes());
+        let mut newest = i128::MIN;
+        for input in files {
+            let Some(p) = input else {
+                blob.extend_from_slice(b"scanned");
+                continue;
+            };
+            let md = std::fs::metadata(p).ok().filter(|m| m.is_file())?;
+            for v in [
+                md.dev(),
+                md.ino(),
+                md.size(),
+                md.mtime() as u64,
+                md.mtime_nsec() as u64,
+                md.ctime() as u64,
+                md.ctime_nsec() as u64,
+            ] {
+                blob.extend_from_slice(&v.to_le_bytes());
+            }
+            newest = newest
+                .max(nanos(md.mtime(), md.mtime_nsec()))
+                .max(nanos(md.ctime(), md.ctime_nsec()));
         }
         let name = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
             blob.hash(&mut h);
-            format!("dataset-{:016x}.gpfidx", h.finish())
+            format!("{prefix}-{:016x}.gpfidx", h.finish())
         };
         Some(Inputs {
             format,
@@ -240,6 +255,65 @@ impl Inputs {
             dir,
             newest,
         })
+    }
+
+    /// The inputs of what a check of `files` (read as `format`) found, kept for the node
+    /// ([`facts`](Self::facts)): `None` where sharing is off or a file cannot be examined.
+    pub(crate) fn of_check(format: Format, files: &[&Path]) -> Option<Inputs> {
+        if !cfg!(target_endian = "little") || !shared::enabled() {
+            return None;
+        }
+        let files: Vec<Option<PathBuf>> = files.iter().map(|p| Some(p.to_path_buf())).collect();
+        Inputs::from_files(format, "\nchecked\n", &files, "checked")
+    }
+
+    /// What a check of these very inputs found, as [`keep_facts`](Self::keep_facts) kept it,
+    /// if it is there and whole; `None` otherwise (the check is then made).
+    pub(crate) fn facts(&self) -> Option<Vec<u8>> {
+        if !self.dir.is_dir() {
+            return None;
+        }
+        let d = shared::private_dir(&self.dir).ok()?;
+        let (map, _) = map_file(&d, &self.name)?;
+        let b = (*map).as_ref();
+        let at = sections(b)?;
+        if b.get(at[INPUTS].clone())? != self.blob.as_slice() {
+            return None;
+        }
+        let facts = b.get(at[FLAGS].clone())?;
+        let mut digests = vec![crc_of(&[&self.blob]), crc_of(&[facts])];
+        for k in FLAGS + 1..KEYS {
+            digests.push(crc_of(&[&b[at[k].clone()]]));
+        }
+        (checksum(&b[..8 + 16 * SECTIONS], &digests) == read_u32(b, 8 + 16 * SECTIONS)?)
+            .then(|| facts.to_vec())
+    }
+
+    /// Keeps `facts`, what a check of these inputs found, for the node's later opens — if the
+    /// files are as they were before the check and settled ([`SETTLE`]). Returns the file kept.
+    pub(crate) fn keep_facts(&self, files: &[&Path], facts: &[u8]) -> Option<PathBuf> {
+        let now = Inputs::of_check(self.format, files)?;
+        if now.blob != self.blob || !self.settled() {
+            return None;
+        }
+        let d = shared::private_dir(&self.dir)
+            .map_err(|e| shared::say_private(&self.dir, &e))
+            .ok()?;
+        // Each unused section one empty part, as `facts` reads it back.
+        let empty: &[&[u8]] = &[&[]];
+        let mut parts: [&[&[u8]]; SECTIONS] = [empty; SECTIONS];
+        let (blob, facts) = ([self.blob.as_slice()], [facts]);
+        parts[INPUTS] = &blob;
+        parts[FLAGS] = &facts;
+        write(&d, &self.name, &parts)
+            .map_err(|e| shared::say_private(&self.dir, &e))
+            .ok()?;
+        Some(self.dir.join(&self.name))
+    }
+
+    /// The node's file these inputs' index or record is kept in.
+    pub(crate) fn file(&self) -> PathBuf {
+        self.dir.join(&self.name)
     }
 
     /// Whether the files are settled enough to keep an index of them ([`SETTLE`]).

@@ -3,7 +3,7 @@
 //! each format reported with the file and sample, every other sample still delivered.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpufeed::dataset::{Format, OpenOptions};
@@ -663,6 +663,34 @@ fn megatron_indexes_that_lie() {
     assert!(e.to_string().contains("too short"), "{e}");
 }
 
+/// Writes `PREFIX.idx` (uint16 tokens, one document of `n` sequences of `len(i)` tokens, laid
+/// out as Megatron's `_IndexWriter` writes it; sequence `bad`, if any, 2 bytes out of place)
+/// and a sparse `PREFIX.bin` they tile; returns the .bin's bytes.
+fn write_megatron(prefix: &Path, n: u64, len: impl Fn(u64) -> i32, bad: Option<u64>) -> u64 {
+    let mut v = b"MMIDIDX\0\0".to_vec();
+    v.extend_from_slice(&1u64.to_le_bytes());
+    v.push(8);
+    v.extend_from_slice(&n.to_le_bytes());
+    v.extend_from_slice(&2u64.to_le_bytes());
+    for i in 0..n {
+        v.extend_from_slice(&len(i).to_le_bytes());
+    }
+    let mut at = 0i64;
+    for i in 0..n {
+        let p = if Some(i) == bad { at + 2 } else { at };
+        v.extend_from_slice(&p.to_le_bytes());
+        at += 2 * len(i) as i64;
+    }
+    v.extend_from_slice(&0u64.to_le_bytes());
+    v.extend_from_slice(&n.to_le_bytes());
+    std::fs::write(prefix.with_extension("idx"), v).unwrap();
+    std::fs::File::create(prefix.with_extension("bin"))
+        .unwrap()
+        .set_len(at as u64)
+        .unwrap();
+    at as u64
+}
+
 /// An index of more sequences than one read of the arrays holds (200,000: the arrays are read
 /// in chunks of 65,536): every sequence is a sample where it should be, windows cover the
 /// whole .bin, and a sequence out of place in a later chunk is named.
@@ -671,30 +699,7 @@ fn megatron_indexes_read_in_chunks() {
     let dir = disk_dir();
     let n = 200_000u64;
     let len = |i: u64| (i % 7 + 1) as i32;
-    let write = |bad: Option<u64>| {
-        let mut v = b"MMIDIDX\0\0".to_vec();
-        v.extend_from_slice(&1u64.to_le_bytes());
-        v.push(8);
-        v.extend_from_slice(&n.to_le_bytes());
-        v.extend_from_slice(&2u64.to_le_bytes());
-        for i in 0..n {
-            v.extend_from_slice(&len(i).to_le_bytes());
-        }
-        let mut at = 0i64;
-        for i in 0..n {
-            let p = if Some(i) == bad { at + 2 } else { at };
-            v.extend_from_slice(&p.to_le_bytes());
-            at += 2 * len(i) as i64;
-        }
-        v.extend_from_slice(&0u64.to_le_bytes());
-        v.extend_from_slice(&n.to_le_bytes());
-        std::fs::write(dir.path().join("c.idx"), v).unwrap();
-        std::fs::File::create(dir.path().join("c.bin"))
-            .unwrap()
-            .set_len(at as u64)
-            .unwrap();
-        at as u64
-    };
+    let write = |bad| write_megatron(&dir.path().join("c"), n, len, bad);
     let bytes = write(None);
     let ds = Dataset::open(dir.path().join("c")).unwrap();
     assert_eq!(ds.len() as u64, n);
@@ -720,6 +725,74 @@ fn megatron_indexes_read_in_chunks() {
     write(Some(150_001));
     let e = Dataset::open_with(dir.path().join("c"), &windows).unwrap_err();
     assert!(e.to_string().contains("sequence 150001"), "{e}");
+}
+
+/// A Megatron index's windows are checked once for the node: the first open of 70,000
+/// sequences (files settled) reads the arrays, checks that they tile the .bin and keeps what it
+/// found in `$GPUFEED_INDEX_DIR`; a later open reads that record instead. A damaged record is
+/// not used (the open checks again and writes it anew), and an index changed since is checked
+/// again (its new fault found).
+#[test]
+fn a_megatron_windows_check_is_made_once_for_the_node() {
+    let dir = disk_dir();
+    let n = 70_000u64;
+    let len = |i: u64| (i % 5 + 1) as i32;
+    let write = |bad| write_megatron(&dir.path().join("m"), n, len, bad);
+    let bytes = write(None);
+    let windows = (bytes / 2 - 16) / 15 + 1;
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let cache = dir.path().join("cache");
+    let inspect = |shared: bool| {
+        let mut c = Command::new(gpufeed_bin());
+        c.env_remove("GPUFEED_QUIET")
+            .env("GPUFEED_SHARED_INDEX", if shared { "1" } else { "0" })
+            .env("GPUFEED_INDEX_DIR", &cache)
+            .args(["inspect", "--json", "--seq-len", "15"])
+            .arg(dir.path().join("m"));
+        c.output().unwrap()
+    };
+    let json = |o: std::process::Output| -> serde_json::Value {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let first = json(inspect(true));
+    assert_eq!(first["samples"].as_u64(), Some(windows));
+    let kept = PathBuf::from(first["node_index"].as_str().expect("a record kept"));
+    assert!(kept.starts_with(&cache), "{}", kept.display());
+    let record = std::fs::read(&kept).unwrap();
+    // A record is written beside and renamed into place: one read, not written again, keeps
+    // its inode.
+    let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let was = inode(&kept);
+    let second = json(inspect(true));
+    assert_eq!(inode(&kept), was, "the record was not used");
+    assert_eq!(second["node_index"].as_str(), kept.to_str());
+    assert_eq!(second["samples"].as_u64(), Some(windows));
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+    // Sharing off: nothing read or kept.
+    let off = json(inspect(false));
+    assert_eq!(
+        (off["node_index"].clone(), off["samples"].as_u64()),
+        (serde_json::Value::Null, Some(windows))
+    );
+    // A damaged record: checked again, the record written anew.
+    // (The header's second entry places the record's facts: sequences, documents, end.)
+    let mut damaged = record.clone();
+    let facts = u64::from_le_bytes(record[24..32].try_into().unwrap()) as usize;
+    damaged[facts + 16] ^= 0x40;
+    std::fs::write(&kept, &damaged).unwrap();
+    let third = json(inspect(true));
+    assert_eq!(third["samples"].as_u64(), Some(windows));
+    assert_eq!(std::fs::read(&kept).unwrap(), record);
+    assert_ne!(inode(&kept), was, "the damaged record was kept");
+    // The index rewritten with a sequence out of place: its record is another's; the fault is
+    // found.
+    write(Some(60_001));
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let o = inspect(true);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("sequence 60001"), "{e}");
 }
 
 #[test]
