@@ -58,8 +58,8 @@ pub(super) fn say_private(dir: &Path, e: &std::io::Error) {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| {
         crate::util::notice(&format!(
-            "the sample index is not shared with the node's other ranks ({}: {e}); this \
-             process keeps its own copy",
+            "the index (or its check) is not kept for the node's other processes ({}: {e}); \
+             this process keeps its own copy",
             dir.display()
         ))
     });
