@@ -46,6 +46,8 @@ const MAGIC: &[u8; 8] = b"GPFNODE1";
 const HEADER: usize = 256;
 /// Inputs, flags, sizes, files' first samples, entries, metadata, classes, keys.
 const SECTIONS: usize = 8;
+/// Each section's place in the file.
+type Sections = [Range<usize>; SECTIONS];
 const INPUTS: usize = 0;
 const FLAGS: usize = 1;
 const SIZES: usize = 2;
@@ -270,16 +272,8 @@ impl Inputs {
     /// What a check of these very inputs found, as [`keep_facts`](Self::keep_facts) kept it,
     /// if it is there and whole; `None` otherwise (the check is then made).
     pub(crate) fn facts(&self) -> Option<Vec<u8>> {
-        if !self.dir.is_dir() {
-            return None;
-        }
-        let d = shared::private_dir(&self.dir).ok()?;
-        let (map, _) = map_file(&d, &self.name)?;
+        let (map, _, at) = self.kept()?;
         let b = (*map).as_ref();
-        let at = sections(b)?;
-        if b.get(at[INPUTS].clone())? != self.blob.as_slice() {
-            return None;
-        }
         let facts = b.get(at[FLAGS].clone())?;
         let mut digests = vec![crc_of(&[&self.blob]), crc_of(&[facts])];
         for k in FLAGS + 1..KEYS {
@@ -308,7 +302,7 @@ impl Inputs {
         write(&d, &self.name, &parts)
             .map_err(|e| shared::say_private(&self.dir, &e))
             .ok()?;
-        Some(self.dir.join(&self.name))
+        Some(self.file())
     }
 
     /// The node's file these inputs' index or record is kept in.
@@ -359,7 +353,7 @@ impl Inputs {
         crate::util::notice(&format!(
             "waiting for another process to finish indexing this dataset ({}; at most 10 minutes, \
              then indexing here too; GPUFEED_SHARED_INDEX=0 indexes in every process)",
-            self.dir.join(&self.name).display()
+            self.file().display()
         ));
         let t0 = std::time::Instant::now();
         while t0.elapsed() < WAIT {
@@ -372,20 +366,28 @@ impl Inputs {
         None
     }
 
-    /// The dataset as the node's index file holds it, if there is one built from these very
-    /// inputs and it checks; `None` otherwise (the dataset is then indexed).
-    pub(crate) fn load(&self, paths: &[PathBuf], opts: &OpenOptions) -> Option<Dataset> {
-        let format = self.format;
+    /// The node's file kept under these inputs' name, mapped, with its device and inode and
+    /// its sections' places — if there is one, its sections lie inside it and it was built
+    /// from these very inputs (its checksums are the caller's to check).
+    fn kept(&self) -> Option<(SharedBytes, (u64, u64), Sections)> {
         if !self.dir.is_dir() {
             return None; // nothing kept (and nothing made here)
         }
         let d = shared::private_dir(&self.dir).ok()?;
         let (map, identity) = map_file(&d, &self.name)?;
-        let b = (*map).as_ref();
-        let at = sections(b)?;
-        if b.get(at[INPUTS].clone())? != self.blob.as_slice() {
+        let at = sections((*map).as_ref())?;
+        if (*map).as_ref().get(at[INPUTS].clone())? != self.blob.as_slice() {
             return None; // another dataset's, or these files' before they changed
         }
+        Some((map, identity, at))
+    }
+
+    /// The dataset as the node's index file holds it, if there is one built from these very
+    /// inputs and it checks; `None` otherwise (the dataset is then indexed).
+    pub(crate) fn load(&self, paths: &[PathBuf], opts: &OpenOptions) -> Option<Dataset> {
+        let format = self.format;
+        let (map, identity, at) = self.kept()?;
+        let b = (*map).as_ref();
         let flags = b.get(at[FLAGS].clone()).filter(|f| f.len() == FLAGS_LEN)?;
         let count = |k: usize| read_u64(flags, 8 + 8 * k).and_then(|v| usize::try_from(v).ok());
         let (n, files, metas, classes, keys) =
@@ -426,7 +428,7 @@ impl Inputs {
         let classes = (0..class_names.len())
             .map(|i| String::from_utf8(class_names.get(i).to_vec()).ok())
             .collect::<Option<Vec<String>>>()?;
-        let file = self.dir.join(&self.name);
+        let file = self.file();
         let files = paths
             .iter()
             .zip(&sizes)
@@ -540,7 +542,7 @@ impl Inputs {
         }
         ds.metas.share(map.clone(), at[METAS].clone());
         ds.keys.share(map.clone(), at[KEYS].clone());
-        ds.node_index = Some(self.dir.join(&self.name));
+        ds.node_index = Some(self.file());
         true
     }
 }
