@@ -347,7 +347,8 @@ for m in ("train", "eval"):
               f"gpufeed {d[1]:.3f} CPU-s/1000 [target <= 0.33]")
 EOF
 fi
-if [[ $bench == 1 && ! -d "$work/pysite/gpufeed" ]]; then
+# (This run's wheel: a folder left by an earlier run on the machine is not on PYTHONPATH.)
+if [[ $bench == 1 && ":${PYTHONPATH:-}:" != *":$work/pysite:"* ]]; then
     install_wheel || true
 fi
 if [[ $bench == 1 && -d "$work/pysite/gpufeed" ]]; then

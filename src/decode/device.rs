@@ -181,6 +181,33 @@ pub(crate) const STAGING_MAX: usize = 256 << 20;
 /// Bytes of a hardware-route sample read to the host for its frame header.
 pub(crate) const HEADER_BYTES: usize = 16 << 10;
 
+/// Bytes read to the host from the end of a hardware-route sample longer than
+/// [`HEADER_BYTES`], to see that its data ends with the image ([`ends_complete`]).
+pub(crate) const TAIL_BYTES: usize = 64;
+
+/// A device batch's bytes on the host ([`DeviceStage::host_bytes`]).
+pub(crate) struct HostBytes {
+    /// Per sample: all of a CPU-route sample, the first [`HEADER_BYTES`] of a hardware-route
+    /// one (`None`: failed already).
+    pub(crate) head: Vec<Option<Result<Vec<u8>>>>,
+    /// Per sample: the last [`TAIL_BYTES`] of a hardware-route sample that `head` does not
+    /// hold whole (empty otherwise).
+    pub(crate) tail: Vec<Vec<u8>>,
+}
+
+/// Whether a JPEG's data, whose last bytes are `end`, ends with its image: an EOI marker
+/// (`FF D9`), after which only zero padding may follow. The JPEG engines decode a truncated
+/// bitstream without an error (seen with nvJPEG's hardware backend on an H200: the image came
+/// back whole-sized, its missing rows made up), where the CPU stage, like Pillow, refuses it;
+/// so an image whose end is not plainly there takes the CPU route, which decides. Entropy-coded
+/// data cannot hold `FF D9` (a data `FF` is stuffed `FF 00`), so a truncated baseline JPEG does
+/// not end so, and an image with other trailing data (an appended video, a vendor trailer)
+/// merely decodes on the CPU.
+pub(crate) fn ends_complete(end: &[u8]) -> bool {
+    let n = end.iter().rposition(|&b| b != 0).map_or(0, |k| k + 1);
+    end[..n].ends_with(&[0xFF, 0xD9])
+}
+
 /// Staging offsets are aligned to this (the engines' and the kernels' loads).
 pub(crate) const STAGING_ALIGN: usize = 256;
 
@@ -457,17 +484,22 @@ impl DeviceStage {
     }
 
     /// What the decode threads need of each sample on the host, read in one gathered copy:
-    /// the whole bytes of a sample the CPU decodes, the first [`HEADER_BYTES`] of one the
-    /// engines decode (its frame header, which sizes its output: the record only routes it).
-    /// `None` for a sample that failed already (`skip`).
+    /// the whole bytes of a sample the CPU decodes; of one the engines decode, its first
+    /// [`HEADER_BYTES`] (its frame header, which sizes its output: the record only routes it)
+    /// and, where it is longer, its last [`TAIL_BYTES`] (whether its data ends with the image:
+    /// see [`ends_complete`]). `None` for a sample that failed already (`skip`).
     pub(crate) fn host_bytes(
         &self,
         batch: &Batch,
         records: Option<&[ImageInfo]>,
         skip: &[Option<Error>],
-    ) -> Vec<Option<Result<Vec<u8>>>> {
+    ) -> HostBytes {
         let ids = batch.sample_ids();
-        let mut out: Vec<Option<Result<Vec<u8>>>> = (0..batch.len()).map(|_| None).collect();
+        let mut out = HostBytes {
+            head: (0..batch.len()).map(|_| None).collect(),
+            tail: vec![Vec::new(); batch.len()],
+        };
+        // (sample, whether the range is its tail)
         let (mut ranges, mut which) = (Vec::new(), Vec::new());
         for i in 0..batch.len() {
             let Ok(r) = batch.sample_range(i) else {
@@ -482,7 +514,11 @@ impl DeviceStage {
                 Route::Cpu => r.len(),
             };
             ranges.push(r.start..r.start + len);
-            which.push(i);
+            which.push((i, false));
+            if len < r.len() {
+                ranges.push(r.end - TAIL_BYTES.min(r.len() - len)..r.end);
+                which.push((i, true));
+            }
         }
         if ranges.is_empty() {
             return out;
@@ -492,13 +528,17 @@ impl DeviceStage {
         };
         match region.read_ranges(&ranges) {
             Ok(v) => {
-                for (i, b) in which.into_iter().zip(v) {
-                    out[i] = Some(Ok(b));
+                for ((i, tail), b) in which.into_iter().zip(v) {
+                    if tail {
+                        out.tail[i] = b;
+                    } else {
+                        out.head[i] = Some(Ok(b));
+                    }
                 }
             }
             Err(e) => {
-                for i in which {
-                    out[i] = Some(Err(e.clone()));
+                for (i, _) in which {
+                    out.head[i] = Some(Err(e.clone()));
                 }
             }
         }
@@ -799,6 +839,16 @@ impl SimJpeg {
                         h.size.0, h.size.1
                     ));
                 }
+                // The engines decode a truncated bitstream without an error (nvJPEG's hardware
+                // backend on an H200): its image comes back whole-sized, the rows its data
+                // lacks made up. So does the stand-in (mid-gray where libjpeg-turbo stopped),
+                // so that only the pipeline's own check keeps such an image off this route.
+                Err(e) if e.contains("truncated JPEG") => {
+                    images.push((
+                        h.staging,
+                        vec![0x80; h.size.0 as usize * h.size.1 as usize * 3],
+                    ));
+                }
                 Err(e) => {
                     failed.get_or_insert(e);
                 }
@@ -852,5 +902,27 @@ impl SimJpeg {
                 }
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ends_complete;
+
+    #[test]
+    fn an_image_is_complete_where_its_data_ends_with_eoi() {
+        assert!(ends_complete(&[0x12, 0xFF, 0xD9]));
+        assert!(
+            ends_complete(&[0xFF, 0xD9, 0, 0, 0]),
+            "zero padding after EOI"
+        );
+        assert!(ends_complete(&[0xFF, 0xD9]));
+        // Truncated entropy data, a stuffed FF, a restart marker, a trailer, nothing.
+        assert!(!ends_complete(&[0x12, 0x34, 0x56]));
+        assert!(!ends_complete(&[0xD9, 0xFF, 0x00]));
+        assert!(!ends_complete(&[0xFF, 0xD7]));
+        assert!(!ends_complete(b"\xFF\xD9trailer"));
+        assert!(!ends_complete(&[0, 0, 0]));
+        assert!(!ends_complete(&[]));
     }
 }

@@ -129,6 +129,8 @@ struct DeviceOut {
     /// Each sample's bytes on the host, read in one gathered copy when the job was made: all
     /// of a CPU-route sample, the header of a hardware-route one (`None`: failed already).
     host: Mutex<Vec<Option<Result<Vec<u8>>>>>,
+    /// The last bytes of a hardware-route sample that `host` does not hold whole.
+    tails: Vec<Vec<u8>>,
     /// Each sample decoded whole: width, height, packed RGB (the decoder's output buffer).
     decoded: Mutex<Vec<Option<Decoded>>>,
 }
@@ -246,11 +248,14 @@ impl Job {
             d.stage.counted(None);
             return Some(e.clone());
         }
-        if let Err(e) = self.batch.sample_range(i) {
-            // Already an error (read, frame): zero-filled, the error stays.
-            d.stage.counted(None);
-            return Some(e.clone());
-        }
+        let whole_len = match self.batch.sample_range(i) {
+            Ok(r) => r.len(),
+            Err(e) => {
+                // Already an error (read, frame): zero-filled, the error stays.
+                d.stage.counted(None);
+                return Some(e.clone());
+            }
+        };
         // Routed by the image's record (format v2 shards carry them; other formats had their
         // headers read once when the image loader was made), as the GPU routes without
         // reading the bytes on the host.
@@ -273,8 +278,18 @@ impl Job {
             // The engines decode it with the batch, straight from device memory, into a slot
             // sized from its own frame header (read from the bytes gathered to the host): a
             // record that understates the image cannot make the engine write past its slot.
+            // Its end, to see that the image is all there (the engines would make up what a
+            // truncated one lacks, without an error).
+            let end = if data.len() == whole_len {
+                &data[..]
+            } else {
+                &d.tails[i][..]
+            };
             match crate::image::info(&data) {
-                Some(h) if super::device::route(Some(&h)) == Route::Hardware => {
+                Some(h)
+                    if super::device::route(Some(&h)) == Route::Hardware
+                        && super::device::ends_complete(end) =>
+                {
                     let r = info.expect("the hardware route needs a record");
                     if (h.width, h.height) != (r.width, r.height) {
                         d.stage.counted(None);
@@ -293,7 +308,8 @@ impl Job {
                     return None;
                 }
                 // Its header is not where the engines could take it (beyond the bytes read,
-                // or another kind than its record says): the CPU route, on its whole bytes.
+                // or another kind than its record says), or its data does not end with the
+                // image: the CPU route, on its whole bytes.
                 _ => data.clear(),
             }
         }
@@ -911,7 +927,8 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
                             tensor,
                             stage: stage.clone(),
                             crc,
-                            host: Mutex::new(host),
+                            host: Mutex::new(host.head),
+                            tails: host.tail,
                             decoded: Mutex::new((0..batch.len()).map(|_| None).collect()),
                         })))
                     }

@@ -487,6 +487,11 @@ impl DeviceBuffer {
         self.ptr
     }
 
+    /// The context the memory belongs to.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
     /// Bytes of the buffer.
     pub fn len(&self) -> usize {
         self.len

@@ -161,7 +161,8 @@ impl CufileFile {
     }
 
     /// Reads `len` bytes at `offset` into the start of `buf`; returns the bytes read (fewer at
-    /// end of file). `buf`'s CUDA context must be current on this thread.
+    /// end of file). `buf`'s CUDA context is made current for the call (cuFile needs it on the
+    /// calling thread) and the thread's own restored after.
     pub fn read(&self, buf: &mut CufileBuffer, len: usize, offset: u64) -> Result<usize> {
         if len > buf.len {
             return Err(crate::error::invalid(format!(
@@ -169,6 +170,7 @@ impl CufileFile {
                 buf.len
             )));
         }
+        let _g = buf.mem.context().enter()?;
         // SAFETY: `buf` is registered device memory of at least `len` bytes (checked), borrowed
         // exclusively for this synchronous call; the handle is live.
         let n = unsafe {
@@ -216,6 +218,10 @@ impl CufileBuffer {
     pub fn new(ctx: &Arc<Context>, len: usize) -> Result<CufileBuffer> {
         status()?;
         let mem = DeviceBuffer::new(ctx, len)?;
+        // cuFile registers memory of the calling thread's current context: without it,
+        // CU_FILE_CUDA_DRIVER_ERROR (CUDA_ERROR_INVALID_CONTEXT), as seen on an H200 where the
+        // buffer was made on a thread with no context current.
+        let _g = ctx.enter()?;
         // SAFETY: `mem` is our own allocation of at least `len` bytes; it is deregistered in
         // `drop` before `mem` (a field) is freed.
         let r = unsafe { sys::cuFileBufRegister(mem.ptr() as *const c_void, len, 0) };
@@ -243,6 +249,9 @@ impl CufileBuffer {
 
 impl Drop for CufileBuffer {
     fn drop(&mut self) {
+        // Deregistered under its own context, as registered (a failure leaves only cuFile's
+        // bookkeeping of memory freed next).
+        let _g = self.mem.context().enter();
         // SAFETY: registered in `new`; no read is in flight (reads borrow the buffer mutably and
         // return when done).
         let _ = unsafe { sys::cuFileBufDeregister(self.mem.ptr() as *const c_void) };

@@ -13,14 +13,20 @@ pub fn pattern_byte(offset: u64) -> u8 {
 /// `GPUFEED_TEST_TMPDIR` overrides the build's target directory (for test binaries shipped to
 /// another machine by `scripts/gpu-check.sh`).
 pub fn disk_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("gpufeed-it-")
+        .tempdir_in(test_tmp())
+        .unwrap()
+}
+
+/// The tests' scratch directory, made if missing: `GPUFEED_TEST_TMPDIR`, else the build's
+/// target directory (which a test binary shipped to another machine does not find there).
+pub fn test_tmp() -> PathBuf {
     let base = std::env::var_os("GPUFEED_TEST_TMPDIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
     std::fs::create_dir_all(&base).unwrap();
-    tempfile::Builder::new()
-        .prefix("gpufeed-it-")
-        .tempdir_in(base)
-        .unwrap()
+    base
 }
 
 /// The `gpufeed` binary under test (`GPUFEED_BIN` overrides the one cargo built).

@@ -49,7 +49,7 @@ fn pillow() -> Option<&'static Path> {
         if ok(Command::new("python3").args(["-c", "import PIL, numpy"])) {
             return Some(PathBuf::from("python3"));
         }
-        let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pillow-venv");
+        let venv = crate::common::test_tmp().join("pillow-venv");
         let py = venv.join("bin/python");
         if !ok(Command::new(&py).args(["-c", "import PIL, numpy"])) {
             assert!(

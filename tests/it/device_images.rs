@@ -107,6 +107,10 @@ pub(crate) fn make_set(root: &Path) -> Set {
     routes.cpu += 3;
     // Broken: truncated, garbage after a JPEG signature, HTML, a header above the pixel limit.
     let good = synth::jpeg(7, 0).unwrap();
+    // Longer than the header the device path reads to the host, so that its end is read
+    // apart (the JPEG engines decode a truncated image without an error: only that check
+    // keeps it off them).
+    assert!(good.len() * 6 / 10 > 16 << 10, "{} bytes", good.len());
     write(&c.join("bad-truncated.jpg"), &good[..good.len() * 6 / 10]);
     let mut garbage = vec![0xff, 0xd8, 0xff, 0xe0];
     garbage.extend((0..4000u32).map(|i| (i * 7919 % 251) as u8));

@@ -100,7 +100,7 @@ fn host_driver() -> Option<&'static Path> {
             eprintln!("skipped: no C++ compiler (c++); CI installs g++");
             return None;
         }
-        let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gpufeed-kernels-host");
+        let exe = crate::common::test_tmp().join("gpufeed-kernels-host");
         let r = root();
         let out = Command::new("c++")
             .args([
