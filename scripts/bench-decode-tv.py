@@ -3,8 +3,8 @@
 
 Per batch: the files are read (torchvision.io.read_file), decoded by
 torchvision.io.decode_jpeg(list, device=DEVICE) — nvJPEG's batched decode on a GPU — (other
-kinds by decode_image on the CPU, then moved), then per image torchvision.transforms.v2 on the
-device: train = RandomResizedCrop(size, antialias=True) + RandomHorizontalFlip; eval =
+kinds, and CMYK/YCCK JPEGs, which that refuses, by decode_image on the CPU, then moved), then
+per image torchvision.transforms.v2 on the device: train = RandomResizedCrop(size, antialias=True) + RandomHorizontalFlip; eval =
 Resize(size*8/7, antialias=True) + CenterCrop(size); then to float, /255, Normalize (ImageNet) and
 the dtype, stacked into one [N, 3, H, W] tensor; the device is synchronised at the end of each
 batch (so the clock sees the work). Files are visited in a seeded shuffle.
@@ -34,6 +34,27 @@ def files_of(root):
         out.extend(os.path.join(d, n) for n in names if n.lower().endswith(EXTS))
     out.sort()
     return out
+
+
+SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def jpeg_components(data):
+    """The component count in a JPEG's frame header (SOF), or None where it is not found in
+    the first 64 KiB."""
+    b = data[:65536].numpy().tobytes()
+    i = 2
+    while i + 10 <= len(b):
+        if b[i] != 0xFF:
+            return None
+        m = b[i + 1]
+        if m == 0xFF:  # fill byte
+            i += 1
+            continue
+        if m in SOF:
+            return b[i + 9]
+        i += 2 + ((b[i + 2] << 8) | b[i + 3])
+    return None
 
 
 def cpu_s():
@@ -80,6 +101,9 @@ def main():
     for k in range(0, len(files), a.batch):
         datas = [read_file(f) for f in files[k : k + a.batch]]
         jpegs = [i for i, d in enumerate(datas) if d[:3].tolist() == [0xFF, 0xD8, 0xFF]]
+        # CMYK/YCCK JPEGs (4 components), which the GPU decode refuses (one in a batch fails
+        # the whole batched call), are decoded on the CPU below, as a careful user would.
+        jpegs = [i for i in jpegs if jpeg_components(datas[i]) != 4]
         decoded = [None] * len(datas)
         try:
             for i, img in zip(jpegs, decode_jpeg([datas[i] for i in jpegs], device=dev, mode=ImageReadMode.RGB)):

@@ -224,7 +224,10 @@ if [[ $tests == 1 ]]; then
         note "NVRTC: none here; kernels from $SHIP/kernels, kernel compile tests left to CI"
         groups=(gpu:: device::)
     fi
-    run_tests gpu "${req[@]}" "$SHIP/it" "${groups[@]}" --test-threads=1
+    # (--nocapture: what the tests measure on the GPU, e.g. how far the JPEG engines' pixels
+    # lie from the CPU stage's, is in the log and the summary.)
+    run_tests gpu "${req[@]}" "$SHIP/it" "${groups[@]}" --test-threads=1 --nocapture
+    grep -h "levels" "$out"/test-gpu.log | sed 's/^/  /' | tee -a "$summary" || true
     # The no-GPU path of every entry point, on the GPU machine.
     run_tests no-gpu CUDA_VISIBLE_DEVICES= "$SHIP/it" device::no_gpu
     if [[ $quick == 0 ]]; then

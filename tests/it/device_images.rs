@@ -447,7 +447,32 @@ pub(crate) fn device_pipeline_routes_resumes_drops_and_stays_flat(on: On) {
     let mut cpu_only = spec.clone();
     cpu_only.hardware_decoder = false;
     let il2 = l.decode_images(cpu_only).unwrap();
-    assert_eq!(collect(&il2, 0, 0, true).0, first.0);
+    let cpu_first = collect(&il2, 0, 0, true).0;
+    match on {
+        // The stand-in is libjpeg-turbo, as the CPU route: the same bytes.
+        On::Sim => assert_eq!(cpu_first, first.0),
+        // nvJPEG's engines have their own IDCT and upsampling (an H200 run: not bit-equal),
+        // held to the bound the batches-equal test holds them to, and reported.
+        On::Cuda => {
+            assert_eq!(
+                cpu_first.keys().collect::<Vec<_>>(),
+                first.0.keys().collect::<Vec<_>>()
+            );
+            let (mut worst, mut mean_max) = (0f32, 0f64);
+            for (id, t) in &cpu_first {
+                let (w, m) = compare(t, &first.0[id], &spec);
+                assert!(
+                    w <= 32.0 && m <= 1.5,
+                    "sample {id}: the CPU route is {w} levels (mean {m}) from the engines'"
+                );
+                (worst, mean_max) = (worst.max(w), mean_max.max(m));
+            }
+            eprintln!(
+                "hardware decoder off vs on: worst {worst:.4} levels, largest per-sample mean \
+                 {mean_max:.5}"
+            );
+        }
+    }
     let r2 = il2.routes().unwrap();
     assert_eq!(
         (r2.hardware, r2.cpu, r2.failed),
