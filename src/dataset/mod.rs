@@ -600,6 +600,28 @@ impl Dataset {
         self.identities.get(f as usize).copied().flatten()
     }
 
+    /// Why dataset file `f`, found now as `now`, must not be read with this index, if so: the
+    /// file indexed, not another put at its path since (moved or linked there) — an index's
+    /// offsets and labels read from another file's bytes are wrong data that nothing else
+    /// would catch. The same file written since (a later modification time) is read on where
+    /// each sample is `checked` against its checksum (a damaged or cut sample fails alone, as
+    /// it would have before the open); unchecked, it is refused too.
+    pub(crate) fn changed_since_open(
+        &self,
+        f: u32,
+        now: crate::sys::FileIdentity,
+        checked: bool,
+    ) -> Option<&'static str> {
+        let was = self.identity(f)?;
+        if (was.dev, was.ino) != (now.dev, now.ino) {
+            Some("another file is at this path")
+        } else if was.mtime_ns != now.mtime_ns && !checked {
+            Some("it was written since, and its samples carry no checksum to catch it")
+        } else {
+            None
+        }
+    }
+
     /// The node's index file this dataset's index was read from or kept in
     /// (`$GPUFEED_INDEX_DIR/dataset-HASH.gpfidx`: packed shards, WebDataset tars and
     /// TFRecord files of 65,536 samples or more, built by the first process to open them and
@@ -866,17 +888,27 @@ impl Dataset {
     /// Reads sample `i` with ordinary buffered I/O into `buf` and checks it as
     /// [`check_sample`](Dataset::check_sample) does; the payload's range is in `buf`.
     pub fn read_sample(&self, i: usize, buf: &mut Vec<u8>, verify: bool) -> Result<Checked> {
-        self.read_raw(i, buf)?;
+        self.read_raw(i, buf, verify && self.has_checksums())?;
         self.check_sample(i, buf, verify)
     }
 
     /// Reads sample `i`'s raw bytes (`offset .. offset + len`, frame included) into `buf`, with
-    /// ordinary buffered I/O, checking nothing.
-    pub(crate) fn read_raw(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
+    /// ordinary buffered I/O, checking nothing but that its file is the one indexed
+    /// ([`changed_since_open`](Self::changed_since_open); `checked`: the caller checks the
+    /// sample against its checksum).
+    pub(crate) fn read_raw(&self, i: usize, buf: &mut Vec<u8>, checked: bool) -> Result<()> {
         let s = self.samples.get(i);
         let path = &self.files[s.file as usize].path;
         let f = SourceFile::open(path)
             .map_err(|e| self.sample_error(i, Error::io("cannot open", e)))?;
+        if self.identity(s.file).is_some() {
+            use std::os::fd::AsFd;
+            let now = crate::sys::statx_fd(f.file().as_fd())
+                .map_err(|e| self.sample_error(i, Error::io("cannot stat", e)))?;
+            if let Some(why) = self.changed_since_open(s.file, now.identity, checked) {
+                return Err(self.sample_error(i, changed_error(why)));
+            }
+        }
         buf.clear();
         buf.resize(s.len as usize, 0); // len was checked against the file's size when indexed
         f.read_exact_at(buf, s.offset)
@@ -1377,6 +1409,14 @@ pub(crate) struct SourceFile {
     file: std::fs::File,
     #[cfg(feature = "remote")]
     remote: Option<Arc<crate::cache::CachedObject>>,
+}
+
+/// The error for a dataset file that [`Dataset::changed_since_open`] refuses (`why`).
+pub(crate) fn changed_error(why: &str) -> Error {
+    invalid(format!(
+        "changed since the dataset was opened ({why}): its samples are not read; open the \
+         dataset again"
+    ))
 }
 
 /// A remote read of `want` bytes as an exact one: an error for too few.

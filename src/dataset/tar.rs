@@ -325,7 +325,32 @@ pub(crate) fn open_walked(
         ))
         .with_path(paths[0].clone()));
     }
-    b.finish(Format::WebDataset, "these tar files")
+    let mut ds = b.finish(Format::WebDataset, "these tar files")?;
+    // A label extension that no member has (a misspelling: `clss`, `.label` for `.cls`) would
+    // make every label -1 without a word: refused where it was named, a note for the default
+    // (`cls`; unlabelled sets are common). Only where every label is -1 and every extension
+    // was recorded (at most 20 are).
+    if let Some(l) = &opts.label {
+        let unlabelled = (0..ds.len()).all(|i| ds.sample(i).label == -1);
+        if unlabelled && !seen.contains(l) && seen.len() < 20 {
+            let list: Vec<String> = seen.iter().map(|s| format!(".{s}")).collect();
+            let what = format!(
+                "no sample has a .{l} member to read its label from (members seen: {})",
+                list.join(" ")
+            );
+            if l != "cls" {
+                return Err(invalid(format!(
+                    "{what}; name the label member's extension (label_ext), or none for no \
+                     labels"
+                ))
+                .with_path(paths[0].clone()));
+            }
+            ds.notes.push(format!(
+                "{what}: every label is -1 (label_ext names another member)"
+            ));
+        }
+    }
+    Ok(ds)
 }
 
 /// Walks a tar's headers (through a [`Window`]: a remote tar's are fetched by ranged GETs, not

@@ -73,7 +73,7 @@ pub(crate) fn check_first_example(ds: &Dataset) -> Result<()> {
         return Ok(());
     };
     let mut buf = Vec::new(); // at most FIRST_CHECK_MAX, and inside the file
-    if ds.read_raw(first, &mut buf).is_err() {
+    if ds.read_raw(first, &mut buf, false).is_err() {
         return Ok(()); // the loader will report it, per sample
     }
     // Only a record whose checksums hold counts as evidence.

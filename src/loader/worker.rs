@@ -738,27 +738,8 @@ impl OpenFiles {
         }
         let id = engine.open(&ds.files()[f as usize].path)?;
         let info = engine.file_info(id)?;
-        // The file indexed, not another put at its path since (moved or linked there): an
-        // index's offsets and labels read from another file's bytes are wrong data that
-        // nothing else would catch. The same file written since (a later modification time) is
-        // read on where every sample is checked against its checksum (a damaged or cut sample
-        // fails alone, as it would have before the open); unchecked, it is refused too.
-        let changed = ds.identity(f).and_then(|was| {
-            let now = info.identity;
-            if (was.dev, was.ino) != (now.dev, now.ino) {
-                Some("another file is at this path")
-            } else if was.mtime_ns != now.mtime_ns && !checked {
-                Some("it was written since, and its samples carry no checksum to catch it")
-            } else {
-                None
-            }
-        });
-        if let Some(why) = changed {
-            let e = crate::error::invalid(format!(
-                "changed since the dataset was opened ({why}): its samples are not read; open \
-                 the dataset again"
-            ))
-            .with_path(info.path.clone());
+        if let Some(why) = ds.changed_since_open(f, info.identity, checked) {
+            let e = crate::dataset::changed_error(why).with_path(info.path.clone());
             let _ = engine.close(id);
             return Err(e);
         }

@@ -139,6 +139,74 @@ fn tars_from_gnu_tar_in_every_format() {
     }
 }
 
+/// A label extension that no member has is a misspelling, not an unlabelled set: named, it is
+/// refused with the extensions seen; the default (`cls`) on a set without it is a note.
+#[test]
+fn a_label_extension_no_member_has_is_refused_or_noted() {
+    let dir = disk_dir();
+    let src = dir.path().join("src");
+    let want = member_tree(&src, 12);
+    let tar = dir.path().join("labels.tar");
+    let mut c = Command::new("tar");
+    c.args(["--sort=name", "-cf"])
+        .arg(&tar)
+        .arg("-C")
+        .arg(&src)
+        .args(tops());
+    run_ok(c);
+    let mut o = OpenOptions::default();
+    o.set("label_ext", "clss").unwrap();
+    let e = Dataset::open_with(&tar, &o).unwrap_err().to_string();
+    assert!(
+        e.contains("no sample has a .clss member") && e.contains(".cls .jpg .json"),
+        "{e}"
+    );
+    assert!(e.contains("labels.tar"), "names the file: {e}");
+    // Named right, the labels are there and nothing is said.
+    o.set("label_ext", "cls").unwrap();
+    let ds = Dataset::open_with(&tar, &o).unwrap();
+    assert_all(&ds, &want, "label_ext cls");
+    assert!(ds.notes().is_empty(), "{:?}", ds.notes());
+    // An unlabelled set under the default: opened, every label -1, and a note says why.
+    for f in walk(&src) {
+        if f.extension().is_some_and(|x| x == "cls") {
+            std::fs::remove_file(f).unwrap();
+        }
+    }
+    let bare = dir.path().join("bare.tar");
+    let mut c = Command::new("tar");
+    c.args(["--sort=name", "-cf"])
+        .arg(&bare)
+        .arg("-C")
+        .arg(&src)
+        .args(tops());
+    run_ok(c);
+    let ds = Dataset::open(&bare).unwrap();
+    assert_eq!(ds.len(), want.len());
+    assert!((0..ds.len()).all(|i| ds.sample(i).label == -1));
+    assert!(
+        ds.notes()
+            .iter()
+            .any(|n| n.contains("no sample has a .cls member")),
+        "{:?}",
+        ds.notes()
+    );
+}
+
+/// Every file under `root`.
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 #[test]
 fn tars_from_python_tarfile_in_every_format() {
     let Some(mut py) = python() else { return };
@@ -1481,5 +1549,21 @@ fn a_file_replaced_after_the_open_is_not_read_with_the_old_index() {
             }
         }
         assert_eq!((good, refused), (50, 50), "{how}");
+        // Read one at a time (`read_sample`, as `gpufeed verify` and `pack` read) alike: the
+        // old file's samples read, the replaced one's refused, naming it.
+        let mut buf = Vec::new();
+        for i in 0..ds.len() {
+            match ds.read_sample(i, &mut buf, true) {
+                Ok(_) => assert_eq!(ds.sample(i).file, 0, "{how}: read_sample of {i}"),
+                Err(e) => {
+                    let e = e.report();
+                    assert_eq!(ds.sample(i).file, 1, "{how}: {e}");
+                    assert!(
+                        e.contains("changed since the dataset was opened") && e.contains("b.tar"),
+                        "{how}: {e}"
+                    );
+                }
+            }
+        }
     }
 }
