@@ -8,6 +8,12 @@
  * it keeps it alive until the tensor's deleter runs.
  *
  * Kept in step with capi/src/lib.rs by a test (tests/it/capi.rs): change both together.
+ *
+ * The structs grow without breaking programs built against an older header: each begins with
+ * its struct_size, which the _default calls (macros passing the caller's sizeof) write and the
+ * library reads. A library newer than the program's header keeps its defaults for the fields
+ * the program does not know; an older one refuses a struct whose fields it does not know are
+ * set (GPUFEED_ERR_UNSUPPORTED). Fields are only ever appended.
  */
 #ifndef GPUFEED_H
 #define GPUFEED_H
@@ -36,6 +42,7 @@ typedef struct gpufeed_batch gpufeed_batch;
  * (format ... stride) are named as the CLI's --format ... --stride and Python's keyword arguments
  * (`gpufeed inspect --help` documents each): NULL, or 0, keeps the default. */
 typedef struct gpufeed_options {
+    uint32_t struct_size; /* sizeof(gpufeed_options) of this header: gpufeed_options_default writes it */
     uint32_t batch_size;
     uint32_t order; /* 0 global, 1 shard-buffer, 2 block, 3 sequential (no shuffle: evaluation) */
     uint64_t seed;
@@ -82,6 +89,7 @@ typedef struct gpufeed_options {
 
 /* Decoded images (gpufeed_loader_decode_images); fill with gpufeed_images_default first. */
 typedef struct gpufeed_images {
+    uint32_t struct_size; /* sizeof(gpufeed_images) of this header: gpufeed_images_default writes it */
     uint32_t transform; /* 0 train (random resized crop + flip), 1 eval (resize + centre crop) */
     uint32_t size; /* output side in pixels */
     uint32_t dtype; /* 0 uint8, 1 float16, 2 bfloat16, 3 float32 */
@@ -96,6 +104,7 @@ typedef struct gpufeed_images {
  * spent in gpufeed_loader_next, split into storage (reads not done), copy (host -> device not
  * done), verify (checks on the consumer's thread), decode and other. */
 typedef struct gpufeed_stats {
+    uint32_t struct_size; /* sizeof(gpufeed_stats) of this header: gpufeed_loader_stats writes it */
     uint64_t batches;
     uint64_t samples;
     uint64_t sample_errors;
@@ -145,7 +154,8 @@ typedef struct DLManagedTensor {
 #endif
 
 const char* gpufeed_last_error(void);
-int32_t gpufeed_options_default(gpufeed_options* out);
+int32_t gpufeed_options_default_sized(gpufeed_options* out, uint32_t struct_size);
+#define gpufeed_options_default(out) gpufeed_options_default_sized((out), (uint32_t)sizeof *(out))
 int32_t gpufeed_loader_open(const char* path, const gpufeed_options* opts, gpufeed_loader** out);
 int32_t gpufeed_loader_open_paths(const char** paths, uint32_t n, const gpufeed_options* opts, gpufeed_loader** out);
 const char* gpufeed_loader_dataset_options(const gpufeed_loader* l);
@@ -181,8 +191,10 @@ uint8_t gpufeed_batch_is_padding(const gpufeed_batch* b, uint32_t i);
 uint32_t gpufeed_batch_sample_id(const gpufeed_batch* b, uint32_t i);
 int32_t gpufeed_batch_sample_range(const gpufeed_batch* b, uint32_t i, uint64_t* offset, uint64_t* len);
 int32_t gpufeed_batch_to_dlpack(const gpufeed_batch* b, DLManagedTensor** out);
-int32_t gpufeed_loader_stats(const gpufeed_loader* l, gpufeed_stats* out);
-int32_t gpufeed_images_default(gpufeed_images* out);
+int32_t gpufeed_loader_stats_sized(const gpufeed_loader* l, gpufeed_stats* out, uint32_t struct_size);
+#define gpufeed_loader_stats(l, out) gpufeed_loader_stats_sized((l), (out), (uint32_t)sizeof *(out))
+int32_t gpufeed_images_default_sized(gpufeed_images* out, uint32_t struct_size);
+#define gpufeed_images_default(out) gpufeed_images_default_sized((out), (uint32_t)sizeof *(out))
 int32_t gpufeed_loader_decode_images(gpufeed_loader* l, const gpufeed_images* spec);
 void gpufeed_batch_free(gpufeed_batch* b);
 

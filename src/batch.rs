@@ -151,7 +151,13 @@ impl std::ops::Deref for Batch {
 
 impl Batch {
     /// The device region holding the bytes (`None` for a host batch).
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn device_region(&self) -> Option<&Arc<DeviceRegion>> {
         match &self.mem {
             Memory::Device(d) => Some(d),

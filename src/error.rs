@@ -230,7 +230,13 @@ impl Clone for Error {
 /// files by their object's URL (set by the cache when it first registers an object).
 static PATH_NAMER: std::sync::OnceLock<fn(&Path) -> Option<String>> = std::sync::OnceLock::new();
 
-#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "remote"),
+    allow(
+        dead_code,
+        reason = "used only with feature remote: the remote datasets' node cache"
+    )
+)]
 pub(crate) fn set_path_namer(f: fn(&Path) -> Option<String>) {
     let _ = PATH_NAMER.set(f);
 }

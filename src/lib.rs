@@ -143,9 +143,21 @@ pub mod remote;
 mod rng;
 mod stats;
 // Helpers; some serve only the command line and its benchmarks.
-#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "cli"),
+    allow(
+        dead_code,
+        reason = "used only with feature cli: helpers some of which serve only the command line and its benchmarks"
+    )
+)]
 pub(crate) mod sys;
-#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "cli"),
+    allow(
+        dead_code,
+        reason = "used only with feature cli: helpers some of which serve only the command line and its benchmarks"
+    )
+)]
 pub(crate) mod util;
 
 pub use batch::{Batch, BatchMeta};

@@ -261,7 +261,10 @@ impl Mapping {
         self.ptr
     }
 
-    #[allow(clippy::len_without_is_empty)] // a mapping has at least one page
+    #[allow(
+        clippy::len_without_is_empty,
+        reason = "a mapping has at least one page"
+    )]
     pub fn len(&self) -> usize {
         self.len
     }

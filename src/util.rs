@@ -71,7 +71,13 @@ pub fn size_label(b: u64) -> String {
 }
 
 /// Bytes for people: `1.31 GiB`, `69.8 MiB`, `512 KiB`, `42 B` (three significant digits).
-#[cfg_attr(not(feature = "remote"), allow(dead_code))] // the node cache's commands
+#[cfg_attr(
+    not(feature = "remote"),
+    allow(
+        dead_code,
+        reason = "used only with feature remote: the node cache's commands"
+    )
+)]
 pub fn bytes_human(b: u64) -> String {
     for (unit, s) in [
         (1u64 << 40, "TiB"),
@@ -248,7 +254,13 @@ impl Histogram {
     }
 
     /// Adds `other`'s counts to these.
-    #[cfg_attr(not(feature = "tokio-uring"), allow(dead_code))]
+    #[cfg_attr(
+        not(feature = "tokio-uring"),
+        allow(
+            dead_code,
+            reason = "used only with feature tokio-uring: the tokio-uring peer benchmark"
+        )
+    )]
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
             *a += b;

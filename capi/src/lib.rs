@@ -34,6 +34,9 @@ pub const GPUFEED_ERR_TIMEOUT: i32 = 7;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct GpufeedOptions {
+    /// `sizeof(gpufeed_options)` of the caller's header (written by `gpufeed_options_default`):
+    /// the fields a program knows, so a library with more keeps their defaults for the rest.
+    pub struct_size: u32,
     pub batch_size: u32,
     /// 0 global, 1 shard-buffer, 2 block, 3 sequential (no shuffle: evaluation).
     pub order: u32,
@@ -145,6 +148,8 @@ impl GpufeedBatch {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct GpufeedImages {
+    /// `sizeof(gpufeed_images)` of the caller's header (written by `gpufeed_images_default`).
+    pub struct_size: u32,
     /// 0 train (random resized crop + flip), 1 eval (resize + centre crop).
     pub transform: u32,
     /// Output side in pixels.
@@ -166,6 +171,8 @@ pub struct GpufeedImages {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GpufeedStats {
+    /// `sizeof(gpufeed_stats)` of the caller's header (written by `gpufeed_loader_stats`).
+    pub struct_size: u32,
     pub batches: u64,
     pub samples: u64,
     pub sample_errors: u64,
@@ -185,6 +192,107 @@ pub struct GpufeedStats {
     pub decode_cpu_s: f64,
     /// Of the consumer's wait: reads that fetched from an object store.
     pub remote_s: f64,
+}
+
+/// A struct the caller and the library share, headed by its `struct_size`: the caller's
+/// header may be older (fewer fields) or newer (more) than the library's.
+///
+/// # Safety
+/// Implemented only for the `#[repr(C)]` structs above, whose first field is `struct_size:
+/// u32` and whose every field is valid for any bytes (integers, floats, raw pointers).
+unsafe trait Sized32: Copy {
+    const NAME: &'static str;
+}
+// SAFETY: `#[repr(C)]`, `struct_size: u32` first, plain fields only.
+unsafe impl Sized32 for GpufeedOptions {
+    const NAME: &'static str = "gpufeed_options";
+}
+// SAFETY: as above.
+unsafe impl Sized32 for GpufeedImages {
+    const NAME: &'static str = "gpufeed_images";
+}
+// SAFETY: as above.
+unsafe impl Sized32 for GpufeedStats {
+    const NAME: &'static str = "gpufeed_stats";
+}
+
+/// The smallest `struct_size` taken: the size field and the first field after it.
+const STRUCT_SIZE_MIN: u32 = 8;
+
+/// A `struct_size` given to a writer, checked.
+fn size_given<T: Sized32>(size: u32) -> Result<u32, i32> {
+    if size < STRUCT_SIZE_MIN {
+        return Err(invalid(&format!(
+            "{}: struct_size {size} is not a struct's size (pass sizeof; the header's macro \
+             does)",
+            T::NAME
+        )));
+    }
+    Ok(size)
+}
+
+/// Writes `value` into the caller's struct of `size` bytes (its header's `sizeof`): the fields
+/// both know, zeros for fields only the caller's (newer) header has; `struct_size` = `size`.
+///
+/// # Safety
+/// `out` is writable for `size` bytes; `size` ≥ [`STRUCT_SIZE_MIN`].
+unsafe fn write_sized<T: Sized32>(out: *mut T, value: T, size: u32) {
+    let lib = std::mem::size_of::<T>();
+    let n = (size as usize).min(lib);
+    let dst = out as *mut u8;
+    // SAFETY: `value` is `lib` ≥ `n` readable bytes; `dst` writable for `size` ≥ `n` bytes; the
+    // two do not overlap (a local).
+    unsafe { std::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst, n) };
+    if size as usize > lib {
+        // SAFETY: within the caller's `size` bytes.
+        unsafe { std::ptr::write_bytes(dst.add(lib), 0, size as usize - lib) };
+    }
+    // SAFETY: the first field, a u32 at offset 0 of a writable struct (size ≥ 8); unaligned
+    // write in case the caller's struct is not aligned.
+    unsafe { (dst as *mut u32).write_unaligned(size) };
+}
+
+/// Reads the caller's struct by its own `struct_size`: the fields it has over `defaults`, the
+/// rest kept. A struct from a newer header than this library is taken only if the fields this
+/// library does not know are zero (their defaults): anything set there would be ignored.
+///
+/// # Safety
+/// `p` is non-null and points to a struct of at least `struct_size` readable bytes, filled by
+/// the matching `_default` call (which wrote `struct_size`).
+unsafe fn read_sized<T: Sized32>(p: *const T, defaults: T) -> Result<T, i32> {
+    let src = p as *const u8;
+    // SAFETY: the first 4 bytes of the caller's struct (its `struct_size`).
+    let size = unsafe { (src as *const u32).read_unaligned() };
+    if size < STRUCT_SIZE_MIN {
+        return Err(invalid(&format!(
+            "{}.struct_size is {size}: fill the struct with its _default call first (it \
+             writes the size)",
+            T::NAME
+        )));
+    }
+    let lib = std::mem::size_of::<T>();
+    let n = (size as usize).min(lib);
+    let mut out = defaults;
+    // SAFETY: `n` ≤ `size` bytes readable at `src`, `n` ≤ `lib` writable at `out`; every field
+    // is valid for any bytes (Sized32).
+    unsafe { std::ptr::copy_nonoverlapping(src, &mut out as *mut T as *mut u8, n) };
+    if size as usize > lib {
+        // SAFETY: the caller's bytes past ours, within its `size`.
+        let extra = unsafe { std::slice::from_raw_parts(src.add(lib), size as usize - lib) };
+        if let Some(k) = extra.iter().position(|&b| b != 0) {
+            return Err(unsupported(&format!(
+                "{}: byte {} is set, in a field this library ({} bytes of it, gpufeed {}) does \
+                 not know: the program's header is newer than the library",
+                T::NAME,
+                lib + k,
+                lib,
+                env!("CARGO_PKG_VERSION")
+            )));
+        }
+    }
+    // SAFETY: writes the library's own size into its own copy (offset 0, u32).
+    unsafe { (&mut out as *mut T as *mut u32).write(lib as u32) };
+    Ok(out)
 }
 
 /// An epoch of compressed batches, or of decoded ones.
@@ -226,6 +334,11 @@ fn invalid(msg: &str) -> i32 {
     GPUFEED_ERR_INVALID
 }
 
+fn unsupported(msg: &str) -> i32 {
+    set_error(msg);
+    GPUFEED_ERR_UNSUPPORTED
+}
+
 /// The last error message on this thread (empty if none); valid until the next gpufeed call
 /// on this thread.
 #[no_mangle]
@@ -249,6 +362,7 @@ fn options_from(s: &LoaderSettings) -> GpufeedOptions {
         Order::Sequential => 3,
     };
     GpufeedOptions {
+        struct_size: std::mem::size_of::<GpufeedOptions>() as u32,
         batch_size: s.batch_size,
         order,
         seed: s.seed,
@@ -371,19 +485,29 @@ fn loader_settings(o: &GpufeedOptions) -> gpufeed::Result<LoaderSettings> {
 /// `RANK` and `WORLD_SIZE` when set (else 0 of 1), every dataset option at its default. An
 /// unreadable `RANK` or `WORLD_SIZE` is an error (the defaults without them are written).
 ///
+/// `struct_size`: the caller's `sizeof(gpufeed_options)` (the header's
+/// `gpufeed_options_default(o)` macro passes it): the fields it has are written, and the size.
+///
 /// # Safety
-/// `out` must be null or point to writable memory for one `gpufeed_options`.
+/// `out` must be null or point to `struct_size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn gpufeed_options_default(out: *mut GpufeedOptions) -> i32 {
+pub unsafe extern "C" fn gpufeed_options_default_sized(
+    out: *mut GpufeedOptions,
+    struct_size: u32,
+) -> i32 {
     if out.is_null() {
         return invalid("options pointer is null");
     }
+    let size = match size_given::<GpufeedOptions>(struct_size) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
     let (o, status) = match defaults() {
         Ok(o) => (o, GPUFEED_OK),
         Err(e) => (options_from(&LoaderSettings::default()), status_of(&e)),
     };
-    // SAFETY: non-null and writable for one options struct per the contract.
-    unsafe { out.write(o) };
+    // SAFETY: non-null and writable for `size` bytes per the contract.
+    unsafe { write_sized(out, o, size) };
     status
 }
 
@@ -490,8 +614,15 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
                 Err(e) => return status_of(&e),
             }
         } else {
-            // SAFETY: non-null, and a valid options struct per the contract (a plain copy).
-            unsafe { *opts }
+            let d = match defaults() {
+                Ok(o) => o,
+                Err(e) => return status_of(&e),
+            };
+            // SAFETY: non-null, a filled options struct of its `struct_size` per the contract.
+            match unsafe { read_sized(opts, d) } {
+                Ok(o) => o,
+                Err(e) => return e,
+            }
         };
         let built = loader_settings(&o).and_then(|settings| {
             // SAFETY: the strings of `o` are NUL-terminated per the contract.
@@ -585,8 +716,11 @@ pub unsafe extern "C" fn gpufeed_verify(
         let o = if opts.is_null() {
             options_from(&LoaderSettings::default())
         } else {
-            // SAFETY: non-null, and a valid options struct per the contract (a plain copy).
-            unsafe { *opts }
+            // SAFETY: non-null, a filled options struct of its `struct_size` per the contract.
+            match unsafe { read_sized(opts, options_from(&LoaderSettings::default())) } {
+                Ok(o) => o,
+                Err(e) => return e,
+            }
         };
         // SAFETY: the strings of `o` are NUL-terminated per the contract.
         let report = unsafe { dataset_options(&o) }
@@ -1098,14 +1232,22 @@ pub unsafe extern "C" fn gpufeed_batch_to_dlpack(
 /// The current (or last) epoch's figures: counts, the consumer's waiting split into storage,
 /// copy, verify, decode and other, and CPU seconds by thread. All zero before an epoch starts.
 ///
+/// `struct_size`: the caller's `sizeof(gpufeed_stats)` (the header's `gpufeed_loader_stats(l,
+/// out)` macro passes it): the fields it has are written, and the size.
+///
 /// # Safety
-/// `l` a live loader; `out` writable for one `gpufeed_stats`.
+/// `l` a live loader; `out` writable for `struct_size` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn gpufeed_loader_stats(
+pub unsafe extern "C" fn gpufeed_loader_stats_sized(
     l: *const GpufeedLoader,
     out: *mut GpufeedStats,
+    struct_size: u32,
 ) -> i32 {
     guard(|| {
+        let size = match size_given::<GpufeedStats>(struct_size) {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
         // SAFETY: valid or null per the contract.
         let Some(l) = (unsafe { l.as_ref() }) else {
             return invalid("loader is null");
@@ -1119,6 +1261,7 @@ pub unsafe extern "C" fn gpufeed_loader_stats(
             None => gpufeed::LoaderStats::default(),
         };
         let s = GpufeedStats {
+            struct_size: std::mem::size_of::<GpufeedStats>() as u32,
             batches: st.batches,
             samples: st.samples,
             sample_errors: st.sample_errors,
@@ -1136,8 +1279,8 @@ pub unsafe extern "C" fn gpufeed_loader_stats(
             decode_cpu_s: st.decode_cpu_s,
             remote_s: st.stall.remote_s,
         };
-        // SAFETY: writable per the contract.
-        unsafe { out.write(s) };
+        // SAFETY: writable for `size` bytes per the contract (`size` checked ≥ 8).
+        unsafe { write_sized(out, s, size) };
         GPUFEED_OK
     })
 }
@@ -1145,30 +1288,44 @@ pub unsafe extern "C" fn gpufeed_loader_stats(
 /// Fills `out` with the decoded-images defaults: train, 224, float32, NCHW, ImageNet's
 /// mean and std, the decode threads by default (the cores divided by LOCAL_WORLD_SIZE), eval resize 256.
 ///
+/// `struct_size`: the caller's `sizeof(gpufeed_images)` (the header's
+/// `gpufeed_images_default(o)` macro passes it).
+///
 /// # Safety
-/// `out` writable for one `gpufeed_images`.
+/// `out` writable for `struct_size` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn gpufeed_images_default(out: *mut GpufeedImages) -> i32 {
+pub unsafe extern "C" fn gpufeed_images_default_sized(
+    out: *mut GpufeedImages,
+    struct_size: u32,
+) -> i32 {
     guard(|| {
         if out.is_null() {
             return invalid("out is null");
         }
-        let d = ImageSpec::train(224);
-        // SAFETY: writable per the contract.
-        unsafe {
-            out.write(GpufeedImages {
-                transform: 0,
-                size: 224,
-                dtype: 3,
-                layout: 0,
-                mean: d.mean,
-                std: d.std,
-                threads: 0,
-                resize: 0,
-            })
+        let size = match size_given::<GpufeedImages>(struct_size) {
+            Ok(s) => s,
+            Err(e) => return e,
         };
+        // SAFETY: writable for `size` bytes per the contract (checked ≥ 8).
+        unsafe { write_sized(out, images_default(), size) };
         GPUFEED_OK
     })
+}
+
+/// The decoded-images defaults (`gpufeed_images_default`).
+fn images_default() -> GpufeedImages {
+    let d = ImageSpec::train(224);
+    GpufeedImages {
+        struct_size: std::mem::size_of::<GpufeedImages>() as u32,
+        transform: 0,
+        size: 224,
+        dtype: 3,
+        layout: 0,
+        mean: d.mean,
+        std: d.std,
+        threads: 0,
+        resize: 0,
+    }
 }
 
 /// From the next `gpufeed_loader_start_epoch` on, batches are decoded images (the CPU decode
@@ -1186,8 +1343,16 @@ pub unsafe extern "C" fn gpufeed_loader_decode_images(
 ) -> i32 {
     guard(|| {
         // SAFETY: valid or null per the contract.
-        let (Some(l), Some(c)) = (unsafe { l.as_mut() }, unsafe { spec.as_ref() }) else {
-            return invalid("loader or spec is null");
+        let Some(l) = (unsafe { l.as_mut() }) else {
+            return invalid("loader is null");
+        };
+        if spec.is_null() {
+            return invalid("spec is null");
+        }
+        // SAFETY: non-null, a filled struct of its `struct_size` per the contract.
+        let c = match unsafe { read_sized(spec, images_default()) } {
+            Ok(c) => c,
+            Err(e) => return e,
         };
         let mut s = match c.transform {
             0 => ImageSpec::train(c.size),

@@ -557,7 +557,10 @@ impl PyLoader {
         memory_budget=None, prefetch_next_epoch=None, images=None, timeout=None, in_flight=None,
         open_files_max=None, _batch_part=None, **dataset
     ))]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "Python's keyword arguments, as torch's DataLoader takes them"
+    )]
     fn new(
         py: Python<'_>,
         paths: &Bound<'_, PyAny>,
@@ -1515,7 +1518,10 @@ impl PyImages {
         threads=0, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip_p=0.5, resize=None,
         dct_scaling=true, max_pixels=None, prefetch_batches=2
     ))]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "Python's keyword arguments, as torchvision's transforms take them"
+    )]
     fn new(
         py: Python<'_>,
         transform: &str,

@@ -78,7 +78,10 @@ fn cpu_now() -> f64 {
     sys::process_cpu_seconds()
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one row's columns, each named at the call"
+)]
 fn result(
     workload: &str,
     path: &str,

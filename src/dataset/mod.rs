@@ -639,7 +639,13 @@ impl Dataset {
         &self.remote
     }
 
-    #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+    #[cfg_attr(
+        not(feature = "remote"),
+        allow(
+            dead_code,
+            reason = "used only with feature remote: remote datasets set their source URLs"
+        )
+    )]
     pub(crate) fn set_source(&mut self, urls: Vec<String>) -> Result<()> {
         self.remote = urls;
         // A remote dataset's shards are cache files: their keys and image records are read

@@ -48,17 +48,41 @@ const LABEL_MAX: u64 = 64;
 
 /// The first line of a kept tar index, and the most bytes one may have (1 GiB: about 15 million
 /// members).
-#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "remote"),
+    allow(
+        dead_code,
+        reason = "used only with feature remote: tar walks kept in the node cache"
+    )
+)]
 const INDEX_MAGIC: &str = "gpufeed-tar-index 2";
-#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "remote"),
+    allow(
+        dead_code,
+        reason = "used only with feature remote: tar walks kept in the node cache"
+    )
+)]
 pub(crate) const INDEX_BYTES_MAX: u64 = 1 << 30;
 /// The name a tar's index is kept under beside it: `NAME.gpfidx`.
-#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "remote"),
+    allow(
+        dead_code,
+        reason = "used only with feature remote: tar walks kept in the node cache"
+    )
+)]
 pub const INDEX_SUFFIX: &str = ".gpfidx";
 
 /// Bytes as text without spaces or line breaks: printable ASCII but `%` stays, the rest is
 /// `%XX`.
-#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "remote"),
+    allow(
+        dead_code,
+        reason = "used only with feature remote: tar walks kept in the node cache"
+    )
+)]
 fn esc(b: &[u8]) -> String {
     let mut out = String::with_capacity(b.len());
     for &c in b {
@@ -71,7 +95,13 @@ fn esc(b: &[u8]) -> String {
     out
 }
 
-#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "remote"),
+    allow(
+        dead_code,
+        reason = "used only with feature remote: tar walks kept in the node cache"
+    )
+)]
 fn unesc(s: &str) -> std::result::Result<Vec<u8>, String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -89,7 +119,13 @@ fn unesc(s: &str) -> std::result::Result<Vec<u8>, String> {
     Ok(out)
 }
 
-#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "remote"),
+    allow(
+        dead_code,
+        reason = "used only with feature remote: tar walks kept in the node cache"
+    )
+)]
 impl TarWalk {
     /// The walk as a kept index: text, a line each (`m HEADER DATA LEN NAME [xHEX]` per member,
     /// `p OFFSET MESSAGE` per problem, `n NOTE`), headed by the tar's size and `etag` (the

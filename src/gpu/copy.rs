@@ -207,7 +207,13 @@ impl DevicePool {
     }
 
     /// The simulated device (`None` on CUDA).
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn sim_device(&self) -> Option<&SimDevice> {
         self.sim.as_ref()
     }
@@ -241,7 +247,13 @@ impl DevicePool {
 
     /// A free region, waiting in 20 ms steps as long as the consumer holds them all (its
     /// pace), or `None` once `cancelled`.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn take_waiting(&self, cancelled: &AtomicBool) -> Option<usize> {
         loop {
             if cancelled.load(Ordering::Relaxed) {
@@ -267,20 +279,38 @@ impl DevicePool {
 
     /// Marks the end of a write of region `r` enqueued on `stream`: its ready event, which a
     /// consumer's stream waits on and the next writer synchronises on.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn after_write(&self, r: usize, stream: &DStream) -> Result<()> {
         self.mem[r].ready.record(stream)
     }
 
     /// Waits (on the host) until the last write recorded into region `r` has completed, so
     /// what that write read may be changed.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn wait_written(&self, r: usize) -> Result<()> {
         self.mem[r].ready.synchronize()
     }
 
     /// Region `r`'s device memory.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn buf(&self, r: usize) -> &DBuf {
         &self.mem[r].buf
     }
@@ -394,13 +424,25 @@ impl DeviceRegion {
     }
 
     /// The region's index in its pool.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn index(&self) -> usize {
         self.index
     }
 
     /// The region's device memory.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn buf(&self) -> &DBuf {
         self.pool.buf(self.index)
     }
@@ -425,7 +467,13 @@ impl DeviceRegion {
 
     /// Copies each of `ranges` of the region to the host in one go (the copies queued on the
     /// pool's stream after the region's ready event, then one wait).
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn read_ranges(&self, ranges: &[std::ops::Range<usize>]) -> Result<Vec<Vec<u8>>> {
         let mut out: Vec<Vec<u8>> = Vec::with_capacity(ranges.len());
         for r in ranges {
@@ -779,7 +827,13 @@ impl<T> CopyPipeline<T> {
 
     /// Whether a copy could not be tracked: its slot, and the arena's mapping, are leaked, and
     /// whatever else lets a DMA read the arena (its CUDA registration) must be kept too.
-    #[cfg_attr(not(feature = "cli"), allow(dead_code))] // `bench gpu`'s pipeline
+    #[cfg_attr(
+        not(feature = "cli"),
+        allow(
+            dead_code,
+            reason = "used only with feature cli: `bench gpu`'s pipeline"
+        )
+    )]
     pub fn broken(&self) -> bool {
         self.stage.broken()
     }

@@ -19,7 +19,13 @@ pub(crate) enum Gpu {
 }
 
 /// The context current on this thread while it lives (nothing on the simulator).
-pub(crate) struct Entered(#[allow(dead_code)] Option<CtxGuard>);
+pub(crate) struct Entered(
+    #[allow(
+        dead_code,
+        reason = "held for its drop: the context is current while it lives"
+    )]
+    Option<CtxGuard>,
+);
 
 impl Gpu {
     /// Makes the device current on this thread until the guard drops (then the thread's
@@ -218,7 +224,13 @@ impl DStream {
     }
 
     /// Copies `src` to byte `off` of `dst` on this stream and waits for it.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn write(&self, dst: &DBuf, off: usize, src: &[u8], what: &str) -> Result<()> {
         // SAFETY: `src` is borrowed until the stream is synchronised below.
         unsafe { self.copy_htod(dst, off, src.as_ptr(), src.len(), what)? };
@@ -269,7 +281,13 @@ impl DStream {
     }
 
     /// Zeroes `len` bytes at `off` of `dst`.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn memset(&self, dst: &DBuf, off: usize, len: usize, what: &str) -> Result<()> {
         dst.check(off, len)?;
         match self {
@@ -361,13 +379,25 @@ impl DEvent {
 
 /// gpufeed's kernels on a device: loaded on CUDA, the host build on the simulator.
 #[derive(Debug)]
-#[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+#[cfg_attr(
+    not(feature = "decode"),
+    allow(
+        dead_code,
+        reason = "used only with feature decode: the device image stage"
+    )
+)]
 pub(crate) enum Kernels {
     Cuda(DeviceKernels),
     Sim,
 }
 
-#[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+#[cfg_attr(
+    not(feature = "decode"),
+    allow(
+        dead_code,
+        reason = "used only with feature decode: the device image stage"
+    )
+)]
 impl Kernels {
     /// The kernels of `gpu`, or why they cannot run there.
     pub(crate) fn load(gpu: &Gpu) -> Result<Kernels> {
@@ -390,7 +420,10 @@ impl Kernels {
     /// `check_spans`), `spans` and `out` hold `n` entries and `lanes` `n × CRC_LANES`, and all
     /// stay allocated (and `data`, `spans` unchanged) until work recorded on `stream` later has
     /// completed.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the kernel's own parameters, one for one, as the launch passes them"
+    )]
     pub(crate) unsafe fn crc32c(
         &self,
         stream: &DStream,
@@ -443,7 +476,10 @@ impl Kernels {
     /// The launch's bounds must have been checked (`check_resize`), and the buffers stay
     /// allocated (and `src`, `samples` unchanged) until work recorded on `stream` later has
     /// completed.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the kernel's own parameters, one for one, as the launch passes them"
+    )]
     pub(crate) unsafe fn resize(
         &self,
         stream: &DStream,
@@ -510,7 +546,13 @@ impl Kernels {
 }
 
 /// A simulated kernel's fault (what would be an illegal address on a GPU), counted as a hazard.
-#[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+#[cfg_attr(
+    not(feature = "decode"),
+    allow(
+        dead_code,
+        reason = "used only with feature decode: the device image stage"
+    )
+)]
 fn note_fault(stats: &super::SimDeviceStats, what: &str) {
     use std::sync::atomic::Ordering;
     stats.hazards.fetch_add(1, Ordering::Relaxed);

@@ -83,7 +83,7 @@ fn check(s: Status, call: &str) -> Result<()> {
 macro_rules! nvjpeg_fns {
     ($($field:ident = $sym:literal : fn($($arg:ty),*);)*) => {
         /// The bound subset of nvJPEG: one function pointer per symbol.
-        #[allow(missing_docs)]
+        #[allow(missing_docs, reason = "each field is the nvJPEG function of its name")]
         pub struct Functions {
             $(pub $field: unsafe extern "C" fn($($arg),*) -> Status,)*
         }

@@ -33,7 +33,13 @@ const ADDR_SHIFT: u32 = 40;
 pub(crate) const LEGACY: u64 = 1;
 
 /// Memory an operation touches.
-#[cfg_attr(not(feature = "decode"), allow(dead_code))] // the JPEG engine's state
+#[cfg_attr(
+    not(feature = "decode"),
+    allow(
+        dead_code,
+        reason = "used only with feature decode: the JPEG engine's state"
+    )
+)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Res {
     /// A device buffer, by id.
@@ -392,7 +398,13 @@ impl SimGpu {
 
     /// A fault of the simulated hardware (what a GPU would answer with an illegal address or
     /// corrupt memory), counted as a hazard.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the JPEG engine's stand-in
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the JPEG engine's stand-in"
+        )
+    )]
     pub(crate) fn fault(&self, what: String) {
         self.hazard(what);
     }

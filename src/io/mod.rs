@@ -125,7 +125,13 @@ static BACKEND_WRAP: std::sync::OnceLock<BackendWrap> = std::sync::OnceLock::new
 
 /// Has every engine built from now on put its backend through `wrap` (the node cache installs
 /// its gate when a remote dataset is first opened; the I/O layer knows nothing of it).
-#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+#[cfg_attr(
+    not(feature = "remote"),
+    allow(
+        dead_code,
+        reason = "used only with feature remote: the node cache installs its gate"
+    )
+)]
 pub(crate) fn install_backend_wrap(wrap: BackendWrap) {
     let _ = BACKEND_WRAP.set(wrap);
 }

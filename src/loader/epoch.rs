@@ -37,7 +37,13 @@ pub struct Epoch {
     pub(super) verify: bool,
     /// The samples' checksums (unframed format) are left to whoever takes the batches (the
     /// image stage): neither the I/O thread nor [`Epoch::next`] verifies them.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))]
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the image stage checks what was left to it"
+        )
+    )]
     pub(super) checksums_left: bool,
     pub(super) rx: Option<Receiver<Msg>>,
     /// Keeps the loader's I/O thread alive while this epoch is read.
@@ -203,7 +209,13 @@ impl Epoch {
     }
 
     /// Whether the samples' checksums were left to whoever takes the batches.
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))]
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the image stage checks what was left to it"
+        )
+    )]
     pub(crate) fn checksums_left(&self) -> bool {
         self.checksums_left
     }

@@ -495,7 +495,13 @@ impl Loader {
     }
 
     /// The device regions batches are delivered in (`None` for a host loader).
-    #[cfg_attr(not(feature = "decode"), allow(dead_code))] // the device image stage
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
     pub(crate) fn device_pool(&self) -> Option<&Arc<DevicePool>> {
         self.gpu.as_ref().map(|g| &g.pool)
     }

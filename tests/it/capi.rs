@@ -309,6 +309,124 @@ fn a_c_program_reads_an_epoch() {
     assert!(bad_line.contains(&format!("sample {bad}")), "{bad_line}");
 }
 
+/// The C structs grow without breaking programs: a program built against an older header
+/// (the last field of each struct missing) runs, the library writes nothing past its structs
+/// and keeps its own default for what the program does not know; one built against a newer
+/// header runs while the field the library does not know is left at zero, and is refused,
+/// with a message, when it is set.
+#[test]
+fn c_programs_built_against_older_and_newer_headers_keep_working() {
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("skipped: no C compiler (cc) on this machine");
+        return;
+    }
+    let lib = build_capi();
+    let dir = disk_dir();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let mut w = ShardWriter::create(&data.join("shard-00000.gpf"), 1).unwrap();
+    for i in 0..30usize {
+        w.add(&format!("{i}"), 0, &[], &content(i, 100 + i))
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let header = std::fs::read_to_string(root().join("include/gpufeed.h")).unwrap();
+    // Older: the struct loses its last field (the line before its closing brace).
+    let mut old = header.clone();
+    for name in ["gpufeed_options", "gpufeed_images", "gpufeed_stats"] {
+        let end = old.find(&format!("}} {name};")).unwrap();
+        let last = old[..end].trim_end().rfind('\n').unwrap();
+        old.replace_range(last..end - 1, "");
+    }
+    assert!(!old.contains("cache_extent") && !old.contains("remote_s"));
+    // Newer: a field appended to the options.
+    let newer = header.replacen(
+        "} gpufeed_options;",
+        "    uint64_t future;\n} gpufeed_options;",
+        1,
+    );
+    let build = |which: &str, h: &str, defines: &[&str]| -> PathBuf {
+        let inc = dir.path().join(format!("include-{which}"));
+        std::fs::create_dir_all(&inc).unwrap();
+        std::fs::write(inc.join("gpufeed.h"), h).unwrap();
+        let exe = dir.path().join(format!("compat-{which}"));
+        let out = Command::new("cc")
+            .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1"])
+            .args(defines)
+            .arg("-I")
+            .arg(&inc)
+            .arg(root().join("tests/c/compat.c"))
+            .arg("-o")
+            .arg(&exe)
+            .arg("-L")
+            .arg(&lib)
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            .arg("-lgpufeed_c")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cc ({which}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        exe
+    };
+    let run = |exe: &Path, extra: &[&str]| -> String {
+        let out = Command::new(exe).arg(&data).args(extra).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}: {text}{}",
+            exe.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let epoch = "samples 30 stats 30 batches 8";
+    for (which, h, defines) in [
+        ("current", &header, &[][..]),
+        ("old", &old, &[][..]),
+        ("newer", &newer, &["-DFUTURE"][..]),
+    ] {
+        let exe = build(which, h, defines);
+        let text = run(&exe, &[]);
+        assert!(text.contains(epoch), "{which}: {text}");
+        // The field an old program lacks keeps the library's default (8 MiB extents).
+        let opts = text
+            .lines()
+            .find_map(|l| l.strip_prefix("dataset options "))
+            .unwrap();
+        let opts: serde_json::Value = serde_json::from_str(opts).unwrap();
+        let want = gpufeed::dataset::OpenOptions::default().values();
+        let want: BTreeMap<String, Option<String>> =
+            want.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        assert_eq!(
+            opts["cache_extent"],
+            serde_json::json!(want["cache_extent"]),
+            "{which}: {text}"
+        );
+        if which == "newer" {
+            let text = run(&exe, &["set"]);
+            assert!(
+                text.contains(&format!("open status {}", gpufeed_capi_unsupported()))
+                    && text.contains("gpufeed_options: byte")
+                    && text.contains("newer than the library"),
+                "{text}"
+            );
+        }
+    }
+}
+
+/// `GPUFEED_ERR_UNSUPPORTED`, as the header defines it.
+fn gpufeed_capi_unsupported() -> i32 {
+    let h = std::fs::read_to_string(root().join("include/gpufeed.h")).unwrap();
+    let l = h
+        .lines()
+        .find_map(|l| l.strip_prefix("#define GPUFEED_ERR_UNSUPPORTED "))
+        .unwrap();
+    l.trim().parse().unwrap()
+}
+
 /// A C program stops an epoch on W ranks after K batches each and resumes it on W2 through
 /// `gpufeed_loader_start_epoch_resumed` — 8 → 6, 2 → 3, 4 → 1, every order, `pad` and `drop` —
 /// and the two runs together deliver exactly the samples the uninterrupted epoch owed, each
