@@ -262,8 +262,8 @@ fn decode_alone(
     let files: Vec<Vec<u8>> = (0..ds.len())
         .map(|i| {
             let s = ds.sample(i);
-            let p = &ds.files()[s.file as usize].path;
-            std::fs::read(p).map_err(|e| Error::io("cannot read", e).with_path(p.clone()))
+            let p = ds.file_path(s.file);
+            std::fs::read(&p).map_err(|e| Error::io("cannot read", e).with_path(p.to_path_buf()))
         })
         .collect::<Result<_>>()?;
     let next = std::sync::atomic::AtomicUsize::new(0);

@@ -549,7 +549,6 @@ fn samples_cufile(
     let mode = cufile::status()?;
     let files: Vec<CufileFile> = ds
         .files()
-        .iter()
         .map(|f| CufileFile::open(&f.path))
         .collect::<Result<_>>()?;
     let order = sample_order(ds)?;
@@ -609,7 +608,6 @@ fn samples_naive(
     use std::os::unix::fs::FileExt;
     let files: Vec<std::fs::File> = ds
         .files()
-        .iter()
         .map(|f| std::fs::File::open(&f.path).map_err(|e| Error::io("cannot open", e)))
         .collect::<Result<_>>()?;
     let order = sample_order(ds)?;

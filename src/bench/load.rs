@@ -244,8 +244,7 @@ pub fn run_small_files(
             s.spawn(|| loop {
                 let k = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&id) = order.get(k) else { return };
-                let f = &ds.files()[ds.sample(id as usize).file as usize];
-                match std::fs::read(&f.path) {
+                match std::fs::read(ds.file_path(ds.sample(id as usize).file)) {
                     Ok(b) => {
                         bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
                     }
@@ -485,7 +484,7 @@ pub fn run_packed(
     let dio_align = loader
         .dataset()
         .files()
-        .first()
+        .next()
         .and_then(|f| std::fs::File::open(&*f.path).ok())
         .and_then(|f| sys::statx_fd(std::os::fd::AsFd::as_fd(&f)).ok())
         .and_then(|st| st.dio_offset_align);

@@ -263,7 +263,7 @@ fn extent_orders(
     epochs: u64,
     extent: u64,
 ) -> Result<Vec<Vec<u32>>> {
-    let mut first_id = Vec::with_capacity(ds.files().len());
+    let mut first_id = Vec::with_capacity(ds.file_count());
     let mut id = 0u32;
     for f in ds.files() {
         first_id.push(id);
@@ -334,12 +334,12 @@ pub fn run(spec: &RemoteSpec) -> Result<RemoteReport> {
     let ds = &datasets[0];
     let cache = ds
         .files()
-        .first()
+        .next()
         .and_then(|f| std::fs::File::open(&f.path).ok())
         .and_then(|f| lookup(&f))
         .map(|o| o.cache().clone())
         .ok_or_else(|| invalid("not a remote dataset"))?;
-    let dataset_bytes: u64 = ds.files().iter().map(|f| f.size).sum();
+    let dataset_bytes: u64 = ds.files().map(|f| f.size).sum();
     // The ceiling first, twice: the first pass warms the server's own caches, as the loader's
     // epochs after it will find them.
     raw_gets(ds, &spec.urls, extent, spec.get_threads)?;

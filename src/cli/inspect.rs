@@ -63,7 +63,7 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
             serde_json::json!({
                 "path": show_paths(&a.paths), "format": ds.format(), "samples": ds.len(),
                 "options": ds.options().to_json(),
-                "files": ds.files().len(), "bytes": ds.total_bytes(),
+                "files": ds.file_count(), "bytes": ds.total_bytes(),
                 "labels": (!labels_in_records).then_some(labels.len()),
                 "checksums": ds.has_checksums(), "size_histogram": h,
                 "index_bytes": ds.index_bytes(),
@@ -81,7 +81,7 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
         show_paths(&a.paths),
         ds.format().name(),
         ds.len(),
-        ds.files().len(),
+        ds.file_count(),
         ds.total_bytes() as f64 / (1u64 << 30) as f64,
         if labels_in_records {
             "per-record".to_string()

@@ -1,7 +1,8 @@
 //! A directory of class folders holding one file per sample (torchvision's ImageFolder layout):
 //! `root/<class>/<file>`. Classes sorted by name give labels 0, 1, …; files are sorted by name
-//! within their class. Every file is its own [`DataFile`](super::DataFile): the small-files
-//! baseline.
+//! within their class. Every file is its own [`DataFile`](super::DataFile) (the small-files
+//! baseline), made from the root and the sample's key (`class/file`, the names' own bytes) when
+//! asked for: no path is kept per image.
 //!
 //! As in torchvision, only files with an image extension are samples: a file that is not an
 //! image never becomes one because of its folder. Other files are skipped with a note; files of
@@ -11,7 +12,9 @@
 
 use std::path::Path;
 
-use super::{data_file, Dataset, Format, Sample, Strings};
+use std::sync::Arc;
+
+use super::{Dataset, Format, Sample, Strings};
 use crate::error::{invalid, Error, Result};
 use crate::util::Unpoison;
 
@@ -42,10 +45,11 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
         v.sort_by_key(|e| e.file_name());
         Ok(v)
     };
-    let mut files = Vec::new();
     let mut samples = Vec::new();
     let mut keys = Strings::default();
     let mut classes = Vec::new();
+    // The class folders' names as the file system has them (the keys are made of these).
+    let mut class_names = Vec::new();
     // Extension → files skipped, for the note or the ambiguity error.
     let mut skipped: std::collections::BTreeMap<String, u64> = Default::default();
     let class_dirs = list(root)?;
@@ -72,7 +76,8 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
         }
         let label = classes.len() as i64;
         let mut found = Vec::new();
-        for f in list(&class_dir.path())? {
+        let dir: Arc<Path> = class_dir.path().into();
+        for f in list(&dir)? {
             if f.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
@@ -89,24 +94,24 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
                 continue;
             }
             found.push(Found {
-                path,
+                dir: dir.clone(),
                 label,
                 name: f.file_name(),
             });
         }
         statter.push(found);
         classes.push(class_dir.file_name().to_string_lossy().into_owned());
+        class_names.push(class_dir.file_name());
     }
     prog.finish();
-    for (Found { path, label, name }, meta) in statter.finish() {
-        let meta = meta.map_err(|e| Error::io("cannot stat", e).with_path(path.clone()))?;
-        if !meta.is_file() {
+    for (Found { dir, label, name }, meta) in statter.finish() {
+        let meta = meta.map_err(|e| Error::io("cannot stat", e).with_path(dir.join(&name)))?;
+        if !meta.is_file {
             continue;
         }
-        let len = u32::try_from(meta.len())
-            .map_err(|_| invalid("sample file larger than 4 GiB").with_path(path.clone()))?;
-        let file = u32::try_from(files.len()).map_err(|_| invalid("more than 2^32 files"))?;
-        files.push(data_file(&path, meta.len()));
+        let len = u32::try_from(meta.len)
+            .map_err(|_| invalid("sample file larger than 4 GiB").with_path(dir.join(&name)))?;
+        let file = u32::try_from(samples.len()).map_err(|_| invalid("more than 2^32 files"))?;
         samples.push(Sample {
             file,
             len,
@@ -114,8 +119,11 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
             label,
             crc32c: 0,
         });
-        let class = &classes[label as usize];
-        keys.push(format!("{class}/{}", name.to_string_lossy()).as_bytes())?;
+        use std::os::unix::ffi::OsStrExt;
+        let mut key = class_names[label as usize].as_bytes().to_vec();
+        key.push(b'/');
+        key.extend_from_slice(name.as_bytes());
+        keys.push(&key)?;
     }
     let listed = |m: &std::collections::BTreeMap<String, u64>| -> String {
         let v: Vec<String> = m
@@ -176,18 +184,26 @@ pub fn open(root: &Path, explicit: bool) -> Result<Dataset> {
         keys,
         classes,
         notes,
-        ..Dataset::empty(Format::ImageFolder, files, samples.into())
+        per_sample_root: Some(Arc::from(root)),
+        ..Dataset::empty(Format::ImageFolder, Vec::new(), samples.into())
     })
 }
 
-/// An image file listed, before its size is known.
+/// An image file listed, before its size is known: its folder (shared by the folder's files)
+/// and name — an ImageNet's 1.28 M of them are held at once while the open lasts.
 struct Found {
-    path: std::path::PathBuf,
+    dir: Arc<Path>,
     label: i64,
     name: std::ffi::OsString,
 }
 
-type Stated = Vec<(Found, std::io::Result<std::fs::Metadata>)>;
+/// What the open needs of a file's `stat` (not the whole `Metadata`, 1.28 M times over).
+struct Stat {
+    is_file: bool,
+    len: u64,
+}
+
+type Stated = Vec<(Found, std::io::Result<Stat>)>;
 type Job = (usize, Vec<Found>);
 type Done = (usize, Stated);
 
@@ -216,7 +232,10 @@ fn stat_each(files: Vec<Found>) -> Stated {
     files
         .into_iter()
         .map(|f| {
-            let m = std::fs::metadata(&f.path);
+            let m = std::fs::metadata(f.dir.join(&f.name)).map(|m| Stat {
+                is_file: m.is_file(),
+                len: m.len(),
+            });
             (f, m)
         })
         .collect()
@@ -271,7 +290,7 @@ impl Statter {
     }
 
     /// Every file pushed, with its metadata, in the order pushed.
-    fn finish(mut self) -> impl Iterator<Item = (Found, std::io::Result<std::fs::Metadata>)> {
+    fn finish(mut self) -> impl Iterator<Item = (Found, std::io::Result<Stat>)> {
         self.work = None; // the workers end once the queue is empty
         let mut parts = std::mem::take(&mut self.inline);
         if let Some((out, results)) = self.done.take() {

@@ -391,7 +391,12 @@ pub struct IndexBytes {
 #[derive(Clone)]
 pub struct Dataset {
     pub(crate) format: Format,
+    /// The dataset's files, in the order samples refer to them — except where each sample is
+    /// its own file (`per_sample_root`): then empty, not a path per sample.
     pub(crate) files: Vec<DataFile>,
+    /// ImageFolder: sample `i` is file `i`, at this root joined with key `i` (the key's raw
+    /// bytes), its size the sample's length. Read through [`Dataset::file`] and its kin.
+    pub(crate) per_sample_root: Option<Arc<Path>>,
     pub(crate) samples: crate::plan::Samples,
     /// One key per sample, or empty: keys are then `FILE#SAMPLE@OFFSET`.
     pub(crate) keys: Strings,
@@ -434,8 +439,11 @@ impl std::fmt::Debug for Dataset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dataset")
             .field("format", &self.format)
-            .field("files", &self.files.len())
-            .field("first_file", &self.files.first().map(|d| &d.path))
+            .field("files", &self.file_count())
+            .field(
+                "first_file",
+                &(self.file_count() > 0).then(|| self.file_path(0).into_owned()),
+            )
             .field("samples", &self.samples.len())
             .field("problems", &self.problems_total)
             .field("recovered", &self.recovered.len())
@@ -702,9 +710,48 @@ impl Dataset {
         self.samples.is_empty()
     }
 
-    /// The dataset's files, in the order samples refer to them.
-    pub fn files(&self) -> &[DataFile] {
-        &self.files
+    /// The dataset's files, in the order samples refer to them (an ImageFolder's are made as
+    /// they are asked for: a path per image is not kept).
+    pub fn files(&self) -> impl ExactSizeIterator<Item = DataFile> + '_ {
+        (0..self.file_count()).map(|f| self.file(f as u32))
+    }
+
+    /// How many files the dataset has.
+    pub fn file_count(&self) -> usize {
+        match self.per_sample_root {
+            Some(_) => self.samples.len(),
+            None => self.files.len(),
+        }
+    }
+
+    /// File `f` (`f` < [`file_count`](Self::file_count)).
+    pub fn file(&self, f: u32) -> DataFile {
+        match self.per_sample_root {
+            Some(_) => DataFile {
+                path: self.file_path(f).into(),
+                size: self.file_size(f),
+            },
+            None => self.files[f as usize].clone(),
+        }
+    }
+
+    /// File `f`'s path.
+    pub fn file_path(&self, f: u32) -> std::borrow::Cow<'_, Path> {
+        use std::os::unix::ffi::OsStrExt;
+        match &self.per_sample_root {
+            Some(root) => root
+                .join(std::ffi::OsStr::from_bytes(self.keys.get(f as usize)))
+                .into(),
+            None => (&*self.files[f as usize].path).into(),
+        }
+    }
+
+    /// File `f`'s size when the dataset was opened.
+    pub fn file_size(&self, f: u32) -> u64 {
+        match self.per_sample_root {
+            Some(_) => self.samples.get(f as usize).len as u64,
+            None => self.files[f as usize].size,
+        }
     }
 
     /// Every sample, in dataset order (a table, or windows computed from their number).
@@ -724,7 +771,7 @@ impl Dataset {
         let keys = self.keys();
         if keys.is_empty() || keys.get(i).is_empty() {
             let s = self.samples.get(i);
-            let f = &self.files[s.file as usize].path;
+            let f = self.file_path(s.file);
             let name = f.file_name().unwrap_or_else(|| f.as_os_str());
             let k = i - self.samples.first_of_file(i);
             let mark = if self.is_recovered(i) {
@@ -904,8 +951,8 @@ impl Dataset {
     /// sample against its checksum).
     pub(crate) fn read_raw(&self, i: usize, buf: &mut Vec<u8>, checked: bool) -> Result<()> {
         let s = self.samples.get(i);
-        let path = &self.files[s.file as usize].path;
-        let f = SourceFile::open(path)
+        let path = self.file_path(s.file);
+        let f = SourceFile::open(&path)
             .map_err(|e| self.sample_error(i, Error::io("cannot open", e)))?;
         if self.identity(s.file).is_some() {
             use std::os::fd::AsFd;
@@ -929,8 +976,7 @@ impl Dataset {
         let claim = match self.format {
             Format::ImageFolder => {
                 let s = self.samples.get(i);
-                self.files[s.file as usize]
-                    .path
+                self.file_path(s.file)
                     .extension()
                     .and_then(|x| image::kind_of_extension(&x.to_string_lossy().to_lowercase()))
             }
@@ -989,7 +1035,7 @@ impl Dataset {
     /// An error about sample `i`, naming its file, offset and key.
     pub fn sample_error(&self, i: usize, e: Error) -> Error {
         let s = self.samples.get(i);
-        e.with_path(self.files[s.file as usize].path.clone())
+        e.with_path(self.file(s.file).path)
             .with_sample(i as u64)
             .with_range(s.offset, s.len as u64)
     }
@@ -1037,6 +1083,7 @@ impl Dataset {
         Dataset {
             format,
             files,
+            per_sample_root: None,
             samples,
             keys: Strings::default(),
             metas: Strings::default(),
@@ -1070,7 +1117,12 @@ impl Dataset {
         if self.samples.len() < shared::SHARED_MIN_SAMPLES {
             return;
         }
-        let named: Vec<(&Path, u64)> = self.files.iter().map(|f| (&*f.path, f.size)).collect();
+        // Named by the files (an ImageFolder: its root and bytes; the copy is taken only where
+        // it is byte for byte this process's own).
+        let named: Vec<(&Path, u64)> = match &self.per_sample_root {
+            Some(root) => vec![(&**root, self.samples.total_len())],
+            None => self.files.iter().map(|f| (&*f.path, f.size)).collect(),
+        };
         shared::share(&mut self.samples, self.format.name(), &named);
         if self.keys.len() >= shared::SHARED_MIN_SAMPLES {
             shared::share_keys(&mut self.keys, self.format.name(), &named);
@@ -1118,14 +1170,14 @@ impl Dataset {
         let mut buf = Vec::new();
         let mut out = Vec::with_capacity(self.samples.len());
         for (i, s) in self.samples.iter().enumerate() {
-            let path = &self.files[s.file as usize].path;
+            let path = self.file_path(s.file);
             let err = |e| {
                 Error::io("cannot read an image header", e)
-                    .with_path(path.clone())
+                    .with_path(path.to_path_buf())
                     .with_sample(i as u64)
             };
             if open.as_ref().is_none_or(|(f, _)| *f != s.file) {
-                open = Some((s.file, SourceFile::open(path).map_err(err)?));
+                open = Some((s.file, SourceFile::open(&path).map_err(err)?));
             }
             let f = &open.as_ref().expect("opened above").1;
             let framed = self.frame != Frame::None || self.example.is_some();

@@ -227,7 +227,6 @@ fn objects(ds: &Dataset) -> Result<Vec<Arc<CachedObject>>> {
         ));
     }
     ds.files()
-        .iter()
         .map(|f| {
             std::fs::File::open(&f.path)
                 .ok()

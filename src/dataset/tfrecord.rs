@@ -89,7 +89,7 @@ pub(crate) fn check_first_example(ds: &Dataset) -> Result<()> {
                  (--tfrecord-payload) to the bytes feature that holds the sample, or to none to \
                  read records raw"
             ))
-            .with_path(ds.files()[s.file as usize].path.clone())
+            .with_path(ds.file(s.file).path)
             .with_sample(first as u64)
             .with_range(s.offset, s.len as u64))
         }

@@ -105,7 +105,7 @@ pub fn verify(
         progress(done, total);
     }
     report.samples = ds.len() as u64;
-    report.files = ds.files().len();
+    report.files = ds.file_count();
     report.checksums = ds.has_checksums();
     Ok(report)
 }

@@ -539,7 +539,7 @@ impl Job {
                 self.dataset.key(id as usize)
             ),
         )
-        .with_path(self.dataset.files()[s.file as usize].path.clone())
+        .with_path(self.dataset.file(s.file).path)
         .with_range(s.offset, s.len as u64)
         .with_sample(id as u64)
     }

@@ -95,17 +95,17 @@ fn files_dio_align(ds: &Dataset) -> Option<u32> {
     if !ds.remote_urls().is_empty() {
         return None;
     }
-    let files = ds.files();
-    let probes = files.len().min(64);
+    let n = ds.file_count();
+    let probes = n.min(64);
     let mut need = 512u32;
     for k in 0..probes {
         // Evenly spread, the first and the last included.
         let i = if probes == 1 {
             0
         } else {
-            k * (files.len() - 1) / (probes - 1)
+            k * (n - 1) / (probes - 1)
         };
-        let st = crate::sys::statx_path(&files[i].path).ok()?;
+        let st = crate::sys::statx_path(&ds.file_path(i as u32)).ok()?;
         let a = st.dio_offset_align?.max(st.dio_mem_align?);
         if a > 4096 || !a.is_power_of_two() {
             return None;
@@ -322,7 +322,7 @@ impl LoaderBuilder {
         #[cfg(feature = "remote")]
         if plan.order == crate::plan::Order::Global && !self.dataset.remote_urls().is_empty() {
             let absent =
-                crate::cache::node::absent_bytes(self.dataset.files().iter().map(|f| &*f.path));
+                crate::cache::node::absent_bytes(self.dataset.files.iter().map(|f| &*f.path));
             // A few extents missing (damaged ones being fetched again by another process, the
             // tail another rank has not published yet: the S3 soak met both) cost a few GETs;
             // a cache lacking more than a sixteenth of the dataset is the case refused.
@@ -345,7 +345,7 @@ impl LoaderBuilder {
             },
             &crate::config::LoaderShape {
                 samples: self.dataset.samples(),
-                files: self.dataset.files().len(),
+                files: self.dataset.file_count(),
                 prefetch_groups: s.prefetch,
                 in_flight_groups: s.in_flight,
                 memory_budget_bytes: s.memory_budget,

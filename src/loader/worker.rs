@@ -329,7 +329,7 @@ impl WorkerCtx {
         let mut next_id = 0u64;
         let align = first.plan.config().align;
         jobs.push_back(self.activate(first, next_id, &path));
-        let mut files = OpenFiles::new(ds.files().len(), self.engine.files_max as usize, align);
+        let mut files = OpenFiles::new(ds.file_count(), self.engine.files_max as usize, align);
         let arena = engine.arena().clone();
         // By engine tag: the epoch (its id), the group, and its reads whose file did not open.
         let mut in_flight: HashMap<u64, (u64, Group, Instant, Unopened)> = HashMap::new();
@@ -736,7 +736,7 @@ impl OpenFiles {
         if self.open >= self.cap {
             self.close_one(engine, pinned)?;
         }
-        let id = engine.open(&ds.files()[f as usize].path)?;
+        let id = engine.open(ds.file_path(f))?;
         let info = engine.file_info(id)?;
         if let Some(why) = ds.changed_since_open(f, info.identity, checked) {
             let e = crate::dataset::changed_error(why).with_path(info.path.clone());

@@ -141,7 +141,7 @@ pub(crate) fn make_set(root: &Path) -> Set {
         .find(|&i| p.key(i).ends_with("0010-synth.jpg"))
         .unwrap();
     let s = p.sample(id);
-    let path = p.files()[s.file as usize].path.clone();
+    let path = p.file(s.file).path;
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[(s.offset + s.len as u64 / 2) as usize] ^= 0x5a;
     write(&path, &bytes);

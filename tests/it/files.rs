@@ -120,3 +120,85 @@ fn a_file_that_cannot_be_opened_fails_only_its_own_sample() {
         "{msg}"
     );
 }
+
+/// An ImageFolder keeps no path per image: each file's path is made from the root and the
+/// sample's key, the names' own bytes — so names that are not UTF-8, or hold `:`, `%`, spaces
+/// or 255 bytes, are read as they are on disk, through the loader and `read_sample` alike, and
+/// the index's heap holds no path per image.
+#[test]
+fn an_image_folder_with_odd_names_is_read_from_the_names_on_disk() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = disk_dir();
+    let root = dir.path().join("odd root: 100%");
+    let mut names: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (b"caf\xc3\xa9".to_vec(), b"\xff\xfe not utf-8.jpg".to_vec()),
+        (b"caf\xc3\xa9".to_vec(), b"a:b%20c.jpg".to_vec()),
+        (
+            b"z \xe9t\xe9".to_vec(),
+            [vec![b'n'; 251], b".jpg".to_vec()].concat(),
+        ),
+    ];
+    for i in 0..40 {
+        names.push((b"plain".to_vec(), format!("{i:03}.png").into_bytes()));
+    }
+    let mut want = std::collections::BTreeMap::new();
+    for (i, (class, name)) in names.iter().enumerate() {
+        let d = root.join(OsStr::from_bytes(class));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join(OsStr::from_bytes(name));
+        std::fs::write(&p, bytes_of(i)).unwrap();
+        want.insert([class.as_slice(), b"/", name].concat(), bytes_of(i));
+    }
+    assert_eq!(names[2].1.len(), 255);
+    let ds = Dataset::open(&root).unwrap();
+    assert_eq!(ds.len(), names.len());
+    assert_eq!(ds.file_count(), names.len());
+    // 16 bytes a sample and 4 for its file's first sample (with the vectors' spare room).
+    let b = ds.index_bytes();
+    assert!(b.samples <= ds.len() * 24, "{b:?}");
+    // Sample i's file, as its path below the root (the names' bytes).
+    let rel_of = |i: usize| -> (gpufeed::dataset::DataFile, Vec<u8>) {
+        let f = ds.file(ds.sample(i).file);
+        let rel = f
+            .path
+            .strip_prefix(&root)
+            .unwrap()
+            .as_os_str()
+            .as_bytes()
+            .to_vec();
+        (f, rel)
+    };
+    let mut buf = Vec::new();
+    for i in 0..ds.len() {
+        let (f, rel) = rel_of(i);
+        let bytes = &want[&rel];
+        assert_eq!(f.size, bytes.len() as u64);
+        let c = ds.read_sample(i, &mut buf, true).unwrap();
+        assert_eq!(&buf[c.payload.clone()], &bytes[..], "read_sample {i}");
+    }
+    let loader = Loader::builder(ds.clone()).batch_size(7).build().unwrap();
+    let mut seen = 0;
+    for b in loader.epoch(0).unwrap() {
+        let b = b.unwrap();
+        for (j, &id) in b.sample_ids().iter().enumerate() {
+            let rel = rel_of(id as usize).1;
+            assert_eq!(b.sample(j).unwrap(), &want[&rel][..], "sample {id}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, names.len());
+    // A file gone since the open fails its own sample, named by its path on disk.
+    let gone = root
+        .join(OsStr::from_bytes(b"caf\xc3\xa9"))
+        .join(OsStr::from_bytes(b"a:b%20c.jpg"));
+    std::fs::remove_file(&gone).unwrap();
+    let i = (0..ds.len())
+        .find(|&i| ds.file(ds.sample(i).file).path.as_ref() == gone)
+        .unwrap();
+    let e = ds.read_sample(i, &mut buf, true).unwrap_err().report();
+    assert!(
+        e.contains("a:b%20c.jpg") && e.contains(&format!("sample {i}")),
+        "{e}"
+    );
+}

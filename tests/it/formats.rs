@@ -1062,7 +1062,7 @@ fn mutated_files_never_panic() {
             };
             opened += 1;
             for s in ds.samples() {
-                let f = &ds.files()[s.file as usize];
+                let f = ds.file(s.file);
                 assert!(s.offset + s.len as u64 <= f.size, "{name} round {round}");
             }
             let loader = Loader::builder(ds.clone())

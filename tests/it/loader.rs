@@ -122,7 +122,7 @@ fn epoch_contract_with_random_sizes_and_resume_points() {
         // A random prefix of the samples: as a dataset of its own (keys and bytes stay).
         let n = 1 + rng.below(n_max as u64) as usize;
         let ds = Dataset::from_parts(
-            all.files().to_vec(),
+            all.files().collect(),
             all.samples().iter().take(n).collect(),
             (0..n).map(|i| all.key(i).into_owned()).collect(),
         )
@@ -328,7 +328,7 @@ fn slots_are_sized_from_the_dataset_within_the_memory_budget() {
     );
     // A dataset smaller than a group: slots no larger than the dataset.
     let few = Dataset::from_parts(
-        ds.files().to_vec(),
+        ds.files().collect(),
         ds.samples().iter().take(20).collect(),
         (0..20).map(|i| i.to_string()).collect(),
     )

@@ -60,7 +60,7 @@ fn make_data(dir: &Path) {
     let ds = Dataset::open(dir.join("corrupt")).unwrap();
     let victim = 157;
     let s = ds.sample(victim);
-    let shard = ds.files()[s.file as usize].path.to_path_buf();
+    let shard = ds.file(s.file).path.to_path_buf();
     let mut bytes = std::fs::read(&shard).unwrap();
     bytes[s.offset as usize + s.len as usize / 2] ^= 0x40;
     std::fs::write(&shard, bytes).unwrap();
