@@ -137,10 +137,13 @@ pub fn names_a_file(e: &gpufeed::Error, what: &str) {
 /// an error naming the file and the sample.
 pub fn check_dataset(ds: &Dataset, read_max: usize) {
     for (i, s) in ds.samples().iter().enumerate() {
-        let f = ds
-            .files()
-            .get(s.file as usize)
-            .unwrap_or_else(|| panic!("sample {i} names file {} of {}", s.file, ds.files().len()));
+        assert!(
+            (s.file as usize) < ds.file_count(),
+            "sample {i} names file {} of {}",
+            s.file,
+            ds.file_count()
+        );
+        let f = ds.file(s.file);
         let end = s.offset.checked_add(s.len as u64);
         assert!(
             end.is_some_and(|e| e <= f.size),
