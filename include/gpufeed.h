@@ -13,7 +13,12 @@
  * its struct_size, which the _default calls (macros passing the caller's sizeof) write and the
  * library reads. A library newer than the program's header keeps its defaults for the fields
  * the program does not know; an older one refuses a struct whose fields it does not know are
- * set (GPUFEED_ERR_UNSUPPORTED). Fields are only ever appended.
+ * set (GPUFEED_ERR_UNSUPPORTED). Fields are only ever appended. A struct_size that is not a
+ * multiple of the struct's alignment, or over 4096, is refused (GPUFEED_ERR_INVALID).
+ *
+ * A handle may not be used after it is freed (gpufeed_loader_close, gpufeed_batch_free): as in
+ * C generally, that is undefined, not an error the library can report. A batch stays valid
+ * after its loader is closed, until it is freed.
  */
 #ifndef GPUFEED_H
 #define GPUFEED_H

@@ -88,13 +88,23 @@ fn statx_at(dirfd: i32, path: &std::ffi::CStr, flags: i32) -> io::Result<FileSta
 }
 
 /// Opens `path` read-only (close-on-exec), with `O_DIRECT` if asked; closed when dropped.
+/// Opened non-blocking, so that a FIFO put where a data file was does not hang the open
+/// (waiting for a writer that never comes); the flag is cleared again on what is opened (a
+/// regular file's reads, io_uring's included, then wait for the disk as they should). The
+/// caller refuses what is not a regular file.
 pub fn open_read(path: &Path, direct: bool) -> io::Result<OwnedFd> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
     let mut o = std::fs::OpenOptions::new();
     o.read(true);
+    let mut flags = libc::O_NONBLOCK;
     if direct {
-        o.custom_flags(libc::O_DIRECT);
+        flags |= libc::O_DIRECT;
     }
-    Ok(o.open(path)?.into())
+    o.custom_flags(flags);
+    let fd: OwnedFd = o.open(path)?.into();
+    let now = OFlag::from_bits_truncate(fcntl(&fd, FcntlArg::F_GETFL).map_err(io::Error::from)?);
+    fcntl(&fd, FcntlArg::F_SETFL(now - OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
+    Ok(fd)
 }
 
 /// `posix_fadvise(fd, offset, len, advice)`.

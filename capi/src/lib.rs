@@ -219,16 +219,33 @@ unsafe impl Sized32 for GpufeedStats {
 /// The smallest `struct_size` taken: the size field and the first field after it.
 const STRUCT_SIZE_MIN: u32 = 8;
 
+/// The largest `struct_size` taken: more than any of these structs will grow to, and a bound
+/// on what a garbage size (a struct not filled by its `_default` call) makes the library read.
+const STRUCT_SIZE_MAX: u32 = 4096;
+
+/// Why `size` cannot be a `T`'s size, if so: below the first field, above
+/// [`STRUCT_SIZE_MAX`], or not a multiple of the struct's alignment — a size that ends inside
+/// a field (half a pointer taken with the library's default for the rest, as a trial found, is
+/// a wild pointer).
+fn size_problem<T: Sized32>(size: u32) -> Option<String> {
+    let align = std::mem::align_of::<T>() as u32;
+    if !(STRUCT_SIZE_MIN..=STRUCT_SIZE_MAX).contains(&size) || !size.is_multiple_of(align) {
+        return Some(format!(
+            "{}.struct_size is {size}, not a size the struct can have (a multiple of {align} \
+             from {STRUCT_SIZE_MIN} to {STRUCT_SIZE_MAX}): fill the struct with its _default \
+             call (the header's macro passes sizeof)",
+            T::NAME
+        ));
+    }
+    None
+}
+
 /// A `struct_size` given to a writer, checked.
 fn size_given<T: Sized32>(size: u32) -> Result<u32, i32> {
-    if size < STRUCT_SIZE_MIN {
-        return Err(invalid(&format!(
-            "{}: struct_size {size} is not a struct's size (pass sizeof; the header's macro \
-             does)",
-            T::NAME
-        )));
+    match size_problem::<T>(size) {
+        Some(why) => Err(invalid(&why)),
+        None => Ok(size),
     }
-    Ok(size)
 }
 
 /// Writes `value` into the caller's struct of `size` bytes (its header's `sizeof`): the fields
@@ -263,12 +280,8 @@ unsafe fn read_sized<T: Sized32>(p: *const T, defaults: T) -> Result<T, i32> {
     let src = p as *const u8;
     // SAFETY: the first 4 bytes of the caller's struct (its `struct_size`).
     let size = unsafe { (src as *const u32).read_unaligned() };
-    if size < STRUCT_SIZE_MIN {
-        return Err(invalid(&format!(
-            "{}.struct_size is {size}: fill the struct with its _default call first (it \
-             writes the size)",
-            T::NAME
-        )));
+    if let Some(why) = size_problem::<T>(size) {
+        return Err(invalid(&why));
     }
     let lib = std::mem::size_of::<T>();
     let n = (size as usize).min(lib);
@@ -332,6 +345,12 @@ fn guard(f: impl FnOnce() -> i32) -> i32 {
 fn invalid(msg: &str) -> i32 {
     set_error(msg);
     GPUFEED_ERR_INVALID
+}
+
+/// A path from C: its bytes as they are (a file name need not be UTF-8).
+fn c_path(s: &CStr) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    std::path::PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes()))
 }
 
 fn unsupported(msg: &str) -> i32 {
@@ -605,8 +624,7 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
                 return invalid("a path is null");
             }
             // SAFETY: NUL-terminated per the contract.
-            let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
-            list.push(std::path::PathBuf::from(s));
+            list.push(c_path(unsafe { CStr::from_ptr(p) }));
         }
         let o = if opts.is_null() {
             match defaults() {
@@ -708,11 +726,7 @@ pub unsafe extern "C" fn gpufeed_verify(
             return invalid("path is null");
         }
         // SAFETY: NUL-terminated per the contract.
-        let p = std::path::PathBuf::from(
-            unsafe { CStr::from_ptr(path) }
-                .to_string_lossy()
-                .into_owned(),
-        );
+        let p = c_path(unsafe { CStr::from_ptr(path) });
         let o = if opts.is_null() {
             options_from(&LoaderSettings::default())
         } else {

@@ -415,7 +415,10 @@ fn consume(loader: &Loader, epochs: u32, step: std::time::Duration) -> Result<Co
             }
             // Touch every sample once, as a consumer would; then the simulated step.
             for s in b.samples().flatten() {
-                c.touched = c.touched.wrapping_add(s[s.len() / 2] as u64);
+                // (An empty sample has no byte to touch.)
+                c.touched = c
+                    .touched
+                    .wrapping_add(s.get(s.len() / 2).copied().unwrap_or(0) as u64);
             }
             if !step.is_zero() {
                 std::thread::sleep(step);

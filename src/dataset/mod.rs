@@ -614,12 +614,19 @@ impl Dataset {
     /// would catch. The same file written since (a later modification time) is read on where
     /// each sample is `checked` against its checksum (a damaged or cut sample fails alone, as
     /// it would have before the open); unchecked, it is refused too.
+    /// An ImageFolder's file (a sample a file, no identity recorded: 1.28 M `statx`es) must
+    /// still have the size it was opened with: a larger file put there would be read cut short,
+    /// as another image's first bytes, without a word.
     pub(crate) fn changed_since_open(
         &self,
         f: u32,
         now: crate::sys::FileIdentity,
+        now_size: u64,
         checked: bool,
     ) -> Option<&'static str> {
+        if self.per_sample_root.is_some() && now_size != self.file_size(f) {
+            return Some("its size is not the size it was opened with");
+        }
         let was = self.identity(f)?;
         if (was.dev, was.ino) != (now.dev, now.ino) {
             Some("another file is at this path")
@@ -954,11 +961,11 @@ impl Dataset {
         let path = self.file_path(s.file);
         let f = SourceFile::open(&path)
             .map_err(|e| self.sample_error(i, Error::io("cannot open", e)))?;
-        if self.identity(s.file).is_some() {
+        if self.identity(s.file).is_some() || self.per_sample_root.is_some() {
             use std::os::fd::AsFd;
             let now = crate::sys::statx_fd(f.file().as_fd())
                 .map_err(|e| self.sample_error(i, Error::io("cannot stat", e)))?;
-            if let Some(why) = self.changed_since_open(s.file, now.identity, checked) {
+            if let Some(why) = self.changed_since_open(s.file, now.identity, now.size, checked) {
                 return Err(self.sample_error(i, changed_error(why)));
             }
         }
@@ -1489,7 +1496,15 @@ fn whole(got: crate::error::Result<usize>, want: usize) -> std::io::Result<()> {
 
 impl SourceFile {
     pub fn open(path: &Path) -> std::io::Result<SourceFile> {
-        let file = std::fs::File::open(path)?;
+        // Not waiting on a FIFO (or a device) put where a data file was: opened non-blocking
+        // and refused unless a regular file.
+        let file = std::fs::File::from(crate::sys::open_read(path, false)?);
+        if !file.metadata()?.is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file (a FIFO, a device or a directory is where a data file was)",
+            ));
+        }
         Ok(SourceFile {
             #[cfg(feature = "remote")]
             remote: crate::cache::node::lookup(&file),

@@ -738,7 +738,7 @@ impl OpenFiles {
         }
         let id = engine.open(ds.file_path(f))?;
         let info = engine.file_info(id)?;
-        if let Some(why) = ds.changed_since_open(f, info.identity, checked) {
+        if let Some(why) = ds.changed_since_open(f, info.identity, info.size, checked) {
             let e = crate::dataset::changed_error(why).with_path(info.path.clone());
             let _ = engine.close(id);
             return Err(e);

@@ -2,7 +2,8 @@
  * field of each struct missing) or a newer one (a field appended to gpufeed_options,
  * `future`, defined by -DFUTURE). The library must write no byte past the program's structs
  * (canaries after each), keep its defaults for what the program does not know, and refuse a
- * newer field that is set (argv[2] "set"). Prints what it saw for the test to check. */
+ * newer field that is set (argv[2] "set"), and a struct_size that ends inside a field or is
+ * no struct's ("partial", "huge"). Prints what it saw for the test to check. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
         return 1;
     }
     wo.o.batch_size = 4;
+    /* A size that ends inside a field, and one no struct has: refused, not read. */
+    if (argc > 2 && strcmp(argv[2], "partial") == 0) wo.o.struct_size = 101;
+    if (argc > 2 && strcmp(argv[2], "huge") == 0) wo.o.struct_size = 0xdeadbeefu;
 #ifdef FUTURE
     if (wo.o.future != 0) {
         fprintf(stderr, "the library did not zero the field it does not know\n");

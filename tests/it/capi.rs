@@ -405,6 +405,30 @@ fn c_programs_built_against_older_and_newer_headers_keep_working() {
             serde_json::json!(want["cache_extent"]),
             "{which}: {text}"
         );
+        if which == "current" {
+            for bad in ["partial", "huge"] {
+                let text = run(&exe, &[bad]);
+                assert!(
+                    text.contains("open status 1")
+                        && text.contains("not a size the struct can have"),
+                    "{bad}: {text}"
+                );
+            }
+            // A dataset path that is not UTF-8 is opened by its bytes.
+            use std::os::unix::ffi::OsStrExt;
+            let odd = dir
+                .path()
+                .join(std::ffi::OsStr::from_bytes(b"data-\xff\xfe"));
+            std::fs::create_dir(&odd).unwrap();
+            std::fs::copy(data.join("shard-00000.gpf"), odd.join("shard-00000.gpf")).unwrap();
+            let out = Command::new(&exe).arg(&odd).output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains(epoch),
+                "{text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         if which == "newer" {
             let text = run(&exe, &["set"]);
             assert!(

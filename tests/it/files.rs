@@ -202,3 +202,88 @@ fn an_image_folder_with_odd_names_is_read_from_the_names_on_disk() {
         "{e}"
     );
 }
+
+/// Images replaced after the open, by a FIFO (whose open would wait for a writer for ever) and
+/// by a larger file (which would be read cut short, another image's first bytes): each fails
+/// its own sample, naming it, through the loader and `read_sample`; the rest arrive. An empty
+/// image is a sample of no bytes that `bench load` reads too.
+#[test]
+fn images_replaced_by_a_fifo_or_a_larger_file_fail_alone() {
+    let dir = disk_dir();
+    let n = 30;
+    folder(dir.path(), n);
+    let empty = dir.path().join("c0").join("zz-empty.jpg");
+    std::fs::write(&empty, b"").unwrap();
+    let ds = Dataset::open(dir.path()).unwrap();
+    assert_eq!(ds.len(), n + 1);
+    let path_of = |i: usize| ds.file(ds.sample(i).file).path;
+    let fifo = (0..ds.len())
+        .find(|&i| path_of(i).ends_with("c2/00002.jpg"))
+        .unwrap();
+    let larger = (0..ds.len())
+        .find(|&i| path_of(i).ends_with("c3/00003.jpg"))
+        .unwrap();
+    std::fs::remove_file(path_of(fifo)).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&*path_of(fifo))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // Another image whose first bytes are the old one's, and longer.
+    std::fs::write(path_of(larger), [bytes_of(3), bytes_of(4)].concat()).unwrap();
+    let loader = Loader::builder(ds.clone()).batch_size(4).build().unwrap();
+    let (mut good, mut failed) = (0, Vec::new());
+    for b in loader.epoch(0).unwrap() {
+        let b = b.unwrap();
+        for (j, &id) in b.sample_ids().iter().enumerate() {
+            match b.sample(j) {
+                Ok(bytes) => {
+                    let key = ds.key(id as usize);
+                    if !key.ends_with("zz-empty.jpg") {
+                        assert_eq!(bytes, &bytes_of(index_of(&key))[..], "{key}");
+                    }
+                    good += 1;
+                }
+                Err(e) => failed.push((id as usize, e.report())),
+            }
+        }
+    }
+    failed.sort();
+    assert_eq!(good, n - 1);
+    assert_eq!(
+        failed.iter().map(|f| f.0).collect::<Vec<_>>(),
+        {
+            let mut v = vec![fifo, larger];
+            v.sort();
+            v
+        },
+        "{failed:?}"
+    );
+    for (i, e) in &failed {
+        let name = if *i == fifo { "00002.jpg" } else { "00003.jpg" };
+        assert!(
+            e.contains(name) && e.contains(&format!("sample {i}")),
+            "{e}"
+        );
+    }
+    let mut buf = Vec::new();
+    for i in [fifo, larger] {
+        let e = ds.read_sample(i, &mut buf, true).unwrap_err().report();
+        assert!(e.contains(&format!("sample {i}")), "{e}");
+    }
+    // `bench load` over a folder with an empty image (it panicked touching its middle byte).
+    let small = disk_dir();
+    folder(small.path(), 5);
+    std::fs::write(small.path().join("c0").join("empty.jpg"), b"").unwrap();
+    let out = std::process::Command::new(crate::common::gpufeed_bin())
+        .args(["bench", "load", "--modes", "global", "--json", "--dataset"])
+        .arg(small.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
