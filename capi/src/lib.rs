@@ -252,7 +252,8 @@ fn size_given<T: Sized32>(size: u32) -> Result<u32, i32> {
 /// both know, zeros for fields only the caller's (newer) header has; `struct_size` = `size`.
 ///
 /// # Safety
-/// `out` is writable for `size` bytes; `size` ≥ [`STRUCT_SIZE_MIN`].
+/// `out` is writable for `size` bytes; `size` passed [`size_given`] (≥ 8, so the size field
+/// lies inside it).
 unsafe fn write_sized<T: Sized32>(out: *mut T, value: T, size: u32) {
     let lib = std::mem::size_of::<T>();
     let n = (size as usize).min(lib);
@@ -287,7 +288,9 @@ unsafe fn read_sized<T: Sized32>(p: *const T, defaults: T) -> Result<T, i32> {
     let n = (size as usize).min(lib);
     let mut out = defaults;
     // SAFETY: `n` ≤ `size` bytes readable at `src`, `n` ≤ `lib` writable at `out`; every field
-    // is valid for any bytes (Sized32).
+    // is valid for any bytes (Sized32), and `size` is a multiple of the struct's alignment
+    // (`size_problem`), so no field is taken in part (half a caller's pointer beside half of
+    // the default's would be a wild pointer, dereferenced later as a string).
     unsafe { std::ptr::copy_nonoverlapping(src, &mut out as *mut T as *mut u8, n) };
     if size as usize > lib {
         // SAFETY: the caller's bytes past ours, within its `size`.

@@ -614,6 +614,7 @@ impl Dataset {
     /// would catch. The same file written since (a later modification time) is read on where
     /// each sample is `checked` against its checksum (a damaged or cut sample fails alone, as
     /// it would have before the open); unchecked, it is refused too.
+    ///
     /// An ImageFolder's file (a sample a file, no identity recorded: 1.28 M `statx`es) must
     /// still have the size it was opened with: a larger file put there would be read cut short,
     /// as another image's first bytes, without a word.
@@ -961,13 +962,9 @@ impl Dataset {
         let path = self.file_path(s.file);
         let f = SourceFile::open(&path)
             .map_err(|e| self.sample_error(i, Error::io("cannot open", e)))?;
-        if self.identity(s.file).is_some() || self.per_sample_root.is_some() {
-            use std::os::fd::AsFd;
-            let now = crate::sys::statx_fd(f.file().as_fd())
-                .map_err(|e| self.sample_error(i, Error::io("cannot stat", e)))?;
-            if let Some(why) = self.changed_since_open(s.file, now.identity, now.size, checked) {
-                return Err(self.sample_error(i, changed_error(why)));
-            }
+        let now = f.stat();
+        if let Some(why) = self.changed_since_open(s.file, now.identity, now.size, checked) {
+            return Err(self.sample_error(i, changed_error(why)));
         }
         buf.clear();
         buf.resize(s.len as usize, 0); // len was checked against the file's size when indexed
@@ -1472,6 +1469,8 @@ fn open_remote(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
 /// are read.
 pub(crate) struct SourceFile {
     file: std::fs::File,
+    /// What `statx` said of it when opened.
+    stat: crate::sys::FileStat,
     #[cfg(feature = "remote")]
     remote: Option<Arc<crate::cache::CachedObject>>,
 }
@@ -1499,13 +1498,15 @@ impl SourceFile {
         // Not waiting on a FIFO (or a device) put where a data file was: opened non-blocking
         // and refused unless a regular file.
         let file = std::fs::File::from(crate::sys::open_read(path, false)?);
-        if !file.metadata()?.is_file() {
+        let stat = crate::sys::statx_fd(std::os::fd::AsFd::as_fd(&file))?;
+        if !stat.is_regular {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 "not a regular file (a FIFO, a device or a directory is where a data file was)",
             ));
         }
         Ok(SourceFile {
+            stat,
             #[cfg(feature = "remote")]
             remote: crate::cache::node::lookup(&file),
             file,
@@ -1547,6 +1548,11 @@ impl SourceFile {
 
     pub fn file(&self) -> &std::fs::File {
         &self.file
+    }
+
+    /// The file as `statx` found it when it was opened (its identity and size then).
+    pub fn stat(&self) -> &crate::sys::FileStat {
+        &self.stat
     }
 }
 

@@ -233,14 +233,19 @@ fn compile(dir: &Path, lib: &Path) -> PathBuf {
 }
 
 fn compile_named(dir: &Path, lib: &Path, name: &str) -> PathBuf {
-    let exe = dir.join(name);
+    compile_with(&dir.join(name), lib, name, &root().join("include"), &[])
+}
+
+/// Builds `tests/c/{name}.c` into `exe` against the header in `include`, with `defines`.
+fn compile_with(exe: &Path, lib: &Path, name: &str, include: &Path, defines: &[&str]) -> PathBuf {
     let out = Command::new("cc")
         .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1"])
+        .args(defines)
         .arg("-I")
-        .arg(root().join("include"))
+        .arg(include)
         .arg(root().join(format!("tests/c/{name}.c")))
         .arg("-o")
-        .arg(&exe)
+        .arg(exe)
         .arg("-L")
         .arg(lib)
         .arg(format!("-Wl,-rpath,{}", lib.display()))
@@ -249,10 +254,11 @@ fn compile_named(dir: &Path, lib: &Path, name: &str) -> PathBuf {
         .unwrap();
     assert!(
         out.status.success(),
-        "cc: {}",
+        "cc ({}): {}",
+        exe.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    exe
+    exe.to_path_buf()
 }
 
 #[test]
@@ -350,26 +356,7 @@ fn c_programs_built_against_older_and_newer_headers_keep_working() {
         std::fs::create_dir_all(&inc).unwrap();
         std::fs::write(inc.join("gpufeed.h"), h).unwrap();
         let exe = dir.path().join(format!("compat-{which}"));
-        let out = Command::new("cc")
-            .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-O1"])
-            .args(defines)
-            .arg("-I")
-            .arg(&inc)
-            .arg(root().join("tests/c/compat.c"))
-            .arg("-o")
-            .arg(&exe)
-            .arg("-L")
-            .arg(&lib)
-            .arg(format!("-Wl,-rpath,{}", lib.display()))
-            .arg("-lgpufeed_c")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "cc ({which}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        exe
+        compile_with(&exe, &lib, "compat", &inc, defines)
     };
     let run = |exe: &Path, extra: &[&str]| -> String {
         let out = Command::new(exe).arg(&data).args(extra).output().unwrap();
