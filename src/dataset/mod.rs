@@ -535,11 +535,11 @@ impl Dataset {
             ds.identify(&before);
             return Ok(ds);
         }
-        let mut ds = Self::open_files_walked(format, paths, opts, &tar::walk_tar)?;
+        let (mut ds, tree) = Self::open_files_tree(format, paths, opts, &tar::walk_tar)?;
         if format != Format::ImageFolder {
             ds.identify(&before);
         }
-        if !node.is_some_and(|n| n.store(&mut ds, paths, opts)) {
+        if !node.is_some_and(|n| n.store(&mut ds, paths, opts, tree.as_ref())) {
             ds.share_index();
         }
         drop(building);
@@ -554,10 +554,26 @@ impl Dataset {
         opts: &OpenOptions,
         walker: &tar::TarWalker<'_>,
     ) -> Result<Dataset> {
+        Self::open_files_tree(format, paths, opts, walker).map(|(ds, _)| ds)
+    }
+
+    /// [`open_files_walked`](Self::open_files_walked), and an ImageFolder's walk (what an
+    /// index of it kept for the node is checked against).
+    fn open_files_tree(
+        format: Format,
+        paths: &[PathBuf],
+        opts: &OpenOptions,
+        walker: &tar::TarWalker<'_>,
+    ) -> Result<(Dataset, Option<image_folder::Tree>)> {
+        let mut tree = None;
         let mut ds = match format {
             Format::Packed => shard::open_shards(paths),
             Format::ImageFolder => match paths {
-                [root] => image_folder::open(root, opts.format == Some(Format::ImageFolder)),
+                [root] => image_folder::open_tree(root, opts.format == Some(Format::ImageFolder))
+                    .map(|(ds, t)| {
+                        tree = Some(t);
+                        ds
+                    }),
                 _ => Err(invalid("an ImageFolder dataset is one directory")),
             },
             Format::WebDataset => tar::open_walked(
@@ -585,7 +601,7 @@ impl Dataset {
             format: Some(format),
             ..opts.clone()
         };
-        Ok(ds)
+        Ok((ds, tree))
     }
 
     /// Records which file each of the dataset's files is: as `before` says (taken before it
@@ -626,6 +642,16 @@ impl Dataset {
         checked: bool,
     ) -> Option<&'static str> {
         if self.per_sample_root.is_some() && now_size != self.file_size(f) {
+            // Written in place since the node's index of the folder was kept (that changes no
+            // folder's times): the index goes, so the next open lists the folder anew.
+            if let Some(kept) = &self.node_index {
+                snapshot::forget(kept);
+                return Some(
+                    "its size is not the size this node's index of the folder has (the file \
+                     was written since the index was kept): the index is removed, and the \
+                     next open lists the folder anew",
+                );
+            }
             return Some("its size is not the size it was opened with");
         }
         let was = self.identity(f)?;

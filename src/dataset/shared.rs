@@ -39,13 +39,16 @@ pub(crate) fn index_dir() -> Option<PathBuf> {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     };
-    if let Some(d) = env("GPUFEED_INDEX_DIR") {
-        return Some(d);
-    }
-    if let Some(d) = env("XDG_CACHE_HOME") {
-        return Some(d.join("gpufeed").join("index"));
-    }
-    env("HOME").map(|h| h.join(".cache").join("gpufeed").join("index"))
+    // Absolute: a relative setting means one folder for every process of the node, not one
+    // under each process's working directory.
+    let dir = if let Some(d) = env("GPUFEED_INDEX_DIR") {
+        d
+    } else if let Some(d) = env("XDG_CACHE_HOME") {
+        d.join("gpufeed").join("index")
+    } else {
+        env("HOME")?.join(".cache").join("gpufeed").join("index")
+    };
+    std::path::absolute(&dir).ok()
 }
 
 /// Whether sharing is on (`GPUFEED_SHARED_INDEX=0` turns it off).

@@ -38,6 +38,7 @@ use std::time::Duration;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
+use super::image_folder::{Tree, Walked};
 use super::{data_file, shard, shared, tfrecord, Dataset, Format, Frame, OpenOptions, Strings};
 use crate::plan::{Samples, SharedBytes};
 
@@ -76,6 +77,9 @@ pub(crate) struct Inputs {
     dir: PathBuf,
     /// The latest modification or change time among the files (nanoseconds since 1970).
     newest: i128,
+    /// An ImageFolder's root: the blob names the root, and the index kept holds after it every
+    /// folder walked and its state, checked again (a `stat` each) before the index is used.
+    root: Option<PathBuf>,
 }
 
 /// A held lock on the index being built: released when dropped — its file removed first, so
@@ -181,7 +185,8 @@ impl Inputs {
             Format::WebDataset => 1024, // a member's header and one block of data
             Format::TfRecord => 16,     // a record's framing
             Format::Packed => 16,       // an index entry
-            Format::ImageFolder | Format::Tokens | Format::Megatron => return None,
+            Format::ImageFolder => return Inputs::of_tree(paths),
+            Format::Tokens | Format::Megatron => return None,
         };
         let bytes: u64 = paths
             .iter()
@@ -207,6 +212,95 @@ impl Inputs {
             }
         }
         Inputs::from_files(format, &shape, &inputs, "dataset")
+    }
+
+    /// An ImageFolder's inputs: its root (as named, and which folder it is); the folders under
+    /// it are known once walked ([`store`](Self::store) keeps them, [`kept`](Self::kept) checks
+    /// them). Its files are not examined: a file's size is checked when it is opened, and a
+    /// file added, removed or renamed changes its folder's modification time.
+    fn of_tree(paths: &[PathBuf]) -> Option<Inputs> {
+        let [root] = paths else { return None };
+        let md = std::fs::metadata(root).ok().filter(|m| m.is_dir())?;
+        let dir = shared::index_dir()?;
+        let root = std::path::absolute(root).ok()?;
+        let mut blob = b"gpufeed node index 1\n".to_vec();
+        blob.extend_from_slice(Format::ImageFolder.name().as_bytes());
+        blob.extend_from_slice(b"\ntree\n");
+        {
+            use std::os::unix::ffi::OsStrExt;
+            blob.extend_from_slice(root.as_os_str().as_bytes());
+        }
+        blob.push(0);
+        for v in [md.dev(), md.ino()] {
+            blob.extend_from_slice(&v.to_le_bytes());
+        }
+        Some(Inputs {
+            format: Format::ImageFolder,
+            name: Inputs::name_of(&blob, "dataset"),
+            blob,
+            dir,
+            newest: nanos(md.mtime(), md.mtime_nsec()).max(nanos(md.ctime(), md.ctime_nsec())),
+            root: Some(root),
+        })
+    }
+
+    fn name_of(blob: &[u8], prefix: &str) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        blob.hash(&mut h);
+        format!("{prefix}-{:016x}.gpfidx", h.finish())
+    }
+
+    /// The folders of a walk as the index keeps them after the blob: each one's path under the
+    /// root (its length, then its bytes) and its state.
+    fn tree_bytes(tree: &Tree) -> Vec<u8> {
+        let mut b = Vec::new();
+        for f in &tree.folders {
+            b.extend_from_slice(&(f.rel.len() as u32).to_le_bytes());
+            b.extend_from_slice(&f.rel);
+            for v in f.state {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    /// Whether every folder `kept` lists (as [`tree_bytes`](Self::tree_bytes) wrote them) is
+    /// still the folder it was, as it was (a `stat` each, links followed as the walk did).
+    fn tree_unchanged(root: &Path, mut kept: &[u8]) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        let mut first = true;
+        while !kept.is_empty() {
+            let Some(n) = read_u32(kept, 0).map(|n| n as usize) else {
+                return false;
+            };
+            let Some(rel) = kept.get(4..4 + n) else {
+                return false;
+            };
+            let Some(state) = kept.get(4 + n..4 + n + 48) else {
+                return false;
+            };
+            // The root first, then folders under it (no `..`, no absolute path).
+            let under = rel
+                .split(|&c| c == b'/')
+                .all(|c| !c.is_empty() && c != b"..");
+            if first != rel.is_empty() || (!first && (!under || rel.starts_with(b"/"))) {
+                return false;
+            }
+            first = false;
+            let now = match std::fs::metadata(root.join(std::ffi::OsStr::from_bytes(rel))) {
+                Ok(md) if md.is_dir() => Walked::state_of(&md),
+                _ => return false,
+            };
+            let was = state
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
+            if !was.eq(now) {
+                return false;
+            }
+            kept = &kept[4 + n + 48..];
+        }
+        !first
     }
 
     /// The inputs `files` (`None`: an input that is not a file, recorded as such) of something
@@ -244,18 +338,13 @@ impl Inputs {
                 .max(nanos(md.mtime(), md.mtime_nsec()))
                 .max(nanos(md.ctime(), md.ctime_nsec()));
         }
-        let name = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            blob.hash(&mut h);
-            format!("{prefix}-{:016x}.gpfidx", h.finish())
-        };
         Some(Inputs {
             format,
+            name: Inputs::name_of(&blob, prefix),
             blob,
-            name,
             dir,
             newest,
+            root: None,
         })
     }
 
@@ -312,10 +401,7 @@ impl Inputs {
 
     /// Whether the files are settled enough to keep an index of them ([`SETTLE`]).
     fn settled(&self) -> bool {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i128);
-        self.newest < now - SETTLE.as_nanos() as i128
+        settled(self.newest)
     }
 
     /// Takes the lock on this index if no other process holds it (then this process builds
@@ -350,16 +436,23 @@ impl Inputs {
                 name: lock,
             });
         }
-        crate::util::notice(&format!(
-            "waiting for another process to finish indexing this dataset ({}; at most 10 minutes, \
-             then indexing here too; GPUFEED_SHARED_INDEX=0 indexes in every process)",
-            self.file().display()
-        ));
+        // Said once the wait is noticeable (a small folder's builder is done in milliseconds,
+        // and then keeps nothing).
+        let mut said = false;
         let t0 = std::time::Instant::now();
         while t0.elapsed() < WAIT {
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(if said { 50 } else { 5 }));
             if crate::sys::ofd_try_lock(fd.as_fd(), 0, 1, false).unwrap_or(true) {
                 return None; // closing `fd` lets go of it
+            }
+            if !said && t0.elapsed() >= Duration::from_millis(500) {
+                said = true;
+                crate::util::notice(&format!(
+                    "waiting for another process to finish indexing this dataset ({}; at most \
+                     10 minutes, then indexing here too; GPUFEED_SHARED_INDEX=0 indexes in every \
+                     process)",
+                    self.file().display()
+                ));
             }
         }
         crate::util::notice("still waiting after 10 minutes: indexing the dataset here too");
@@ -376,7 +469,14 @@ impl Inputs {
         let d = shared::private_dir(&self.dir).ok()?;
         let (map, identity) = map_file(&d, &self.name)?;
         let at = sections((*map).as_ref())?;
-        if (*map).as_ref().get(at[INPUTS].clone())? != self.blob.as_slice() {
+        let inputs = (*map).as_ref().get(at[INPUTS].clone())?;
+        let same = match &self.root {
+            Some(root) => inputs
+                .strip_prefix(self.blob.as_slice())
+                .is_some_and(|folders| Inputs::tree_unchanged(root, folders)),
+            None => inputs == self.blob.as_slice(),
+        };
+        if !same {
             return None; // another dataset's, or these files' before they changed
         }
         Some((map, identity, at))
@@ -405,7 +505,9 @@ impl Inputs {
         if checksum(&b[..8 + 16 * SECTIONS], &digests) != read_u32(b, 8 + 16 * SECTIONS)? {
             return None; // damaged
         }
-        if files != paths.len() || flags[0] > 1 || flags[1] > 1 || flags[2] > 2 {
+        // An ImageFolder keeps no file: each sample is its own, named by its key.
+        let want_files = if self.root.is_some() { 0 } else { paths.len() };
+        if files != want_files || flags[0] > 1 || flags[1] > 1 || flags[2] > 2 {
             return None;
         }
         let sizes: Vec<u64> = b
@@ -451,7 +553,17 @@ impl Inputs {
                 .flatten(),
             ..Dataset::empty(format, files, samples)
         };
-        if keys > 0 {
+        if let Some(root) = &self.root {
+            // Its keys are its files' names: checked now, and used from the mapping.
+            let at = at[KEYS].clone();
+            if keys != n || strings_digest(&b[at.clone()], keys) != Some(keys_crc) {
+                return None;
+            }
+            ds.keys = Strings::mapped(map.clone(), at, keys).ok()?;
+            // The root as this caller named it (the blob names it absolute, for every caller).
+            let named = paths.first().map_or(root.as_path(), |p| p.as_path());
+            ds.per_sample_root = Some(Arc::from(named));
+        } else if keys > 0 {
             ds.lazy_keys = Some(LazyKeys {
                 map: map.clone(),
                 at: at[KEYS].clone(),
@@ -469,15 +581,34 @@ impl Inputs {
     /// index, and reads it from there (its own copy freed). Returns whether it did; it does not
     /// for a small or computed index, one with problems or recovered samples, files that
     /// changed meanwhile or too recently, or where the file cannot be written (said once).
-    pub(crate) fn store(&self, ds: &mut Dataset, paths: &[PathBuf], opts: &OpenOptions) -> bool {
+    /// An ImageFolder's `tree` is what its walk went through.
+    pub(crate) fn store(
+        &self,
+        ds: &mut Dataset,
+        paths: &[PathBuf],
+        opts: &OpenOptions,
+        tree: Option<&Tree>,
+    ) -> bool {
         let clean = ds.problems_total == 0 && ds.recovered.is_empty() && ds.notes.is_empty();
-        if ds.samples.len() < shared::SHARED_MIN_SAMPLES || !clean || !self.settled() {
+        let newest = tree.map_or(self.newest, |t| t.newest.max(self.newest));
+        if ds.samples.len() < shared::SHARED_MIN_SAMPLES || !clean || !settled(newest) {
             return false;
         }
         // The files as they are now: the same as before they were indexed.
         if Inputs::of(self.format, paths, opts).is_none_or(|now| now.blob != self.blob) {
             return false;
         }
+        let blob = match (&self.root, tree) {
+            (Some(root), Some(t)) => {
+                let folders = Inputs::tree_bytes(t);
+                if !Inputs::tree_unchanged(root, &folders) {
+                    return false;
+                }
+                [self.blob.as_slice(), &folders].concat()
+            }
+            (None, None) => self.blob.clone(),
+            _ => return false,
+        };
         let Some((entries, file_first)) = ds.samples.compact_parts() else {
             return false;
         };
@@ -511,7 +642,7 @@ impl Inputs {
         let sizes: Vec<u8> = ds.files.iter().flat_map(|f| f.size.to_le_bytes()).collect();
         let first: Vec<u8> = file_first.iter().flat_map(|f| f.to_le_bytes()).collect();
         let parts: [&[&[u8]]; SECTIONS] = [
-            &[&self.blob],
+            &[&blob],
             &[&flags],
             &[&sizes],
             &[&first],
@@ -553,6 +684,25 @@ fn owned(s: &Strings) -> Option<(&[u8], &[u8])> {
         return Some((&[], &[]));
     }
     s.owned_parts()
+}
+
+/// Removes the node's index file `kept` (found stale by a reader), if it is still there.
+pub(crate) fn forget(kept: &Path) {
+    let (Some(dir), Some(name)) = (kept.parent(), kept.file_name()) else {
+        return;
+    };
+    if let Ok(d) = shared::private_dir(dir) {
+        let _ = nix::unistd::unlinkat(&d, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    }
+}
+
+/// Whether files whose latest change was at `newest` are settled enough to keep an index of
+/// them ([`SETTLE`]).
+fn settled(newest: i128) -> bool {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    newest < now - SETTLE.as_nanos() as i128
 }
 
 fn read_u64(b: &[u8], at: usize) -> Option<u64> {
@@ -714,7 +864,7 @@ mod tests {
         let mut inputs = Inputs::of(Format::WebDataset, &paths, &opts).expect("inputs");
         inputs.dir = dir.path().join("index");
         inputs.newest = 0; // settled
-        assert!(inputs.store(&mut ds, &paths, &opts));
+        assert!(inputs.store(&mut ds, &paths, &opts, None));
         let kept = inputs.dir.join(&inputs.name);
         assert_eq!(ds.node_index(), Some(kept.as_path()));
         let good = std::fs::read(&kept).unwrap();

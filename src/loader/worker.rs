@@ -676,13 +676,15 @@ impl Unopened {
 /// closed (an ImageFolder of 1.28 M files: one `open` per file per epoch, as any small-file
 /// loader makes).
 struct OpenFiles {
-    ids: Vec<Option<FileId>>,
-    /// When each dataset file was last used (0: never).
-    used: Vec<u64>,
+    /// The files open: their engine id and when each was last used — only the open ones (an
+    /// ImageFolder's 1.28 M files cost nothing per file here, as its index keeps none either).
+    open: std::collections::HashMap<u32, (FileId, u64)>,
+    /// The dataset's files.
+    files: usize,
     /// (stamp, file) in order of use, oldest first; an entry whose stamp is not the file's last
-    /// is stale and skipped. Kept only when files may have to be closed.
+    /// (or whose file is closed) is stale and skipped. Kept only when files may have to be
+    /// closed.
     order: std::collections::VecDeque<(u64, u32)>,
-    open: usize,
     cap: usize,
     clock: u64,
     /// The alignment the plan laid reads out at: a file whose direct I/O needs more would have
@@ -693,10 +695,9 @@ struct OpenFiles {
 impl OpenFiles {
     fn new(files: usize, cap: usize, align: u32) -> OpenFiles {
         OpenFiles {
-            ids: vec![None; files],
-            used: vec![0; files],
+            open: Default::default(),
+            files,
             order: std::collections::VecDeque::new(),
-            open: 0,
             cap: cap.max(1),
             clock: 0,
             align,
@@ -704,7 +705,7 @@ impl OpenFiles {
     }
 
     fn evicts(&self) -> bool {
-        self.cap < self.ids.len()
+        self.cap < self.files
     }
 
     /// A mark: files used from here on (the group being submitted) are not closed.
@@ -723,17 +724,18 @@ impl OpenFiles {
         checked: bool,
     ) -> Result<FileId> {
         self.clock += 1;
-        self.used[f as usize] = self.clock;
+        let stamp = self.clock;
         if self.evicts() {
-            self.order.push_back((self.clock, f));
+            self.order.push_back((stamp, f));
             if self.order.len() > 4 * self.cap + 1024 {
                 self.compact();
             }
         }
-        if let Some(id) = self.ids[f as usize] {
-            return Ok(id);
+        if let Some((id, used)) = self.open.get_mut(&f) {
+            *used = stamp;
+            return Ok(*id);
         }
-        if self.open >= self.cap {
+        if self.open.len() >= self.cap {
             self.close_one(engine, pinned)?;
         }
         let id = engine.open(ds.file_path(f))?;
@@ -754,9 +756,13 @@ impl OpenFiles {
             let _ = engine.close(id);
             return Err(e);
         }
-        self.ids[f as usize] = Some(id);
-        self.open += 1;
+        self.open.insert(f, (id, stamp));
         Ok(id)
+    }
+
+    /// When open file `f` was last used (`None`: it is not open).
+    fn used(&self, f: u32) -> Option<u64> {
+        self.open.get(&f).map(|&(_, used)| used)
     }
 
     /// Closes the least recently used open file with no read in flight, not used since
@@ -767,19 +773,17 @@ impl OpenFiles {
             let Some((stamp, f)) = self.order.pop_front() else {
                 break false;
             };
-            if stamp != self.used[f as usize] || stamp >= pinned {
-                if stamp >= pinned && stamp == self.used[f as usize] {
-                    busy.push((stamp, f));
-                }
+            if self.used(f) != Some(stamp) {
+                continue; // stale: used since, or closed
+            }
+            if stamp >= pinned {
+                busy.push((stamp, f));
                 continue;
             }
-            let Some(id) = self.ids[f as usize] else {
-                continue;
-            };
+            let id = self.open[&f].0;
             match engine.close(id) {
                 Ok(()) => {
-                    self.ids[f as usize] = None;
-                    self.open -= 1;
+                    self.open.remove(&f);
                     break true;
                 }
                 // Reads of it are in flight: it stays, as recently used as it was.
@@ -805,7 +809,8 @@ impl OpenFiles {
 
     /// Drops the stale entries of `order`.
     fn compact(&mut self) {
-        let used = &self.used;
-        self.order.retain(|&(stamp, f)| used[f as usize] == stamp);
+        let open = &self.open;
+        self.order
+            .retain(|&(stamp, f)| open.get(&f).is_some_and(|&(_, used)| used == stamp));
     }
 }

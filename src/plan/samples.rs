@@ -98,7 +98,8 @@ enum Repr {
     /// 32 bytes per sample: what does not fit `Compact`.
     Table(Vec<Sample>),
     /// 16 bytes per sample; `file_first[f]` is file f's first sample (files in order, each
-    /// one's samples together; an empty file's first is the next one's).
+    /// one's samples together; an empty file's first is the next one's) — or, where `file_first`
+    /// is empty, sample `i` is file `i` (an ImageFolder: nothing kept per file).
     Compact {
         entries: Entries,
         file_first: Vec<u32>,
@@ -150,9 +151,16 @@ impl SamplesBuilder {
     fn take_compact(&mut self) -> Samples {
         let mut entries = std::mem::take(&mut self.entries);
         entries.shrink_to_fit();
+        let mut file_first = std::mem::take(&mut self.file_first);
+        // Each sample its own file (file i's first sample is i): kept as nothing at all.
+        if file_first.len() == entries.len()
+            && file_first.iter().enumerate().all(|(i, &f)| f as usize == i)
+        {
+            file_first = Vec::new();
+        }
         Samples(Repr::Compact {
             entries: Entries::Owned(entries),
-            file_first: std::mem::take(&mut self.file_first),
+            file_first,
         })
     }
 
@@ -263,7 +271,10 @@ impl Samples {
                 entries,
                 file_first,
             } => {
-                let file = file_first.partition_point(|&f| f as usize <= i) - 1;
+                let file = match file_first.is_empty() {
+                    true => i,
+                    false => file_first.partition_point(|&f| f as usize <= i) - 1,
+                };
                 Self::unpack(&entries[i], file as u32)
             }
             Repr::Runs { runs, len } => {
@@ -309,6 +320,7 @@ impl Samples {
                 }
                 k
             }
+            Repr::Compact { file_first, .. } if file_first.is_empty() => i,
             Repr::Compact { file_first, .. } => {
                 let f = file_first.partition_point(|&f| f as usize <= i) - 1;
                 file_first[f] as usize
@@ -436,11 +448,14 @@ impl Samples {
             return Err("the table is not whole 16-byte entries".into());
         }
         let len = whole.len() / size;
+        // No first samples: each sample its own file — of the size `sizes` gives, or (none
+        // given: an ImageFolder) of the sample's length.
+        let each = file_first.is_empty();
         let in_order = file_first.first().is_none_or(|&f| f == 0)
             && file_first.windows(2).all(|w| w[0] <= w[1])
             && file_first.last().is_none_or(|&f| f as usize <= len)
             && file_first.len() <= sizes.len()
-            && (len == 0 || !file_first.is_empty());
+            && (!each || sizes.is_empty() || sizes.len() == len);
         if !in_order || len > u32::MAX as usize {
             return Err("the files' first samples are out of order".into());
         }
@@ -452,7 +467,13 @@ impl Samples {
             },
             file_first,
         });
-        if let Some((i, e)) = s.iter().enumerate().find(|(_, e)| {
+        if each && sizes.is_empty() {
+            if let Some(i) = s.iter().position(|e| e.offset != 0) {
+                return Err(format!(
+                    "sample {i} of a file of its own is not at its start"
+                ));
+            }
+        } else if let Some((i, e)) = s.iter().enumerate().find(|(_, e)| {
             e.offset
                 .checked_add(e.len as u64)
                 .is_none_or(|end| end > sizes[e.file as usize])
@@ -534,6 +555,9 @@ impl Iterator for Iter<'_> {
             return Some(*s);
         }
         if let Some(e) = self.compact.next() {
+            if self.files.is_empty() {
+                self.file = self.at; // each sample its own file
+            }
             while self.file + 1 < self.files.len() && self.files[self.file + 1] as usize <= self.at
             {
                 self.file += 1;
@@ -699,5 +723,53 @@ mod tests {
         assert_eq!(t.first_of_file(4), 3);
         assert_eq!(t.first_of_file(5), 5);
         assert_eq!(t.first_of_file(0), 0);
+    }
+
+    /// Each sample its own file (an ImageFolder, or shards of one sample each): nothing is
+    /// kept per file, and every reader finds sample i in file i; read back from bytes, with
+    /// no files' sizes (an ImageFolder: each file is its sample) or one size per sample.
+    #[test]
+    fn samples_each_in_a_file_of_its_own_keep_nothing_per_file() {
+        let v: Vec<Sample> = (0..1000u32)
+            .map(|i| Sample {
+                file: i,
+                len: 10 + i % 7,
+                offset: 0,
+                label: (i % 5) as i64,
+                crc32c: i,
+            })
+            .collect();
+        let s = Samples::from(v.clone());
+        let Repr::Compact { file_first, .. } = &s.0 else {
+            panic!("compact")
+        };
+        assert!(file_first.is_empty());
+        assert_eq!(s.heap_bytes(), 16 * v.len());
+        assert_eq!(s.iter().collect::<Vec<_>>(), v);
+        for (i, x) in v.iter().enumerate() {
+            assert_eq!(s.get(i), *x);
+            assert_eq!(s.first_of_file(i), i);
+        }
+        let bytes: SharedBytes = std::sync::Arc::new(s.owned_compact_bytes().unwrap().to_vec());
+        let at = 0..16 * v.len();
+        let mapped = Samples::mapped(bytes.clone(), at.clone(), Vec::new(), &[]).unwrap();
+        assert_eq!(mapped.iter().collect::<Vec<_>>(), v);
+        let sizes: Vec<u64> = v.iter().map(|x| x.len as u64).collect();
+        let mapped = Samples::mapped(bytes.clone(), at.clone(), Vec::new(), &sizes).unwrap();
+        assert_eq!(mapped.get(999), v[999]);
+        // A sample past its file's size, or sizes for other files: refused.
+        let mut short = sizes.clone();
+        short[3] -= 1;
+        assert!(Samples::mapped(bytes.clone(), at.clone(), Vec::new(), &short).is_err());
+        assert!(Samples::mapped(bytes.clone(), at.clone(), Vec::new(), &sizes[1..]).is_err());
+        // A second sample in file 1: the files' first samples are kept.
+        let mut w = v.clone();
+        w[2].file = 1;
+        for x in &mut w[3..] {
+            x.file -= 1;
+        }
+        let t = Samples::from(w.clone());
+        assert_eq!(t.iter().collect::<Vec<_>>(), w);
+        assert_eq!(t.first_of_file(2), 1);
     }
 }

@@ -218,3 +218,17 @@ pub fn stderr_of_failure(cmd: &mut std::process::Command) -> String {
     assert!(!out.status.success(), "expected a failure; stderr: {err}");
     err
 }
+
+/// `python3`, or `None` (the test says it was skipped) where there is none. CI installs it.
+pub fn python() -> Option<std::process::Command> {
+    match std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+    {
+        Ok(o) if o.status.success() => Some(std::process::Command::new("python3")),
+        _ => {
+            eprintln!("skipped: python3 is not installed (CI installs it)");
+            None
+        }
+    }
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use gpufeed::{Dataset, ErrorKind, Loader, Order};
 
-use crate::common::disk_dir;
+use crate::common::{disk_dir, python};
 
 fn bytes_of(i: usize) -> Vec<u8> {
     let len = 100 + (i * 7919) % 9000;
@@ -286,4 +286,291 @@ fn images_replaced_by_a_fifo_or_a_larger_file_fail_alone() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// torchvision's `find_classes` and `make_dataset` (torchvision/datasets/folder.py, 0.15 and
+/// later), as Python runs them over the tree — `os.scandir`'s `is_dir()`, `sorted(os.walk(...,
+/// followlinks=True))`, `name.lower().endswith(IMG_EXTENSIONS)` — printing each class, then
+/// each sample's path under the root (hex of its bytes) and label.
+const TORCHVISION_FOLDER: &str = "\
+import os, sys
+IMG = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
+root = sys.argv[1]
+classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+for c in classes:
+    print('class', os.fsencode(c).hex())
+for label, c in enumerate(classes):
+    for r, _, names in sorted(os.walk(os.path.join(root, c), followlinks=True)):
+        for n in sorted(names):
+            p = os.path.join(r, n)
+            if p.lower().endswith(IMG):
+                print('sample', os.fsencode(os.path.relpath(p, root)).hex(), label)
+";
+
+/// An ImageFolder's samples, labels and order are torchvision's, as its own code finds them
+/// (run by Python over the same tree): images in subfolders of a class folder are the class's
+/// (each folder's files in turn, the folders sorted by path: `sub 2` before `sub-2` before
+/// `sub/…`), a class folder or a subfolder that is a link is followed, names are sorted as
+/// Python sorts them (a byte that is not UTF-8 after `é`), `.jpg` alone and `X.JPG` are images;
+/// images in the root (in no class) and a class folder with no image are noted.
+#[test]
+fn an_image_folder_holds_torchvisions_samples_in_torchvisions_order() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let Some(mut py) = python() else { return };
+    let dir = disk_dir();
+    let root = dir.path().join("root");
+    let outside = dir.path().join("outside");
+    let mut k = 0;
+    let mut put = |rel: &[u8]| {
+        let p = Path::new(OsStr::from_bytes(rel));
+        let p = dir.path().join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, bytes_of(k)).unwrap();
+        k += 1;
+    };
+    for rel in [
+        &b"root/b/x.jpg"[..],
+        b"root/b/sub/y.JPG",
+        b"root/b/sub/deeper/z.png",
+        b"root/b/sub-2/w.jpeg",
+        b"root/b/sub 2/v.webp",
+        b"root/b/.jpg",
+        b"root/b/readme.txt",
+        b"root/b/a.jpg.txt",
+        b"root/a/\x80.jpg",
+        b"root/a/\xc3\xa9.jpg",
+        b"root/a/\xee\x80\x80.jpg",
+        b"root/a/z.jpg",
+        b"root/top.jpg",
+        b"outside/cls/1.jpg",
+        b"outside/cls/2.tif",
+        b"outside/more/m.bmp",
+        b"root/c/0.pgm",
+    ] {
+        put(rel);
+    }
+    std::fs::create_dir_all(root.join("empty")).unwrap();
+    std::os::unix::fs::symlink(outside.join("cls"), root.join("linked")).unwrap();
+    std::os::unix::fs::symlink(outside.join("more"), root.join("c").join("inner")).unwrap();
+
+    let out = py
+        .arg("-c")
+        .arg(TORCHVISION_FOLDER)
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hex = |h: &str| -> Vec<u8> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect()
+    };
+    let (mut classes, mut samples) = (Vec::new(), Vec::new());
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let w: Vec<&str> = line.split(' ').collect();
+        match w[..] {
+            ["class", c] => classes.push(hex(c)),
+            ["sample", p, l] => samples.push((hex(p), l.parse::<i64>().unwrap())),
+            _ => panic!("{line}"),
+        }
+    }
+    assert_eq!(
+        samples.len(),
+        14,
+        "the tree holds 14 samples for torchvision"
+    );
+
+    let ds = Dataset::open(&root).unwrap();
+    let got: Vec<(Vec<u8>, i64)> = (0..ds.len())
+        .map(|i| {
+            let s = ds.sample(i);
+            let p = ds.file(s.file).path;
+            let rel = p
+                .strip_prefix(&root)
+                .unwrap()
+                .as_os_str()
+                .as_bytes()
+                .to_vec();
+            (rel, s.label)
+        })
+        .collect();
+    assert_eq!(got, samples);
+    let names: Vec<Vec<u8>> = classes.iter().map(|c| c.to_vec()).collect();
+    let ours: Vec<Vec<u8>> = ds.classes().iter().map(|c| c.as_bytes().to_vec()).collect();
+    assert_eq!(ours, names);
+    let notes = ds.notes().join("\n");
+    assert!(
+        notes.contains("1 image file(s) in the folder itself"),
+        "{notes}"
+    );
+    assert!(notes.contains("hold no image (empty)"), "{notes}");
+    assert!(notes.contains("2 file(s) that are not images"), "{notes}");
+    // Every sample reads its own file's bytes.
+    let mut buf = Vec::new();
+    for i in 0..ds.len() {
+        let c = ds.read_sample(i, &mut buf, true).unwrap();
+        let want = std::fs::read(ds.file(ds.sample(i).file).path).unwrap();
+        assert_eq!(&buf[c.payload.clone()], &want[..], "sample {i}");
+    }
+}
+
+/// An image that cannot be opened — a dangling link, a FIFO named like an image — is a problem
+/// named with its path, not the end of the open (torchvision would list it and fail when it
+/// is loaded, or wait on the FIFO for ever); a folder linked inside itself or to the root is
+/// walked once, with a note (os.walk would go round until the path is too long). The other
+/// images are read.
+#[test]
+fn unopenable_images_are_problems_and_a_folder_linked_inside_itself_is_walked_once() {
+    let dir = disk_dir();
+    let root = dir.path();
+    for rel in ["a/1.jpg", "a/sub/2.jpg", "b/3.jpg"] {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, bytes_of(rel.len())).unwrap();
+    }
+    std::os::unix::fs::symlink(root.join("nowhere.jpg"), root.join("a/dangling.jpg")).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(root.join("b/fifo.jpg"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    std::os::unix::fs::symlink("..", root.join("a/sub/up")).unwrap();
+    std::os::unix::fs::symlink(root, root.join("b/to-root")).unwrap();
+    let ds = Dataset::open(root).unwrap();
+    assert_eq!(ds.len(), 3);
+    assert_eq!(ds.problems_total(), 2);
+    let problems: Vec<String> = ds.problems().iter().map(|e| e.report()).collect();
+    let all = problems.join("\n");
+    assert!(
+        all.contains("dangling.jpg") && all.contains("cannot open the image"),
+        "{all}"
+    );
+    assert!(
+        all.contains("fifo.jpg") && all.contains("not a regular file"),
+        "{all}"
+    );
+    let notes = ds.notes().join("\n");
+    assert!(notes.contains("a/sub/up: a link back"), "{notes}");
+    assert!(notes.contains("b/to-root: a link back"), "{notes}");
+    let loader = Loader::builder(ds.clone()).batch_size(2).build().unwrap();
+    let mut seen = 0;
+    for b in loader.epoch(0).unwrap() {
+        seen += b.unwrap().len();
+    }
+    assert_eq!(seen, 3);
+    // With only such images there is nothing to open: the first is the error.
+    let lone = disk_dir();
+    std::fs::create_dir(lone.path().join("a")).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/x", lone.path().join("a/x.jpg")).unwrap();
+    let e = Dataset::open(lone.path()).unwrap_err().report();
+    assert!(
+        e.contains("x.jpg") && e.contains("cannot open the image"),
+        "{e}"
+    );
+}
+
+/// An ImageFolder of 66,000 images is listed once for the node: the first open keeps its index
+/// (16 bytes a sample, and the names) in `$GPUFEED_INDEX_DIR`; a later one maps it after a
+/// `stat` of each folder instead of listing and stat-ing every file. An image added in a
+/// subfolder changes that folder: listed anew, the image there. An image rewritten in place
+/// with another size (which changes no folder) fails its own sample, naming it, and removes the
+/// kept index; the next open lists the folder anew and every sample verifies.
+#[test]
+fn an_image_folder_is_listed_once_for_the_node() {
+    let dir = disk_dir();
+    let root = dir.path().join("imgs");
+    let n = 66_000;
+    // Tiny gray JPEGs (verify reads each one's header).
+    let tiny = |w: u32| {
+        let px = vec![128u8; w as usize * 8];
+        gpufeed::testing::synth::encode(&px, (w, 8), &gpufeed::testing::synth::kind_of(1)).unwrap()
+    };
+    let (small, large) = (tiny(8), tiny(64));
+    assert_ne!(small.len(), large.len());
+    for i in 0..n {
+        let d = root.join(format!("c{:03}", i % 100));
+        if i < 100 {
+            std::fs::create_dir_all(d.join("nested")).unwrap();
+        }
+        let name = format!("{i:05}.jpg");
+        let p = if i % 10 == 0 {
+            d.join("nested").join(name)
+        } else {
+            d.join(name)
+        };
+        std::fs::write(p, &small).unwrap();
+    }
+    let cache = dir.path().join("index");
+    // Whether it succeeded, its JSON report (or null), and all it said.
+    let cli = |cmd: &str| -> (bool, serde_json::Value, String) {
+        let o = std::process::Command::new(crate::common::gpufeed_bin())
+            .env_remove("GPUFEED_SHARED_INDEX")
+            .env("GPUFEED_INDEX_DIR", &cache)
+            .args([cmd, "--json"])
+            .arg(&root)
+            .output()
+            .unwrap();
+        let v = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let said = [o.stdout, o.stderr].concat();
+        (
+            o.status.success(),
+            v,
+            String::from_utf8_lossy(&said).into_owned(),
+        )
+    };
+    let settle = || std::thread::sleep(std::time::Duration::from_millis(2100));
+    settle();
+    let (ok, first, err) = cli("inspect");
+    assert!(ok, "{err}");
+    let kept = first["node_index"].as_str().expect("kept").to_string();
+    assert!(kept.starts_with(cache.to_str().unwrap()), "{kept}");
+    let ib = &first["index_bytes"];
+    assert_eq!(ib["samples_shared"].as_u64(), Some(16 * n), "{ib}");
+    assert_eq!(
+        (ib["samples"].as_u64(), ib["keys"].as_u64()),
+        (Some(0), Some(0))
+    );
+    use std::os::unix::fs::MetadataExt;
+    let inode = || std::fs::metadata(&kept).unwrap().ino();
+    let built = inode();
+    let (ok, second, err) = cli("inspect");
+    assert!(ok, "{err}");
+    assert_eq!(second["node_index"].as_str(), Some(kept.as_str()));
+    assert_eq!(inode(), built, "the kept index is read, not built again");
+    assert_eq!(second["samples"].as_u64(), Some(n));
+    assert_eq!(second["labels"], first["labels"]);
+    assert_eq!(second["size_histogram"], first["size_histogram"]);
+    let (ok, _, err) = cli("verify");
+    assert!(ok, "{err}");
+
+    // An image added in a nested folder: that folder changed, so the tree is listed anew.
+    std::fs::write(root.join("c042/nested/new.jpg"), &small).unwrap();
+    let (ok, third, err) = cli("inspect");
+    assert!(ok, "{err}");
+    assert_eq!(third["samples"].as_u64(), Some(n + 1));
+    settle();
+    let (_, fourth, _) = cli("inspect");
+    assert_eq!(fourth["node_index"].as_str(), Some(kept.as_str()));
+    assert_eq!(fourth["samples"].as_u64(), Some(n + 1));
+    assert_ne!(inode(), built, "built again for the folder as it is now");
+
+    // Rewritten in place, larger: no folder changed, the kept index is used and the image is
+    // refused by name (not read cut short); the index is removed.
+    let rewritten = root.join("c007/00007.jpg");
+    std::fs::write(&rewritten, &large).unwrap();
+    let (ok, _, said) = cli("verify");
+    assert!(!ok);
+    assert!(
+        said.contains("00007.jpg") && said.contains("the index is removed"),
+        "{said}"
+    );
+    assert!(!Path::new(&kept).exists());
+    let (ok, _, err) = cli("verify");
+    assert!(ok, "{err}");
 }

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""What opening a dataset costs a rank: anonymous (private) and file-backed (node-shared) RSS
+that a ``gpufeed.Loader(ROOT, batch_size=32)`` adds, and its wall time, each open in a fresh
+process — above the same for a small dataset (``--small``: what does not grow with the files).
+
+    python scripts/bench-open-rss.py ROOT --small SMALL_ROOT [--rounds 3] [--cold] [--json]
+
+Run it with the interpreter of each build to compare (a venv per wheel), alternating. The first
+open of a large dataset builds the node's kept index (``$GPUFEED_INDEX_DIR``); later ones map
+it: each round is printed, with whether the open read a kept index (``node_index``).
+``--cold`` drops the page cache, dentries and inodes before each open (root only).
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+
+SNIPPET = """
+import gc, json, sys, time
+def rss():
+    d = {}
+    for line in open('/proc/self/status'):
+        k = line.split(':')[0]
+        if k in ('RssAnon', 'RssFile'):
+            d[k] = int(line.split()[1]) / 1024
+    return d
+import gpufeed
+gpufeed.Loader(sys.argv[2], batch_size=32)  # the library's code paged in
+gc.collect()
+a = rss()
+t = time.perf_counter()
+ld = gpufeed.Loader(sys.argv[1], batch_size=32)
+s = time.perf_counter() - t
+gc.collect()
+b = rss()
+print(json.dumps({'samples': ld.num_samples, 'seconds': s,
+                  'anon_mib': b['RssAnon'] - a['RssAnon'], 'file_mib': b['RssFile'] - a['RssFile']}))
+"""
+
+
+def one(root, small, cold):
+    if cold:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    out = subprocess.run([sys.executable, "-c", SNIPPET, root, small], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("root")
+    p.add_argument("--small", required=True)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cold", action="store_true")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    rows = []
+    for r in range(a.rounds):
+        big, small = one(a.root, a.small, a.cold), one(a.small, a.small, a.cold)
+        n = big["samples"] - small["samples"]
+        rows.append(big | {"round": r, "anon_bytes_per_sample_above_small":
+                           (big["anon_mib"] - small["anon_mib"]) * 2**20 / n,
+                           "file_bytes_per_sample_above_small":
+                           (big["file_mib"] - small["file_mib"]) * 2**20 / n})
+    if a.json:
+        print(json.dumps(rows))
+        return
+    for x in rows:
+        print(f"round {x['round']}: {x['samples']} samples, open {x['seconds']:.3f} s, "
+              f"anon +{x['anon_mib']:.2f} MiB ({x['anon_bytes_per_sample_above_small']:.1f} B/sample "
+              f"above the small set), file +{x['file_mib']:.2f} MiB "
+              f"({x['file_bytes_per_sample_above_small']:.1f} B/sample)")
+
+
+if __name__ == "__main__":
+    main()
