@@ -92,7 +92,8 @@ typedef struct gpufeed_options {
 #define GPUFEED_LAST_BATCH_DROP 1
 #define GPUFEED_LAST_BATCH_PAD 2
 
-/* Decoded images (gpufeed_loader_decode_images); fill with gpufeed_images_default first. */
+/* Decoded images (gpufeed_loader_decode_images: from the next gpufeed_loader_start_epoch on; an
+ * epoch in progress goes on undecoded to its end); fill with gpufeed_images_default first. */
 typedef struct gpufeed_images {
     uint32_t struct_size; /* sizeof(gpufeed_images) of this header: gpufeed_images_default writes it */
     uint32_t transform; /* 0 train (random resized crop + flip), 1 eval (resize + centre crop) */

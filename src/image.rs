@@ -69,6 +69,7 @@ pub fn check(b: &[u8], kind: ImageKind) -> Result<(), String> {
         ImageKind::Jpeg => jpeg(b),
         ImageKind::Png => png(b),
         ImageKind::Webp => webp(b),
+        ImageKind::Bmp => bmp(b),
         _ => Ok(()), // the magic is all we check for the rarer kinds
     }
 }
@@ -170,15 +171,100 @@ fn png(b: &[u8]) -> Result<(), String> {
     }
 }
 
+fn le32(b: &[u8], at: usize) -> Option<u64> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?) as u64)
+}
+
+fn le16(b: &[u8], at: usize) -> Option<u64> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as u64)
+}
+
 fn webp(b: &[u8]) -> Result<(), String> {
-    let riff = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
+    let riff = le32(b, 4).expect("sniffed: 12 bytes at least") as usize;
     // The RIFF size counts from byte 8; a writer may pad to an even length.
-    if riff + 8 > b.len() {
+    let end = riff
+        .checked_add(8)
+        .filter(|&e| e <= b.len())
+        .ok_or_else(|| {
+            format!(
+                "truncated WebP: RIFF says {} bytes, the file has {}",
+                riff as u64 + 8,
+                b.len()
+            )
+        })?;
+    // Its chunks, each inside the RIFF: at least one holds an image (a VP8 frame header, a
+    // VP8L signature, or an animation frame).
+    let mut at = 12;
+    while at + 8 <= end {
+        let (id, len) = (&b[at..at + 4], le32(b, at + 4).expect("inside") as usize);
+        let data = at + 8;
+        let Some(stop) = data.checked_add(len).filter(|&s| s <= end) else {
+            return Err(format!(
+                "truncated WebP: chunk {:?} of {len} bytes runs past the RIFF",
+                String::from_utf8_lossy(id)
+            ));
+        };
+        let image = match id {
+            b"VP8 " => len >= 10 && b[data + 3..data + 6] == [0x9d, 0x01, 0x2a],
+            b"VP8L" => len >= 5 && b[data] == 0x2f,
+            b"ANMF" => len > 16,
+            _ => false,
+        };
+        if image {
+            return Ok(());
+        }
+        at = stop + (len & 1);
+    }
+    Err("WebP without image data (no VP8, VP8L or animation frame)".into())
+}
+
+fn bmp(b: &[u8]) -> Result<(), String> {
+    // File header (14 bytes: the pixels' offset at 10), then the info header (its size first).
+    let (Some(offset), Some(info)) = (le32(b, 10), le32(b, 14)) else {
+        return Err("truncated BMP: no header".into());
+    };
+    let (w, h, bpp, compression) = match info {
+        12 => (
+            le16(b, 18),
+            le16(b, 20).map(|h| h as i64),
+            le16(b, 24),
+            Some(0),
+        ),
+        40 | 52 | 56 | 64 | 108 | 124 => (
+            le32(b, 18).map(|w| (w as u32 as i32).unsigned_abs() as u64),
+            le32(b, 22).map(|h| h as u32 as i32 as i64),
+            le16(b, 28),
+            le32(b, 30),
+        ),
+        _ => {
+            return Err(format!(
+                "not a BMP info header of a known size ({info} bytes)"
+            ))
+        }
+    };
+    let (Some(w), Some(h), Some(bpp), Some(compression)) = (w, h, bpp, compression) else {
+        return Err("truncated BMP: its info header is cut".into());
+    };
+    if w == 0 || h == 0 || !matches!(bpp, 1 | 2 | 4 | 8 | 16 | 24 | 32) {
+        return Err(format!("BMP of {w}x{h} at {bpp} bits a pixel"));
+    }
+    if offset < 14 + info || offset >= b.len() as u64 {
         return Err(format!(
-            "truncated WebP: RIFF says {} bytes, the file has {}",
-            riff + 8,
+            "truncated BMP: its pixels start at byte {offset}, the file has {} bytes",
             b.len()
         ));
+    }
+    // Uncompressed rows (4-byte aligned) must all be there; compressed ones at least start.
+    if matches!(compression, 0 | 3 | 6) {
+        let row = (w * bpp).div_ceil(32) * 4;
+        let need = row.saturating_mul(h.unsigned_abs()).saturating_add(offset);
+        if need > b.len() as u64 {
+            return Err(format!(
+                "truncated BMP: {w}x{} at {bpp} bits needs {need} bytes, the file has {}",
+                h.unsigned_abs(),
+                b.len()
+            ));
+        }
     }
     Ok(())
 }
@@ -231,14 +317,52 @@ mod tests {
         for cut in 8..p.len() - 8 {
             assert!(check(&p[..cut], ImageKind::Png).is_err(), "cut at {cut}");
         }
+        // A VP8 chunk: frame tag, start code, 1x1.
         let mut w = b"RIFF".to_vec();
-        w.extend(20u32.to_le_bytes());
+        w.extend(22u32.to_le_bytes());
         w.extend(b"WEBPVP8 ");
-        w.extend([0u8; 12]);
+        w.extend(10u32.to_le_bytes());
+        w.extend([0x30, 0x01, 0x00, 0x9d, 0x01, 0x2a, 1, 0, 1, 0]);
         assert_eq!(check(&w, ImageKind::Webp), Ok(()));
-        assert!(check(&w[..20], ImageKind::Webp)
+        for cut in 12..w.len() {
+            assert!(check(&w[..cut], ImageKind::Webp).is_err(), "cut at {cut}");
+        }
+        // A RIFF that is whole but holds no image data (a trial's "empty WebP").
+        let mut empty = b"RIFF".to_vec();
+        empty.extend(4u32.to_le_bytes());
+        empty.extend(b"WEBP");
+        assert!(check(&empty, ImageKind::Webp)
             .unwrap_err()
-            .contains("truncated"));
+            .contains("without image data"));
+        let mut bad_frame = w.clone();
+        bad_frame[23] = 0; // the start code
+        assert!(check(&bad_frame, ImageKind::Webp).is_err());
+        // BMP: 2x2 at 24 bits (rows of 8 bytes) after a 54-byte header.
+        let mut bm = b"BM".to_vec();
+        bm.extend(70u32.to_le_bytes());
+        bm.extend([0; 4]);
+        bm.extend(54u32.to_le_bytes());
+        bm.extend(40u32.to_le_bytes());
+        bm.extend(2i32.to_le_bytes());
+        bm.extend((-2i32).to_le_bytes()); // top-down
+        bm.extend(1u16.to_le_bytes());
+        bm.extend(24u16.to_le_bytes());
+        bm.extend([0; 24]); // compression 0, sizes, resolution, palette counts
+        bm.extend([7; 16]);
+        assert_eq!(bm.len(), 70);
+        assert_eq!(check(&bm, ImageKind::Bmp), Ok(()));
+        for cut in 2..bm.len() {
+            assert!(check(&bm[..cut], ImageKind::Bmp).is_err(), "cut at {cut}");
+        }
+        // A trial's 62-byte BMP: a header and a palette, no pixels.
+        assert!(check(&bm[..62], ImageKind::Bmp)
+            .unwrap_err()
+            .contains("truncated BMP"));
+        for i in 0..bm.len() {
+            let mut m = bm.clone();
+            m[i] ^= 0xff;
+            let _ = check(&m, ImageKind::Bmp);
+        }
         // Every single-byte change: a verdict, never a panic.
         for i in 0..j.len() {
             let mut m = j.clone();

@@ -1345,7 +1345,8 @@ fn images_default() -> GpufeedImages {
     }
 }
 
-/// From the next `gpufeed_loader_start_epoch` on, batches are decoded images (the CPU decode
+/// From the next `gpufeed_loader_start_epoch` on (an epoch in progress goes on undecoded to its
+/// end), batches are decoded images (the CPU decode
 /// stage on a host loader; the device pipeline on a CUDA one, into device memory):
 /// `gpufeed_batch_to_dlpack` gives the image tensor,
 /// `gpufeed_batch_sample` one image's bytes, and a sample that could not be decoded is
@@ -1400,9 +1401,10 @@ pub unsafe extern "C" fn gpufeed_loader_decode_images(
         s.mean = c.mean;
         s.std = c.std;
         s.threads = c.threads as usize;
+        // An epoch in progress goes on as it started (it used to end here, its remaining batches
+        // lost without a word): decoding applies from the next start.
         match l.loader.decode_images(s) {
             Ok(il) => {
-                l.epoch = None;
                 l.images = Some(il);
                 GPUFEED_OK
             }

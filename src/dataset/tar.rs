@@ -367,7 +367,15 @@ pub(crate) fn open_walked(
     // (`cls`; unlabelled sets are common). Only where every label is -1 and every extension
     // was recorded (at most 20 are).
     if let Some(l) = &opts.label {
-        let unlabelled = (0..ds.len()).all(|i| ds.sample(i).label == -1);
+        let missing = ds.samples().iter().filter(|s| s.label == -1).count();
+        let unlabelled = missing == ds.len();
+        // Some labelled, some not: a sample without its label member is otherwise silent.
+        if missing > 0 && !unlabelled {
+            ds.notes.push(format!(
+                "{missing} of {} samples have no usable .{l} label: their label is -1",
+                ds.len()
+            ));
+        }
         if unlabelled && !seen.contains(l) && seen.len() < 20 {
             let list: Vec<String> = seen.iter().map(|s| format!(".{s}")).collect();
             let what = format!(
@@ -630,15 +638,32 @@ fn member(
     }
     c.exts.push(ext.clone());
     if opts.label.as_deref() == Some(ext.as_str()) {
-        let parsed = m
+        let text = m
             .small
             .as_deref()
             .filter(|_| len <= LABEL_MAX)
             .and_then(|text| std::str::from_utf8(text).ok())
-            .and_then(|t| t.trim().parse::<i64>().ok());
-        match parsed {
-            Some(l) => c.label = Some(l),
-            None => problem(
+            .map(str::trim);
+        match text.map(|t| t.parse::<i64>()) {
+            Some(Ok(l)) => c.label = Some(l),
+            Some(Err(e))
+                if matches!(
+                    e.kind(),
+                    std::num::IntErrorKind::PosOverflow | std::num::IntErrorKind::NegOverflow
+                ) =>
+            {
+                problem(
+                    b,
+                    header,
+                    format!(
+                        "label member .{ext} of sample {:?} holds {}, outside a 64-bit label; \
+                         label -1",
+                        String::from_utf8_lossy(key),
+                        text.unwrap_or_default()
+                    ),
+                )
+            }
+            _ => problem(
                 b,
                 header,
                 format!(
@@ -676,11 +701,28 @@ fn flush(
                 );
                 return Ok(());
             };
+            // -1 is "no label": a label below the offset given would become it, or another
+            // negative number, without a word.
+            let label = match c.label.map(|l| (l, l.checked_sub(opts.label_offset))) {
+                None => -1,
+                Some((_, Some(v))) if v >= 0 || opts.label_offset == 0 => v,
+                Some((l, _)) => {
+                    problem(
+                        b,
+                        c.header,
+                        format!(
+                            "sample {key:?}: label {l} is below label_offset {}; label -1",
+                            opts.label_offset
+                        ),
+                    );
+                    -1
+                }
+            };
             b.samples.push(Sample {
                 file: fi,
                 len,
                 offset,
-                label: c.label.map_or(-1, |l| l.wrapping_sub(opts.label_offset)),
+                label,
                 crc32c: 0,
             });
             b.keys.push(&c.key)?;

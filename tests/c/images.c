@@ -1,6 +1,8 @@
 /* Decoded images through the C ABI: open an ImageFolder, ask for the evaluation transform to
  * 32x32 float32 NCHW, read one epoch, and print what the DLPack tensors say. A truncated image
- * in the folder must come back as GPUFEED_ERR_SAMPLE naming its file, zero-filled.
+ * in the folder must come back as GPUFEED_ERR_SAMPLE naming its file, zero-filled. Asked for
+ * while an epoch of compressed bytes is in progress, decoding starts with the next epoch: the
+ * one in progress delivers every sample, undecoded ("raw N").
  * Usage: images DIR */
 #include <stdio.h>
 #include <string.h>
@@ -20,6 +22,19 @@ int main(int argc, char** argv) {
         fprintf(stderr, "open: %s\n", gpufeed_last_error());
         return 1;
     }
+    /* A raw epoch in progress: one batch read before decoding is asked for, the rest after. */
+    unsigned long raw = 0;
+    if (gpufeed_loader_start_epoch(l, 0, 0) != GPUFEED_OK) {
+        fprintf(stderr, "start: %s\n", gpufeed_last_error());
+        return 1;
+    }
+    gpufeed_batch* first = NULL;
+    if (gpufeed_loader_next(l, &first) != GPUFEED_OK || !first) {
+        fprintf(stderr, "first raw batch: %s\n", gpufeed_last_error());
+        return 1;
+    }
+    raw += gpufeed_batch_len(first);
+    gpufeed_batch_free(first);
     gpufeed_images spec;
     gpufeed_images_default(&spec);
     spec.transform = 1;
@@ -32,8 +47,32 @@ int main(int argc, char** argv) {
     }
     printf("refused: %s\n", gpufeed_last_error());
     spec.dtype = 3;
-    if (gpufeed_loader_decode_images(l, &spec) != GPUFEED_OK ||
-        gpufeed_loader_start_epoch(l, 0, 0) != GPUFEED_OK) {
+    if (gpufeed_loader_decode_images(l, &spec) != GPUFEED_OK) {
+        fprintf(stderr, "decode: %s\n", gpufeed_last_error());
+        return 1;
+    }
+    for (;;) {
+        gpufeed_batch* b = NULL;
+        int32_t st = gpufeed_loader_next(l, &b);
+        if (st != GPUFEED_OK && st != GPUFEED_ERR_SAMPLE) {
+            fprintf(stderr, "raw next: %s\n", gpufeed_last_error());
+            return 1;
+        }
+        if (!b) break;
+        for (uint32_t i = 0; i < gpufeed_batch_len(b); i++) {
+            const uint8_t* data;
+            uint64_t len;
+            /* Compressed bytes, not a 32x32x3 float image. */
+            if (gpufeed_batch_sample(b, i, &data, &len) == GPUFEED_OK && len == 3 * 32 * 32 * 4) {
+                fprintf(stderr, "a decoded image in the raw epoch\n");
+                return 1;
+            }
+        }
+        raw += gpufeed_batch_len(b);
+        gpufeed_batch_free(b);
+    }
+    printf("raw %lu\n", raw);
+    if (gpufeed_loader_start_epoch(l, 0, 0) != GPUFEED_OK) {
         fprintf(stderr, "decode: %s\n", gpufeed_last_error());
         return 1;
     }

@@ -797,6 +797,8 @@ fn a_c_program_reads_decoded_images() {
         "{bad}"
     );
     assert!(stdout.contains("refused: dtype 7"), "{stdout}");
+    // The raw epoch in progress when decoding was asked for delivered every sample.
+    assert!(stdout.lines().any(|l| l == "raw 31"), "{stdout}");
 }
 
 /// The settings JSON of `gpufeed bench load --json` (its first loader mode's row) over `paths`.

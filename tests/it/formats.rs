@@ -38,17 +38,6 @@ fn epoch_by_key(ds: &Dataset) -> BTreeMap<String, Result<(Vec<u8>, i64), String>
     out
 }
 
-/// `python3`, or `None` (the test says it was skipped) where there is none. CI installs it.
-fn python() -> Option<Command> {
-    match Command::new("python3").arg("--version").output() {
-        Ok(o) if o.status.success() => Some(Command::new("python3")),
-        _ => {
-            eprintln!("skipped: python3 is not installed (CI installs it)");
-            None
-        }
-    }
-}
-
 fn run_ok(mut c: Command) {
     let out = c.output().unwrap();
     assert!(
@@ -191,6 +180,68 @@ fn a_label_extension_no_member_has_is_refused_or_noted() {
         "{:?}",
         ds.notes()
     );
+}
+
+/// WebDataset labels that would otherwise turn into something else without a word (GNU tar):
+/// a label below the `label_offset` given (it would become −1, "no label", or another negative
+/// number) and a 20-digit label (outside 64 bits) are problems naming the sample, label −1, its
+/// bytes delivered; samples without a label member among labelled ones are counted in a note.
+#[test]
+fn webdataset_labels_below_the_offset_or_out_of_range_are_said() {
+    let dir = disk_dir();
+    let src = dir.path().join("s");
+    std::fs::create_dir_all(&src).unwrap();
+    for (k, label) in [
+        ("0", Some("0")),
+        ("1", Some("1")),
+        ("2", Some("5")),
+        ("3", Some("99999999999999999999")),
+        ("4", None),
+    ] {
+        std::fs::write(src.join(format!("{k}.jpg")), k.as_bytes()).unwrap();
+        if let Some(l) = label {
+            std::fs::write(src.join(format!("{k}.cls")), l).unwrap();
+        }
+    }
+    let tar = dir.path().join("l.tar");
+    let mut c = Command::new("tar");
+    c.args(["--sort=name", "-cf"])
+        .arg(&tar)
+        .arg("-C")
+        .arg(dir.path())
+        .arg("s");
+    run_ok(c);
+    let mut o = OpenOptions::default();
+    o.set("label_offset", "1").unwrap();
+    let ds = Dataset::open_with(&tar, &o).unwrap();
+    let got = epoch_by_key(&ds);
+    let label = |k: &str| got[k].as_ref().unwrap().1;
+    assert_eq!(
+        ["s/0", "s/1", "s/2", "s/3", "s/4"].map(label),
+        [-1, 0, 4, -1, -1]
+    );
+    let msgs: Vec<String> = ds.problems().iter().map(|e| e.to_string()).collect();
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("\"s/0\"") && m.contains("below label_offset 1")),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("s/3") && m.contains("outside a 64-bit label")),
+        "{msgs:?}"
+    );
+    assert!(
+        ds.notes()
+            .iter()
+            .any(|n| n.contains("3 of 5 samples have no usable .cls label")),
+        "{:?}",
+        ds.notes()
+    );
+    // Without an offset a 0 label is a label, and nothing is said of it.
+    let ds = Dataset::open(&tar).unwrap();
+    assert_eq!(ds.problems_total(), 1, "{:?}", ds.problems());
 }
 
 /// Every file under `root`.
