@@ -293,7 +293,18 @@ pub fn find(data: &[u8], spec: &ExampleSpec) -> Result<Found, String> {
     };
     let label = match label {
         None | Some(Value::Int(None)) => None,
-        Some(Value::Int(Some(x))) => Some(x.wrapping_sub(spec.label_offset)),
+        // -1 is "no label": a label the offset would take below 0 is refused, not turned into
+        // it (or wrapped).
+        Some(Value::Int(Some(x))) => match x.checked_sub(spec.label_offset) {
+            Some(v) if v >= 0 || spec.label_offset == 0 => Some(v),
+            _ => {
+                return Err(format!(
+                    "label {x} (feature {:?}) is below label_offset {}",
+                    spec.label.as_deref().unwrap_or(""),
+                    spec.label_offset
+                ))
+            }
+        },
         Some(other) => {
             return Err(format!(
                 "label feature {:?} is a {}, not an int64_list",
@@ -390,6 +401,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.label, Some(4));
+        // Below the offset (it would read as -1, "no label"), or where the subtraction would
+        // wrap: refused, naming the label.
+        for label in [0, i64::MIN] {
+            let e = find(
+                &example(b"x", label, true),
+                &ExampleSpec {
+                    label_offset: 1,
+                    ..spec()
+                },
+            )
+            .unwrap_err();
+            assert!(e.contains(&format!("label {label}")) && e.contains("below label_offset 1"));
+        }
     }
 
     #[test]
