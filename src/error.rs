@@ -162,7 +162,7 @@ impl Error {
         let p = self.0.path.as_deref()?;
         Some(match PATH_NAMER.get().and_then(|n| n(p)) {
             Some(name) => redact(&name).into_owned(),
-            None => p.display().to_string(),
+            None => shown(p),
         })
     }
 
@@ -224,6 +224,27 @@ impl Clone for Error {
             source: i.source.clone(),
         }))
     }
+}
+
+/// A path as an error's one line shows it: a byte that is not UTF-8 as `\xNN` (not U+FFFD,
+/// which names no file) and a control character escaped (a newline in a name would split the
+/// line a script reads).
+pub(crate) fn shown(p: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::new();
+    for c in p.as_os_str().as_bytes().utf8_chunks() {
+        for ch in c.valid().chars() {
+            if ch.is_control() {
+                out.extend(ch.escape_default());
+            } else {
+                out.push(ch);
+            }
+        }
+        for b in c.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }
 
 /// How an error names a file where the file stands for something else: the node cache's data
@@ -404,6 +425,18 @@ pub(crate) fn shared_path(p: &Path) -> Arc<Path> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name that is not UTF-8, or holds a newline, is shown so that it names its file and
+    /// keeps the error on one line.
+    #[test]
+    fn odd_names_are_shown_on_one_line() {
+        use std::os::unix::ffi::OsStrExt;
+        let p = Path::new(std::ffi::OsStr::from_bytes(b"/d/caf\xc3\xa9 \xff:%\nx.jpg"));
+        let e = Error::errno("read failed", libc::EIO).with_path(shared_path(p));
+        let s = e.to_string();
+        assert_eq!(s, "read failed: /d/caf\u{e9} \\xff:%\\nx.jpg");
+        assert_eq!(e.report().lines().count(), 1);
+    }
 
     #[test]
     fn display_names_file_offset_and_cause() {

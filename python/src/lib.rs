@@ -455,9 +455,10 @@ fn warn_problems(py: Python<'_>, ds: &Dataset, paths: &[PathBuf]) -> PyResult<()
         many => format!("{} files", many.len()),
     };
     let msg = format!(
-        "gpufeed: indexing {what} found {total} problem(s); the samples they cover are not in \
-         the dataset ({} samples are). First: {}{}. All of them: Loader.problems; refuse such \
-         a dataset with strict=True.",
+        "gpufeed: indexing {what} found {total} problem(s): what each covers is not in the \
+         dataset (a sample, or the rest of a file), except a bad label, whose sample is kept \
+         with label -1 ({} samples are in the dataset). First: {}{}. All of them: \
+         Loader.problems; refuse such a dataset with strict=True.",
         ds.len(),
         first.join("; "),
         if total > 3 { "; …" } else { "" }

@@ -119,8 +119,9 @@ pub(super) fn problems_fail(ds: &crate::dataset::Dataset) -> Result<()> {
         n => Err(crate::error::Error::new(
             crate::error::ErrorKind::InvalidInput,
             format!(
-                "indexing found {n} problem(s); the samples they cover are not in the dataset \
-                 (listed above; --strict refuses such a dataset)"
+                "indexing found {n} problem(s), listed above: what each covers is not in the \
+                 dataset (a sample, or the rest of a file), except a bad label, whose sample is \
+                 kept with label -1; --strict refuses such a dataset"
             ),
         )),
     }
