@@ -3,7 +3,8 @@
  *
  * Link with libgpufeed_c.so (cargo build --release -p gpufeed-capi). Every function returns a
  * status (GPUFEED_OK = 0) unless it returns a value; on failure, gpufeed_last_error() gives the
- * message on this thread (file, sample and what was wrong). Null handles are errors, not
+ * message on this thread (file, sample and what was wrong) — the last failure's, as errno: a
+ * call that succeeds does not clear it, so read it only after a failure. Null handles are errors, not
  * crashes. A batch keeps its memory alive until gpufeed_batch_free; a DLPack tensor made from
  * it keeps it alive until the tensor's deleter runs.
  *

@@ -362,7 +362,7 @@ fn unsupported(msg: &str) -> i32 {
 }
 
 /// The last error message on this thread (empty if none); valid until the next gpufeed call
-/// on this thread.
+/// on this thread. As `errno`, a call that succeeds leaves it: read it after a failure.
 #[no_mangle]
 pub extern "C" fn gpufeed_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())

@@ -474,10 +474,15 @@ impl Dataset {
     /// Opens one path ([`open_with`](Dataset::open_with)) or several files as one dataset
     /// ([`open_many`](Dataset::open_many)): what every front door (CLI, Python, C) calls.
     pub fn open_paths(paths: &[PathBuf], opts: &OpenOptions) -> Result<Dataset> {
-        match paths {
+        let mut ds = match paths {
             [one] => Dataset::open_with(one, opts),
             many => Dataset::open_many(many, opts),
-        }
+        }?;
+        // An option given for another format (label_ext on an ImageFolder) is said, not
+        // silently ignored.
+        let unused = opts.unused(ds.format, !ds.remote.is_empty());
+        ds.notes.extend(unused);
+        Ok(ds)
     }
 
     /// Opens several files (or Megatron prefixes) as one dataset, in the order given; the

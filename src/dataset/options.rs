@@ -330,6 +330,42 @@ impl OpenOptions {
             .collect()
     }
 
+    /// Notes for the options given (not at their default) that a dataset of `format` does not
+    /// read (`remote`: it is read through the node cache): `label_ext` on an ImageFolder was
+    /// ignored without a word.
+    pub(crate) fn unused(&self, format: Format, remote: bool) -> Vec<String> {
+        let defaults = OpenOptions::default().values();
+        self.values()
+            .into_iter()
+            .zip(defaults)
+            .filter(|((_, v), (_, d))| v != d)
+            .filter_map(|((name, v), _)| {
+                let reads = match name {
+                    "payload" | "label_ext" => format == Format::WebDataset,
+                    "label_offset" => matches!(format, Format::WebDataset | Format::TfRecord),
+                    "tfrecord_index" | "tfrecord_payload" | "tfrecord_label"
+                    | "tfrecord_recover" => format == Format::TfRecord,
+                    "token_dtype" | "seq_len" | "stride" => {
+                        matches!(format, Format::Tokens | Format::Megatron)
+                    }
+                    "cache_dir" | "cache_limit" | "cache_extent" => remote,
+                    _ => true,
+                };
+                (!reads).then(|| {
+                    format!(
+                        "option {name}={} does not apply to {} dataset: not used",
+                        v.unwrap_or_default(),
+                        if remote {
+                            format!("a remote {}", format.name())
+                        } else {
+                            format!("a local {}", format.name())
+                        }
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// [`values`](OpenOptions::values) as a JSON object (`null` for absent).
     pub fn to_json(&self) -> serde_json::Value {
         crate::util::values_json(self.values())

@@ -574,3 +574,28 @@ fn an_image_folder_is_listed_once_for_the_node() {
     let (ok, _, err) = cli("verify");
     assert!(ok, "{err}");
 }
+
+/// An option given for another format is said, not silently ignored: `label_ext` and
+/// `seq_len` on an ImageFolder are notes; the same at their defaults, or where they apply, are
+/// not.
+#[test]
+fn options_for_another_format_are_noted() {
+    let dir = disk_dir();
+    folder(dir.path(), 14);
+    let paths = [dir.path().to_path_buf()];
+    let mut o = gpufeed::dataset::OpenOptions::default();
+    o.set("label_ext", "txt").unwrap();
+    o.set("seq_len", "5").unwrap();
+    let ds = Dataset::open_paths(&paths, &o).unwrap();
+    let notes = ds.notes().join("\n");
+    assert!(
+        notes.contains("label_ext=txt does not apply to a local image-folder dataset"),
+        "{notes}"
+    );
+    assert!(notes.contains("seq_len=5"), "{notes}");
+    assert_eq!(ds.len(), 14);
+    let mut o = gpufeed::dataset::OpenOptions::default();
+    o.set("label_ext", "cls").unwrap();
+    let ds = Dataset::open_paths(&paths, &o).unwrap();
+    assert!(ds.notes().is_empty(), "{:?}", ds.notes());
+}
