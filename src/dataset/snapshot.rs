@@ -522,10 +522,24 @@ impl Inputs {
             .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect();
         let samples = Samples::mapped(map.clone(), at[ENTRIES].clone(), file_first, &sizes).ok()?;
-        if samples.len() != n || (metas != n && metas != 0) || (keys != n && keys != 0) {
+        // An ImageFolder's metadata section holds its notes (it has no metadata).
+        let notes_kept = self.root.is_some();
+        if samples.len() != n
+            || (metas != n && metas != 0 && !notes_kept)
+            || (keys != n && keys != 0)
+        {
             return None;
         }
         let metas = Strings::mapped(map.clone(), at[METAS].clone(), metas).ok()?;
+        let (metas, notes) = match notes_kept {
+            true => {
+                let notes = (0..metas.len())
+                    .map(|i| String::from_utf8(metas.get(i).to_vec()).ok())
+                    .collect::<Option<Vec<String>>>()?;
+                (Strings::default(), notes)
+            }
+            false => (metas, Vec::new()),
+        };
         let class_names = Strings::mapped(map.clone(), at[CLASSES].clone(), classes).ok()?;
         let classes = (0..class_names.len())
             .map(|i| String::from_utf8(class_names.get(i).to_vec()).ok())
@@ -539,6 +553,7 @@ impl Inputs {
         let mut ds = Dataset {
             metas,
             classes,
+            notes,
             has_checksums: flags[0] == 1,
             frame: if flags[1] == 1 {
                 Frame::TfRecord
@@ -589,7 +604,11 @@ impl Inputs {
         opts: &OpenOptions,
         tree: Option<&Tree>,
     ) -> bool {
-        let clean = ds.problems_total == 0 && ds.recovered.is_empty() && ds.notes.is_empty();
+        // An ImageFolder's notes (files that are not images, …) are kept with it: its tree says
+        // them again at every open that uses the index.
+        let clean = ds.problems_total == 0
+            && ds.recovered.is_empty()
+            && (ds.notes.is_empty() || (tree.is_some() && ds.metas.is_empty()));
         let newest = tree.map_or(self.newest, |t| t.newest.max(self.newest));
         if ds.samples.len() < shared::SHARED_MIN_SAMPLES || !clean || !settled(newest) {
             return false;
@@ -612,7 +631,16 @@ impl Inputs {
         let Some((entries, file_first)) = ds.samples.compact_parts() else {
             return false;
         };
-        let (Some((me, mb)), Some((ke, kb))) = (owned(&ds.metas), owned(&ds.keys)) else {
+        let mut notes = Strings::default();
+        if tree.is_some() {
+            for n in &ds.notes {
+                if notes.push(n.as_bytes()).is_err() {
+                    return false;
+                }
+            }
+        }
+        let metas = if tree.is_some() { &notes } else { &ds.metas };
+        let (Some((me, mb)), Some((ke, kb))) = (owned(metas), owned(&ds.keys)) else {
             return false;
         };
         let mut class_names = Strings::default();
@@ -631,7 +659,7 @@ impl Inputs {
         for c in [
             ds.samples.len(),
             ds.files.len(),
-            ds.metas.len(),
+            metas.len(),
             ds.classes.len(),
             ds.keys.len(),
         ] {
@@ -671,7 +699,9 @@ impl Inputs {
         if !ds.samples.share(map.clone(), at[ENTRIES].clone()) {
             return false;
         }
-        ds.metas.share(map.clone(), at[METAS].clone());
+        if tree.is_none() {
+            ds.metas.share(map.clone(), at[METAS].clone());
+        }
         ds.keys.share(map.clone(), at[KEYS].clone());
         ds.node_index = Some(self.file());
         true

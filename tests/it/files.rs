@@ -506,6 +506,8 @@ fn an_image_folder_is_listed_once_for_the_node() {
         };
         std::fs::write(p, &small).unwrap();
     }
+    // A file that is not an image: a note, kept with the index and said by every open.
+    std::fs::write(root.join("c000/readme.txt"), b"not an image").unwrap();
     let cache = dir.path().join("index");
     // Whether it succeeded, its JSON report (or null), and all it said.
     let cli = |cmd: &str| -> (bool, serde_json::Value, String) {
@@ -546,6 +548,9 @@ fn an_image_folder_is_listed_once_for_the_node() {
     assert_eq!(second["samples"].as_u64(), Some(n));
     assert_eq!(second["labels"], first["labels"]);
     assert_eq!(second["size_histogram"], first["size_histogram"]);
+    let notes = first["notes"].to_string();
+    assert!(notes.contains("1 file(s) that are not images"), "{notes}");
+    assert_eq!(second["notes"], first["notes"]);
     let (ok, _, err) = cli("verify");
     assert!(ok, "{err}");
 
