@@ -23,7 +23,7 @@ use gpufeed::{Batch, Dataset, Epoch, Loader};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 
 create_exception!(
     gpufeed,
@@ -468,6 +468,16 @@ fn warn_problems(py: Python<'_>, ds: &Dataset, paths: &[PathBuf]) -> PyResult<()
     PyErr::warn(py, &category, &msg, 1)
 }
 
+/// A name as Python's `os.fsdecode` gives it: its text, or — not UTF-8 — each byte that is not
+/// as a lone surrogate (`surrogateescape`), so two names never read the same and
+/// `os.fsencode` gives the bytes back.
+fn fs_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    match std::str::from_utf8(b) {
+        Ok(s) => Ok(PyString::new(py, s).into_any()),
+        Err(_) => PyBytes::new(py, b).call_method1("decode", ("utf-8", "surrogateescape")),
+    }
+}
+
 /// A dataset option's Python value as the text `OpenOptions::set` takes: str, int, path, or a
 /// list of str (joined by commas).
 fn option_text(name: &str, v: &Bound<'_, PyAny>) -> PyResult<String> {
@@ -854,17 +864,22 @@ impl PyLoader {
 
     /// Class names by label, where the dataset names them (an ImageFolder's subfolders, sorted
     /// as torchvision sorts them); empty where it does not (labels read from the data).
+    /// A folder name that is not UTF-8 as ``os.fsdecode`` gives it (torchvision's name for it).
     #[getter]
-    fn classes(&self) -> Vec<String> {
-        self.loader().dataset().classes().to_vec()
+    fn classes<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let ds = self.loader().dataset();
+        (0..ds.classes().len())
+            .map(|k| fs_str(py, ds.class_name_bytes(k)))
+            .collect()
     }
 
     /// ``{class name: label}``, as torchvision's ``ImageFolder.class_to_idx``.
     #[getter]
     fn class_to_idx<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        for (i, c) in self.loader().dataset().classes().iter().enumerate() {
-            d.set_item(c, i)?;
+        let ds = self.loader().dataset();
+        for k in 0..ds.classes().len() {
+            d.set_item(fs_str(py, ds.class_name_bytes(k))?, k)?;
         }
         Ok(d)
     }
@@ -1760,13 +1775,13 @@ impl PyImageBatch {
         self.batch.errors().map(|(i, e)| (i, e.report())).collect()
     }
 
-    /// Each sample's key.
+    /// Each sample's key (a name that is not UTF-8 as ``os.fsdecode`` gives it).
     #[getter]
-    fn keys(&self) -> Vec<String> {
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         self.batch
             .sample_ids()
             .iter()
-            .map(|&i| self.dataset.key(i as usize).into_owned())
+            .map(|&i| fs_str(py, &self.dataset.key_bytes(i as usize)))
             .collect()
     }
 
@@ -1920,13 +1935,13 @@ impl PyBatch {
         }
     }
 
-    /// Each sample's key.
+    /// Each sample's key (a name that is not UTF-8 as ``os.fsdecode`` gives it).
     #[getter]
-    fn keys(&self) -> Vec<String> {
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         self.batch
             .sample_ids()
             .iter()
-            .map(|&i| self.dataset.key(i as usize).into_owned())
+            .map(|&i| fs_str(py, &self.dataset.key_bytes(i as usize)))
             .collect()
     }
 

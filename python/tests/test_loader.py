@@ -501,6 +501,26 @@ class WhatATorchUserReachesFor(unittest.TestCase):
             self.assertEqual(labels, ld.class_to_idx)
         self.assertEqual(loader().classes, [])
 
+    def test_names_that_are_not_utf8_are_torchvisions(self):
+        # Two class folders and two files whose names differ only in a byte that is not UTF-8:
+        # distinct names, as os.fsdecode (and so torchvision) gives them, not one lossy name.
+        with tempfile.TemporaryDirectory(dir=DATA) as d:
+            root = os.path.join(d, "odd").encode()
+            src = glob.glob(os.path.join(DATA, "slow-images", "*", "*"))[0]
+            for c in (b"c\xfe", b"c\xff"):
+                os.makedirs(os.path.join(root, c))
+                for f in (b"x\xfe.jpg", b"x\xff.jpg"):
+                    shutil.copy(src, os.path.join(root, c, f))
+            ld = gpufeed.Loader(os.fsdecode(root), batch_size=4, order="sequential")
+            want = sorted(e.name for e in os.scandir(os.fsdecode(root)) if e.is_dir())
+            self.assertEqual(ld.classes, want)
+            self.assertEqual(len(set(ld.classes)), 2)
+            self.assertEqual(ld.class_to_idx, {c: i for i, c in enumerate(want)})
+            keys = [k for b in ld for k in b.keys]
+            self.assertEqual(len(set(keys)), 4)
+            for k in keys:
+                self.assertTrue(os.path.isfile(os.path.join(os.fsdecode(root), k)), k)
+
     def test_reprs_say_what_a_user_needs(self):
         img = gpufeed.Images("eval", size=(32, 48), dtype="uint8")
         self.assertIn("size=(32, 48)", repr(img))

@@ -318,11 +318,17 @@ pub(crate) fn loader_limits(
     Ok((plan, engine))
 }
 
-/// How many files the I/O thread may keep open: the dataset's, at most `asked` (or
-/// [`OPEN_FILES_MAX`]) and what `RLIMIT_NOFILE` leaves (its soft limit raised toward the hard one
-/// if the dataset needs more); an error if that is fewer than one step's `group_files`.
+/// How many files the I/O thread may keep open: the dataset's, at most `asked` — by default
+/// twice what the read groups in flight need, at least 1,024 (an ImageFolder's files are each
+/// read once an epoch: keeping tens of thousands open gains nothing and left the trainer's own
+/// `open` and a second loader without descriptors) — and what `RLIMIT_NOFILE` leaves (its soft
+/// limit raised toward the hard one if the dataset needs more); an error if that is fewer than
+/// one step's `group_files`.
 fn open_files(files: u64, group_files: u64, asked: Option<u32>) -> Result<u32> {
-    let want = files.min(asked.unwrap_or(OPEN_FILES_MAX).min(OPEN_FILES_MAX) as u64);
+    let default = group_files.saturating_mul(2).max(1024);
+    let want = files
+        .min(asked.map_or(default, |n| n as u64))
+        .min(OPEN_FILES_MAX as u64);
     if let Some(n) = asked {
         if (n as u64) < group_files {
             return Err(invalid(format!(
@@ -344,8 +350,9 @@ fn open_files(files: u64, group_files: u64, asked: Option<u32>) -> Result<u32> {
             format!(
                 "the read groups in flight may need {group_files} files open at once, and the \
                  open-file limit leaves {allowed} (soft limit {soft}, hard {hard}, {in_use} open \
-                 now): raise `ulimit -n`, use smaller batches, or pack the dataset into shards \
-                 (`gpufeed pack`)"
+                 now, {FDS_RESERVED} kept for the rest of the process): raise `ulimit -n`, use \
+                 smaller batches or fewer groups in flight, give loaders already open a lower \
+                 open_files_max, or pack the dataset into shards (`gpufeed pack`)"
             ),
         ));
     }

@@ -335,8 +335,9 @@ pub const LOADER_SETTINGS: &[Setting] = &[
         unit: "files",
         default: "none",
         range: Some((1, OPEN_FILES_MAX as u64)),
-        help: "files kept open at most (none: every file of the dataset, up to 65536 and \
-               what the open-file limit allows); fewer are opened as read groups need them",
+        help: "files kept open at most (none: the dataset's files, up to twice what the read \
+               groups in flight need and at least 1024, within what the open-file limit \
+               allows); fewer are opened as read groups need them",
         env: None,
         rust: "open_files_max",
         c: None,

@@ -227,7 +227,7 @@ pub(crate) fn open_tree(root: &Path, explicit: bool) -> Result<(Dataset, Tree)> 
     // disk each stat waits for an inode read, and overlapping them with each other and with the
     // listing is what keeps a 100 K-file folder's open time near a plain listing's.
     let mut statter = Statter::default();
-    let mut classes = Vec::new();
+    let (mut classes, mut class_bytes) = (Vec::new(), Vec::new());
     let (mut in_root, mut empty) = (0u64, Vec::new());
     for (k, class_dir) in class_dirs.into_iter().enumerate() {
         prog.set(k as u64);
@@ -267,6 +267,7 @@ pub(crate) fn open_tree(root: &Path, explicit: bool) -> Result<(Dataset, Tree)> 
         }
         statter.push(found);
         classes.push(class);
+        class_bytes.push(name.as_bytes().to_vec());
     }
     prog.finish();
     let mut samples = Vec::new();
@@ -403,9 +404,14 @@ pub(crate) fn open_tree(root: &Path, explicit: bool) -> Result<(Dataset, Tree)> 
             l.display()
         ));
     }
+    // The names' bytes only where one is not UTF-8 (the text is theirs otherwise).
+    if class_bytes.iter().all(|b| std::str::from_utf8(b).is_ok()) {
+        class_bytes.clear();
+    }
     let ds = Dataset {
         keys,
         classes,
+        class_bytes,
         notes,
         problems,
         problems_total,

@@ -404,6 +404,9 @@ pub struct Dataset {
     pub(crate) has_checksums: bool,
     pub(crate) frame: Frame,
     pub(crate) classes: Vec<String>,
+    /// The class names' own bytes where one is not UTF-8 (an ImageFolder's folder names;
+    /// `classes` then holds their lossy text), else empty.
+    pub(crate) class_bytes: Vec<Vec<u8>>,
     pub(crate) problems: Vec<Error>,
     pub(crate) problems_total: u64,
     /// TFRecord records are `tf.train.Example`s: what to take from them.
@@ -622,6 +625,17 @@ impl Dataset {
                     .or_else(|| Some(crate::sys::statx_path(&f.path).ok()?.identity))
             })
             .collect();
+    }
+
+    /// A file of an ImageFolder read from the node's kept index could not be opened (`errno`):
+    /// if it is not there, the index is stale (a folder's times did not show the change), so it
+    /// is removed — the next open lists the folder anew.
+    pub(crate) fn gone(&self, errno: Option<i32>) {
+        if errno == Some(libc::ENOENT) && self.per_sample_root.is_some() {
+            if let Some(kept) = &self.node_index {
+                snapshot::forget(kept);
+            }
+        }
     }
 
     /// Which file dataset file `f` was when the dataset was opened, where known.
@@ -991,8 +1005,10 @@ impl Dataset {
     pub(crate) fn read_raw(&self, i: usize, buf: &mut Vec<u8>, checked: bool) -> Result<()> {
         let s = self.samples.get(i);
         let path = self.file_path(s.file);
-        let f = SourceFile::open(&path)
-            .map_err(|e| self.sample_error(i, Error::io("cannot open", e)))?;
+        let f = SourceFile::open(&path).map_err(|e| {
+            self.gone(e.raw_os_error());
+            self.sample_error(i, Error::io("cannot open", e))
+        })?;
         let now = f.stat();
         if let Some(why) = self.changed_since_open(s.file, now.identity, now.size, checked) {
             return Err(self.sample_error(i, changed_error(why)));
@@ -1033,6 +1049,28 @@ impl Dataset {
     /// Class names by label, where the format names them.
     pub fn classes(&self) -> &[String] {
         &self.classes
+    }
+
+    /// Class `k`'s name as its own bytes (an ImageFolder folder's name that is not UTF-8, which
+    /// [`classes`](Dataset::classes) can only give lossily: two such names may read the same).
+    pub fn class_name_bytes(&self, k: usize) -> &[u8] {
+        match self.class_bytes.get(k) {
+            Some(b) => b,
+            None => self.classes[k].as_bytes(),
+        }
+    }
+
+    /// Sample `i`'s key as its own bytes ([`key`](Dataset::key) gives it as text, lossily where
+    /// it is not UTF-8: an ImageFolder file's name).
+    pub fn key_bytes(&self, i: usize) -> std::borrow::Cow<'_, [u8]> {
+        let keys = self.keys();
+        match keys.is_empty() || keys.get(i).is_empty() {
+            true => match self.key(i) {
+                std::borrow::Cow::Borrowed(s) => s.as_bytes().into(),
+                std::borrow::Cow::Owned(s) => s.into_bytes().into(),
+            },
+            false => keys.get(i).into(),
+        }
     }
 
     /// How a sample holds its tokens: token files and Megatron datasets (whose prefixes all
@@ -1125,6 +1163,7 @@ impl Dataset {
             has_checksums: false,
             frame: Frame::None,
             classes: Vec::new(),
+            class_bytes: Vec::new(),
             problems: Vec::new(),
             problems_total: 0,
             example: None,

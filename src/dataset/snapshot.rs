@@ -222,7 +222,9 @@ impl Inputs {
         let [root] = paths else { return None };
         let md = std::fs::metadata(root).ok().filter(|m| m.is_dir())?;
         let dir = shared::index_dir()?;
-        let root = std::path::absolute(root).ok()?;
+        // The folder itself (links and `..` resolved): the same folder reached another way
+        // finds the same index.
+        let root = std::fs::canonicalize(root).ok()?;
         let mut blob = b"gpufeed node index 1\n".to_vec();
         blob.extend_from_slice(Format::ImageFolder.name().as_bytes());
         blob.extend_from_slice(b"\ntree\n");
@@ -541,9 +543,16 @@ impl Inputs {
             false => (metas, Vec::new()),
         };
         let class_names = Strings::mapped(map.clone(), at[CLASSES].clone(), classes).ok()?;
-        let classes = (0..class_names.len())
-            .map(|i| String::from_utf8(class_names.get(i).to_vec()).ok())
-            .collect::<Option<Vec<String>>>()?;
+        // The names' own bytes (an ImageFolder's folder names need not be UTF-8).
+        let classes: Vec<String> = (0..class_names.len())
+            .map(|i| String::from_utf8_lossy(class_names.get(i)).into_owned())
+            .collect();
+        let class_bytes: Vec<Vec<u8>> = match classes.iter().any(|c| c.contains('\u{FFFD}')) {
+            true => (0..class_names.len())
+                .map(|i| class_names.get(i).to_vec())
+                .collect(),
+            false => Vec::new(),
+        };
         let file = self.file();
         let files = paths
             .iter()
@@ -553,6 +562,7 @@ impl Inputs {
         let mut ds = Dataset {
             metas,
             classes,
+            class_bytes,
             notes,
             has_checksums: flags[0] == 1,
             frame: if flags[1] == 1 {
@@ -620,7 +630,7 @@ impl Inputs {
         let blob = match (&self.root, tree) {
             (Some(root), Some(t)) => {
                 let folders = Inputs::tree_bytes(t);
-                if !Inputs::tree_unchanged(root, &folders) {
+                if !Inputs::tree_unchanged(root, &folders) || !folder_times_trusted(root, t) {
                     return false;
                 }
                 [self.blob.as_slice(), &folders].concat()
@@ -644,8 +654,8 @@ impl Inputs {
             return false;
         };
         let mut class_names = Strings::default();
-        for c in &ds.classes {
-            if class_names.push(c.as_bytes()).is_err() {
+        for k in 0..ds.classes.len() {
+            if class_names.push(ds.class_name_bytes(k)).is_err() {
                 return false;
             }
         }
@@ -714,6 +724,46 @@ fn owned(s: &Strings) -> Option<(&[u8], &[u8])> {
         return Some((&[], &[]));
     }
     s.owned_parts()
+}
+
+/// File systems whose folders' modification times change whenever an entry is added, removed
+/// or renamed, as every process on the node sees them at once: local ones (ext2/3/4, XFS,
+/// Btrfs, tmpfs, F2FS, ZFS, bcachefs) and cluster ones that keep POSIX times coherent (Lustre,
+/// GPFS). Not FUSE mounts (object-store mounts report a folder's time fixed), NFS (attributes
+/// cached for seconds to minutes), overlayfs (a lower layer's change is not its folders'), or
+/// anything else.
+const TRUSTED_FOLDER_TIMES: &[u64] = &[
+    0xEF53,      // ext2/3/4
+    0x5846_5342, // XFS
+    0x9123_683E, // Btrfs
+    0x0102_1994, // tmpfs
+    0xF2F5_2010, // F2FS
+    0x2FC1_2FC1, // ZFS
+    0xCA45_1A4E, // bcachefs
+    0x0BD0_0BD0, // Lustre
+    0x4750_4653, // GPFS
+];
+
+/// Whether every folder of an ImageFolder's walk is on a file system whose folder times can be
+/// trusted to show a change ([`TRUSTED_FOLDER_TIMES`]): only then is its index kept, since a
+/// later open trusts those times instead of listing the folders.
+pub(crate) fn folder_times_trusted(root: &Path, tree: &Tree) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let mut seen: Vec<u64> = Vec::new();
+    tree.folders.iter().all(|f| {
+        let dev = f.state[0];
+        if seen.contains(&dev) {
+            return true;
+        }
+        seen.push(dev);
+        trusted_fs(&root.join(std::ffi::OsStr::from_bytes(&f.rel)))
+    })
+}
+
+/// Whether `path` is on a file system of [`TRUSTED_FOLDER_TIMES`].
+fn trusted_fs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| TRUSTED_FOLDER_TIMES.contains(&(s.filesystem_type().0 as u64 & 0xFFFF_FFFF)))
 }
 
 /// Removes the node's index file `kept` (found stale by a reader), if it is still there.
@@ -860,6 +910,17 @@ fn write(d: &OwnedFd, name: &str, parts: &[&[&[u8]]; SECTIONS]) -> std::io::Resu
 mod tests {
     use super::*;
     use crate::plan::Sample;
+
+    /// An ImageFolder's index is kept only where folder times show every change: tmpfs yes,
+    /// procfs (standing in for FUSE and NFS, which a test cannot mount) no.
+    #[test]
+    fn folder_times_are_trusted_on_local_file_systems_only() {
+        if Path::new("/dev/shm").is_dir() {
+            assert!(trusted_fs(Path::new("/dev/shm")));
+        }
+        assert!(!trusted_fs(Path::new("/proc/self")));
+        assert!(!trusted_fs(Path::new("/nonexistent")));
+    }
 
     /// A dataset of 70,000 samples with keys over one file, kept as the node's index in a
     /// directory of its own, then that file damaged at 400 places and cut at 100 lengths: each

@@ -738,7 +738,9 @@ impl OpenFiles {
         if self.open.len() >= self.cap {
             self.close_one(engine, pinned)?;
         }
-        let id = engine.open(ds.file_path(f))?;
+        let id = engine
+            .open(ds.file_path(f))
+            .inspect_err(|e| ds.gone(e.raw_os_error()))?;
         let info = engine.file_info(id)?;
         if let Some(why) = ds.changed_since_open(f, info.identity, info.size, checked) {
             let e = crate::dataset::changed_error(why).with_path(info.path.clone());

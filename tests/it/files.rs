@@ -545,6 +545,19 @@ fn an_image_folder_is_listed_once_for_the_node() {
     assert!(ok, "{err}");
     assert_eq!(second["node_index"].as_str(), Some(kept.as_str()));
     assert_eq!(inode(), built, "the kept index is read, not built again");
+    // The same folder through a link (or `..`): the same index.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&root, &link).unwrap();
+    let via = std::process::Command::new(crate::common::gpufeed_bin())
+        .env_remove("GPUFEED_SHARED_INDEX")
+        .env("GPUFEED_INDEX_DIR", &cache)
+        .args(["inspect", "--json"])
+        .arg(link.join("c001").join(".."))
+        .output()
+        .unwrap();
+    let via: serde_json::Value = serde_json::from_slice(&via.stdout).unwrap();
+    assert_eq!(via["node_index"].as_str(), Some(kept.as_str()));
+    assert_eq!(inode(), built);
     assert_eq!(second["samples"].as_u64(), Some(n));
     assert_eq!(second["labels"], first["labels"]);
     assert_eq!(second["size_histogram"], first["size_histogram"]);
@@ -603,4 +616,30 @@ fn options_for_another_format_are_noted() {
     o.set("label_ext", "cls").unwrap();
     let ds = Dataset::open_paths(&paths, &o).unwrap();
     assert!(ds.notes().is_empty(), "{:?}", ds.notes());
+}
+
+/// By default a loader keeps open about what its read groups need (at least 1,024), not every
+/// file of a large folder: a 4,000-file folder read whole leaves the process's descriptors to
+/// the trainer (it held all 4,000 — and a 200,000-file folder held nearly the whole limit).
+#[test]
+fn a_large_folder_keeps_only_what_its_reads_need_open() {
+    let dir = disk_dir();
+    let n = 4000;
+    folder(dir.path(), n);
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let ds = Dataset::open(dir.path()).unwrap();
+    let loader = Loader::builder(ds).batch_size(8).build().unwrap();
+    let before = fds();
+    let mut most = 0;
+    let mut seen = 0;
+    for b in loader.epoch(0).unwrap() {
+        seen += b.unwrap().len();
+        most = most.max(fds());
+    }
+    assert_eq!(seen, n);
+    // Other tests of this process open files too: a margin, far below the folder's 4,000.
+    assert!(
+        most < before + 1024 + 300,
+        "{before} before, {most} at most"
+    );
 }
