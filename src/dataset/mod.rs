@@ -556,6 +556,13 @@ impl Dataset {
 
     /// [`open_files`](Self::open_files), a WebDataset's tars walked by `walker` (a remote
     /// dataset's come from kept indexes where there are some).
+    #[cfg_attr(
+        not(feature = "remote"),
+        allow(
+            dead_code,
+            reason = "used only with feature remote: a remote dataset's tars walk from kept indexes"
+        )
+    )]
     pub(crate) fn open_files_walked(
         format: Format,
         paths: &[PathBuf],
