@@ -469,7 +469,7 @@ fn warn_problems(py: Python<'_>, ds: &Dataset, paths: &[PathBuf]) -> PyResult<()
 }
 
 /// A name as Python's `os.fsdecode` gives it: its text, or — not UTF-8 — each byte that is not
-/// as a lone surrogate (`surrogateescape`), so two names never read the same and
+/// UTF-8 as a lone surrogate (`surrogateescape`), so two names never read the same and
 /// `os.fsencode` gives the bytes back.
 fn fs_str<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyAny>> {
     match std::str::from_utf8(b) {

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
+use super::snapshot::changed_at;
 use super::{Dataset, Format, Sample, Strings};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::util::Unpoison;
@@ -123,10 +124,6 @@ fn is_dir(e: &std::fs::DirEntry) -> bool {
     }
 }
 
-fn nanos(s: i64, ns: i64) -> i128 {
-    s as i128 * 1_000_000_000 + ns as i128
-}
-
 /// The walk's tallies: folders walked, files that are not images, links back up the tree.
 struct Walker<'a> {
     root: &'a Path,
@@ -157,11 +154,7 @@ impl Walker<'_> {
             rel: rel.clone(),
             state: Walked::state_of(&md),
         });
-        self.tree.newest = self
-            .tree
-            .newest
-            .max(nanos(md.mtime(), md.mtime_nsec()))
-            .max(nanos(md.ctime(), md.ctime_nsec()));
+        self.tree.newest = self.tree.newest.max(changed_at(&md));
         let mut files = Vec::new();
         let mut subs = Vec::new();
         for e in list(&path)? {
@@ -189,6 +182,7 @@ impl Walker<'_> {
         Ok(())
     }
 }
+
 /// A folder of the tree: its path, and its path under the root (what keys are made of).
 pub(crate) struct Folder {
     path: PathBuf,
@@ -211,8 +205,7 @@ pub(crate) fn open_tree(root: &Path, explicit: bool) -> Result<(Dataset, Tree)> 
         rel: Vec::new(),
         state: Walked::state_of(&root_md),
     });
-    w.tree.newest = nanos(root_md.mtime(), root_md.mtime_nsec())
-        .max(nanos(root_md.ctime(), root_md.ctime_nsec()));
+    w.tree.newest = changed_at(&root_md);
     let class_dirs = list(root)?;
     // ImageNet's 1.28 M files take a while to list and stat on a cold disk: a progress line if
     // it is still going after 2 s.
@@ -272,6 +265,7 @@ pub(crate) fn open_tree(root: &Path, explicit: bool) -> Result<(Dataset, Tree)> 
     prog.finish();
     let mut samples = Vec::new();
     let mut keys = Strings::default();
+    let mut key = Vec::new();
     let (mut problems, mut problems_total) = (Vec::new(), 0u64);
     let mut problem = |e: Error| {
         problems_total += 1;
@@ -311,7 +305,8 @@ pub(crate) fn open_tree(root: &Path, explicit: bool) -> Result<(Dataset, Tree)> 
             label,
             crc32c: 0,
         });
-        let mut key = dir.rel.clone();
+        key.clear();
+        key.extend_from_slice(&dir.rel);
         key.push(b'/');
         key.extend_from_slice(name.as_bytes());
         keys.push(&key)?;
@@ -469,7 +464,7 @@ fn stat_each(files: Vec<Found>) -> Stated {
             let m = std::fs::metadata(f.dir.path.join(&f.name)).map(|m| Stat {
                 is_file: m.is_file(),
                 len: m.len(),
-                newest: nanos(m.mtime(), m.mtime_nsec()).max(nanos(m.ctime(), m.ctime_nsec())),
+                newest: changed_at(&m),
             });
             (f, m)
         })

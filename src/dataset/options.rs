@@ -353,13 +353,10 @@ impl OpenOptions {
                 };
                 (!reads).then(|| {
                     format!(
-                        "option {name}={} does not apply to {} dataset: not used",
+                        "option {name}={} does not apply to a {} {} dataset: not used",
                         v.unwrap_or_default(),
-                        if remote {
-                            format!("a remote {}", format.name())
-                        } else {
-                            format!("a local {}", format.name())
-                        }
+                        if remote { "remote" } else { "local" },
+                        format.name()
                     )
                 })
             })

@@ -170,6 +170,12 @@ fn nanos(s: i64, ns: i64) -> i128 {
     s as i128 * 1_000_000_000 + ns as i128
 }
 
+/// The later of a file's modification and change times (nanoseconds since 1970): what
+/// [`SETTLE`] is measured from.
+pub(super) fn changed_at(md: &std::fs::Metadata) -> i128 {
+    nanos(md.mtime(), md.mtime_nsec()).max(nanos(md.ctime(), md.ctime_nsec()))
+}
+
 impl Inputs {
     /// The inputs of `paths` opened as `format` with `opts`, where such an index can be kept:
     /// packed shards, WebDataset tars, TFRecord files (each with the index file its open
@@ -241,7 +247,7 @@ impl Inputs {
             name: Inputs::name_of(&blob, "dataset"),
             blob,
             dir,
-            newest: nanos(md.mtime(), md.mtime_nsec()).max(nanos(md.ctime(), md.ctime_nsec())),
+            newest: changed_at(&md),
             root: Some(root),
         })
     }
@@ -336,9 +342,7 @@ impl Inputs {
             ] {
                 blob.extend_from_slice(&v.to_le_bytes());
             }
-            newest = newest
-                .max(nanos(md.mtime(), md.mtime_nsec()))
-                .max(nanos(md.ctime(), md.ctime_nsec()));
+            newest = newest.max(changed_at(&md));
         }
         Some(Inputs {
             format,
