@@ -72,6 +72,9 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
                 "first_problems": ds.problems().iter().take(20).map(error_json).collect::<Vec<_>>(),
                 "notes": ds.notes(), "recovered": ds.recovered_count(),
                 "images": images,
+                "tokens": ds.token_layout().map(|t| serde_json::json!({
+                    "dtype": t.dtype, "width": t.width, "window": t.window,
+                })),
             })
         );
         return problems_fail(&ds);

@@ -273,22 +273,18 @@ pub(crate) struct LoaderShape<'a> {
     pub open_files_max: Option<u32>,
 }
 
-/// The plan and engine limits a loader runs under: slots sized from the dataset within the
-/// memory budget (unless given), every group the planner may make within what one engine job
-/// holds, the engine's table large enough for every group in flight, and as many files open as
-/// the groups in flight may touch (within `RLIMIT_NOFILE`). The engine configuration is
-/// validated.
+/// The plan and engine limits a loader runs under, and the read groups it keeps in flight:
+/// slots sized from the dataset within the memory budget (unless given), every group the
+/// planner may make within what one engine job holds, the engine's table large enough for
+/// every group in flight, and as many files open as the groups in flight may touch (within
+/// `RLIMIT_NOFILE`: where that leaves too few descriptors for the groups asked for, fewer are
+/// kept in flight, saying so). The engine configuration is validated.
 pub(crate) fn loader_limits(
     plan: &PlanConfig,
     engine: &EngineConfig,
     shape: &LoaderShape<'_>,
-) -> Result<(PlanConfig, EngineConfig)> {
-    let slots = shape.prefetch_groups + shape.in_flight_groups;
+) -> Result<(PlanConfig, EngineConfig, u32)> {
     let mut plan = plan.clone();
-    if !shape.slot_explicit {
-        plan.group_bytes_max =
-            crate::plan::slot_bytes_for(shape.samples, &plan, slots, shape.memory_budget_bytes)?;
-    }
     // The engine takes every group the planner may make: reads per group are capped at what
     // one job may hold, and its table holds every group in flight.
     let reads_per_job = (plan.batch_size as u64 * plan.window_batches as u64)
@@ -300,63 +296,101 @@ pub(crate) fn loader_limits(
         )));
     }
     plan.reads_per_group_max = reads_per_job;
-    let slot_bytes = (plan.group_bytes_max as usize).next_multiple_of(4096);
     // Every file of the groups in flight, and of the one being submitted, must be open.
-    let group_files = (plan.batch_size as u64 * plan.window_batches as u64)
-        .saturating_mul(shape.in_flight_groups as u64 + 1)
-        .min(shape.files as u64);
-    let open_files = open_files(shape.files as u64, group_files, shape.open_files_max)?;
+    let per_group = plan.batch_size as u64 * plan.window_batches as u64;
+    let (open_files, in_flight) = open_files(
+        shape.files as u64,
+        per_group,
+        shape.in_flight_groups,
+        shape.open_files_max,
+    )?;
+    let slots = shape.prefetch_groups + in_flight;
+    if !shape.slot_explicit {
+        plan.group_bytes_max =
+            crate::plan::slot_bytes_for(shape.samples, &plan, slots, shape.memory_budget_bytes)?;
+    }
+    let slot_bytes = (plan.group_bytes_max as usize).next_multiple_of(4096);
     let engine = EngineConfig {
         slot_bytes,
         slots,
         files_max: open_files,
         reads_per_job_max: reads_per_job,
-        reads_in_flight_max: reads_per_job.saturating_mul(shape.in_flight_groups),
+        reads_in_flight_max: reads_per_job.saturating_mul(in_flight),
         ..engine.clone()
     };
     engine.validate()?;
-    Ok((plan, engine))
+    Ok((plan, engine, in_flight))
 }
 
-/// How many files the I/O thread may keep open: the dataset's, at most `asked` — by default
-/// twice what the read groups in flight need, at least 1,024 (an ImageFolder's files are each
-/// read once an epoch: keeping tens of thousands open gains nothing and left the trainer's own
-/// `open` and a second loader without descriptors) — and what `RLIMIT_NOFILE` leaves (its soft
-/// limit raised toward the hard one if the dataset needs more); an error if that is fewer than
-/// one step's `group_files`.
-fn open_files(files: u64, group_files: u64, asked: Option<u32>) -> Result<u32> {
-    let default = group_files.saturating_mul(2).max(1024);
+/// Descriptors left to the rest of the process below the `RLIMIT_NOFILE` soft limit `soft`:
+/// [`FDS_RESERVED`], or an eighth of a low limit (128 of `ulimit -n 1024`), at least 64.
+fn fds_reserved(soft: u64) -> u64 {
+    (soft / 8).clamp(64, FDS_RESERVED)
+}
+
+/// How many files the I/O thread may keep open, and how many read groups (of `per_group`
+/// samples, `in_flight` asked for) it keeps in flight: the files of every group in flight and
+/// of the one being submitted (`per_group × (in_flight + 1)`, at most the dataset's `files`)
+/// must be open at once. Files kept open: the dataset's, at most `asked` — by default twice
+/// what the read groups in flight need, at least 1,024 (an ImageFolder's files are each read
+/// once an epoch: keeping tens of thousands open gains nothing and left the trainer's own
+/// `open` and a second loader without descriptors) — and what `RLIMIT_NOFILE` leaves (its
+/// soft limit raised toward the hard one if the dataset needs more). Where the limit leaves
+/// too few for the groups asked for, fewer are kept in flight (said once); an error if it
+/// leaves too few for one group, or `asked` is below what the groups need.
+fn open_files(
+    files: u64,
+    per_group: u64,
+    in_flight: u32,
+    asked: Option<u32>,
+) -> Result<(u32, u32)> {
+    let group_files = |k: u32| per_group.saturating_mul(k as u64 + 1).min(files);
+    let need = group_files(in_flight);
+    let default = need.saturating_mul(2).max(1024);
     let want = files
         .min(asked.map_or(default, |n| n as u64))
         .min(OPEN_FILES_MAX as u64);
     if let Some(n) = asked {
-        if (n as u64) < group_files {
+        if (n as u64) < need {
             return Err(invalid(format!(
-                "open_files_max {n} is below the {group_files} files the read groups in flight \
-                 may need at once (batch size × batches per group × (groups in flight + 1))"
+                "open_files_max {n} is below the {need} files the read groups in flight may \
+                 need at once (batch size × batches per group × (groups in flight + 1))"
             )));
         }
     }
     let in_use = crate::sys::open_fds();
     let mut soft = crate::sys::nofile_limit().0;
-    if soft < in_use + want + FDS_RESERVED {
+    if soft < in_use + want + fds_reserved(soft) {
         soft = crate::sys::raise_nofile(in_use + want + FDS_RESERVED);
     }
-    let allowed = soft.saturating_sub(in_use + FDS_RESERVED);
-    if allowed < group_files {
+    let reserved = fds_reserved(soft);
+    let allowed = soft.saturating_sub(in_use + reserved);
+    // The most groups in flight (as many as asked at most) whose files fit.
+    let fits = (1..=in_flight).rev().find(|&k| group_files(k) <= allowed);
+    let Some(k) = fits else {
         let hard = crate::sys::nofile_limit().1;
+        let one = group_files(1);
         return Err(Error::new(
             ErrorKind::InvalidInput,
             format!(
-                "the read groups in flight may need {group_files} files open at once, and the \
+                "one read group in flight may need {one} files open at once, and the \
                  open-file limit leaves {allowed} (soft limit {soft}, hard {hard}, {in_use} open \
-                 now, {FDS_RESERVED} kept for the rest of the process): raise `ulimit -n`, use \
-                 smaller batches or fewer groups in flight, give loaders already open a lower \
+                 now, {reserved} kept for the rest of the process): raise `ulimit -n`, use \
+                 smaller batches or fewer batches per group, give loaders already open a lower \
                  open_files_max, or pack the dataset into shards (`gpufeed pack`)"
             ),
         ));
+    };
+    if k < in_flight {
+        let hard = crate::sys::nofile_limit().1;
+        crate::util::notice(&format!(
+            "{k} read group(s) in flight instead of {in_flight}: their files ({} open at once) \
+             fit the open-file limit ({allowed} left of soft limit {soft}, hard {hard}); raise \
+             `ulimit -n` to read more at once",
+            group_files(k)
+        ));
     }
-    Ok(want.min(allowed).max(1) as u32)
+    Ok((want.min(allowed).max(1) as u32, k))
 }
 
 #[cfg(test)]

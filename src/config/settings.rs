@@ -205,7 +205,7 @@ pub const LOADER_SETTINGS: &[Setting] = &[
         unit: "groups",
         default: "2",
         range: Some((1, GROUPS_MAX as u64)),
-        help: "read groups being read at once, at most",
+        help: "read groups being read at once, at most (fewer, said once, where the open-file limit is low)",
         env: None,
         rust: "in_flight_groups",
         c: None,

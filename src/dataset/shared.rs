@@ -8,10 +8,11 @@
 //! operation made relative to that directory once opened and checked, so swapping the
 //! directory for a link midway leads nowhere. Where that fails
 //! (a full disk, a directory another user owns, `GPUFEED_SHARED_INDEX=0`) the rank keeps its own
-//! copy, as before, and says why once. Packed shards, WebDataset tars and scanned TFRecord files
-//! go further: their whole index is kept for the node and read instead of built
-//! ([`super::snapshot`]); what is here serves the rest (ImageFolder, remote datasets, an open
-//! whose index is not kept).
+//! copy, as before, and says why once. Packed shards, WebDataset tars, TFRecord files,
+//! ImageFolders and Megatron sequences go further: their whole index is kept for the node and
+//! read instead of built ([`super::snapshot`]); what is here serves the rest (remote datasets,
+//! an ImageFolder on a file system whose folder times are not trusted, an open whose index is
+//! not kept).
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
@@ -314,7 +315,10 @@ fn map_existing(
 type SharedMapping = crate::plan::SharedBytes;
 
 /// A new file in `d` for `name`'s bytes, under a private name (`.NAME.PID.NANOS.partial`) no
-/// one else can have opened: its name and the file, for writing.
+/// one else can have opened: its name and the file, for writing. The file is read-only (0400)
+/// once this descriptor is closed: the indexes the node's loaders map are written once and
+/// replaced whole, never changed in place, and the owner's own `>` or `truncate` of one being
+/// mapped (which would fault its readers) is refused, as the superuser's is not.
 pub(super) fn create_partial(d: &OwnedFd, name: &str) -> std::io::Result<(String, std::fs::File)> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -324,7 +328,7 @@ pub(super) fn create_partial(d: &OwnedFd, name: &str) -> std::io::Result<(String
         d,
         tmp.as_str(),
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o600),
+        Mode::from_bits_truncate(0o400),
     )
     .map_err(|e| std::io::Error::other(format!("{tmp}: {e}")))?;
     Ok((tmp, std::fs::File::from(fd)))

@@ -1,5 +1,6 @@
 //! A dataset's index kept whole for the node: the first process to open a large dataset of
-//! packed shards, WebDataset tars or TFRecord files (scanned, or from their `.idx`) writes what
+//! packed shards, WebDataset tars, TFRecord files (scanned, or from their `.idx`), an
+//! ImageFolder or a Megatron index of one sample per sequence writes what
 //! it built — the 16-byte sample table, each file's first sample and size, metadata, classes,
 //! keys — to one file in the index directory ([`shared::index_dir`]); every later process
 //! (the node's other ranks, the next run) maps that file instead of indexing the dataset again:
@@ -39,7 +40,9 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 use super::image_folder::{Tree, Walked};
-use super::{data_file, shard, shared, tfrecord, Dataset, Format, Frame, OpenOptions, Strings};
+use super::{
+    data_file, shard, shared, tfrecord, tokens, Dataset, Format, Frame, OpenOptions, Strings,
+};
 use crate::plan::{Samples, SharedBytes};
 
 const MAGIC: &[u8; 8] = b"GPFNODE1";
@@ -57,8 +60,8 @@ const ENTRIES: usize = 4;
 const METAS: usize = 5;
 const CLASSES: usize = 6;
 const KEYS: usize = 7;
-/// Bytes of the flags section: checksums, frame, shard image records (3 bytes, padded to 8),
-/// then counts (samples, files, metadata, classes, keys) and the keys' crc32c.
+/// Bytes of the flags section: checksums, frame, shard image records, unlabelled 64-bit
+/// offsets, a Megatron dataset's element type code (5 bytes, padded to 8), then counts (samples, files, metadata, classes, keys) and the keys' crc32c.
 const FLAGS_LEN: usize = 8 + 5 * 8 + 8;
 
 /// Files whose modification or change time is more recent than this when an index is built
@@ -191,17 +194,36 @@ impl Inputs {
             Format::WebDataset => 1024, // a member's header and one block of data
             Format::TfRecord => 16,     // a record's framing
             Format::Packed => 16,       // an index entry
+            Format::Megatron if opts.tokens.seq_len.is_none() => 12, // a sequence's entries
             Format::ImageFolder => return Inputs::of_tree(paths),
-            Format::Tokens | Format::Megatron => return None,
+            Format::Tokens | Format::Megatron => return None, // windows: computed
         };
-        let bytes: u64 = paths
-            .iter()
-            .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
-            .sum();
+        let mut inputs = Vec::new();
+        let mut bytes = 0;
+        for p in paths {
+            let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+            match format {
+                // A Megatron dataset's `.idx` is read, its `.bin` is the samples' file.
+                Format::Megatron => {
+                    let (idx, bin) = tokens::megatron_files(p);
+                    bytes += size(&idx);
+                    inputs.extend([Some(idx), Some(bin)]);
+                }
+                // A TFRecord file's index file (the one its open reads) is an input too.
+                Format::TfRecord => {
+                    bytes += size(p);
+                    inputs.extend([Some(p.clone()), tfrecord::index_of(p, opts)]);
+                }
+                _ => {
+                    bytes += size(p);
+                    inputs.push(Some(p.clone()));
+                }
+            }
+        }
         if bytes < least * shared::SHARED_MIN_SAMPLES as u64 {
             return None;
         }
-        let shape = format!(
+        let mut shape = format!(
             "\n{:?} {:?} {:?} {} {}\n",
             opts.webdataset,
             opts.tfrecord_payload,
@@ -209,13 +231,9 @@ impl Inputs {
             opts.label_offset,
             opts.tfrecord_recover
         );
-        let mut inputs = Vec::new();
-        for p in paths {
-            inputs.push(Some(p.clone()));
-            // A TFRecord file's index file (the one its open reads) is an input too.
-            if format == Format::TfRecord {
-                inputs.push(tfrecord::index_of(p, opts));
-            }
+        if format == Format::Megatron {
+            // The element type asked for is checked against each index's.
+            shape.push_str(&format!("{:?}\n", opts.tokens.dtype));
         }
         Inputs::from_files(format, &shape, &inputs, "dataset")
     }
@@ -513,9 +531,14 @@ impl Inputs {
         }
         // An ImageFolder keeps no file: each sample is its own, named by its key.
         let want_files = if self.root.is_some() { 0 } else { paths.len() };
-        if files != want_files || flags[0] > 1 || flags[1] > 1 || flags[2] > 2 {
+        if files != want_files || flags[0] > 1 || flags[1] > 1 || flags[2] > 2 || flags[3] > 1 {
             return None;
         }
+        // A Megatron dataset's element type (its samples' tokens).
+        let tokens = match format {
+            Format::Megatron => Some(tokens::megatron_layout(flags[4])),
+            _ => None,
+        };
         let sizes: Vec<u64> = b
             .get(at[SIZES].clone())
             .filter(|s| s.len() == 8 * files)?
@@ -527,7 +550,15 @@ impl Inputs {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect();
-        let samples = Samples::mapped(map.clone(), at[ENTRIES].clone(), file_first, &sizes).ok()?;
+        let unlabelled = flags[3] == 1;
+        let samples = Samples::mapped(
+            map.clone(),
+            at[ENTRIES].clone(),
+            file_first,
+            unlabelled,
+            &sizes,
+        )
+        .ok()?;
         // An ImageFolder's metadata section holds its notes (it has no metadata).
         let notes_kept = self.root.is_some();
         if samples.len() != n
@@ -561,7 +592,10 @@ impl Inputs {
         let files = paths
             .iter()
             .zip(&sizes)
-            .map(|(p, &s)| data_file(p, s))
+            .map(|(p, &s)| match format {
+                Format::Megatron => data_file(&tokens::megatron_files(p).1, s),
+                _ => data_file(p, s),
+            })
             .collect();
         let mut ds = Dataset {
             metas,
@@ -601,6 +635,9 @@ impl Inputs {
                 file: file.clone(),
                 identity,
             });
+        }
+        if let Some(layout) = tokens {
+            ds.tokens = layout;
         }
         ds.node_index = Some(file);
         Some(ds)
@@ -668,6 +705,10 @@ impl Inputs {
             ds.has_checksums as u8,
             (ds.frame == Frame::TfRecord) as u8,
             ds.in_shards.map_or(0, |s| 1 + s.images as u8),
+            ds.samples.unlabelled() as u8,
+            ds.tokens
+                .and_then(|t| tokens::megatron_code(t.dtype))
+                .unwrap_or(0),
         ];
         flags.resize(8, 0);
         for c in [
@@ -926,6 +967,57 @@ mod tests {
         assert!(!trusted_fs(Path::new("/nonexistent")));
     }
 
+    /// A Megatron dataset of one sample per sequence, its `.bin` (sparse) 1.4 TB: kept and
+    /// loaded back, every sample's 64-bit offset and the element type are the ones indexed.
+    #[test]
+    fn a_megatron_index_past_one_tib_loads_as_it_was_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (n, tokens) = (70_000u64, 10_000_000u64);
+        let mut idx = b"MMIDIDX\0\0".to_vec();
+        idx.extend_from_slice(&1u64.to_le_bytes());
+        idx.push(4); // int32
+        idx.extend_from_slice(&n.to_le_bytes());
+        idx.extend_from_slice(&2u64.to_le_bytes());
+        for _ in 0..n {
+            idx.extend_from_slice(&(tokens as i32).to_le_bytes());
+        }
+        for i in 0..n {
+            idx.extend_from_slice(&(i * 4 * tokens).to_le_bytes());
+        }
+        idx.extend_from_slice(&0u64.to_le_bytes());
+        idx.extend_from_slice(&n.to_le_bytes());
+        std::fs::write(dir.path().join("m.idx"), idx).unwrap();
+        std::fs::File::create(dir.path().join("m.bin"))
+            .unwrap()
+            .set_len(n * 4 * tokens)
+            .unwrap();
+        let paths = vec![dir.path().join("m")];
+        let opts = OpenOptions::default();
+        let mut ds = tokens::open_megatron(&paths, &opts.tokens).unwrap();
+        assert!(ds.samples().unlabelled());
+        let want: Vec<Sample> = ds.samples().iter().collect();
+        assert!(want[n as usize - 1].offset > 1 << 40);
+        let mut inputs = Inputs::of(Format::Megatron, &paths, &opts).expect("inputs");
+        inputs.dir = dir.path().join("index");
+        inputs.newest = 0; // settled
+        assert!(inputs.store(&mut ds, &paths, &opts, None));
+        drop(ds);
+        let loaded = inputs.load(&paths, &opts).expect("loads");
+        assert!(loaded.samples().iter().eq(want.iter().copied()));
+        assert_eq!(loaded.token_layout().map(|t| t.dtype), Some("int32"));
+        assert!(loaded.file_path(0).ends_with("m.bin"));
+        assert!(loaded.samples().heap_bytes() < 64);
+        // Windows are computed: nothing of the kind is kept.
+        let windows = OpenOptions {
+            tokens: tokens::TokenOptions {
+                seq_len: Some(100),
+                ..Default::default()
+            },
+            ..OpenOptions::default()
+        };
+        assert!(Inputs::of(Format::Megatron, &paths, &windows).is_none());
+    }
+
     /// A dataset of 70,000 samples with keys over one file, kept as the node's index in a
     /// directory of its own, then that file damaged at 400 places and cut at 100 lengths: each
     /// load is refused or reads exactly the dataset kept (a flip in the header's unused bytes
@@ -963,6 +1055,11 @@ mod tests {
         let kept = inputs.dir.join(&inputs.name);
         assert_eq!(ds.node_index(), Some(kept.as_path()));
         let good = std::fs::read(&kept).unwrap();
+        // Read-only as written; made writable here to damage it in place.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&kept).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o400);
+        std::fs::set_permissions(&kept, std::fs::Permissions::from_mode(0o600)).unwrap();
         drop(ds);
         let same = |ds: &Dataset| ds.samples().iter().eq(samples.iter().copied());
         let loaded = inputs.load(&paths, &opts).expect("loads");

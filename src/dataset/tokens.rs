@@ -125,6 +125,31 @@ pub struct TokenOptions {
 pub const MEGATRON_MAGIC: &[u8; 9] = b"MMIDIDX\0\0";
 const MEGATRON_HEADER: u64 = 9 + 8 + 1 + 8 + 8;
 
+/// A Megatron path (`PREFIX`, `PREFIX.idx` or `PREFIX.bin`) as its index and data files.
+pub(crate) fn megatron_files(p: &Path) -> (PathBuf, PathBuf) {
+    let prefix = match p.extension().and_then(|x| x.to_str()) {
+        Some("idx") | Some("bin") => strip_ext(p),
+        _ => p.to_path_buf(),
+    };
+    (with_suffix(&prefix, ".idx"), with_suffix(&prefix, ".bin"))
+}
+
+/// The layout of a Megatron dataset of one sample per sequence whose element type has code
+/// `code` (what a node's kept index records of it).
+pub(crate) fn megatron_layout(code: u8) -> Option<TokenLayout> {
+    let (dtype, width) = megatron_dtype(code)?;
+    Some(TokenLayout {
+        dtype,
+        width: width as u8,
+        window: None,
+    })
+}
+
+/// The code of a Megatron element type named `dtype` (as [`megatron_dtype`] names it).
+pub(crate) fn megatron_code(dtype: &str) -> Option<u8> {
+    (1..=8).find(|&c| megatron_dtype(c).is_some_and(|(d, _)| d == dtype))
+}
+
 /// Megatron dtype codes: (name, bytes per element).
 fn megatron_dtype(code: u8) -> Option<(&'static str, u64)> {
     Some(match code {
@@ -250,11 +275,7 @@ pub fn open_megatron(paths: &[PathBuf], opts: &TokenOptions) -> Result<Dataset> 
     let mut dtypes: Vec<(&'static str, u64)> = Vec::new();
     let mut kept = None;
     for p in paths {
-        let prefix = match p.extension().and_then(|x| x.to_str()) {
-            Some("idx") | Some("bin") => strip_ext(p),
-            _ => p.clone(),
-        };
-        match megatron_one(&prefix, opts, &mut b, &mut kept) {
+        match megatron_one(&megatron_files(p), opts, &mut b, &mut kept) {
             Ok(t) => {
                 if !dtypes.contains(&t) {
                     dtypes.push(t);
@@ -289,13 +310,12 @@ fn read_u64(b: &[u8]) -> u64 {
 /// Indexes one Megatron prefix into `b`; returns its element type and width. `kept`: the
 /// node's record of the check of its windows, where one was read or written.
 fn megatron_one(
-    prefix: &Path,
+    (idx, bin): &(PathBuf, PathBuf),
     opts: &TokenOptions,
     b: &mut Builder,
     kept: &mut Option<PathBuf>,
 ) -> Result<(&'static str, u64)> {
-    let idx = with_suffix(prefix, ".idx");
-    let bin = with_suffix(prefix, ".bin");
+    let (idx, bin) = (idx.clone(), bin.clone());
     let bad = |msg: String| invalid(msg).with_path(idx.clone());
     let f = std::fs::File::open(&idx)
         .map_err(|e| Error::io("cannot open Megatron index", e).with_path(idx.clone()))?;

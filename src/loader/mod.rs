@@ -337,7 +337,7 @@ impl LoaderBuilder {
                 )));
             }
         }
-        let (limited, engine) = crate::config::loader_limits(
+        let (limited, engine, in_flight) = crate::config::loader_limits(
             &plan,
             &EngineConfig {
                 queue_depth: s.queue_depth,
@@ -360,7 +360,7 @@ impl LoaderBuilder {
             slots: engine.slots,
             huge_pages: engine.huge_pages,
         })?;
-        let regions = (s.prefetch + s.in_flight) as usize;
+        let regions = (s.prefetch + in_flight) as usize;
         let gpu = match &s.device {
             Device::Host => None,
             Device::Simulated(sim) => Some(Arc::new(GpuState {
@@ -395,7 +395,7 @@ impl LoaderBuilder {
             plan,
             engine,
             prefetch_groups: s.prefetch,
-            in_flight_groups: s.in_flight,
+            in_flight_groups: in_flight,
             verify_checksums: s.verify,
             timeout: s.timeout,
             settings: self.settings.clone(),

@@ -6,7 +6,8 @@
 //! this). Other formats keep each sample in 16 bytes — offset (40 bits), label (24 bits),
 //! length, crc32c — with its file found from where each file's samples start (every index
 //! gpufeed builds keeps a file's samples together, files in order); an index that does not
-//! fit that (an offset past 1 TiB, a label outside −1 ..= 16,777,214, files out of order) keeps 32-byte
+//! fit that (an offset past 1 TiB in a labelled dataset, a label outside −1 ..= 16,777,214, files
+//! out of order) keeps 32-byte
 //! [`Sample`]s. Every reader goes through [`Samples::get`] and [`Samples::iter`], the same for
 //! every form.
 
@@ -103,6 +104,8 @@ enum Repr {
     Compact {
         entries: Entries,
         file_first: Vec<u32>,
+        /// Every label −1, the whole 64 bits the offset (a Megatron `.bin` may pass 1 TiB).
+        unlabelled: bool,
     },
     Runs {
         runs: Vec<Run>,
@@ -117,6 +120,10 @@ pub(crate) struct SamplesBuilder {
     entries: Vec<Compact>,
     file_first: Vec<u32>,
     table: Option<Vec<Sample>>,
+    /// Some sample so far has a label.
+    labelled: bool,
+    /// Some offset so far is past [`OFFSET_MAX`] (every label then −1).
+    unlabelled: bool,
 }
 
 impl SamplesBuilder {
@@ -128,21 +135,28 @@ impl SamplesBuilder {
         }
         let i = self.entries.len();
         let f = s.file as usize;
-        let fits = s.offset <= OFFSET_MAX
-            && (-1..=LABEL_MAX).contains(&s.label)
-            && f + 1 >= self.file_first.len()
-            && i < u32::MAX as usize;
+        // An offset past 1 TiB fits while no sample has a label: the label's bits are then
+        // the offset's (label −1 is stored as 0 there, so the entries so far read the same).
+        let wide = s.label == -1 && !self.labelled && (self.unlabelled || s.offset > OFFSET_MAX);
+        let narrow =
+            !self.unlabelled && s.offset <= OFFSET_MAX && (-1..=LABEL_MAX).contains(&s.label);
+        let fits = (wide || narrow) && f + 1 >= self.file_first.len() && i < u32::MAX as usize;
         if !fits {
             let mut t: Vec<Sample> = self.take_compact().iter().collect();
             t.push(s);
             self.table = Some(t);
             return;
         }
+        self.labelled |= s.label != -1;
+        self.unlabelled |= wide;
         while self.file_first.len() <= f {
             self.file_first.push(i as u32);
         }
         self.entries.push(Compact {
-            offset_label: s.offset | ((s.label + 1) as u64) << OFFSET_BITS,
+            offset_label: match wide {
+                true => s.offset,
+                false => s.offset | ((s.label + 1) as u64) << OFFSET_BITS,
+            },
             len: s.len,
             crc32c: s.crc32c,
         });
@@ -161,6 +175,7 @@ impl SamplesBuilder {
         Samples(Repr::Compact {
             entries: Entries::Owned(entries),
             file_first,
+            unlabelled: self.unlabelled,
         })
     }
 
@@ -246,13 +261,22 @@ impl Samples {
         }
     }
 
-    /// Sample `i` of the compact form, whose file is `file`.
-    fn unpack(e: &Compact, file: u32) -> Sample {
+    /// Sample `i` of the compact form, whose file is `file` (`unlabelled`: the offset is the
+    /// whole 64 bits).
+    #[inline]
+    fn unpack(e: &Compact, file: u32, unlabelled: bool) -> Sample {
+        let (offset, label) = match unlabelled {
+            true => (e.offset_label, -1),
+            false => (
+                e.offset_label & OFFSET_MAX,
+                (e.offset_label >> OFFSET_BITS) as i64 - 1,
+            ),
+        };
         Sample {
             file,
             len: e.len,
-            offset: e.offset_label & OFFSET_MAX,
-            label: (e.offset_label >> OFFSET_BITS) as i64 - 1,
+            offset,
+            label,
             crc32c: e.crc32c,
         }
     }
@@ -270,12 +294,13 @@ impl Samples {
             Repr::Compact {
                 entries,
                 file_first,
+                unlabelled,
             } => {
                 let file = match file_first.is_empty() {
                     true => i,
                     false => file_first.partition_point(|&f| f as usize <= i) - 1,
                 };
-                Self::unpack(&entries[i], file as u32)
+                Self::unpack(&entries[i], file as u32, *unlabelled)
             }
             Repr::Runs { runs, len } => {
                 assert!((i as u64) < *len, "sample {i} of {len}");
@@ -292,12 +317,14 @@ impl Samples {
             Repr::Compact {
                 entries,
                 file_first,
+                ..
             } => (&[], entries, file_first, &[]),
             Repr::Runs { runs, .. } => (&[], &[], &[], runs),
         };
         Iter {
             table: table.iter(),
             compact: compact.iter(),
+            unlabelled: self.unlabelled(),
             files,
             file: 0,
             at: 0,
@@ -367,6 +394,7 @@ impl Samples {
             Repr::Compact {
                 entries,
                 file_first,
+                ..
             } => {
                 let own = match entries {
                     Entries::Owned(v) => v.capacity() * std::mem::size_of::<Compact>(),
@@ -434,6 +462,7 @@ impl Samples {
         bytes: SharedBytes,
         at: std::ops::Range<usize>,
         file_first: Vec<u32>,
+        unlabelled: bool,
         sizes: &[u64],
     ) -> Result<Samples, String> {
         let theirs = (*bytes).as_ref();
@@ -466,6 +495,7 @@ impl Samples {
                 len,
             },
             file_first,
+            unlabelled,
         });
         if each && sizes.is_empty() {
             if let Some(i) = s.iter().position(|e| e.offset != 0) {
@@ -493,9 +523,21 @@ impl Samples {
             Repr::Compact {
                 entries,
                 file_first,
+                ..
             } => Some((bytemuck::cast_slice(entries), file_first)),
             _ => None,
         }
+    }
+
+    /// Whether the compact form holds no labels and 64-bit offsets ([`Repr::Compact`]).
+    pub(crate) fn unlabelled(&self) -> bool {
+        matches!(
+            self.0,
+            Repr::Compact {
+                unlabelled: true,
+                ..
+            }
+        )
     }
 
     /// The runs, when the samples are computed.
@@ -537,6 +579,7 @@ pub(super) fn run_spans(r: &Run, a: u64) -> (u64, u64) {
 struct Iter<'a> {
     table: std::slice::Iter<'a, Sample>,
     compact: std::slice::Iter<'a, Compact>,
+    unlabelled: bool,
     /// The compact form's files' first samples, the current file and sample.
     files: &'a [u32],
     file: usize,
@@ -564,7 +607,7 @@ impl Iterator for Iter<'_> {
             }
             self.at += 1;
             self.left -= 1;
-            return Some(Samples::unpack(e, self.file as u32));
+            return Some(Samples::unpack(e, self.file as u32, self.unlabelled));
         }
         loop {
             match &mut self.run {
@@ -703,6 +746,40 @@ mod tests {
         table(&|s| s.file = 0); // file 0 after file 1: out of order
     }
 
+    /// A dataset without labels keeps 16 bytes a sample at any offset (a Megatron `.bin` past
+    /// 1 TiB), samples before and after the first such offset alike; a label in such a
+    /// dataset, before or after it, keeps the whole table.
+    #[test]
+    fn unlabelled_samples_past_one_tib_stay_sixteen_bytes() {
+        let v: Vec<Sample> = (0..100u64)
+            .map(|i| Sample {
+                file: (i / 30) as u32,
+                len: 7 + i as u32,
+                offset: match i {
+                    0..40 => i << 30,
+                    _ => (i << 40) + 3 * i,
+                },
+                label: -1,
+                crc32c: i as u32,
+            })
+            .collect();
+        let s = Samples::from(v.clone());
+        assert!(s.unlabelled() && s.heap_bytes() <= v.len() * 16 + 64);
+        assert_eq!(s.iter().collect::<Vec<_>>(), v);
+        for (i, x) in v.iter().enumerate() {
+            assert_eq!(s.get(i), *x, "{i}");
+        }
+        for at in [10, 70] {
+            let mut w = v.clone();
+            w[at].label = 0;
+            let t = Samples::from(w.clone());
+            assert!(matches!(t.0, Repr::Table(_)), "a label at {at}");
+            assert_eq!(t.iter().collect::<Vec<_>>(), w);
+        }
+        // Below 1 TiB a dataset without labels is the usual form.
+        assert!(!Samples::from(v[..40].to_vec()).unlabelled());
+    }
+
     #[test]
     #[should_panic(expected = "sample 5008 of 5008")]
     fn past_the_end_panics_as_a_slice_does() {
@@ -752,16 +829,18 @@ mod tests {
         }
         let bytes: SharedBytes = std::sync::Arc::new(s.owned_compact_bytes().unwrap().to_vec());
         let at = 0..16 * v.len();
-        let mapped = Samples::mapped(bytes.clone(), at.clone(), Vec::new(), &[]).unwrap();
+        let mapped = Samples::mapped(bytes.clone(), at.clone(), Vec::new(), false, &[]).unwrap();
         assert_eq!(mapped.iter().collect::<Vec<_>>(), v);
         let sizes: Vec<u64> = v.iter().map(|x| x.len as u64).collect();
-        let mapped = Samples::mapped(bytes.clone(), at.clone(), Vec::new(), &sizes).unwrap();
+        let mapped = Samples::mapped(bytes.clone(), at.clone(), Vec::new(), false, &sizes).unwrap();
         assert_eq!(mapped.get(999), v[999]);
         // A sample past its file's size, or sizes for other files: refused.
         let mut short = sizes.clone();
         short[3] -= 1;
-        assert!(Samples::mapped(bytes.clone(), at.clone(), Vec::new(), &short).is_err());
-        assert!(Samples::mapped(bytes.clone(), at.clone(), Vec::new(), &sizes[1..]).is_err());
+        assert!(Samples::mapped(bytes.clone(), at.clone(), Vec::new(), false, &short).is_err());
+        assert!(
+            Samples::mapped(bytes.clone(), at.clone(), Vec::new(), false, &sizes[1..]).is_err()
+        );
         // A second sample in file 1: the files' first samples are kept.
         let mut w = v.clone();
         w[2].file = 1;

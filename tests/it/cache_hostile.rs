@@ -523,7 +523,7 @@ fn a_flipped_byte_in_a_cached_extent_is_fetched_again_in_every_format() {
             );
             let lie = text.replacen(&f[..4].join(" "), &shorter, 1);
             assert_eq!(lie.len(), text.len());
-            std::fs::write(&kept, lie).unwrap();
+            crate::common::overwrite(&kept, lie.as_bytes());
         }
         let (r, err) = child(&sp);
         exactly_once(&r, 0..80, &format!("{format}, after the flips"));

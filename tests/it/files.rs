@@ -643,3 +643,57 @@ fn a_large_folder_keeps_only_what_its_reads_need_open() {
         "{before} before, {most} at most"
     );
 }
+
+/// Under `ulimit -n 1024` (soft and hard) a loader over a folder of 3,000 files reads its epoch
+/// at batch 64 (768 files open at once: 128 descriptors are kept for the rest of the process,
+/// not 256); at batch 96 it keeps one read group in flight instead of two and says so; at
+/// batch 256 (one group's 2,048 files) it is refused, naming `ulimit -n`.
+#[test]
+fn a_low_open_file_limit_keeps_fewer_groups_in_flight_before_it_refuses() {
+    let dir = disk_dir();
+    folder(dir.path(), 3000);
+    let run = |batch: u32| {
+        std::process::Command::new("sh")
+            .args(["-c", r#"ulimit -n 1024 || exit 77; exec "$0" "$@""#])
+            .arg(crate::common::gpufeed_bin())
+            .args([
+                "bench",
+                "load",
+                "--modes",
+                "global",
+                "--json",
+                "--batch-size",
+            ])
+            .arg(batch.to_string())
+            .arg("--dataset")
+            .arg(dir.path())
+            .env_remove("GPUFEED_QUIET")
+            .output()
+            .unwrap()
+    };
+    let ok = |batch: u32, notice: bool| {
+        let o = run(batch);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "batch {batch}: {err}");
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(j["samples"].as_u64(), Some(3000), "batch {batch}");
+        assert_eq!(j["sample_errors"].as_u64(), Some(0), "batch {batch}");
+        assert_eq!(
+            err.contains("1 read group(s) in flight instead of 2"),
+            notice,
+            "batch {batch}: {err}"
+        );
+    };
+    if run(1).status.code() == Some(77) {
+        eprintln!("skipped: the hard open-file limit is below 1024 here");
+        return;
+    }
+    ok(64, false);
+    ok(96, true);
+    let o = run(256);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("raise `ulimit -n`"),
+        "{err}"
+    );
+}

@@ -899,7 +899,7 @@ fn a_megatron_windows_check_is_made_once_for_the_node() {
     let mut damaged = record.clone();
     let facts = u64::from_le_bytes(record[24..32].try_into().unwrap()) as usize;
     damaged[facts + 16] ^= 0x40;
-    std::fs::write(&kept, &damaged).unwrap();
+    crate::common::overwrite(&kept, &damaged);
     let third = json(inspect(true));
     assert_eq!(third["samples"].as_u64(), Some(windows));
     assert_eq!(std::fs::read(&kept).unwrap(), record);
@@ -912,6 +912,77 @@ fn a_megatron_windows_check_is_made_once_for_the_node() {
     assert!(!o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("sequence 60001"), "{e}");
+}
+
+/// A Megatron dataset of one sample per sequence is indexed once for the node, and its samples
+/// may lie past 1 TiB of the `.bin` (10^12 uint16 tokens are 2 TB): 70,000 sequences of 10^7
+/// tokens in a sparse 1.4 TB `.bin`. The first open keeps 16 bytes a sample in
+/// `$GPUFEED_INDEX_DIR`; a later one maps that file (no table of its own), with the same
+/// samples and element type; the index rewritten (a sequence out of place) is indexed again.
+#[test]
+fn a_megatron_index_of_sequences_past_one_tib_is_kept_for_the_node() {
+    let dir = disk_dir();
+    let n = 70_000u64;
+    let tokens = 10_000_000i32;
+    let write = |bad: Option<u64>| {
+        let len = |i| if Some(i) == bad { -1 } else { tokens };
+        write_megatron(&dir.path().join("m"), n, len, None)
+    };
+    let bytes = write(None);
+    assert!(bytes > 1 << 40);
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let cache = dir.path().join("cache");
+    let run = || {
+        Command::new(gpufeed_bin())
+            .env("GPUFEED_INDEX_DIR", &cache)
+            .args(["inspect", "--json"])
+            .arg(dir.path().join("m"))
+            .output()
+            .unwrap()
+    };
+    let inspect = || {
+        let o = run();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let first = inspect();
+    assert_eq!(first["samples"].as_u64(), Some(n));
+    assert_eq!(first["bytes"].as_u64(), Some(bytes));
+    assert_eq!(first["tokens"]["dtype"], "uint16");
+    let kept = PathBuf::from(first["node_index"].as_str().expect("the index kept"));
+    assert!(kept.starts_with(&cache), "{}", kept.display());
+    assert_eq!(
+        first["index_bytes"]["samples_shared"].as_u64(),
+        Some(16 * n),
+        "{first}"
+    );
+    // Written once, replaced whole: read-only, so its owner cannot cut it under a loader.
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&kept).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o400);
+    let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let was = inode(&kept);
+    let second = inspect();
+    assert_eq!(inode(&kept), was, "the kept index was not used");
+    for k in ["samples", "bytes", "tokens", "node_index", "size_histogram"] {
+        assert_eq!(second[k], first[k], "{k}");
+    }
+    assert!(second["index_bytes"]["samples"].as_u64().unwrap() < 64);
+    // Every sample where Megatron puts it, the last 1.4 TB in (a kept file's samples read
+    // back: the snapshot module's unit test).
+    let ds = Dataset::open(dir.path().join("m")).unwrap();
+    for i in [0, 1, 54_975, 54_976, n - 1] {
+        let s = ds.sample(i as usize);
+        assert_eq!(
+            (s.offset, s.len, s.label),
+            (i * 2 * tokens as u64, 2 * tokens as u32, -1)
+        );
+    }
+    // Rewritten with a sequence of negative size: indexed again, the fault named.
+    write(Some(60_001));
+    let o = run();
+    let e = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success() && e.contains("sequence 60001"), "{e}");
 }
 
 #[test]
@@ -1430,7 +1501,7 @@ fn webdataset_is_indexed_once_for_the_node() {
         let mut bytes = std::fs::read(kept).unwrap();
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
-        std::fs::write(kept, &bytes).unwrap();
+        crate::common::overwrite(kept, &bytes);
         let ds = gpufeed::Dataset::open(&tar).unwrap();
         assert_eq!(ds.node_index(), Some(kept));
         assert_eq!(ds.len(), 70_000);
@@ -1482,7 +1553,7 @@ fn a_kept_index_is_used_only_for_the_files_it_was_built_from() {
     let mut bytes = std::fs::read(&kept2).unwrap();
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x40;
-    std::fs::write(&kept2, &bytes).unwrap();
+    crate::common::overwrite(&kept2, &bytes);
     let again = Dataset::open_with(&p, &raw_records()).unwrap();
     assert!(all(&again) == grown);
     assert!(
@@ -1490,7 +1561,7 @@ fn a_kept_index_is_used_only_for_the_files_it_was_built_from() {
         "the damaged index was kept"
     );
     // Truncated: the same.
-    std::fs::write(&kept2, &bytes[..bytes.len() / 3]).unwrap();
+    crate::common::overwrite(&kept2, &bytes[..bytes.len() / 3]);
     let again = Dataset::open_with(&p, &raw_records()).unwrap();
     assert!(all(&again) == grown);
     assert_eq!(again.node_index(), Some(kept2.as_path()));
