@@ -61,7 +61,7 @@ use std::sync::{Arc, Mutex};
 
 use super::cpu::ImageDecoder;
 use crate::batch::Batch;
-use crate::dataset::{Dataset, Frame};
+use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gpu::dev::{DBuf, DEvent, DStream, Gpu, Kernels};
 use crate::gpu::kernels::{as_bytes, check_spans, GfSpan};
@@ -269,13 +269,11 @@ struct Scratch {
 }
 
 /// What a device image loader shares across its epochs: the output tensors (device regions
-/// of a pool made with it, with their ready and release events), the counts by route, whether
-/// the device verifies checksums, the kernels, a stream and the scratch.
+/// of a pool made with it, with their ready and release events), the counts by route, the
+/// kernels, a stream and the scratch.
 pub(crate) struct DeviceStage {
     pub(crate) outputs: Arc<DevicePool>,
     pub(crate) counters: Counters,
-    /// crc32c of unframed samples on the device (the loader verifies, the format has them).
-    pub(crate) verify: bool,
     pub(crate) emit: GfEmit,
     side: Side,
 }
@@ -289,7 +287,6 @@ impl DeviceStage {
         spec: &ImageSpec,
         batch_size: usize,
         tensors: usize,
-        verify: bool,
     ) -> Result<DeviceStage> {
         let per = spec.sample_elems() * spec.dtype.size();
         let bytes = per.saturating_mul(batch_size);
@@ -347,7 +344,6 @@ impl DeviceStage {
         Ok(DeviceStage {
             outputs,
             counters: Counters::default(),
-            verify,
             emit: GfEmit::new(spec),
             side: Side {
                 gpu,
@@ -375,10 +371,19 @@ impl DeviceStage {
     /// Runs the crc32c kernel over the samples of `batch` (its group already in device
     /// memory; with the scratch of output region `out`) and returns, for each sample, the
     /// error of a checksum that does not match.
-    pub(crate) fn check_crcs(&self, batch: &Batch, ds: &Dataset, out: usize) -> Vec<Option<Error>> {
+    /// Nothing where the epoch's checksums are not the device's (`verify`: [`Checker`]).
+    ///
+    /// [`Checker`]: crate::loader::Checker
+    pub(crate) fn check_crcs(
+        &self,
+        batch: &Batch,
+        ds: &Dataset,
+        out: usize,
+        verify: bool,
+    ) -> Vec<Option<Error>> {
         let n = batch.len();
         let mut errs: Vec<Option<Error>> = (0..n).map(|_| None).collect();
-        if !(self.verify && ds.has_checksums() && ds.frame() == Frame::None) {
+        if !verify {
             return errs;
         }
         let Some(region) = batch.device_region() else {

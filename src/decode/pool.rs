@@ -20,7 +20,9 @@ use crate::dataset::Dataset;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::gpu::kernels::GfSample;
 use crate::gpu::DeviceRegion;
-use crate::loader::{BatchTiming, Epoch, FrontDoor, Holders, Loader, LoaderStats, StallStats};
+use crate::loader::{
+    BatchTiming, Checker, Epoch, FrontDoor, Holders, Loader, LoaderStats, StallStats, Taker,
+};
 use crate::util::Unpoison;
 
 /// Alignment of a batch tensor (a cache line; what vector loads and DLPack consumers like).
@@ -705,7 +707,6 @@ impl Loader {
                 // The batches decoded ahead, the one being handed out, and two held by the
                 // consumer.
                 spec.prefetch_batches + 3,
-                self.verifies_checksums(),
             )?)),
         };
         let spec = Arc::new(spec);
@@ -789,7 +790,11 @@ impl ImageLoader {
     /// the sample (its bytes then come through the cache once, for both). An epoch asked of the
     /// loader directly is verified by it instead.
     pub fn read_epoch(&self, epoch: u64, stops: &[crate::plan::Stop], start: u32) -> Result<Epoch> {
-        self.loader.epoch_checked(epoch, stops, start, true)
+        let taker = match self.device {
+            Some(_) => Taker::Device,
+            None => Taker::DecodeThreads,
+        };
+        self.loader.epoch_checked(epoch, stops, start, taker)
     }
 
     /// Decodes an epoch already asked of the underlying loader (one asked ahead, say).
@@ -810,7 +815,7 @@ impl ImageLoader {
             let dataset = self.loader.dataset().clone();
             let seed = self.loader.plan_config().seed;
             let device = self.device.clone();
-            let verify_here = device.is_none() && inner.checksums_left() && dataset.has_checksums();
+            let checker = inner.checker();
             std::thread::Builder::new()
                 .name("gpufeed-decode-feed".into())
                 .spawn(move || {
@@ -821,7 +826,7 @@ impl ImageLoader {
                         dataset,
                         seed,
                         device,
-                        verify_here,
+                        checker,
                     };
                     feed(inner, tx, &ctx)
                 })
@@ -887,8 +892,9 @@ struct FeedCtx<'a> {
     dataset: Arc<Dataset>,
     seed: u64,
     device: Option<Arc<DeviceStage>>,
-    /// The decode threads verify each sample's checksum (see [`Job::verify_here`]).
-    verify_here: bool,
+    /// Who checks the epoch's samples: the decode threads ([`Job::verify_here`]) or the
+    /// device's crc32c kernel, where the loader left the checksums to this stage.
+    checker: Checker,
 }
 
 fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
@@ -899,8 +905,9 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
         ref dataset,
         seed,
         ref device,
-        verify_here,
+        checker,
     } = *ctx;
+    let verify_here = checker.decode_threads_verify();
     loop {
         let next = inner.next_patiently();
         *shared.stats.lock().unpoisoned() = inner.stats().clone();
@@ -923,7 +930,7 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
                             return;
                         };
                         let tensor = stage.outputs.region(r, bytes);
-                        let crc = stage.check_crcs(&batch, dataset, r);
+                        let crc = stage.check_crcs(&batch, dataset, r, checker.device_verifies());
                         let records = dataset.image_info().ok();
                         let host = stage.host_bytes(&batch, records, &crc);
                         Ok(Target::Device(Arc::new(DeviceOut {

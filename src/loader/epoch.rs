@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 use super::holders::Holders;
 use super::worker::{GroupDone, Msg, Retired, Service};
-use super::{BatchTiming, FrontDoor, LoaderStats, StallStats};
+use super::{BatchTiming, Checker, FrontDoor, LoaderStats, StallStats};
 
 /// How long a consumer waits, with the loader blocked on memory, before it is told who holds it.
 pub(crate) const STALL_NOTICE_AFTER: Duration = Duration::from_secs(30);
@@ -34,17 +34,8 @@ pub(super) struct GroupTimes {
 pub struct Epoch {
     pub(super) epoch: u64,
     pub(super) dataset: Arc<Dataset>,
-    pub(super) verify: bool,
-    /// The samples' checksums (unframed format) are left to whoever takes the batches (the
-    /// image stage): neither the I/O thread nor [`Epoch::next`] verifies them.
-    #[cfg_attr(
-        not(feature = "decode"),
-        allow(
-            dead_code,
-            reason = "used only with feature decode: the image stage checks what was left to it"
-        )
-    )]
-    pub(super) checksums_left: bool,
+    /// Who checks the samples: the consumer checks what the I/O thread had not.
+    pub(super) checker: Checker,
     pub(super) rx: Option<Receiver<Msg>>,
     /// Keeps the loader's I/O thread alive while this epoch is read.
     pub(super) service: Option<Arc<Service>>,
@@ -208,7 +199,7 @@ impl Epoch {
         }
     }
 
-    /// Whether the samples' checksums were left to whoever takes the batches.
+    /// Who checks the samples (what is left to an image stage).
     #[cfg_attr(
         not(feature = "decode"),
         allow(
@@ -216,8 +207,8 @@ impl Epoch {
             reason = "used only with feature decode: the image stage checks what was left to it"
         )
     )]
-    pub(crate) fn checksums_left(&self) -> bool {
-        self.checksums_left
+    pub(crate) fn checker(&self) -> Checker {
+        self.checker
     }
 
     /// The ledger of who holds the read buffers, shared with a stage that consumes this epoch.
@@ -310,14 +301,14 @@ impl Epoch {
         let mut verify_s = 0.0;
         if let Memory::Host(region) = &batch.mem {
             let n = batch.meta.ids.len();
-            if checked < n && self.dataset.checks_anything(self.verify) {
+            if checked < n && self.checker.loader_checks() {
                 // What the I/O thread had not checked when the consumer came for it.
                 self.dataset.check_spans(
                     region.bytes(),
                     &batch.meta.ids,
                     &mut batch.spans,
                     &mut batch.meta.labels,
-                    self.verify,
+                    self.checker.loader_verifies(),
                     checked..n,
                 );
                 verify_s = t1.elapsed().as_secs_f64();

@@ -23,11 +23,13 @@ use crate::gpu::{cuda, Device, DevicePool, GpuPath};
 use crate::plan::{EpochPlan, LastBatch, Order, PlanConfig, Stop};
 use crate::util::Unpoison;
 
+mod checker;
 mod epoch;
 mod holders;
 mod worker;
 
 pub use crate::stats::{BatchTiming, LoaderStats, MemoryStats, StallStats};
+pub(crate) use checker::{Checker, Taker};
 pub use epoch::Epoch;
 #[cfg(feature = "decode")]
 pub(crate) use holders::Holders;
@@ -614,7 +616,7 @@ impl Loader {
     /// The batches of `epoch` from batch `start`: exactly the batches an uninterrupted epoch
     /// yields from there (resuming after a restart).
     pub fn epoch_from(&self, epoch: u64, start: u32) -> Result<Epoch> {
-        self.epoch_checked(epoch, &[], start, false)
+        self.epoch_checked(epoch, &[], start, Taker::Consumer)
     }
 
     /// Resumes `epoch` on this loader's rank count after it stopped on others: `stops` says
@@ -642,20 +644,18 @@ impl Loader {
     /// # }
     /// ```
     pub fn epoch_resumed(&self, epoch: u64, stops: &[Stop], start: u32) -> Result<Epoch> {
-        self.epoch_checked(epoch, stops, start, false)
+        self.epoch_checked(epoch, stops, start, Taker::Consumer)
     }
 
-    /// [`epoch_from`](Self::epoch_from), where with `caller_checksums` the caller verifies the
-    /// checksums of an unframed format's samples itself — on the device (the device image
-    /// stage's crc32c kernel), or on the host in the decode thread just before it decodes the
-    /// sample, while the bytes are in its cache — so neither the I/O thread nor the consumer
-    /// reads them for that.
+    /// [`epoch_resumed`](Self::epoch_resumed), its batches taken by `taker`: an image stage
+    /// verifies the checksums of an unframed format's samples itself ([`Checker`]), so neither
+    /// the I/O thread nor the consumer reads them for that.
     pub(crate) fn epoch_checked(
         &self,
         epoch: u64,
         stops: &[Stop],
         start: u32,
-        caller_checksums: bool,
+        taker: Taker,
     ) -> Result<Epoch> {
         if std::process::id() != self.pid {
             // Threads do not survive fork: the I/O thread (and its ring) exist only in the
@@ -672,7 +672,7 @@ impl Loader {
                 ),
             ));
         }
-        let caller_takes = caller_checksums && self.dataset.frame() == crate::dataset::Frame::None;
+        let checker = Checker::of(&self.dataset, self.verify_checksums, taker);
         let plan = self.plan_epoch_resumed(epoch, stops)?;
         if start > plan.batches() {
             return Err(invalid(format!(
@@ -709,7 +709,7 @@ impl Loader {
             tx,
             retired: retired.clone(),
             sent,
-            verify: self.verify_checksums && !caller_takes,
+            checker,
             wants: wants.clone(),
             check_ahead_samples: self.check_ahead_samples,
         });
@@ -745,8 +745,7 @@ impl Loader {
         Ok(Epoch {
             epoch,
             dataset: self.dataset.clone(),
-            verify: self.verify_checksums && !caller_takes,
-            checksums_left: self.verify_checksums && caller_takes,
+            checker,
             rx: Some(rx),
             service: Some(svc),
             retired,

@@ -28,7 +28,7 @@ use crate::plan::{EpochPlan, Group};
 use crate::util::Unpoison;
 
 use super::holders::Gauges;
-use super::{CustomBackend, GpuState};
+use super::{Checker, CustomBackend, GpuState};
 
 /// What a read group delivers: its batches' samples, their spans in the group's memory, and
 /// the figures for the stats.
@@ -154,10 +154,8 @@ pub(super) struct EpochJob {
     pub(super) retired: Arc<Retired>,
     /// Groups handed to `tx` (the consumer's ledger counts those it received).
     pub(super) sent: Arc<AtomicUsize>,
-    /// Whether this thread verifies checksums when it checks the epoch's groups (not when the
-    /// image stage verifies those of an unframed format itself: a kernel on the device, the
-    /// decode threads on the host).
-    pub(super) verify: bool,
+    /// Who checks the epoch's samples.
+    pub(super) checker: Checker,
     /// The batch the epoch's consumer is waiting for.
     pub(super) wants: Arc<Wants>,
     /// A group is handed over once this many of its samples are checked (tests; else all).
@@ -270,6 +268,271 @@ impl Active {
     }
 }
 
+/// A group being read: its epoch (by id), the group, when it was submitted, and its reads
+/// whose file did not open.
+struct InFlight {
+    epoch: u64,
+    group: Group,
+    submitted: Instant,
+    unopened: Unopened,
+}
+
+/// The I/O thread at work: its engine, copy pipeline and open files, and the groups being read
+/// or checked. Its fields drop in order: groups being checked (their slots return), then the
+/// engine (its reads cancelled and drained), then the copies — all before the epochs they
+/// served are signalled retired ([`WorkerCtx::run`] holds those).
+struct IoThread<'a> {
+    ctx: &'a WorkerCtx,
+    /// Host groups read and not yet handed over: being checked.
+    unchecked: Vec<Unchecked>,
+    /// By engine tag.
+    in_flight: HashMap<u64, InFlight>,
+    specs: Vec<ReadSpec>,
+    files: OpenFiles,
+    engine: Engine,
+    copies: Option<CopyPipeline<(u64, GroupMeta)>>,
+    arena: Arc<Arena>,
+    /// The read path, as each epoch's consumer is told it.
+    path: String,
+    next_id: u64,
+    next_tag: u64,
+}
+
+impl<'a> IoThread<'a> {
+    /// The engine and the copy pipeline for the thread's life, the first epoch's backend.
+    fn start(ctx: &'a WorkerCtx, first: &EpochJob) -> Result<IoThread<'a>> {
+        let copies = match &ctx.gpu {
+            Some(g) => Some(CopyPipeline::<(u64, GroupMeta)>::new(
+                &g.pool,
+                ctx.arena.clone(),
+            )?),
+            None => None,
+        };
+        let engine = match &ctx.backend {
+            Some(b) => Engine::with_backend_and_arena(
+                (b.make)(first.epoch),
+                b.kind,
+                &ctx.engine,
+                ctx.arena.clone(),
+            )?,
+            None => Engine::with_arena(ctx.engine.clone(), ctx.arena.clone())?,
+        };
+        let path = match &copies {
+            Some(_) => format!("{} → pinned → H2D", engine.kind().name()),
+            None => engine.kind().name().to_string(),
+        };
+        let align = first.plan.config().align;
+        let files = OpenFiles::new(
+            ctx.dataset.file_count(),
+            ctx.engine.files_max as usize,
+            align,
+        );
+        Ok(IoThread {
+            ctx,
+            unchecked: Vec::new(),
+            in_flight: HashMap::new(),
+            specs: Vec::new(),
+            files,
+            arena: engine.arena().clone(),
+            engine,
+            copies,
+            path,
+            next_id: 0,
+            next_tag: 0,
+        })
+    }
+
+    /// Takes `job` on, after the epochs already served.
+    fn activate(&mut self, jobs: &mut VecDeque<Active>, job: Box<EpochJob>) {
+        let _ = job.tx.send(Msg::Engine(self.path.clone()));
+        // Resuming at the end (or an empty epoch) reads nothing.
+        let next_group = if job.start < job.plan.batches() {
+            job.plan
+                .group_of_batch(self.ctx.dataset.samples(), job.start)
+        } else {
+            job.plan.batches()
+        };
+        self.next_id += 1;
+        jobs.push_back(Active {
+            id: self.next_id,
+            job,
+            next_group,
+            outstanding: 0,
+            ended: false,
+        });
+    }
+
+    /// Takes the epochs asked for (waiting for one only when there is nothing else to do),
+    /// drops a stopped epoch's groups still waiting for a device region, and retires the
+    /// epochs that are done. `false` once every handle to the thread is gone.
+    fn take_epochs(&mut self, rx: &Receiver<Box<EpochJob>>, jobs: &mut VecDeque<Active>) -> bool {
+        if jobs.is_empty()
+            && self.in_flight.is_empty()
+            && self.copies.as_ref().is_none_or(|q| q.is_empty())
+        {
+            match rx.recv() {
+                Ok(job) => self.activate(jobs, job),
+                Err(_) => return false,
+            }
+        }
+        while let Ok(job) = rx.try_recv() {
+            self.activate(jobs, job);
+        }
+        // A stopped epoch's groups still waiting for a device region need no copy, and the
+        // regions may be held by that epoch's own batches.
+        if let Some(q) = self.copies.as_mut() {
+            for a in jobs.iter_mut().filter(|a| a.stopped() && a.outstanding > 0) {
+                a.outstanding -= q.discard_waiting(|(id, _)| *id == a.id);
+            }
+        }
+        // Nothing left to submit and nothing outstanding: done (dropping the job signals its
+        // consumer, which may be waiting in `Epoch::drop`).
+        jobs.retain(|a| a.submitting() || a.outstanding > 0);
+        true
+    }
+
+    /// Starts groups while there are slots and room: the earliest epoch first, the next one
+    /// as soon as the earlier has submitted its last group. Then says what the thread waits
+    /// on, for a consumer's report of a long wait (a group being checked counts as being read:
+    /// it is on its way).
+    fn start_groups(&mut self, jobs: &mut VecDeque<Active>) -> Result<()> {
+        let ds = &*self.ctx.dataset;
+        while self.in_flight.len() < self.ctx.in_flight_groups {
+            let Some(a) = jobs.iter_mut().find(|a| a.submitting()) else {
+                break;
+            };
+            let Some(slot) = self.arena.take() else { break };
+            let g = a.job.plan.group(ds.samples(), a.next_group);
+            self.specs.clear();
+            let mut unopened = Unopened::default();
+            let pinned = self.files.pin();
+            let checked = a.job.checker.loader_verifies();
+            for (k, r) in g.reads.iter().enumerate() {
+                match self
+                    .files
+                    .get(&mut self.engine, ds, r.file, pinned, checked)
+                {
+                    Ok(file) => self.specs.push(ReadSpec {
+                        file,
+                        offset: r.offset,
+                        len: r.len,
+                        buf_offset: r.buf_offset as usize,
+                    }),
+                    // Its samples fail, named; the group's other reads go on.
+                    Err(e) => unopened.0.push((k as u32, Err(e))),
+                }
+            }
+            self.next_tag += 1;
+            let arena = &self.arena;
+            self.engine
+                .submit(slot, &self.specs, self.next_tag)
+                .map_err(|r| {
+                    arena.put(r.slot);
+                    r.error
+                })?;
+            a.next_group = g.batches.end;
+            let group = InFlight {
+                epoch: a.id,
+                group: g,
+                submitted: Instant::now(),
+                unopened,
+            };
+            self.in_flight.insert(self.next_tag, group);
+            a.outstanding += 1;
+        }
+        let gauges = &self.ctx.gauges;
+        let reading = self.in_flight.len() + self.unchecked.len();
+        gauges.reading.store(reading, Ordering::Relaxed);
+        let copying = self.copies.as_ref().map_or(0, |q| q.copying());
+        gauges.copying.store(copying, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Device path: copies filled groups into free regions; hands over finished copies.
+    fn pump_copies(&mut self, jobs: &mut VecDeque<Active>) -> Result<()> {
+        let Some(q) = self.copies.as_mut() else {
+            return Ok(());
+        };
+        let pool = q.pool().clone();
+        q.pump(self.in_flight.is_empty(), |r, used, (id, mut meta)| {
+            meta.copy_done = Some(Instant::now());
+            let g = GroupDone {
+                meta,
+                mem: Memory::Device(Arc::new(pool.region(r, used))),
+            };
+            if let Some(a) = jobs.iter_mut().find(|a| a.id == id) {
+                a.deliver(g);
+            }
+        })
+    }
+
+    /// Checks a piece of a group read (then looks at the reads again, without waiting), or
+    /// waits: for a slot to come back from the consumers, or for a read. `true` where reads
+    /// may have completed (then [`reap`](Self::reap)).
+    fn check_or_wait(&mut self, jobs: &mut VecDeque<Active>) -> Result<bool> {
+        if !self.unchecked.is_empty() {
+            self.ctx
+                .check_piece(&mut self.unchecked, jobs, self.copies.as_mut());
+            self.engine.flush()?;
+            return Ok(true);
+        }
+        if !self.in_flight.is_empty() {
+            self.engine.wait(1)?;
+            return Ok(true);
+        }
+        // Waiting on a copy or a device region (the pump waited a little), or nothing left to
+        // submit (retire what is done, then wait for an epoch): round again.
+        if self.copies.as_ref().is_some_and(|q| !q.is_empty())
+            || !jobs.iter().any(|a| a.submitting())
+        {
+            return Ok(false);
+        }
+        // Every slot is with the consumers: wait for one to come back, as long as the
+        // consumer takes (a slow step or a pause is not an error; a consumer waiting for a
+        // batch says who holds the slots, and fails only past its own timeout). The wait is
+        // in short steps so that a stopped epoch or a new one is seen.
+        self.arena.wait_free(Duration::from_millis(20));
+        Ok(false)
+    }
+
+    /// Takes the groups whose reads completed: to be checked, or handed over (host) or to the
+    /// copies (device) where nothing is to be checked; a retired epoch's slot returns.
+    fn reap(&mut self, jobs: &mut VecDeque<Active>) {
+        while let Some(c) = self.engine.pop() {
+            let f = self
+                .in_flight
+                .remove(&c.user_data)
+                .expect("a group per job");
+            let Some(a) = jobs.iter_mut().find(|a| a.id == f.epoch) else {
+                self.arena.put(c.slot);
+                continue;
+            };
+            let Filled {
+                mut meta,
+                slot,
+                used,
+            } = self.ctx.filled(f.group, c, f.submitted, &f.unopened);
+            if a.job.checker.loader_checks() {
+                self.unchecked.push(Unchecked {
+                    id: f.epoch,
+                    meta,
+                    region: Region::new(self.arena.clone(), slot),
+                    copy: self.copies.is_some().then_some(used),
+                });
+                continue;
+            }
+            meta.checked = meta.ids.len();
+            match self.copies.as_mut() {
+                Some(q) => q.push(slot, used, (f.epoch, meta)),
+                None => a.deliver(GroupDone {
+                    meta,
+                    mem: Memory::Host(Arc::new(Region::new(self.arena.clone(), slot))),
+                }),
+            }
+        }
+    }
+}
+
 impl WorkerCtx {
     fn run(self, rx: Receiver<Box<EpochJob>>) {
         // Declared first, dropped last: the engine and the copy pipeline (locals of `serve`)
@@ -282,196 +545,23 @@ impl WorkerCtx {
         }
     }
 
-    fn activate(&self, job: Box<EpochJob>, id: u64, path: &str) -> Active {
-        let _ = job.tx.send(Msg::Engine(path.to_string()));
-        // Resuming at the end (or an empty epoch) reads nothing.
-        let next_group = if job.start < job.plan.batches() {
-            job.plan.group_of_batch(self.dataset.samples(), job.start)
-        } else {
-            job.plan.batches()
-        };
-        Active {
-            id,
-            job,
-            next_group,
-            outstanding: 0,
-            ended: false,
-        }
-    }
-
+    /// Serves epochs until every handle is gone (or an error ends the thread): each turn takes
+    /// the epochs asked for, starts groups, moves copies on, then checks a piece, waits for a
+    /// slot or for reads, and takes the groups whose reads completed.
     fn serve(&self, rx: &Receiver<Box<EpochJob>>, jobs: &mut VecDeque<Active>) -> Result<()> {
         let Ok(first) = rx.recv() else {
             return Ok(());
         };
-        // The copy pipeline is declared before the engine, so it is dropped after it: reads are
-        // cancelled and drained first, then copies, then the slots return.
-        let mut copies = match &self.gpu {
-            Some(g) => Some(CopyPipeline::<(u64, GroupMeta)>::new(
-                &g.pool,
-                self.arena.clone(),
-            )?),
-            None => None,
-        };
-        let mut engine = match &self.backend {
-            Some(b) => Engine::with_backend_and_arena(
-                (b.make)(first.epoch),
-                b.kind,
-                &self.engine,
-                self.arena.clone(),
-            )?,
-            None => Engine::with_arena(self.engine.clone(), self.arena.clone())?,
-        };
-        let path = match &copies {
-            Some(_) => format!("{} → pinned → H2D", engine.kind().name()),
-            None => engine.kind().name().to_string(),
-        };
-        let ds = &*self.dataset;
-        let mut next_id = 0u64;
-        let align = first.plan.config().align;
-        jobs.push_back(self.activate(first, next_id, &path));
-        let mut files = OpenFiles::new(ds.file_count(), self.engine.files_max as usize, align);
-        let arena = engine.arena().clone();
-        // By engine tag: the epoch (its id), the group, and its reads whose file did not open.
-        let mut in_flight: HashMap<u64, (u64, Group, Instant, Unopened)> = HashMap::new();
-        let mut next_tag = 0u64;
-        let mut specs = Vec::new();
-        // Host groups read and not yet handed over: being checked. (Their regions return
-        // their slots if this returns early.)
-        let mut unchecked: Vec<Unchecked> = Vec::new();
+        let mut io = IoThread::start(self, &first)?;
+        io.activate(jobs, first);
         loop {
-            // Epochs asked for; wait for one only when there is nothing else to do.
-            if jobs.is_empty()
-                && in_flight.is_empty()
-                && copies.as_ref().is_none_or(|q| q.is_empty())
-            {
-                match rx.recv() {
-                    Ok(job) => {
-                        next_id += 1;
-                        jobs.push_back(self.activate(job, next_id, &path));
-                    }
-                    Err(_) => return Ok(()), // every handle is gone
-                }
+            if !io.take_epochs(rx, jobs) {
+                return Ok(()); // every handle is gone
             }
-            while let Ok(job) = rx.try_recv() {
-                next_id += 1;
-                jobs.push_back(self.activate(job, next_id, &path));
-            }
-            // A stopped epoch's groups still waiting for a device region are dropped: they
-            // need no copy, and the regions may be held by that epoch's own batches.
-            if let Some(q) = copies.as_mut() {
-                for a in jobs.iter_mut().filter(|a| a.stopped() && a.outstanding > 0) {
-                    a.outstanding -= q.discard_waiting(|(id, _)| *id == a.id);
-                }
-            }
-            // Epochs with nothing left to submit and nothing outstanding are done (dropping
-            // the job signals its consumer, which may be waiting in `Epoch::drop`).
-            jobs.retain(|a| a.submitting() || a.outstanding > 0);
-            // Start groups while there are slots and room: the earliest epoch first, the next
-            // one as soon as the earlier has submitted its last group.
-            while in_flight.len() < self.in_flight_groups {
-                let Some(a) = jobs.iter_mut().find(|a| a.submitting()) else {
-                    break;
-                };
-                let Some(slot) = arena.take() else { break };
-                let g = a.job.plan.group(ds.samples(), a.next_group);
-                specs.clear();
-                let mut unopened = Unopened::default();
-                let pinned = files.pin();
-                let checked = a.job.verify && ds.has_checksums();
-                for (k, r) in g.reads.iter().enumerate() {
-                    match files.get(&mut engine, ds, r.file, pinned, checked) {
-                        Ok(file) => specs.push(ReadSpec {
-                            file,
-                            offset: r.offset,
-                            len: r.len,
-                            buf_offset: r.buf_offset as usize,
-                        }),
-                        // Its samples fail, named; the group's other reads go on.
-                        Err(e) => unopened.0.push((k as u32, Err(e))),
-                    }
-                }
-                next_tag += 1;
-                engine.submit(slot, &specs, next_tag).map_err(|r| {
-                    arena.put(r.slot);
-                    r.error
-                })?;
-                a.next_group = g.batches.end;
-                in_flight.insert(next_tag, (a.id, g, Instant::now(), unopened));
-                a.outstanding += 1;
-            }
-            // What the thread is about to wait on, for a consumer's report of a long wait.
-            // (A group being checked counts as being read: it is on its way.)
-            self.gauges
-                .reading
-                .store(in_flight.len() + unchecked.len(), Ordering::Relaxed);
-            self.gauges.copying.store(
-                copies.as_ref().map_or(0, |q| q.copying()),
-                Ordering::Relaxed,
-            );
-            // Device path: copy filled groups into free regions; hand over finished copies.
-            if let Some(q) = copies.as_mut() {
-                let pool = q.pool().clone();
-                q.pump(in_flight.is_empty(), |r, used, (id, mut meta)| {
-                    meta.copy_done = Some(Instant::now());
-                    let g = GroupDone {
-                        meta,
-                        mem: Memory::Device(Arc::new(pool.region(r, used))),
-                    };
-                    if let Some(a) = jobs.iter_mut().find(|a| a.id == id) {
-                        a.deliver(g);
-                    }
-                })?;
-            }
-            if !unchecked.is_empty() {
-                // Checks to do: a piece of them, then the reads again, without waiting.
-                self.check_piece(&mut unchecked, jobs, copies.as_mut());
-                engine.flush()?;
-            } else if in_flight.is_empty() {
-                if copies.as_ref().is_some_and(|q| !q.is_empty()) {
-                    continue; // waiting on a copy or a device region: the pump waited a little
-                }
-                if !jobs.iter().any(|a| a.submitting()) {
-                    continue; // retire what is done, then wait for an epoch
-                }
-                // Every slot is with the consumers: wait for one to come back, as long as the
-                // consumer takes (a slow step or a pause is not an error; a consumer waiting
-                // for a batch says who holds the slots, and fails only past its own timeout).
-                // The wait is in short steps so that a stopped epoch or a new one is seen.
-                arena.wait_free(Duration::from_millis(20));
-                continue;
-            } else {
-                engine.wait(1)?;
-            }
-            while let Some(c) = engine.pop() {
-                let (id, g, submitted, unopened) =
-                    in_flight.remove(&c.user_data).expect("a group per job");
-                let Some(a) = jobs.iter_mut().find(|a| a.id == id) else {
-                    arena.put(c.slot);
-                    continue;
-                };
-                let f = self.filled(g, c, submitted, &unopened);
-                let Filled {
-                    mut meta,
-                    slot,
-                    used,
-                } = f;
-                if ds.checks_anything(a.job.verify) {
-                    unchecked.push(Unchecked {
-                        id,
-                        meta,
-                        region: Region::new(arena.clone(), slot),
-                        copy: copies.is_some().then_some(used),
-                    });
-                    continue;
-                }
-                meta.checked = meta.ids.len();
-                match copies.as_mut() {
-                    Some(q) => q.push(slot, used, (id, meta)),
-                    None => a.deliver(GroupDone {
-                        meta,
-                        mem: Memory::Host(Arc::new(Region::new(arena.clone(), slot))),
-                    }),
-                }
+            io.start_groups(jobs)?;
+            io.pump_copies(jobs)?;
+            if io.check_or_wait(jobs)? {
+                io.reap(jobs);
             }
         }
     }
@@ -611,7 +701,7 @@ impl WorkerCtx {
                 &u.meta.ids,
                 &mut u.meta.spans,
                 &mut u.meta.labels,
-                a.job.verify,
+                a.job.checker.loader_verifies(),
                 at..at + 1,
             );
             u.meta.checked += 1;
