@@ -5,13 +5,18 @@
 # machine. .ci/run uses it to run the README's two commands there.
 #
 #   scripts/bare-root.sh ROOT 'cargo run --release -- bench && cargo test --release'
+#   scripts/bare-root.sh ROOT --prepare    # only make the root and fetch the crates (network)
+#
+# --prepare does the network-bound part ahead (debootstrap, `cargo fetch` into the root's own
+# ~/.cargo), so that .ci/run can overlap it with its compiling; a later run over the same ROOT
+# then finds the crates there (and fetches any that changed).
 #
 # ROOT is made if missing (about 2 minutes and 600 MB: debootstrap, from deb.debian.org) and
 # reused if present; the checkout is /src inside it, made anew each run. Needs root (debootstrap,
 # chroot, mounts in a private mount namespace) and network for crates.io. Environment: SUITE
 # (default bookworm), MIRROR (default http://deb.debian.org/debian).
 set -euo pipefail
-[ $# -eq 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
 root=$(realpath -m "$1")
 cmd=$2
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,6 +57,7 @@ cp /etc/resolv.conf "$root/etc/resolv.conf"
     cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 
 # A private mount namespace: the mounts go when the command ends.
+[ "$cmd" = --prepare ] && cmd='cargo fetch --locked --target x86_64-unknown-linux-gnu'
 exec unshare --mount --propagation private -- bash -euo pipefail -c '
     root=$1 toolchain=$2 cmd=$3
     mount --bind "$toolchain" "$root/opt/rust"

@@ -234,7 +234,7 @@ if [[ $tests == 1 ]]; then
         # Everything else (CPU) on this machine too, but the tests that need the source tree,
         # cargo or PyPI (the C ABI build, the Python package build), which the GPU machine
         # lacks.
-        run_tests cpu "$SHIP/it" --skip gpu:: --skip device::no_gpu --skip capi:: --skip python::
+        run_tests cpu "$SHIP/it" --skip gpu:: --skip device::no_gpu --skip capi:: --skip bindings_python::
         [[ -x "$SHIP/unit" ]] && run_tests unit "$SHIP/unit"
     fi
     grep -h "skipped" "$out"/test-gpu.log | sed 's/^/  /' | tee -a "$summary" || true

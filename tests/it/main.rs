@@ -1,5 +1,6 @@
 //! Integration tests: one binary, a module per concern.
 
+mod bindings_python;
 mod cache_hostile;
 mod capi;
 mod cli;
@@ -18,7 +19,6 @@ mod gpu;
 mod kernels;
 mod loader;
 mod problems;
-mod python;
 mod reliability;
 mod remote;
 mod sim;

@@ -1,6 +1,9 @@
 //! The Python package: `pip install ./python` into a fresh virtualenv (with numpy), then its
 //! tests (`python/tests/test_loader.py`) over datasets made here. Needs python3 with venv and
 //! PyPI (CI has both); `GPUFEED_SKIP_PYTHON=1` skips it, saying so.
+//!
+//! (Named so that it sorts first: the suite's tests start in name order, and this one — a wheel
+//! built, packages installed from PyPI — is its longest; started last it was the suite's tail.)
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
