@@ -6,17 +6,20 @@
 #
 #   scripts/bare-root.sh ROOT 'cargo run --release -- bench && cargo test --release'
 #   scripts/bare-root.sh ROOT --prepare    # only make the root and fetch the crates (network)
+#   BARE_KEEP_TARGET=1 scripts/bare-root.sh ROOT --prebuild   # build what the README's commands will
 #
 # --prepare does the network-bound part ahead (debootstrap, `cargo fetch` into the root's own
-# ~/.cargo), so that .ci/run can overlap it with its compiling; a later run over the same ROOT
-# then finds the crates there (and fetches any that changed).
+# ~/.cargo); --prebuild then compiles, in the root, what the README's two commands build
+# (`cargo build --release`, `cargo test --release --no-run`, the C library the tests build), keeping /src/target for the next
+# run with BARE_KEEP_TARGET=1 — so .ci/run overlaps both with its own work (the build at the
+# lowest priority, in the CPU its tests leave idle) and the README's commands then find it built.
 #
 # ROOT is made if missing (about 2 minutes and 600 MB: debootstrap, from deb.debian.org) and
 # reused if present; the checkout is /src inside it, made anew each run. Needs root (debootstrap,
 # chroot, mounts in a private mount namespace) and network for crates.io. Environment: SUITE
 # (default bookworm), MIRROR (default http://deb.debian.org/debian).
 set -euo pipefail
-[ $# -eq 2 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n '2,20p' "$0" >&2; exit 2; }
 root=$(realpath -m "$1")
 cmd=$2
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,8 +47,13 @@ toolchain=$(dirname "$(dirname "$(rustup which cargo 2>/dev/null || command -v c
     { echo "bare-root: no cargo/rustc under $toolchain" >&2; exit 1; }
 
 # The working tree's files that git tracks or would (no target/, nothing ignored): on CI's
-# fresh clone, HEAD.
-rm -rf "$root/src"
+# fresh clone, HEAD. With BARE_KEEP_TARGET=1 (.ci/run) /src/target is kept from the run before
+# (what --prebuild built in this root, from nothing); otherwise /src is made anew.
+if [ "${BARE_KEEP_TARGET:-0}" = 1 ] && [ -d "$root/src/target" ]; then
+    find "$root/src" -mindepth 1 -maxdepth 1 ! -name target -exec rm -rf {} +
+else
+    rm -rf "$root/src"
+fi
 mkdir -p "$root/src" "$root/opt/rust"
 (cd "$repo" && git ls-files -z --cached --others --exclude-standard |
     xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh |
@@ -57,7 +65,11 @@ cp /etc/resolv.conf "$root/etc/resolv.conf"
     cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 
 # A private mount namespace: the mounts go when the command ends.
-[ "$cmd" = --prepare ] && cmd='cargo fetch --locked --target x86_64-unknown-linux-gnu'
+case $cmd in
+--prepare) cmd='cargo fetch --locked --target x86_64-unknown-linux-gnu' ;;
+--prebuild) cmd='cargo build --release && cargo test --release --no-run &&
+    cargo build --release -p gpufeed-capi' ;; # (the C tests build the C library)
+esac
 exec unshare --mount --propagation private -- bash -euo pipefail -c '
     root=$1 toolchain=$2 cmd=$3
     mount --bind "$toolchain" "$root/opt/rust"
