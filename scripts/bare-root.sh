@@ -10,9 +10,10 @@
 #
 # --prepare does the network-bound part ahead (debootstrap, `cargo fetch` into the root's own
 # ~/.cargo); --prebuild then compiles, in the root, what the README's two commands build
-# (`cargo build --release`, `cargo test --release --no-run`, the C library the tests build), keeping /src/target for the next
-# run with BARE_KEEP_TARGET=1 — so .ci/run overlaps both with its own work (the build at the
-# lowest priority, in the CPU its tests leave idle) and the README's commands then find it built.
+# (`cargo build --release`, `cargo test --release --no-run`, the C library the tests build).
+# With BARE_KEEP_TARGET=1 the /src the first run copied is kept, target/ included, so the next
+# run finds that build: .ci/run overlaps both with its own work (the build at the lowest
+# priority, in the CPU its tests leave idle) and the README's commands then find it built.
 #
 # ROOT is made if missing (about 2 minutes and 600 MB: debootstrap, from deb.debian.org) and
 # reused if present; the checkout is /src inside it, made anew each run. Needs root (debootstrap,
@@ -47,17 +48,19 @@ toolchain=$(dirname "$(dirname "$(rustup which cargo 2>/dev/null || command -v c
     { echo "bare-root: no cargo/rustc under $toolchain" >&2; exit 1; }
 
 # The working tree's files that git tracks or would (no target/, nothing ignored): on CI's
-# fresh clone, HEAD. With BARE_KEEP_TARGET=1 (.ci/run) /src/target is kept from the run before
-# (what --prebuild built in this root, from nothing); otherwise /src is made anew.
-if [ "${BARE_KEEP_TARGET:-0}" = 1 ] && [ -d "$root/src/target" ]; then
-    find "$root/src" -mindepth 1 -maxdepth 1 ! -name target -exec rm -rf {} +
+# fresh clone, HEAD. With BARE_KEEP_TARGET=1 (.ci/run) a /src made by an earlier run is kept
+# whole, its target/ (what --prebuild built in this root, from nothing) with it: the tree does
+# not change during a CI run, and copied again its folders would be newer than that build
+# (jpeg-sys rebuilds when its libjpeg-turbo folder changes). Otherwise /src is made anew.
+if [ "${BARE_KEEP_TARGET:-0}" = 1 ] && [ -f "$root/src/Cargo.toml" ]; then
+    mkdir -p "$root/opt/rust"
 else
     rm -rf "$root/src"
+    mkdir -p "$root/src" "$root/opt/rust"
+    (cd "$repo" && git ls-files -z --cached --others --exclude-standard |
+        xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh |
+        tar --null -T - -cf -) | tar -x -C "$root/src"
 fi
-mkdir -p "$root/src" "$root/opt/rust"
-(cd "$repo" && git ls-files -z --cached --others --exclude-standard |
-    xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh |
-    tar --null -T - -cf -) | tar -x -C "$root/src"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 # This machine's trusted certificates (a network that inspects TLS adds its own authority):
 # crates.io is reached as from here.
