@@ -534,11 +534,6 @@ impl Inputs {
         if files != want_files || flags[0] > 1 || flags[1] > 1 || flags[2] > 2 || flags[3] > 1 {
             return None;
         }
-        // A Megatron dataset's element type (its samples' tokens).
-        let tokens = match format {
-            Format::Megatron => Some(tokens::megatron_layout(flags[4])),
-            _ => None,
-        };
         let sizes: Vec<u64> = b
             .get(at[SIZES].clone())
             .filter(|s| s.len() == 8 * files)?
@@ -636,8 +631,9 @@ impl Inputs {
                 identity,
             });
         }
-        if let Some(layout) = tokens {
-            ds.tokens = layout;
+        // A Megatron dataset's element type (its samples' tokens).
+        if format == Format::Megatron {
+            ds.tokens = tokens::megatron_layout(flags[4]);
         }
         ds.node_index = Some(file);
         Some(ds)

@@ -275,7 +275,7 @@ pub fn open_megatron(paths: &[PathBuf], opts: &TokenOptions) -> Result<Dataset> 
     let mut dtypes: Vec<(&'static str, u64)> = Vec::new();
     let mut kept = None;
     for p in paths {
-        match megatron_one(&megatron_files(p), opts, &mut b, &mut kept) {
+        match megatron_one(megatron_files(p), opts, &mut b, &mut kept) {
             Ok(t) => {
                 if !dtypes.contains(&t) {
                     dtypes.push(t);
@@ -310,12 +310,11 @@ fn read_u64(b: &[u8]) -> u64 {
 /// Indexes one Megatron prefix into `b`; returns its element type and width. `kept`: the
 /// node's record of the check of its windows, where one was read or written.
 fn megatron_one(
-    (idx, bin): &(PathBuf, PathBuf),
+    (idx, bin): (PathBuf, PathBuf),
     opts: &TokenOptions,
     b: &mut Builder,
     kept: &mut Option<PathBuf>,
 ) -> Result<(&'static str, u64)> {
-    let (idx, bin) = (idx.clone(), bin.clone());
     let bad = |msg: String| invalid(msg).with_path(idx.clone());
     let f = std::fs::File::open(&idx)
         .map_err(|e| Error::io("cannot open Megatron index", e).with_path(idx.clone()))?;

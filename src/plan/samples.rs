@@ -153,10 +153,8 @@ impl SamplesBuilder {
             self.file_first.push(i as u32);
         }
         self.entries.push(Compact {
-            offset_label: match wide {
-                true => s.offset,
-                false => s.offset | ((s.label + 1) as u64) << OFFSET_BITS,
-            },
+            // (Wide: the label is −1, its bits 0, and the offset takes all 64.)
+            offset_label: s.offset | ((s.label + 1) as u64) << OFFSET_BITS,
             len: s.len,
             crc32c: s.crc32c,
         });
