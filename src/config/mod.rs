@@ -373,11 +373,12 @@ fn open_files(
         return Err(Error::new(
             ErrorKind::InvalidInput,
             format!(
-                "one read group in flight may need {one} files open at once, and the \
-                 open-file limit leaves {allowed} (soft limit {soft}, hard {hard}, {in_use} open \
-                 now, {reserved} kept for the rest of the process): raise `ulimit -n`, use \
-                 smaller batches or fewer batches per group, give loaders already open a lower \
-                 open_files_max, or pack the dataset into shards (`gpufeed pack`)"
+                "one read group in flight and the one being submitted may need {one} files \
+                 open at once, and the open-file limit leaves {allowed} (soft limit {soft}, hard \
+                 {hard}, {in_use} open now, {reserved} kept for the rest of the process): \
+                 raise `ulimit -n`, use smaller batches (a read group is batch size × batches \
+                 per group), give loaders already open a lower open_files_max, or pack the \
+                 dataset into shards (`gpufeed pack`)"
             ),
         ));
     };

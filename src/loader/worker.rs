@@ -828,9 +828,29 @@ impl OpenFiles {
         if self.open.len() >= self.cap {
             self.close_one(engine, pinned)?;
         }
-        let id = engine
-            .open(ds.file_path(f))
-            .inspect_err(|e| ds.gone(e.raw_os_error()))?;
+        let id = loop {
+            match engine.open(ds.file_path(f)) {
+                Ok(id) => break id,
+                // The process is out of descriptors (another loader's files, the trainer's
+                // own): this loader keeps fewer open from now on — its least recently used
+                // closed — and tries again; a failure only where none can be closed.
+                Err(e)
+                    if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+                        && !self.open.is_empty() =>
+                {
+                    self.shrink_to_open();
+                    self.close_one(engine, pinned).map_err(|_| e)?;
+                }
+                Err(e) => {
+                    ds.gone(e.raw_os_error());
+                    return Err(e);
+                }
+            }
+        };
+        // (Its use, if a shrink above dropped it from the order.)
+        if self.evicts() && self.order.back() != Some(&(stamp, f)) {
+            self.order.push_back((stamp, f));
+        }
         let info = engine.file_info(id)?;
         if let Some(why) = ds.changed_since_open(f, info.identity, info.size, checked) {
             let e = crate::dataset::changed_error(why).with_path(info.path.clone());
@@ -850,6 +870,24 @@ impl OpenFiles {
         }
         self.open.insert(f, (id, stamp));
         Ok(id)
+    }
+
+    /// Keeps at most the files open now from here on (the process ran out of descriptors),
+    /// ordered by last use so that the least recently used are closed first.
+    fn shrink_to_open(&mut self) {
+        if self.cap > self.open.len() {
+            crate::util::notice(&format!(
+                "the process ran out of file descriptors: this loader keeps at most {} files \
+                 open from now on (was {})",
+                self.open.len(),
+                self.cap
+            ));
+        }
+        self.cap = self.open.len().max(1);
+        let mut order: Vec<(u64, u32)> =
+            self.open.iter().map(|(&f, &(_, used))| (used, f)).collect();
+        order.sort_unstable();
+        self.order = order.into();
     }
 
     /// When open file `f` was last used (`None`: it is not open).
