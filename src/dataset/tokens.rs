@@ -289,6 +289,15 @@ pub fn open_megatron(paths: &[PathBuf], opts: &TokenOptions) -> Result<Dataset> 
             }
         }
     }
+    // Prefixes of different token types make no one corpus: its batches would mix widths.
+    if dtypes.len() > 1 {
+        let names: Vec<&str> = dtypes.iter().map(|d| d.0).collect();
+        return Err(invalid(format!(
+            "these Megatron prefixes hold tokens of different types ({}): open each type as a \
+             dataset of its own",
+            names.join(", ")
+        )));
+    }
     let mut ds = b.finish(Format::Megatron, "these Megatron datasets")?;
     if paths.len() == 1 {
         ds.node_index = kept;

@@ -846,6 +846,28 @@ fn megatron_indexes_read_in_chunks() {
     assert!(e.to_string().contains("sequence 150001"), "{e}");
 }
 
+/// Prefixes whose tokens are of different types are refused at the open, naming both (a hostile
+/// trial opened uint16 and int32 prefixes as one dataset, without a word).
+#[test]
+fn megatron_prefixes_of_different_token_types_are_refused() {
+    let dir = disk_dir();
+    write_megatron(&dir.path().join("a"), 10, |_| 4, None);
+    write_megatron(&dir.path().join("b"), 10, |_| 4, None);
+    let paths = [dir.path().join("a"), dir.path().join("b")];
+    let opts = OpenOptions {
+        format: Some(gpufeed::dataset::Format::Megatron),
+        ..OpenOptions::default()
+    };
+    assert_eq!(Dataset::open_paths(&paths, &opts).unwrap().len(), 20);
+    // b's tokens int32 (code 4): its 8-byte sequences still lie on 4-byte tokens.
+    let idx = dir.path().join("b.idx");
+    let mut v = std::fs::read(&idx).unwrap();
+    v[17] = 4;
+    std::fs::write(&idx, v).unwrap();
+    let e = Dataset::open_paths(&paths, &opts).unwrap_err().to_string();
+    assert!(e.contains("different types (uint16, int32)"), "{e}");
+}
+
 /// A Megatron index's windows are checked once for the node: the first open of 70,000
 /// sequences (files settled) reads the arrays, checks that they tile the .bin and keeps what it
 /// found in `$GPUFEED_INDEX_DIR`; a later open reads that record instead. A damaged record is
