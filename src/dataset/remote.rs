@@ -193,7 +193,8 @@ pub struct WarmReport {
     pub extents: u64,
     /// Bytes fetched and cached by this warm-up.
     pub fetched_bytes: u64,
-    /// Bytes of the epoch's extents that were already on disk.
+    /// Bytes of the epoch's extents that were already on disk, or that another reader put
+    /// there while this one warmed.
     pub present_bytes: u64,
     /// Bytes of the epoch's extents (what a full cache holds of it).
     pub needed_bytes: u64,
@@ -331,14 +332,20 @@ pub fn warm_cache(
         o.info().size.saturating_sub(start).min(o.extent_bytes())
     };
     let needed: u64 = todo.iter().map(|&(f, i)| extent_len(f, i)).sum();
-    let present: u64 = todo
-        .iter()
-        .filter(|&&(f, i)| objs[f as usize].extent_present(i))
-        .map(|&(f, i)| extent_len(f, i))
-        .sum();
+    // What the open fetched (a format's index, headers) is written before it is counted.
+    if let Some(o) = objs.first() {
+        o.cache().flush();
+    }
+    let (on_disk, todo): (Vec<_>, Vec<_>) = todo
+        .into_iter()
+        .partition(|&(f, i)| objs[f as usize].extent_present(i));
+    let extents = (on_disk.len() + todo.len()) as u64;
+    let present: u64 = on_disk.iter().map(|&(f, i)| extent_len(f, i)).sum();
     let next = AtomicUsize::new(0);
     let done = AtomicU64::new(present);
     let fetched = AtomicU64::new(0);
+    // Extents another process or thread put on disk while this one was warming.
+    let found = AtomicU64::new(0);
     let full = AtomicBool::new(false);
     let failed: std::sync::Mutex<Option<crate::error::Error>> = Default::default();
     progress(present, needed);
@@ -356,7 +363,11 @@ pub fn warm_cache(
                         fetched.fetch_add(n, Ordering::Relaxed);
                         progress(done.fetch_add(n, Ordering::Relaxed) + n, needed);
                     }
-                    Ok(None) => {}
+                    Ok(None) => {
+                        let n = extent_len(f, i);
+                        found.fetch_add(n, Ordering::Relaxed);
+                        progress(done.fetch_add(n, Ordering::Relaxed) + n, needed);
+                    }
                     Err(e) if e.kind() == crate::ErrorKind::Busy => {
                         full.store(true, Ordering::Relaxed);
                     }
@@ -379,9 +390,9 @@ pub fn warm_cache(
         return Err(e);
     }
     Ok(WarmReport {
-        extents: todo.len() as u64,
+        extents,
         fetched_bytes: fetched.into_inner(),
-        present_bytes: present,
+        present_bytes: present + found.into_inner(),
         needed_bytes: needed,
         full: full.into_inner(),
         counters: objs
