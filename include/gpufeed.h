@@ -170,6 +170,10 @@ const char* gpufeed_loader_dataset_options(const gpufeed_loader* l);
  * when unset); gpufeed_options_default fills the struct from that table, RANK and WORLD_SIZE
  * from the environment when set. */
 const char* gpufeed_loader_settings(const gpufeed_loader* l);
+/* The image settings in effect since gpufeed_loader_decode_images, as a JSON object of text
+ * values (the names of gpufeed.IMAGE_SETTINGS); "" before. Valid until the next
+ * gpufeed_loader_decode_images or gpufeed_loader_close. */
+const char* gpufeed_loader_image_settings(const gpufeed_loader* l);
 /* Reads and checks every sample of the dataset at path, as `gpufeed verify` does (only the
  * dataset options of opts are used; NULL: defaults): *samples checked, *bad found (either may be
  * NULL). GPUFEED_OK when none is bad; GPUFEED_ERR_SAMPLE when some are, the first one's message

@@ -16,7 +16,7 @@ for l in sys.stdin:
     d = json.loads(l)
     print(json.dumps({"round": int(sys.argv[2]), "who": sys.argv[1], "row": "load " + d["mode"],
                       "rate": d["samples_per_s"], "cpu": d["cpu_s_per_gib"]}))' "$1" "$2" >> "$out"
-    GPUFEED_QUIET=1 "$3" bench decode --dir "$dec" --rows gpufeed-train,gpufeed-eval --rounds 1 --json |
+    GPUFEED_QUIET=1 "$3" bench decode --dir "$dec" --rows gpufeed-train,gpufeed-eval --dtype float16 --rounds 1 --json |
         python3 -c 'import sys, json
 for l in sys.stdin:
     d = json.loads(l)

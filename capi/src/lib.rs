@@ -12,9 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use gpufeed::dataset::OpenOptions;
-use gpufeed::decode::{
-    ImageBatch, ImageEpoch, ImageLoader, ImageSpec, Layout, PixelType, Transform,
-};
+use gpufeed::decode::{ImageBatch, ImageEpoch, ImageLoader, ImageSpec, PixelType, IMAGE_SETTINGS};
 use gpufeed::dlpack;
 use gpufeed::loader::LoaderSettings;
 use gpufeed::{Batch, Dataset, Device, Epoch, ErrorKind, LastBatch, Loader, Order};
@@ -107,6 +105,9 @@ pub struct GpufeedLoader {
     options_json: CString,
     /// The loader settings in effect, as JSON (`gpufeed_loader_settings`).
     settings_json: CString,
+    /// The image settings in effect once decoding was asked for, as JSON
+    /// (`gpufeed_loader_image_settings`).
+    images_json: CString,
     /// The problems indexing kept, as text (returned by `gpufeed_loader_problem`).
     problems: Vec<CString>,
 }
@@ -672,6 +673,7 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
                     epoch: None,
                     options_json: CString::new(json).unwrap_or_default(),
                     settings_json: CString::new(settings_json).unwrap_or_default(),
+                    images_json: CString::default(),
                     problems,
                 });
                 // SAFETY: writable per the contract.
@@ -704,6 +706,20 @@ pub unsafe extern "C" fn gpufeed_loader_dataset_options(l: *const GpufeedLoader)
 pub unsafe extern "C" fn gpufeed_loader_settings(l: *const GpufeedLoader) -> *const c_char {
     // SAFETY: valid or null per the contract.
     unsafe { l.as_ref() }.map_or(std::ptr::null(), |l| l.settings_json.as_ptr())
+}
+
+/// The image settings in effect since `gpufeed_loader_decode_images`, as a JSON object of text
+/// values (null: not used by the transform): the names of gpufeed.IMAGE_SETTINGS, as Python's
+/// `Images.settings` and `gpufeed bench decode --json` give them; valid until the next
+/// `gpufeed_loader_decode_images` or the loader is closed. Empty before decoding was asked
+/// for; null for a null loader.
+///
+/// # Safety
+/// `l` must be null or a loader from `gpufeed_loader_open` not yet closed.
+#[no_mangle]
+pub unsafe extern "C" fn gpufeed_loader_image_settings(l: *const GpufeedLoader) -> *const c_char {
+    // SAFETY: valid or null per the contract.
+    unsafe { l.as_ref() }.map_or(std::ptr::null(), |l| l.images_json.as_ptr())
 }
 
 /// Reads and checks every sample of the dataset at `path` (any path `gpufeed_loader_open`
@@ -1329,20 +1345,64 @@ pub unsafe extern "C" fn gpufeed_images_default_sized(
     })
 }
 
-/// The decoded-images defaults (`gpufeed_images_default`).
+/// The C door's number for image setting `name`'s value in `values` (the table's `c_codes`).
+fn image_code(values: &[(&str, Option<String>)], name: &str) -> u32 {
+    let v = values
+        .iter()
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| v.as_deref())
+        .unwrap_or_default();
+    IMAGE_SETTINGS
+        .iter()
+        .find(|s| s.name == name)
+        .and_then(|s| s.code_of(v))
+        .expect("the table names every value its C door takes")
+}
+
+/// The decoded-images defaults (`gpufeed_images_default`): the table's.
 fn images_default() -> GpufeedImages {
-    let d = ImageSpec::train(224);
+    let d = ImageSpec::default();
+    let values = d.values();
     GpufeedImages {
         struct_size: std::mem::size_of::<GpufeedImages>() as u32,
-        transform: 0,
-        size: 224,
-        dtype: 3,
-        layout: 0,
+        transform: image_code(&values, "transform"),
+        size: d.size.0,
+        dtype: image_code(&values, "dtype"),
+        layout: image_code(&values, "layout"),
         mean: d.mean,
         std: d.std,
-        threads: 0,
+        threads: d.threads as u32,
         resize: 0,
     }
+}
+
+/// The image settings a filled `gpufeed_images` gives, as text: numbers for names through the
+/// table's `c_codes`, 0 for "none" where 0 is not a value.
+fn images_given(c: &GpufeedImages) -> Result<Vec<(&'static str, String)>, gpufeed::Error> {
+    let name = |setting: &str, code: u32| -> Result<String, gpufeed::Error> {
+        let s = IMAGE_SETTINGS
+            .iter()
+            .find(|s| s.name == setting)
+            .expect("in the table");
+        s.name_of_code(code).map(str::to_string)
+    };
+    let three = |x: [f32; 3]| format!("{},{},{}", x[0], x[1], x[2]);
+    Ok(vec![
+        ("transform", name("transform", c.transform)?),
+        ("size", c.size.to_string()),
+        ("dtype", name("dtype", c.dtype)?),
+        ("layout", name("layout", c.layout)?),
+        ("mean", three(c.mean)),
+        ("std", three(c.std)),
+        ("threads", c.threads.to_string()),
+        (
+            "resize",
+            match c.resize {
+                0 => "none".to_string(),
+                r => r.to_string(),
+            },
+        ),
+    ])
 }
 
 /// From the next `gpufeed_loader_start_epoch` on (an epoch in progress goes on undecoded to its
@@ -1372,40 +1432,17 @@ pub unsafe extern "C" fn gpufeed_loader_decode_images(
             Ok(c) => c,
             Err(e) => return e,
         };
-        let mut s = match c.transform {
-            0 => ImageSpec::train(c.size),
-            1 => ImageSpec::eval(c.size),
-            t => return invalid(&format!("transform {t}: 0 train or 1 eval")),
+        let s = match images_given(&c).and_then(|g| ImageSpec::from_settings(&g)) {
+            Ok(s) => s,
+            Err(e) => return invalid(e.message()),
         };
-        if let (Transform::Eval { .. }, r) = (s.transform, c.resize) {
-            if r > 0 {
-                s.transform = Transform::Eval { resize: r };
-            }
-        }
-        s.dtype = match c.dtype {
-            0 => PixelType::U8,
-            1 => PixelType::F16,
-            2 => PixelType::Bf16,
-            3 => PixelType::F32,
-            d => {
-                return invalid(&format!(
-                    "dtype {d}: 0 uint8, 1 float16, 2 bfloat16, 3 float32"
-                ))
-            }
-        };
-        s.layout = match c.layout {
-            0 => Layout::Nchw,
-            1 => Layout::Nhwc,
-            v => return invalid(&format!("layout {v}: 0 NCHW or 1 NHWC")),
-        };
-        s.mean = c.mean;
-        s.std = c.std;
-        s.threads = c.threads as usize;
+        let json = s.settings_json().to_string();
         // An epoch in progress goes on as it started (it used to end here, its remaining batches
         // lost without a word): decoding applies from the next start.
         match l.loader.decode_images(s) {
             Ok(il) => {
                 l.images = Some(il);
+                l.images_json = CString::new(json).unwrap_or_default();
                 GPUFEED_OK
             }
             Err(e) => status_of(&e),

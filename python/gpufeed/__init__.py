@@ -42,6 +42,7 @@ import copyreg
 
 from ._gpufeed import (
     DATASET_OPTIONS,
+    IMAGE_SETTINGS,
     LOADER_SETTINGS,
     Batch,
     Buffer,
@@ -81,6 +82,7 @@ def _rebuild_loader(kwargs, state):
 
 __all__ = [
     "DATASET_OPTIONS",
+    "IMAGE_SETTINGS",
     "LOADER_SETTINGS",
     "Batch",
     "Buffer",

@@ -116,7 +116,8 @@ class Images:
     "float32" (``(x / 255 - mean) / std``, ImageNet's by default; the default) — as a string,
     a torch dtype (``torch.float16``) or a numpy dtype. ``layout``: "nchw" or "nhwc".
     ``threads``: decode threads (0: this rank's share of the cores — the cores divided by
-    ``LOCAL_WORLD_SIZE``, or ``GPUFEED_DECODE_THREADS``). Crops and flips follow from
+    ``LOCAL_WORLD_SIZE``, or ``GPUFEED_DECODE_THREADS``). Every argument is one of
+    ``gpufeed.IMAGE_SETTINGS`` (name → default, unit, help); ``None`` is its default. Crops and flips follow from
     (seed, epoch, sample id) alone: the same whatever the ranks, threads or resume point.
     Host image batches are ordinary (pageable) memory: a ``.to("cuda", non_blocking=True)``
     copy of them does not overlap compute unless pinned first (``tensor.pin_memory()``).
@@ -124,21 +125,25 @@ class Images:
 
     def __init__(
         self,
-        transform: str = "train",
+        transform: Optional[str] = None,
         size: Union[int, Tuple[int, int], None] = None,
         dtype: Any = None,
-        layout: str = "nchw",
+        layout: Optional[str] = None,
         mean: Optional[Sequence[float]] = None,
         std: Optional[Sequence[float]] = None,
-        threads: int = 0,
-        scale: Tuple[float, float] = (0.08, 1.0),
-        ratio: Tuple[float, float] = (3 / 4, 4 / 3),
-        flip_p: float = 0.5,
+        threads: Optional[int] = None,
+        scale: Optional[Tuple[float, float]] = None,
+        ratio: Optional[Tuple[float, float]] = None,
+        flip_p: Optional[float] = None,
         resize: Optional[int] = None,
-        dct_scaling: bool = True,
+        dct_scaling: Optional[bool] = None,
         max_pixels: Optional[int] = None,
-        prefetch_batches: int = 2,
+        prefetch_batches: Optional[int] = None,
     ) -> None: ...
+    @property
+    def settings(self) -> Dict[str, Optional[str]]:
+        """The image settings in effect, as text (None: not used by this transform): the names
+        of ``IMAGE_SETTINGS``."""
 
 class ImageBatch:
     """A batch of decoded images: ``images`` is one tensor, [N, 3, H, W] or [N, H, W, 3]."""
@@ -399,4 +404,6 @@ DATASET_OPTIONS: Dict[str, Tuple[str, str]]
 #: The loader settings ``Loader`` takes: name → (default, unit, help); the C options struct and
 #: the CLI's flags follow the same table. ``None`` for an argument means its default.
 LOADER_SETTINGS: Dict[str, Tuple[str, str, str]]
+# The image settings Images takes: name -> (default, unit, help).
+IMAGE_SETTINGS: Dict[str, Tuple[str, str, str]]
 """Every dataset option ``Loader`` takes: name -> (default, help)."""

@@ -13,9 +13,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use gpufeed::dataset::{OpenOptions, DATASET_OPTIONS};
-use gpufeed::decode::{
-    ImageBatch, ImageEpoch, ImageLoader, ImageSpec, Layout, PixelType, Transform,
-};
+use gpufeed::decode::{ImageBatch, ImageEpoch, ImageLoader, ImageSpec, PixelType, IMAGE_SETTINGS};
 use gpufeed::dlpack::{self, DLDevice, DLManagedTensor};
 use gpufeed::loader::{FrontDoor, LoaderSettings, OnError, LOADER_SETTINGS};
 use gpufeed::plan::Stop;
@@ -1456,23 +1454,9 @@ impl Next {
     }
 }
 
-/// A dtype given as a string ("float16"), a torch dtype (`torch.float16`, whose str is
-/// "torch.float16"), a numpy dtype (`np.dtype("float16")`) or a numpy scalar type (`np.float16`).
-fn pixel_type(dtype: &Bound<'_, PyAny>) -> PyResult<PixelType> {
-    let (name, bare) = dtype_name(dtype)?;
-    match bare.as_str() {
-        "uint8" => Ok(PixelType::U8),
-        "float16" | "half" => Ok(PixelType::F16),
-        "bfloat16" => Ok(PixelType::Bf16),
-        "float32" | "float" => Ok(PixelType::F32),
-        _ => Err(PyValueError::new_err(format!(
-            "dtype {name:?}: \"uint8\", \"float16\", \"bfloat16\" or \"float32\" (a string, a \
-             torch dtype such as torch.float16, or a numpy dtype)"
-        ))),
-    }
-}
-
-/// A dtype's name as given and without a `torch.` prefix (see [`pixel_type`]).
+/// A dtype's name as given and without a `torch.` prefix: a string ("float16"), a torch dtype
+/// (`torch.float16`, whose str is "torch.float16"), a numpy dtype (`np.dtype("float16")`) or a
+/// numpy scalar type (`np.float16`).
 fn dtype_name(dtype: &Bound<'_, PyAny>) -> PyResult<(String, String)> {
     let name = if let Ok(s) = dtype.extract::<String>() {
         s
@@ -1505,34 +1489,74 @@ fn token_dtype(dtype: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
     }
 }
 
-/// An output size: one side (a square) or torchvision's `(height, width)`; as (width, height).
-fn image_size(size: &Bound<'_, PyAny>) -> PyResult<(u32, u32)> {
+/// An output size as the image settings write it: one side (a square) or torchvision's
+/// `(height, width)` as `HEIGHTxWIDTH`.
+fn image_size(size: &Bound<'_, PyAny>) -> PyResult<String> {
     if let Ok(side) = size.extract::<u32>() {
-        return Ok((side, side));
+        return Ok(side.to_string());
     }
     match size.extract::<(u32, u32)>() {
-        Ok((h, w)) => Ok((w, h)),
+        Ok((h, w)) => Ok(format!("{h}x{w}")),
         Err(_) => Err(PyValueError::new_err(
             "size: an int (a square) or (height, width), as torchvision takes it",
         )),
     }
 }
 
+/// A keyword argument of `Images` as the image settings' text: numbers and booleans as Rust
+/// writes them, sequences joined by commas, a dtype by its name.
+fn image_value(name: &str, v: &Bound<'_, PyAny>) -> PyResult<String> {
+    if name == "size" {
+        return image_size(v);
+    }
+    if name == "dtype" {
+        return Ok(dtype_name(v)?.1);
+    }
+    if let Ok(b) = v.cast::<pyo3::types::PyBool>() {
+        return Ok(b.is_true().to_string());
+    }
+    if let Ok(n) = v.extract::<u64>() {
+        return Ok(n.to_string());
+    }
+    if let Ok(x) = v.extract::<f64>() {
+        return Ok(x.to_string());
+    }
+    if let Ok(t) = v.extract::<String>() {
+        return Ok(t);
+    }
+    if let Ok(xs) = v.extract::<Vec<f64>>() {
+        return Ok(xs
+            .iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(","));
+    }
+    Err(PyValueError::new_err(format!(
+        "{name}={}: expected {}",
+        v.repr()?,
+        IMAGE_SETTINGS
+            .iter()
+            .find(|s| s.name == name)
+            .map_or("a value", |s| s.unit)
+    )))
+}
+
 /// What decoded image batches look like (`Loader(images=Images(...))`).
 #[pyclass(name = "Images", module = "gpufeed", frozen)]
 struct PyImages {
     spec: ImageSpec,
-    /// The arguments it was made with (for pickling).
+    /// The arguments it was given (for pickling, and its repr).
     init: Py<PyDict>,
 }
 
 #[pymethods]
 impl PyImages {
+    /// Every argument is one of ``gpufeed.IMAGE_SETTINGS``; ``None`` is the table's default.
     #[new]
     #[pyo3(signature = (
-        transform="train", size=None, dtype=None, layout="nchw", mean=None, std=None,
-        threads=0, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip_p=0.5, resize=None,
-        dct_scaling=true, max_pixels=None, prefetch_batches=2
+        transform=None, size=None, dtype=None, layout=None, mean=None, std=None, threads=None,
+        scale=None, ratio=None, flip_p=None, resize=None, dct_scaling=None, max_pixels=None,
+        prefetch_batches=None
     ))]
     #[allow(
         clippy::too_many_arguments,
@@ -1540,130 +1564,117 @@ impl PyImages {
     )]
     fn new(
         py: Python<'_>,
-        transform: &str,
+        transform: Option<&Bound<'_, PyAny>>,
         size: Option<&Bound<'_, PyAny>>,
         dtype: Option<&Bound<'_, PyAny>>,
-        layout: &str,
-        mean: Option<[f32; 3]>,
-        std: Option<[f32; 3]>,
-        threads: usize,
-        scale: (f64, f64),
-        ratio: (f64, f64),
-        flip_p: f64,
-        resize: Option<u32>,
-        dct_scaling: bool,
-        max_pixels: Option<u64>,
-        prefetch_batches: usize,
+        layout: Option<&Bound<'_, PyAny>>,
+        mean: Option<&Bound<'_, PyAny>>,
+        std: Option<&Bound<'_, PyAny>>,
+        threads: Option<&Bound<'_, PyAny>>,
+        scale: Option<&Bound<'_, PyAny>>,
+        ratio: Option<&Bound<'_, PyAny>>,
+        flip_p: Option<&Bound<'_, PyAny>>,
+        resize: Option<&Bound<'_, PyAny>>,
+        dct_scaling: Option<&Bound<'_, PyAny>>,
+        max_pixels: Option<&Bound<'_, PyAny>>,
+        prefetch_batches: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let (w, h) = match size {
-            Some(s) => image_size(s)?,
-            None => (224, 224),
-        };
+        let args = [
+            ("transform", transform),
+            ("size", size),
+            ("dtype", dtype),
+            ("layout", layout),
+            ("mean", mean),
+            ("std", std),
+            ("threads", threads),
+            ("scale", scale),
+            ("ratio", ratio),
+            ("flip_p", flip_p),
+            ("resize", resize),
+            ("dct_scaling", dct_scaling),
+            ("max_pixels", max_pixels),
+            ("prefetch_batches", prefetch_batches),
+        ];
         let init = PyDict::new(py);
-        init.set_item("transform", transform)?;
-        init.set_item("size", (h, w))?;
-        init.set_item("layout", layout)?;
-        init.set_item("mean", mean)?;
-        init.set_item("std", std)?;
-        init.set_item("threads", threads)?;
-        init.set_item("scale", scale)?;
-        init.set_item("ratio", ratio)?;
-        init.set_item("flip_p", flip_p)?;
-        init.set_item("resize", resize)?;
-        init.set_item("dct_scaling", dct_scaling)?;
-        init.set_item("max_pixels", max_pixels)?;
-        init.set_item("prefetch_batches", prefetch_batches)?;
-        let mut spec = match transform {
-            "train" => {
-                let mut s = ImageSpec::train(w);
-                s.transform = Transform::Train {
-                    scale,
-                    ratio,
-                    flip_p,
-                };
-                s
+        let mut given: Vec<(&str, String)> = Vec::new();
+        for (k, v) in args {
+            let Some(v) = v.filter(|v| !v.is_none()) else {
+                continue;
+            };
+            let text = image_value(k, v)?;
+            // A dtype is kept by its name (a torch dtype does not pickle without torch).
+            if k == "dtype" {
+                init.set_item(k, &text)?;
+            } else {
+                init.set_item(k, v)?;
             }
-            "eval" => {
-                let mut s = ImageSpec::eval(w);
-                if let Some(r) = resize {
-                    s.transform = Transform::Eval { resize: r };
-                }
-                s
-            }
-            t => {
-                return Err(PyValueError::new_err(format!(
-                    "transform {t:?}: \"train\" or \"eval\""
-                )))
-            }
-        };
-        spec.size = (w, h);
-        spec.dtype = match dtype {
-            Some(d) => pixel_type(d)?,
-            None => PixelType::F32,
-        };
-        init.set_item("dtype", spec.dtype.as_str())?;
-        spec.layout = match layout {
-            "nchw" => Layout::Nchw,
-            "nhwc" => Layout::Nhwc,
-            l => {
-                return Err(PyValueError::new_err(format!(
-                    "layout {l:?}: \"nchw\" or \"nhwc\""
-                )))
-            }
-        };
-        if let Some(m) = mean {
-            spec.mean = m;
+            given.push((k, text));
         }
-        if let Some(s) = std {
-            spec.std = s;
-        }
-        spec.threads = threads;
-        spec.dct_scaling = dct_scaling;
-        spec.prefetch_batches = prefetch_batches;
-        if let Some(m) = max_pixels {
-            spec.pixels_max = m;
-        }
-        spec.validate()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let spec = ImageSpec::from_settings(&given).map_err(|e| {
+            let mut m = python_spelling(&e.to_string());
+            if m.starts_with("dtype") {
+                m.push_str(" (a string, a torch dtype such as torch.float16, or a numpy dtype)");
+            }
+            PyValueError::new_err(m)
+        })?;
         Ok(PyImages {
             spec,
             init: init.unbind(),
         })
     }
 
-    /// The arguments it was made with, as Python writes them: `size` as torchvision's
-    /// `(height, width)`.
+    /// The image settings in effect: the names and values of ``gpufeed.IMAGE_SETTINGS`` as
+    /// text (None: not used by this transform), as the C ABI's
+    /// ``gpufeed_loader_image_settings`` and ``gpufeed bench decode --json`` print them.
+    #[getter]
+    fn settings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in self.spec.values() {
+            if IMAGE_SETTINGS
+                .iter()
+                .any(|s| s.name == k && s.at(FrontDoor::Python))
+            {
+                d.set_item(k, v)?;
+            }
+        }
+        Ok(d)
+    }
+
+    /// What it makes, as Python writes it: the transform, size (torchvision's
+    /// `(height, width)`), dtype and layout, then the arguments given that differ from the
+    /// table's defaults.
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let init = self.init.bind(py);
-        let show = |k: &str| -> PyResult<String> {
-            let v = init.get_item(k)?.map_or(Ok("None".to_string()), |v| {
-                v.repr().and_then(|r| r.extract::<String>())
-            })?;
-            Ok(format!("{k}={v}"))
+        let values = self.spec.values();
+        let text = |k: &str| {
+            values
+                .iter()
+                .find(|(n, _)| *n == k)
+                .and_then(|(_, v)| v.clone())
+        };
+        let (w, h) = self.spec.size;
+        let size = if w == h {
+            w.to_string()
+        } else {
+            format!("({h}, {w})")
         };
         let mut parts = vec![
-            init.get_item("transform")?
-                .map_or(Ok("'train'".to_string()), |v| {
-                    v.repr().and_then(|r| r.extract::<String>())
-                })?,
-            show("size")?,
-            show("dtype")?,
-            show("layout")?,
+            format!("'{}'", text("transform").unwrap_or_default()),
+            format!("size={size}"),
+            format!("dtype='{}'", self.spec.dtype.as_str()),
+            format!("layout='{}'", self.spec.layout.as_str()),
         ];
-        // The others where they differ from their defaults.
-        let defaults = py.eval(
-            c"dict(threads=0, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip_p=0.5, \
-               dct_scaling=True, prefetch_batches=2, mean=None, std=None, resize=None, \
-               max_pixels=None)",
-            None,
-            None,
-        )?;
-        for (k, d) in defaults.cast::<PyDict>()?.iter() {
-            let k: String = k.extract()?;
-            if let Some(v) = init.get_item(&k)? {
-                if !v.eq(&d)? {
-                    parts.push(show(&k)?);
-                }
+        let defaults = ImageSpec::default().values();
+        for (k, v) in &values {
+            if ["transform", "size", "dtype", "layout"].contains(k) {
+                continue;
+            }
+            let default = defaults
+                .iter()
+                .find(|(n, _)| n == k)
+                .and_then(|(_, v)| v.clone());
+            if let (Some(given), true) = (init.get_item(*k)?, *v != default) {
+                parts.push(format!("{k}={}", given.repr()?.extract::<String>()?));
             }
         }
         Ok(format!("gpufeed.Images({})", parts.join(", ")))
@@ -2524,6 +2535,13 @@ fn _gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
         table.set_item(o.name, (o.default, o.unit, o.help))?;
     }
     m.add("LOADER_SETTINGS", table)?;
+    // The image settings `Images` takes: name → (default, unit, help), the table the C
+    // `gpufeed_images` struct and `gpufeed bench decode`'s flags follow too.
+    let table = PyDict::new(m.py());
+    for o in IMAGE_SETTINGS.iter().filter(|o| o.at(FrontDoor::Python)) {
+        table.set_item(o.name, (o.default, o.unit, o.help))?;
+    }
+    m.add("IMAGE_SETTINGS", table)?;
     Ok(())
 }
 

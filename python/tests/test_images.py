@@ -166,5 +166,54 @@ class ImageTests(unittest.TestCase):
                 gpufeed.Images(**kw)
 
 
+class ImageSettings(unittest.TestCase):
+    """Python's door to the image settings' table (the Rust, C and CLI doors are held to it by
+    tests/it/capi.rs)."""
+
+    def test_every_setting_has_the_tables_default(self):
+        want = {k: (None if d == "none" else d) for k, (d, _unit, _help) in gpufeed.IMAGE_SETTINGS.items()}
+        self.assertEqual(gpufeed.Images().settings, want)
+        self.assertEqual(want["dtype"], "float32")
+        import inspect
+
+        params = inspect.signature(gpufeed.Images).parameters
+        for name in gpufeed.IMAGE_SETTINGS:
+            self.assertIn(name, params)
+            self.assertIsNone(params[name].default, name)
+
+    def test_every_setting_given_reaches_the_spec(self):
+        train = dict(
+            transform="train", size=(40, 48), dtype="bfloat16", layout="nhwc",
+            mean=(0.5, 0.25, 0.125), std=[0.5, 0.5, 0.25], threads=3, scale=(0.25, 0.75),
+            ratio=(0.5, 2.0), flip_p=0.25, dct_scaling=False, max_pixels=1000000,
+            prefetch_batches=4,
+        )
+        s = gpufeed.Images(**train).settings
+        self.assertEqual(
+            s,
+            dict(
+                transform="train", size="40x48", dtype="bfloat16", layout="nhwc",
+                mean="0.5,0.25,0.125", std="0.5,0.5,0.25", threads="3", scale="0.25,0.75",
+                ratio="0.5,2", flip_p="0.25", resize=None, dct_scaling="false",
+                max_pixels="1000000", prefetch_batches="4",
+            ),
+        )
+        e = gpufeed.Images("eval", 40, resize=60).settings
+        self.assertEqual((e["resize"], e["scale"]), ("60", None))
+        self.assertEqual(gpufeed.Images("eval", 224).settings["resize"], "256")
+        untested = set(gpufeed.IMAGE_SETTINGS) - set(train) - {"resize"}
+        self.assertEqual(untested, set())
+        # Every dtype spelling is one parse: strings, numpy and torch-style names.
+        import numpy as np
+
+        for d, name in (("half", "float16"), (np.float16, "float16"), (np.dtype("uint8"), "uint8"),
+                        ("bf16", "bfloat16"), ("float", "float32")):
+            self.assertEqual(gpufeed.Images(dtype=d).settings["dtype"], name, d)
+        # Pickled by what it was given.
+        import pickle
+
+        self.assertEqual(pickle.loads(pickle.dumps(gpufeed.Images(**train))).settings, s)
+
+
 if __name__ == "__main__":
     unittest.main()

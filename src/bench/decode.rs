@@ -14,7 +14,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::dataset::Dataset;
-use crate::decode::{synth, ImageSpec, Layout, PixelType, RgbDecoder};
+use crate::decode::{synth, ImageSpec, RgbDecoder};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::loader::Loader;
 use crate::sys::process_cpu_seconds;
@@ -28,12 +28,9 @@ pub struct DecodeBenchSpec {
     pub images: u64,
     /// Decode threads (and Pillow worker processes).
     pub threads: usize,
-    /// Output side.
-    pub size: u32,
-    /// Output element type.
-    pub dtype: PixelType,
-    /// Output layout.
-    pub layout: Layout,
+    /// gpufeed's rows' image settings (a square output; each row sets its transform), and
+    /// the peers' size, element type and layout.
+    pub image: ImageSpec,
     /// Samples per batch.
     pub batch: u32,
     /// Rounds; every row runs once per round, in turn.
@@ -76,6 +73,10 @@ pub struct DecodeBenchRow {
     pub stall: Option<crate::loader::StallStats>,
     /// With a step: keeps up, or what bounds it (as `bench load --step-ms`).
     pub verdict: Option<String>,
+    /// gpufeed's transform rows: the image settings they decoded with
+    /// ([`ImageSpec::settings_json`]).
+    #[serde(rename = "images_settings", skip_serializing_if = "Option::is_none")]
+    pub images_settings: Option<serde_json::Value>,
 }
 
 /// Every row name, in the default order: the CPU rows (gpufeed's CPU stage and Pillow), then
@@ -178,25 +179,23 @@ pub fn run_decode_bench(
         None => None,
     };
     let on_device = || device_loader.as_ref().expect("made for the device rows");
+    // A row's spec: the one given, with the row's transform.
+    let image = |transform: &str| -> Result<ImageSpec> {
+        let mut s = spec.image.clone();
+        s.set("transform", transform)?;
+        Ok(s)
+    };
     let mut out = Vec::new();
     for round in 0..spec.rounds {
         for row in &spec.rows {
             let r = match row.as_str() {
-                "gpufeed-train" => ours(&loader, spec, ImageSpec::train(spec.size), row, round)?,
-                "gpufeed-eval" => ours(&loader, spec, ImageSpec::eval(spec.size), row, round)?,
+                "gpufeed-train" => ours(&loader, spec, image("train")?, row, round)?,
+                "gpufeed-eval" => ours(&loader, spec, image("eval")?, row, round)?,
                 "gpufeed-decode" => decode_alone(&ds, spec, row, round)?,
-                "gpufeed-device-train" => {
-                    ours(on_device(), spec, ImageSpec::train(spec.size), row, round)?
-                }
-                "gpufeed-device-eval" => {
-                    ours(on_device(), spec, ImageSpec::eval(spec.size), row, round)?
-                }
+                "gpufeed-device-train" => ours(on_device(), spec, image("train")?, row, round)?,
+                "gpufeed-device-eval" => ours(on_device(), spec, image("eval")?, row, round)?,
                 "gpufeed-nohw-train" | "gpufeed-nohw-eval" => {
-                    let mut image = if row.ends_with("train") {
-                        ImageSpec::train(spec.size)
-                    } else {
-                        ImageSpec::eval(spec.size)
-                    };
+                    let mut image = image(&row["gpufeed-nohw-".len()..])?;
                     image.hardware_decoder = false;
                     ours(on_device(), spec, image, row, round)?
                 }
@@ -217,12 +216,8 @@ fn ours(
     row: &str,
     round: u32,
 ) -> Result<DecodeBenchRow> {
-    let il = loader.decode_images(
-        image
-            .dtype(spec.dtype)
-            .layout(spec.layout)
-            .threads(spec.threads),
-    )?;
+    let settings = image.settings_json();
+    let il = loader.decode_images(image)?;
     let (t0, c0) = (Instant::now(), process_cpu_seconds());
     let (mut images, mut errors, mut batches) = (0u64, 0u64, 0u64);
     let mut epoch = il.epoch(round as u64)?;
@@ -239,6 +234,7 @@ fn ours(
     let stall = epoch.stats().stall;
     let mut r = row_of(row, round, images, s, c, il.threads(), errors);
     r.stall = Some(stall);
+    r.images_settings = Some(settings);
     if !spec.step.is_zero() {
         let demand = 1.0 / spec.step.as_secs_f64();
         let achieved = batches as f64 / s.max(1e-9);
@@ -336,8 +332,8 @@ fn run_peer(
         .arg(script)
         .args(["--dir".as_ref(), spec.dir.as_os_str()])
         .args(args)
-        .args(["--size", &spec.size.to_string()])
-        .args(["--dtype", spec.dtype.as_str()])
+        .args(["--size", &spec.image.size.0.to_string()])
+        .args(["--dtype", spec.image.dtype.as_str()])
         .args(["--batch", &spec.batch.to_string()])
         .args(["--seed", &round.to_string()])
         .output()
@@ -362,10 +358,7 @@ fn run_peer(
 
 fn pil(spec: &DecodeBenchSpec, mode: &str, row: &str, round: u32) -> Result<DecodeBenchRow> {
     let workers = spec.threads.to_string();
-    let layout = match spec.layout {
-        Layout::Nchw => "nchw",
-        Layout::Nhwc => "nhwc",
-    };
+    let layout = spec.image.layout.as_str();
     let args = ["--mode", mode, "--workers", &workers, "--layout", layout];
     let p = run_peer(spec, &spec.script, "Pillow", &args, round)?;
     Ok(row_of(
@@ -399,6 +392,7 @@ fn row_of(
         errors,
         stall: None,
         verdict: None,
+        images_settings: None,
     }
 }
 

@@ -184,18 +184,21 @@ pub(super) struct DecodeArgs {
     /// with `--features sim`; its figures are not a GPU's) or cuda (device 0).
     #[arg(long, default_value = "cpu")]
     pub(super) device: String,
-    /// Decode threads and Pillow worker processes (default: the decode stage's, this rank's share of the cores).
+    /// Decode threads and Pillow worker processes (default: the decode stage's, this rank's
+    /// share of the cores). This flag and the next three are image settings: their defaults
+    /// and values are those of `Images(...)` and `gpufeed_images` (IMAGE_SETTINGS).
     #[arg(long)]
-    pub(super) threads: Option<usize>,
-    /// Output side in pixels.
-    #[arg(long, default_value_t = 224)]
-    pub(super) size: u32,
-    /// Output element type: uint8, float16, bfloat16, float32.
-    #[arg(long, default_value = "float16")]
-    pub(super) dtype: String,
-    /// Output layout: nchw or nhwc.
-    #[arg(long, default_value = "nchw")]
-    pub(super) layout: String,
+    pub(super) threads: Option<String>,
+    /// Output side in pixels (default 224).
+    #[arg(long)]
+    pub(super) size: Option<String>,
+    /// Output element type: uint8, float16, bfloat16, float32 (default float32, as a trainer
+    /// gets it).
+    #[arg(long)]
+    pub(super) dtype: Option<String>,
+    /// Output layout: nchw or nhwc (default nchw).
+    #[arg(long)]
+    pub(super) layout: Option<String>,
     /// Samples per batch.
     #[arg(long, default_value_t = 128)]
     pub(super) batch: u32,
@@ -898,36 +901,39 @@ pub(super) fn bench_load(a: LoadArgs) -> Result<()> {
 #[cfg(feature = "decode")]
 pub(super) fn bench_decode(a: DecodeArgs) -> Result<()> {
     use crate::bench::decode::{ratios, run_decode_bench, table_row, DecodeBenchSpec, ROWS};
-    use crate::decode::{Layout, PixelType};
     if !["cpu", "sim", "cuda"].contains(&a.device.as_str()) {
         return Err(crate::error::invalid(format!(
             "--device {}: cpu, sim (the simulated device; a build with --features sim) or cuda",
             a.device
         )));
     }
-    let dtype = match a.dtype.as_str() {
-        "uint8" | "u8" => PixelType::U8,
-        "float16" | "f16" => PixelType::F16,
-        "bfloat16" | "bf16" => PixelType::Bf16,
-        "float32" | "f32" => PixelType::F32,
-        d => {
-            return Err(crate::error::invalid(format!(
-                "--dtype {d}: uint8, float16, bfloat16 or float32"
-            )))
+    // The image settings this command takes, read as every door reads them.
+    let given: Vec<(&str, String)> = [
+        ("threads", &a.threads),
+        ("size", &a.size),
+        ("dtype", &a.dtype),
+        ("layout", &a.layout),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+    .collect();
+    let image = crate::decode::ImageSpec::from_settings(&given).map_err(|e| {
+        match given.iter().find(|(k, _)| e.message().starts_with(k)) {
+            Some(_) => crate::error::invalid(format!("--{}", e.message())),
+            None => e,
         }
-    };
-    let layout = match a.layout.as_str() {
-        "nchw" => Layout::Nchw,
-        "nhwc" => Layout::Nhwc,
-        l => return Err(crate::error::invalid(format!("--layout {l}: nchw or nhwc"))),
-    };
+    })?;
+    if image.size.0 != image.size.1 {
+        return Err(crate::error::invalid(format!(
+            "--size {}: bench decode's rows are square, as the Pillow rows it compares are",
+            a.size.as_deref().unwrap_or_default()
+        )));
+    }
     let mut a = a;
     if a.python.is_none() {
         a.python = std::env::var_os("GPUFEED_BENCH_PYTHON").map(PathBuf::from);
     }
-    let threads = a
-        .threads
-        .unwrap_or_else(|| crate::decode::ImageSpec::train(a.size).thread_count());
+    let threads = image.thread_count();
     let rows = if a.rows.is_empty() {
         let mut r = crate::bench::decode::default_rows(&a.device);
         if a.python.is_none()
@@ -948,9 +954,7 @@ pub(super) fn bench_decode(a: DecodeArgs) -> Result<()> {
         dir: a.dir.clone(),
         images: a.images,
         threads,
-        size: a.size,
-        dtype,
-        layout,
+        image,
         batch: a.batch,
         rounds: a.rounds,
         rows,

@@ -910,6 +910,291 @@ impl SimJpeg {
     }
 }
 
+use super::pool::Job;
+use crate::util::Unpoison;
+
+/// A device sample's image: decoded whole on the CPU (width, height, packed 8-bit RGB), or
+/// left to the hardware decoder (its size from the image record).
+pub(super) enum Decoded {
+    Pixels(u32, u32, Vec<u8>),
+    Hardware(u32, u32),
+}
+
+/// A device batch's tensor and what its samples went through.
+pub(super) struct DeviceOut {
+    /// The output tensor: a region of the stage's pool, with its ready event.
+    pub(super) tensor: DeviceRegion,
+    pub(super) stage: Arc<DeviceStage>,
+    /// Each sample's checksum error, from the device's crc32c over the group.
+    pub(super) crc: Vec<Option<Error>>,
+    /// Each sample's bytes on the host, read in one gathered copy when the job was made: all
+    /// of a CPU-route sample, the header of a hardware-route one (`None`: failed already).
+    pub(super) host: Mutex<Vec<Option<Result<Vec<u8>>>>>,
+    /// The last bytes of a hardware-route sample that `host` does not hold whole.
+    pub(super) tails: Vec<Vec<u8>>,
+    /// Each sample decoded whole: width, height, packed RGB (the decoder's output buffer).
+    pub(super) decoded: Mutex<Vec<Option<Decoded>>>,
+}
+
+/// The reason of an image that decodes to another size than its record says (the device
+/// path sizes its buffers from the records).
+pub(super) fn record_mismatch((w, h): (u32, u32), (rw, rh): (u32, u32)) -> String {
+    format!("it decodes as {w}x{h} but its image record says {rw}x{rh}")
+}
+impl Job {
+    /// Device path: sample `i` decoded whole into the job's decoded images, routed as the
+    /// GPU routes it (the simulated device: the CPU stage stands in for nvJPEG). Its checksum
+    /// was checked on the device when the job was made.
+    pub(super) fn decode_whole(
+        &self,
+        i: usize,
+        dec: &mut Result<ImageDecoder, String>,
+        d: &DeviceOut,
+    ) -> Option<Error> {
+        let id = self.batch.sample_ids()[i];
+        if let Some(e) = &d.crc[i] {
+            d.stage.counted(None);
+            return Some(e.clone());
+        }
+        let whole_len = match self.batch.sample_range(i) {
+            Ok(r) => r.len(),
+            Err(e) => {
+                // Already an error (read, frame): zero-filled, the error stays.
+                d.stage.counted(None);
+                return Some(e.clone());
+            }
+        };
+        // Routed by the image's record (format v2 shards carry them; other formats had their
+        // headers read once when the image loader was made), as the GPU routes without
+        // reading the bytes on the host.
+        let info = self
+            .dataset
+            .image_info()
+            .ok()
+            .and_then(|v| v.get(id as usize).copied());
+        let way = d.stage.route_of(info.as_ref());
+        // Taken, not copied: sample `i` is this thread's alone.
+        let mut data = match d.host.lock().unpoisoned()[i].take() {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => {
+                d.stage.counted(None);
+                return Some(e);
+            }
+            None => Vec::new(),
+        };
+        if way == Route::Hardware {
+            // The engines decode it with the batch, straight from device memory, into a slot
+            // sized from its own frame header (read from the bytes gathered to the host): a
+            // record that understates the image cannot make the engine write past its slot.
+            // Its end, to see that the image is all there (the engines would make up what a
+            // truncated one lacks, without an error).
+            let end = if data.len() == whole_len {
+                &data[..]
+            } else {
+                &d.tails[i][..]
+            };
+            match crate::image::info(&data) {
+                Some(h)
+                    if super::device::route(Some(&h)) == Route::Hardware
+                        && super::device::ends_complete(end) =>
+                {
+                    let r = info.expect("the hardware route needs a record");
+                    if (h.width, h.height) != (r.width, r.height) {
+                        d.stage.counted(None);
+                        return Some(self.decode_error(
+                            id,
+                            record_mismatch((h.width, h.height), (r.width, r.height)),
+                        ));
+                    }
+                    if let Err(reason) =
+                        super::spec::check_pixels(h.width, h.height, self.spec.pixels_max)
+                    {
+                        d.stage.counted(None);
+                        return Some(self.decode_error(id, reason));
+                    }
+                    d.decoded.lock().unpoisoned()[i] = Some(Decoded::Hardware(h.width, h.height));
+                    return None;
+                }
+                // Its header is not where the engines could take it (beyond the bytes read,
+                // or another kind than its record says), or its data does not end with the
+                // image: the CPU route, on its whole bytes.
+                _ => data.clear(),
+            }
+        }
+        if data.is_empty() {
+            if let Err(e) = DeviceStage::sample_bytes(&self.batch, i, &mut data) {
+                d.stage.counted(None);
+                return Some(e);
+            }
+        }
+        let way = Route::Cpu;
+        let dec = match dec {
+            Ok(d) => d,
+            Err(e) => {
+                d.stage.counted(None);
+                return Some(self.decode_error(id, e.clone()));
+            }
+        };
+        let mut px = Vec::new();
+        match dec.decode_rgb(&self.spec, &data, &mut px) {
+            Ok((w, h))
+                if info.is_some_and(|r| {
+                    r.width > 0 && r.height > 0 && (r.width, r.height) != (w, h)
+                }) =>
+            {
+                // The output buffers are sized from the records: one that lies is an error.
+                let r = info.expect("checked");
+                d.stage.counted(None);
+                Some(self.decode_error(id, record_mismatch((w, h), (r.width, r.height))))
+            }
+            Ok((w, h)) => {
+                d.stage.counted(Some(way));
+                d.decoded.lock().unpoisoned()[i] = Some(Decoded::Pixels(w, h, px));
+                None
+            }
+            Err(reason) => {
+                d.stage.counted(None);
+                Some(self.decode_error(id, reason))
+            }
+        }
+    }
+
+    /// Device path, once every sample is decoded: the batch in chunks whose decoded images
+    /// fit the staging budget — per chunk, the CPU-decoded images packed and uploaded, the
+    /// engines' batched decode of the rest into their slots (an image the engine rejects is
+    /// decoded on the CPU instead), then one resize launch writing the chunk's part of the
+    /// output tensor (a failed sample's `valid` is 0: zeros). Returns the samples lost on the
+    /// way with their errors; on an error the whole tensor is zeroed.
+    pub(super) fn resize(
+        &self,
+        d: &DeviceOut,
+        dec: &mut Result<ImageDecoder, String>,
+    ) -> Result<Vec<(usize, Error)>> {
+        let decoded = std::mem::take(&mut *d.decoded.lock().unpoisoned());
+        if self.cancelled.load(Ordering::Relaxed) {
+            return Ok(Vec::new()); // nobody will see this batch
+        }
+        let (r, len) = (d.tensor.index(), d.tensor.len());
+        let got = self.resize_chunks(d, dec, decoded, r, len);
+        if got.is_err() {
+            // Every sample is lost: the tensor says so with zeros, not an older batch's pixels.
+            let _ = d.stage.zero(r, len);
+        }
+        got
+    }
+
+    pub(super) fn resize_chunks(
+        &self,
+        d: &DeviceOut,
+        dec: &mut Result<ImageDecoder, String>,
+        mut decoded: Vec<Option<Decoded>>,
+        r: usize,
+        len: usize,
+    ) -> Result<Vec<(usize, Error)>> {
+        use super::device::{STAGING_ALIGN, STAGING_MAX};
+        let n = decoded.len();
+        let per = len.checked_div(n).unwrap_or(0);
+        let ids = self.batch.sample_ids();
+        let bytes_of = |img: &Option<Decoded>| match img {
+            Some(Decoded::Pixels(w, h, _) | Decoded::Hardware(w, h)) => {
+                (*w as usize * *h as usize * 3).next_multiple_of(STAGING_ALIGN)
+            }
+            None => 0,
+        };
+        let mut lost = Vec::new();
+        let mut start = 0;
+        while start < n {
+            // The chunk: samples from `start` while their images fit the budget (one at least).
+            let mut end = start;
+            let mut total = 0;
+            while end < n && (end == start || total + bytes_of(&decoded[end]) <= STAGING_MAX) {
+                total += bytes_of(&decoded[end]);
+                end += 1;
+            }
+            // CPU-decoded images first (uploaded), then the engines' slots (not uploaded).
+            let mut cpu = Vec::new();
+            let mut samples = vec![GfSample::default(); end - start]; // valid = 0
+            let mut slots = Vec::new();
+            for (k, img) in decoded[start..end].iter_mut().enumerate() {
+                let i = start + k;
+                let (w, h) = match img {
+                    Some(Decoded::Pixels(w, h, _) | Decoded::Hardware(w, h)) => (*w, *h),
+                    None => continue,
+                };
+                let g = self
+                    .spec
+                    .geometry(self.seed, self.batch.epoch(), ids[i] as u64, (w, h));
+                match img.take() {
+                    Some(Decoded::Pixels(_, _, px)) => {
+                        cpu.resize(cpu.len().next_multiple_of(STAGING_ALIGN), 0);
+                        samples[k] = GfSample::new(&g, cpu.len() as u64, (w, h));
+                        cpu.extend_from_slice(&px);
+                    }
+                    _ => slots.push((k, g, (w, h))),
+                }
+            }
+            let mut at = cpu.len().next_multiple_of(STAGING_ALIGN);
+            let mut hw = Vec::with_capacity(slots.len());
+            for (k, g, (w, h)) in slots {
+                samples[k] = GfSample::new(&g, at as u64, (w, h));
+                hw.push(HardwareImage {
+                    sample: start + k,
+                    staging: at,
+                    size: (w, h),
+                });
+                at = (at + w as usize * h as usize * 3).next_multiple_of(STAGING_ALIGN);
+            }
+            let staging_len = at.max(cpu.len());
+            d.stage.stage_chunk(r, staging_len, &cpu)?;
+            drop(cpu);
+            let rejected = d.stage.decode_on_engine(r, &self.batch, &hw)?;
+            let mut engine_ok = vec![true; hw.len()];
+            // The engine's reason is dropped: the CPU decoder's, if it fails too, is kept.
+            for (k, _) in rejected {
+                engine_ok[k] = false;
+                let h = hw[k];
+                let id = ids[h.sample];
+                let mut data = Vec::new();
+                let mut px = Vec::new();
+                let got = DeviceStage::sample_bytes(&self.batch, h.sample, &mut data)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| match dec {
+                        Ok(dec) => dec.decode_rgb(&self.spec, &data, &mut px),
+                        Err(e) => Err(e.clone()),
+                    });
+                match got {
+                    Ok(size) if size == h.size => {
+                        d.stage.stage_image(r, h.staging, &px)?;
+                        d.stage.counted(Some(Route::Cpu));
+                    }
+                    Ok((w, hh)) => {
+                        samples[h.sample - start].valid = 0;
+                        d.stage.counted(None);
+                        lost.push((
+                            h.sample,
+                            self.decode_error(id, record_mismatch((w, hh), h.size)),
+                        ));
+                    }
+                    Err(reason) => {
+                        samples[h.sample - start].valid = 0;
+                        d.stage.counted(None);
+                        lost.push((h.sample, self.decode_error(id, reason)));
+                    }
+                }
+            }
+            d.stage
+                .launch(r, start * per, (end - start) * per, staging_len, &samples)?;
+            for ok in engine_ok {
+                if ok {
+                    d.stage.counted(Some(Route::Hardware));
+                }
+            }
+            start = end;
+        }
+        Ok(lost)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::ends_complete;

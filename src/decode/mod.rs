@@ -33,22 +33,29 @@
 //! # }
 //! ```
 
+mod batch;
 mod cpu;
 pub(crate) mod device;
+mod epoch;
 mod jpeg;
+mod loader;
 mod other;
 mod pool;
 mod resample;
+mod settings;
 mod spec;
 pub(crate) mod synth;
 
+pub use batch::{Element, ImageBatch};
 pub use cpu::{jpeg_header, RgbDecoder, SampleDecoder};
 pub use device::{route, Route, RouteCounts};
+pub use epoch::ImageEpoch;
 pub use jpeg::{JpegColorspace, JpegError, JpegHeader};
-pub use pool::{Element, ImageBatch, ImageEpoch, ImageLoader};
+pub use loader::ImageLoader;
 /// The geometry and filter arithmetic, for the GPU stage and for checks.
 pub use resample::Geometry;
 pub use resample::{Layout, PixelType};
+pub use settings::{ImageSetting, IMAGE_SETTINGS};
 pub use spec::{default_decode_threads, ImageSpec, Transform, IMAGENET_MEAN, IMAGENET_STD};
 
 pub(crate) use cpu::ImageDecoder;

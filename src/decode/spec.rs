@@ -29,8 +29,10 @@ pub enum Transform {
     },
 }
 
-/// What a batch of images becomes. Defaults: ImageNet mean/std, `float32`, NCHW, this rank's
-/// share of the cores ([`default_decode_threads`]), 2 batches decoded ahead, images above 64 megapixels refused, DCT-domain scaling on.
+/// What a batch of images becomes. Its defaults, and each setting's name at every door, are
+/// [`IMAGE_SETTINGS`](super::IMAGE_SETTINGS): the training transform to 224×224, ImageNet
+/// mean/std, `float32`, NCHW, this rank's share of the cores ([`default_decode_threads`]), 2
+/// batches decoded ahead, images above 64 megapixels refused, DCT-domain scaling on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImageSpec {
     /// Output width and height.
@@ -95,42 +97,24 @@ pub fn default_decode_threads() -> usize {
 }
 
 impl ImageSpec {
-    /// The training transform to `size`×`size` with torchvision's defaults.
+    /// The training transform to `size`×`size` with torchvision's defaults (and every other
+    /// setting [`IMAGE_SETTINGS`](super::IMAGE_SETTINGS)' default).
     pub fn train(size: u32) -> ImageSpec {
-        ImageSpec::with_transform(
-            size,
-            Transform::Train {
-                scale: (0.08, 1.0),
-                ratio: (3.0 / 4.0, 4.0 / 3.0),
-                flip_p: 0.5,
-            },
-        )
+        ImageSpec {
+            size: (size, size),
+            ..ImageSpec::default()
+        }
     }
 
     /// The evaluation transform: the shorter side to `size * 8 / 7` (256 for 224), then the
     /// centre `size`×`size`.
     pub fn eval(size: u32) -> ImageSpec {
-        ImageSpec::with_transform(
-            size,
-            Transform::Eval {
-                resize: (size as u64 * 8 / 7) as u32,
-            },
-        )
-    }
-
-    fn with_transform(size: u32, transform: Transform) -> ImageSpec {
         ImageSpec {
             size: (size, size),
-            transform,
-            mean: IMAGENET_MEAN,
-            std: IMAGENET_STD,
-            dtype: PixelType::F32,
-            layout: Layout::Nchw,
-            threads: 0,
-            prefetch_batches: 2,
-            pixels_max: 64 << 20,
-            dct_scaling: true,
-            hardware_decoder: true,
+            transform: Transform::Eval {
+                resize: super::settings::eval_resize(size),
+            },
+            ..ImageSpec::default()
         }
     }
 

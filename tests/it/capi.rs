@@ -826,15 +826,20 @@ fn cli_settings(dir: &Path, paths: &[&Path], mode: &str, flags: &[&str]) -> serd
     row["settings"].clone()
 }
 
-/// `json` with only the settings `door` takes.
-fn at_door(json: &serde_json::Value, door: gpufeed::loader::FrontDoor) -> serde_json::Value {
+/// `json` with only the names `keep` keeps.
+fn only(json: &serde_json::Value, keep: impl Fn(&str) -> bool) -> serde_json::Value {
     let mut m = json.as_object().unwrap().clone();
-    m.retain(|k, _| {
+    m.retain(|k, _| keep(k));
+    serde_json::Value::Object(m)
+}
+
+/// `json` with only the loader settings `door` takes.
+fn at_door(json: &serde_json::Value, door: gpufeed::loader::FrontDoor) -> serde_json::Value {
+    only(json, |k| {
         gpufeed::loader::LOADER_SETTINGS
             .iter()
             .any(|o| o.name == k && o.at(door))
-    });
-    serde_json::Value::Object(m)
+    })
 }
 
 /// Every loader setting reaches every door with the table's default, and a value given at a
@@ -1002,4 +1007,185 @@ fn every_loader_setting_reaches_every_door_with_the_tables_default() {
         .unwrap();
     let v: serde_json::Value = serde_json::from_str(line).unwrap();
     assert_eq!((&v["rank"], &v["world_size"]), (&"1".into(), &"3".into()));
+}
+
+/// `json` with only the image settings `door` takes.
+fn at_image_door(json: &serde_json::Value, door: gpufeed::loader::FrontDoor) -> serde_json::Value {
+    only(json, |k| {
+        gpufeed::decode::IMAGE_SETTINGS
+            .iter()
+            .any(|o| o.name == k && o.at(door))
+    })
+}
+
+#[test]
+fn every_image_setting_reaches_every_door_with_the_tables_default() {
+    use gpufeed::decode::{ImageSpec, IMAGE_SETTINGS};
+    use gpufeed::loader::FrontDoor;
+    // Rust: the spec's defaults are the table's (Python's door is held to it by
+    // python/tests/test_images.py).
+    assert_eq!(
+        ImageSpec::default().settings_json(),
+        ImageSpec::defaults_json(FrontDoor::Rust)
+    );
+    assert_eq!(ImageSpec::default(), ImageSpec::train(224));
+
+    // Two specs given every setting a value other than its default: a training one, and an
+    // evaluation one for what only it uses.
+    let train: Vec<(&str, String)> = [
+        ("transform", "train"),
+        ("size", "48"),
+        ("dtype", "bfloat16"),
+        ("layout", "nhwc"),
+        ("mean", "0.5,0.25,0.125"),
+        ("std", "0.5,0.5,0.25"),
+        ("threads", "3"),
+        ("scale", "0.25,0.75"),
+        ("ratio", "0.5,2"),
+        ("flip_p", "0.25"),
+        ("dct_scaling", "false"),
+        ("max_pixels", "1000000"),
+        ("prefetch_batches", "4"),
+        ("hardware_decoder", "false"),
+    ]
+    .map(|(k, v)| (k, v.to_string()))
+    .to_vec();
+    let eval: Vec<(&str, String)> = [("transform", "eval"), ("size", "40"), ("resize", "60")]
+        .map(|(k, v)| (k, v.to_string()))
+        .to_vec();
+    for s in IMAGE_SETTINGS {
+        let d = ImageSpec::defaults_json(FrontDoor::Rust)[s.name].clone();
+        let differs = |given: &[(&str, String)]| {
+            given.iter().any(|(k, _)| *k == s.name)
+                && ImageSpec::from_settings(given).unwrap().settings_json()[s.name] != d
+        };
+        assert!(
+            differs(&train) || differs(&eval),
+            "{} is given no value other than its default here",
+            s.name
+        );
+    }
+    // What a door makes of the values it takes.
+    let want = |given: &[(&str, String)], door: FrontDoor| {
+        let taken: Vec<(&str, String)> = given
+            .iter()
+            .filter(|(k, _)| IMAGE_SETTINGS.iter().any(|s| s.name == *k && s.at(door)))
+            .cloned()
+            .collect();
+        at_image_door(
+            &ImageSpec::from_settings(&taken).unwrap().settings_json(),
+            door,
+        )
+    };
+
+    // CLI: bench decode's flags, defaults and given.
+    let dir = disk_dir();
+    let cli = |flags: &[String]| -> serde_json::Value {
+        let o = Command::new(gpufeed_bin())
+            .env("GPUFEED_QUIET", "1")
+            .args(["bench", "decode", "--json", "--rows", "gpufeed-train"])
+            .args(["--images", "8", "--batch", "4", "--rounds", "1", "--dir"])
+            .arg(dir.path().join("decode"))
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout);
+        out.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find_map(|r| r.get("images_settings").cloned())
+            .unwrap_or_else(|| panic!("no row with images_settings in {out}"))
+    };
+    assert_eq!(
+        at_image_door(&cli(&[]), FrontDoor::Cli),
+        ImageSpec::defaults_json(FrontDoor::Cli),
+        "bench decode's defaults"
+    );
+    let flags: Vec<String> = train
+        .iter()
+        .filter(|(k, _)| {
+            IMAGE_SETTINGS
+                .iter()
+                .any(|s| s.name == *k && s.at(FrontDoor::Cli))
+        })
+        .flat_map(|(k, v)| [format!("--{k}"), v.clone()])
+        .collect();
+    assert_eq!(flags.len(), 8, "{flags:?}");
+    assert_eq!(
+        at_image_door(&cli(&flags), FrontDoor::Cli),
+        want(&train, FrontDoor::Cli),
+        "bench decode's flags"
+    );
+    let o = Command::new(gpufeed_bin())
+        .args(["bench", "decode", "--dtype", "int8", "--dir"])
+        .arg(dir.path().join("decode"))
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("--dtype \"int8\": expected uint8, float16"),
+        "{e}"
+    );
+
+    // C: the struct gpufeed_images_default fills, then every field set (names as numbers).
+    if Command::new("cc").arg("--version").output().is_err() {
+        eprintln!("skipped the C door: no C compiler (cc) on this machine");
+        return;
+    }
+    let lib = build_capi();
+    let exe = compile_named(dir.path(), &lib, "image_settings");
+    let images = dir.path().join("jpegs");
+    gpufeed::testing::synth::write_image_folder(&images, 4, 2).unwrap();
+    let c = |given: &[(&str, String)]| -> String {
+        let args: Vec<String> = given
+            .iter()
+            .filter(|(k, _)| {
+                IMAGE_SETTINGS
+                    .iter()
+                    .any(|s| s.name == *k && s.at(FrontDoor::C))
+            })
+            .map(|(k, v)| {
+                let s = IMAGE_SETTINGS.iter().find(|s| s.name == *k).unwrap();
+                let v = s.code_of(v).map_or(v.clone(), |n| n.to_string());
+                format!("{k}={v}")
+            })
+            .collect();
+        let o = Command::new(&exe)
+            .args(&args)
+            .arg("--")
+            .arg(&images)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    };
+    let json = |out: String| -> serde_json::Value {
+        let line = out
+            .lines()
+            .find_map(|l| l.strip_prefix("images "))
+            .unwrap_or_else(|| panic!("no settings in {out}"));
+        serde_json::from_str(line).unwrap()
+    };
+    assert_eq!(
+        at_image_door(&json(c(&[])), FrontDoor::C),
+        ImageSpec::defaults_json(FrontDoor::C),
+        "gpufeed_images_default"
+    );
+    for given in [&train, &eval] {
+        assert_eq!(
+            at_image_door(&json(c(given)), FrontDoor::C),
+            want(given, FrontDoor::C),
+            "every gpufeed_images field"
+        );
+    }
+    let refused = c(&[("layout", "7".to_string())]);
+    assert!(
+        refused.contains("refused layout 7: 0 nchw, 1 nhwc"),
+        "{refused}"
+    );
 }
