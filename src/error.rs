@@ -61,6 +61,9 @@ struct Inner {
     kind: ErrorKind,
     message: String,
     path: Option<Arc<Path>>,
+    /// How `path` is named to people where the file stands for something else (a remote
+    /// object's node-cache copy: its URL).
+    shown_as: Option<Arc<str>>,
     offset: Option<u64>,
     len: Option<u64>,
     sample: Option<u64>,
@@ -78,6 +81,7 @@ impl Error {
             kind,
             message: message.into(),
             path: None,
+            shown_as: None,
             offset: None,
             len: None,
             sample: None,
@@ -124,6 +128,21 @@ impl Error {
     /// Attaches the file this error concerns.
     pub fn with_path(mut self, path: impl Into<Arc<Path>>) -> Error {
         self.0.path = Some(path.into());
+        self.0.shown_as = None;
+        self
+    }
+
+    /// Names the error's file `name` in its text (a remote object's URL for its node-cache
+    /// copy); [`path`](Self::path) stays the file.
+    #[cfg_attr(
+        not(feature = "remote"),
+        allow(
+            dead_code,
+            reason = "only remote datasets' files stand for something else"
+        )
+    )]
+    pub(crate) fn shown_as(mut self, name: impl Into<Arc<str>>) -> Error {
+        self.0.shown_as = Some(name.into());
         self
     }
 
@@ -160,8 +179,8 @@ impl Error {
     /// node cache's copy of it.
     pub fn shown_path(&self) -> Option<String> {
         let p = self.0.path.as_deref()?;
-        Some(match PATH_NAMER.get().and_then(|n| n(p)) {
-            Some(name) => redact(&name).into_owned(),
+        Some(match &self.0.shown_as {
+            Some(name) => redact(name).into_owned(),
             None => shown(p),
         })
     }
@@ -218,6 +237,7 @@ impl Clone for Error {
             kind: i.kind,
             message: i.message.clone(),
             path: i.path.clone(),
+            shown_as: i.shown_as.clone(),
             offset: i.offset,
             len: i.len,
             sample: i.sample,
@@ -245,21 +265,6 @@ fn shown(p: &Path) -> String {
         }
     }
     out
-}
-
-/// How an error names a file where the file stands for something else: the node cache's data
-/// files by their object's URL (set by the cache when it first registers an object).
-static PATH_NAMER: std::sync::OnceLock<fn(&Path) -> Option<String>> = std::sync::OnceLock::new();
-
-#[cfg_attr(
-    not(feature = "remote"),
-    allow(
-        dead_code,
-        reason = "used only with feature remote: the remote datasets' node cache"
-    )
-)]
-pub(crate) fn set_path_namer(f: fn(&Path) -> Option<String>) {
-    let _ = PATH_NAMER.set(f);
 }
 
 impl fmt::Display for Error {

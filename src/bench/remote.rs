@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::cache::node::{lookup, NodeCache};
+use crate::cache::node::NodeCache;
 use crate::config::LoaderSettings;
 use crate::dataset::{Dataset, OpenOptions};
 use crate::error::{invalid, Result};
@@ -131,7 +131,7 @@ fn raw_gets(ds: &Dataset, urls: &[String], extent: u64, threads: usize) -> Resul
     let mut jobs = Vec::new();
     let mut stores = Vec::new();
     for url in urls {
-        let store = Store::open(url)?;
+        let store = Store::open_with(url, &ds.options().store)?;
         for o in store.list()? {
             let mut off = 0;
             while off < o.size {
@@ -335,9 +335,7 @@ pub fn run(spec: &RemoteSpec) -> Result<RemoteReport> {
     let cache = ds
         .files()
         .next()
-        .and_then(|f| std::fs::File::open(&f.path).ok())
-        .and_then(|f| lookup(&f))
-        .map(|o| o.cache().clone())
+        .and_then(|f| ds.sources.object(&f.path).map(|o| o.cache().clone()))
         .ok_or_else(|| invalid("not a remote dataset"))?;
     let dataset_bytes: u64 = ds.files().map(|f| f.size).sum();
     // The ceiling first, twice: the first pass warms the server's own caches, as the loader's

@@ -11,11 +11,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::RawFd;
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::node::{lookup_id, CachedObject};
+use super::node::CachedObject;
+use crate::dataset::Sources;
 use crate::io::{Backend, RawDone, RawRead};
 use crate::util::Unpoison;
 
@@ -54,10 +56,24 @@ struct Shared {
     done: Condvar,
 }
 
+/// What an engine's file entry is to the gate.
+#[derive(Clone)]
+enum GateFile {
+    /// A local file, or none: reads go to the inner backend.
+    Local,
+    /// A remote object's node-cache copy.
+    Object(Arc<CachedObject>),
+    /// A path that was an object's copy, now another file (the cache dropped or moved under
+    /// the loader): its reads fail, saying so, rather than read what is there.
+    Replaced(String),
+}
+
 /// See the module documentation.
 pub(crate) struct RemoteGate {
     inner: Box<dyn Backend>,
-    files: Vec<Option<Arc<CachedObject>>>,
+    /// The dataset's objects, by their copies' paths.
+    sources: Sources,
+    files: Vec<GateFile>,
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     threads: usize,
@@ -67,22 +83,35 @@ pub(crate) struct RemoteGate {
     queue_max: usize,
 }
 
-/// The engine's backend behind a gate (what `io::install_backend_wrap` is given).
-pub(crate) fn wrap(inner: Box<dyn Backend>, cfg: &crate::config::EngineConfig) -> Box<dyn Backend> {
+/// `inner` behind a gate for the objects of `sources` (a loader over a remote dataset composes
+/// its engine's backend so).
+pub(crate) fn gate(
+    inner: Box<dyn Backend>,
+    cfg: &crate::config::EngineConfig,
+    sources: Sources,
+) -> Box<dyn Backend> {
     Box::new(RemoteGate::new(
         inner,
+        sources,
         cfg.files_max as usize,
         FETCH_THREADS_DEFAULT,
     ))
 }
 
 impl RemoteGate {
-    /// A gate in front of `inner` with up to `threads` fetch threads, started on the first
-    /// read that needs the store (an engine that reads only local files starts none).
-    pub fn new(inner: Box<dyn Backend>, files_max: usize, threads: usize) -> Self {
+    /// A gate in front of `inner` for the objects of `sources`, with up to `threads` fetch
+    /// threads, started on the first read that needs the store (an engine that reads only
+    /// local files starts none).
+    pub fn new(
+        inner: Box<dyn Backend>,
+        sources: Sources,
+        files_max: usize,
+        threads: usize,
+    ) -> Self {
         RemoteGate {
             inner,
-            files: (0..files_max).map(|_| None).collect(),
+            sources,
+            files: vec![GateFile::Local; files_max],
             shared: Arc::new(Shared::default()),
             workers: Vec::new(),
             threads: threads.max(1),
@@ -172,29 +201,50 @@ impl Backend for RemoteGate {
         self.inner.capacity()
     }
 
-    fn register_file(&mut self, index: u32, fd: RawFd) -> io::Result<()> {
-        self.inner.register_file(index, fd)?;
-        let obj = if fd >= 0 {
-            // SAFETY: all-zero is a valid `stat` (plain integers); `fd` is the engine's open
-            // descriptor for this entry, and fstat only writes `st`.
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            if unsafe { libc::fstat(fd, &mut st) } == 0 {
-                lookup_id(st.st_dev, st.st_ino)
-            } else {
-                None
+    fn register_file(&mut self, index: u32, fd: RawFd, path: Option<&Path>) -> io::Result<()> {
+        self.inner.register_file(index, fd, path)?;
+        let file = match path.and_then(|p| self.sources.object(p)) {
+            Some(obj) if fd >= 0 => {
+                // SAFETY: all-zero is a valid `stat` (plain integers); `fd` is the engine's
+                // open descriptor for this entry, and fstat only writes `st`.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: as above.
+                if unsafe { libc::fstat(fd, &mut st) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if obj.data_id() == (st.st_dev, st.st_ino) {
+                    GateFile::Object(obj.clone())
+                } else {
+                    GateFile::Replaced(obj.info().url.clone())
+                }
             }
-        } else {
-            None
+            _ => GateFile::Local,
         };
         if let Some(slot) = self.files.get_mut(index as usize) {
-            *slot = obj;
+            *slot = file;
         }
         Ok(())
     }
 
     unsafe fn push(&mut self, op: RawRead) -> std::result::Result<(), RawRead> {
-        let obj = self.files.get(op.file as usize).and_then(|o| o.clone());
+        let obj = match self.files.get(op.file as usize) {
+            Some(GateFile::Object(o)) => Some(o.clone()),
+            Some(GateFile::Replaced(url)) => {
+                let mut st = self.shared.state.lock().unpoisoned();
+                st.why.insert(
+                    op.id,
+                    format!(
+                        "the node cache's copy of {url} was replaced while this loader read it                          (the cache dropped or moved?): open the dataset again"
+                    ),
+                );
+                st.done.push(RawDone {
+                    id: op.id,
+                    res: -libc::EIO,
+                });
+                return Ok(());
+            }
+            _ => None,
+        };
         if let Some(o) = &obj {
             // The extents after this read's come next (a block or a shard is read front to
             // back): fetch the absent ones ahead, whether this read finds its own on disk or not.

@@ -1070,10 +1070,6 @@ impl NodeCache {
                 }
             }
         };
-        registry()
-            .lock()
-            .unpoisoned()
-            .insert((md.dev(), md.ino()), obj.clone());
         Ok(obj)
     }
 
@@ -1386,6 +1382,12 @@ impl CachedObject {
     /// The data file the dataset's index points at.
     pub fn data_path(&self) -> &Path {
         &self.data_path
+    }
+
+    /// The (device, inode) of the data file when this object was opened: a file at
+    /// [`data_path`](Self::data_path) that is not it is another copy.
+    pub(crate) fn data_id(&self) -> (u64, u64) {
+        self.data_id
     }
 
     fn marks(&self) -> &[AtomicU8] {
@@ -1986,58 +1988,10 @@ impl CachedObject {
     }
 }
 
-/// Every cached object opened in this process, by its data file's (device, inode): how a reader
-/// holding only a path or a descriptor learns that a file is a remote object's cache.
-type Registry = Mutex<HashMap<(u64, u64), Arc<CachedObject>>>;
-
-fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(|| {
-        // Errors about a cached object's bytes (a truncated tar, a record's checksum) name
-        // its URL, not the cache file the reader saw.
-        crate::error::set_path_namer(url_of_data_file);
-        Mutex::default()
-    })
-}
-
-/// The URL of the object whose cache data file `path` is, if this process has it open.
-fn url_of_data_file(path: &Path) -> Option<String> {
-    let md = std::fs::symlink_metadata(path).ok()?;
-    // Not waited for: an error shown while the registry is being changed keeps its path.
-    let reg = registry().try_lock().ok()?;
-    reg.get(&(md.dev(), md.ino())).map(|o| o.info.url.clone())
-}
-
-/// The cached object whose data file `file` is, if any.
-pub fn lookup(file: &File) -> Option<Arc<CachedObject>> {
-    let md = file.metadata().ok()?;
-    lookup_id(md.dev(), md.ino())
-}
-
-/// The cached object whose data file has this device and inode, if any.
-pub fn lookup_id(dev: u64, ino: u64) -> Option<Arc<CachedObject>> {
-    let mut reg = registry().lock().unpoisoned();
-    if reg.is_empty() {
-        return None;
-    }
-    let obj = reg.get(&(dev, ino)).cloned()?;
-    // Once a data file is deleted (the cache dropped, its folder removed), its inode can be
-    // given to any new file, which must not be read as this object: only a data file still at
-    // its path with this device and inode is it.
-    match std::fs::metadata(&obj.data_path) {
-        Ok(md) if md.dev() == dev && md.ino() == ino => Some(obj),
-        _ => {
-            reg.remove(&(dev, ino));
-            None
-        }
-    }
-}
-
-/// Bytes of these files that are remote objects' extents not on disk (0 for local files).
-pub fn absent_bytes<'a>(paths: impl IntoIterator<Item = &'a Path>) -> u64 {
-    paths
+/// Bytes of these objects' extents not on disk.
+pub fn absent_bytes<'a>(objects: impl IntoIterator<Item = &'a Arc<CachedObject>>) -> u64 {
+    objects
         .into_iter()
-        .filter_map(|p| File::open(p).ok().and_then(|file| lookup(&file)))
         .map(|o| {
             o.cache.flush(); // extents fetched and still being written count as present
             o.info.size - o.present_bytes()

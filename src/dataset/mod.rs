@@ -25,6 +25,7 @@ pub use remote::{
 pub mod shard;
 pub(crate) mod shared;
 mod snapshot;
+mod sources;
 pub(crate) mod tar;
 pub(crate) mod tfrecord;
 pub(crate) mod tokens;
@@ -39,6 +40,7 @@ use crate::image;
 use crate::util::Unpoison;
 pub use options::{OptionDoc, DATASET_OPTIONS};
 pub use pack::{pack, PackOptions};
+pub(crate) use sources::Sources;
 pub use tokens::{TokenLayout, TokenOptions, TokenType};
 pub use verify::{verify, VerifyReport};
 
@@ -156,6 +158,10 @@ pub struct OpenOptions {
     pub cache_limit: Option<u64>,
     /// Remote datasets: the unit fetched with one GET and cached, in bytes (default 8 MiB).
     pub cache_extent: u64,
+    /// Remote datasets: settings for their stores over the environment's (an S3 bucket's
+    /// endpoint and keys).
+    #[cfg(feature = "remote")]
+    pub store: crate::remote::StoreOptions,
 }
 
 impl Default for OpenOptions {
@@ -173,6 +179,8 @@ impl Default for OpenOptions {
             cache_dir: None,
             cache_limit: None,
             cache_extent: 8 << 20,
+            #[cfg(feature = "remote")]
+            store: Default::default(),
         }
     }
 }
@@ -435,6 +443,8 @@ pub struct Dataset {
     /// Which file each of `files` was when the dataset was opened (empty, or `None`, where
     /// not known): the loader reads a file only while the same one is at its path.
     pub(crate) identities: Vec<Option<crate::sys::FileIdentity>>,
+    /// Where its files' bytes come from: local files, or a remote dataset's cached objects.
+    pub(crate) sources: Sources,
 }
 
 /// A summary: a dataset's index can hold millions of samples.
@@ -543,7 +553,7 @@ impl Dataset {
             ds.identify(&before);
             return Ok(ds);
         }
-        let (mut ds, tree) = Self::open_files_tree(format, paths, opts, &tar::walk_tar)?;
+        let (mut ds, tree) = Self::open_files_tree(format, paths, opts, &Sources::local())?;
         if format != Format::ImageFolder {
             ds.identify(&before);
         }
@@ -563,13 +573,13 @@ impl Dataset {
             reason = "used only with feature remote: a remote dataset's tars walk from kept indexes"
         )
     )]
-    pub(crate) fn open_files_walked(
+    pub(crate) fn open_files_from(
         format: Format,
         paths: &[PathBuf],
         opts: &OpenOptions,
-        walker: &tar::TarWalker<'_>,
+        src: &Sources,
     ) -> Result<Dataset> {
-        Self::open_files_tree(format, paths, opts, walker).map(|(ds, _)| ds)
+        Self::open_files_tree(format, paths, opts, src).map(|(ds, _)| ds)
     }
 
     /// [`open_files_walked`](Self::open_files_walked), and an ImageFolder's walk (what an
@@ -578,11 +588,11 @@ impl Dataset {
         format: Format,
         paths: &[PathBuf],
         opts: &OpenOptions,
-        walker: &tar::TarWalker<'_>,
+        src: &Sources,
     ) -> Result<(Dataset, Option<image_folder::Tree>)> {
         let mut tree = None;
         let mut ds = match format {
-            Format::Packed => shard::open_shards(paths),
+            Format::Packed => shard::open_shards_from(paths, src),
             Format::ImageFolder => match paths {
                 [root] => image_folder::open_tree(root, opts.format == Some(Format::ImageFolder))
                     .map(|(ds, t)| {
@@ -597,9 +607,9 @@ impl Dataset {
                     label_offset: opts.label_offset,
                     ..opts.webdataset.clone()
                 },
-                walker,
+                src,
             ),
-            Format::TfRecord => tfrecord::open(paths, opts),
+            Format::TfRecord => tfrecord::open(paths, opts, src),
             Format::Tokens => tokens::open_flat(paths, &opts.tokens),
             Format::Megatron => tokens::open_megatron(paths, &opts.tokens),
         }?;
@@ -616,6 +626,7 @@ impl Dataset {
             format: Some(format),
             ..opts.clone()
         };
+        ds.sources = src.clone();
         Ok((ds, tree))
     }
 
@@ -1012,7 +1023,7 @@ impl Dataset {
     pub(crate) fn read_raw(&self, i: usize, buf: &mut Vec<u8>, checked: bool) -> Result<()> {
         let s = self.samples.get(i);
         let path = self.file_path(s.file);
-        let f = SourceFile::open(&path).map_err(|e| {
+        let f = self.sources.open(&path).map_err(|e| {
             self.gone(e.raw_os_error());
             self.sample_error(i, Error::io("cannot open", e))
         })?;
@@ -1115,7 +1126,8 @@ impl Dataset {
     /// An error about sample `i`, naming its file, offset and key.
     pub fn sample_error(&self, i: usize, e: Error) -> Error {
         let s = self.samples.get(i);
-        e.with_path(self.file(s.file).path)
+        self.sources
+            .named(e.with_path(self.file(s.file).path))
             .with_sample(i as u64)
             .with_range(s.offset, s.len as u64)
     }
@@ -1188,6 +1200,7 @@ impl Dataset {
             lazy_keys: None,
             node_index: None,
             identities: Vec::new(),
+            sources: Default::default(),
         }
     }
 
@@ -1258,7 +1271,7 @@ impl Dataset {
                     .with_sample(i as u64)
             };
             if open.as_ref().is_none_or(|(f, _)| *f != s.file) {
-                open = Some((s.file, SourceFile::open(&path).map_err(err)?));
+                open = Some((s.file, self.sources.open(&path).map_err(err)?));
             }
             let f = &open.as_ref().expect("opened above").1;
             let framed = self.frame != Frame::None || self.example.is_some();
@@ -1423,7 +1436,7 @@ impl Builder {
 /// the result does not depend on the thread count. `index` indexes one file into an empty
 /// builder; what it found before an error is kept, and the error becomes a problem — or the
 /// result, when there is only one file.
-pub(crate) fn index_files<F>(paths: &[PathBuf], index: F) -> Result<Builder>
+pub(crate) fn index_files<F>(paths: &[PathBuf], remote: bool, index: F) -> Result<Builder>
 where
     F: Fn(&Path, &mut Builder) -> Result<()> + Sync,
 {
@@ -1436,10 +1449,6 @@ where
         return Ok(b);
     }
     // Remote files are walked by ranged GETs: waiting on the store, not the CPU.
-    let remote = paths
-        .first()
-        .and_then(|p| SourceFile::open(p).ok())
-        .is_some_and(|f| f.remote_extent().is_some());
     let threads = if remote {
         crate::cache::FETCH_THREADS
     } else {
@@ -1571,7 +1580,12 @@ fn whole(got: crate::error::Result<usize>, want: usize) -> std::io::Result<()> {
 }
 
 impl SourceFile {
-    pub fn open(path: &Path) -> std::io::Result<SourceFile> {
+    /// Opens `path`: a local file, or (`remote`) a remote object's node-cache copy
+    /// ([`Sources::open`] says which).
+    pub(crate) fn open_as(
+        path: &Path,
+        #[cfg(feature = "remote")] remote: Option<Arc<crate::cache::CachedObject>>,
+    ) -> std::io::Result<SourceFile> {
         // Not waiting on a FIFO (or a device) put where a data file was: opened non-blocking
         // and refused unless a regular file.
         let file = std::fs::File::from(crate::sys::open_read(path, false)?);
@@ -1585,7 +1599,7 @@ impl SourceFile {
         Ok(SourceFile {
             stat,
             #[cfg(feature = "remote")]
-            remote: crate::cache::node::lookup(&file),
+            remote,
             file,
         })
     }
@@ -1654,8 +1668,9 @@ const REMOTE_WINDOW_BYTES: usize = 8 << 10;
 pub(crate) const WINDOW_MAX: usize = 1 << 20;
 
 impl Window {
-    pub fn open(path: &Path) -> Result<Window> {
-        let file = SourceFile::open(path)
+    pub fn open(path: &Path, src: &Sources) -> Result<Window> {
+        let file = src
+            .open(path)
             .map_err(|e| Error::io("cannot open", e).with_path(path.to_path_buf()))?;
         let size = file
             .size()

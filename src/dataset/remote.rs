@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::tar::{TarWalk, INDEX_BYTES_MAX};
-use super::{Dataset, Format, OpenOptions};
-use crate::cache::node::{lookup, CacheCounters, CachedObject};
+use super::{Dataset, Format, OpenOptions, Sources};
+use crate::cache::node::{CacheCounters, CachedObject};
 use crate::error::{invalid, Error, Result};
 use crate::plan::PlanConfig;
 use crate::remote::{ObjectInfo, Store};
@@ -27,9 +27,9 @@ pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
     let mut format = opts.format;
     let mut paths = Vec::new();
     // Each object's cache entry, and the index kept beside it in the store (NAME.gpfidx).
-    let mut tars: Tars = Default::default();
+    let mut objects = Vec::new();
     for url in urls {
-        let store = Store::open(url)?;
+        let store = Store::open_with(url, &opts.store)?;
         let listed = store.list()?;
         if let Some(o) = listed
             .iter()
@@ -66,7 +66,7 @@ pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
                 .get(format!("{}{}", listed[i].key, super::tar::INDEX_SUFFIX).as_str())
                 .map(|o| (*o).clone());
             paths.push(obj.data_path().to_path_buf());
-            tars.insert(obj.data_path().to_path_buf(), (obj, kept));
+            objects.push((obj, kept));
         }
         // TFRecord indexes beside their files (DALI's NAME.idx, the tfrecord package's
         // NAME.index and NAME.tfindex), read through the cache too.
@@ -76,30 +76,32 @@ pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
                     .iter()
                     .any(|x| o.key.ends_with(x))
             }) {
-                cache.object(&store, o)?;
+                objects.push((cache.object(&store, o)?, None));
             }
         }
     }
     let format = format.ok_or_else(|| invalid("no dataset URL given"))?;
-    let walker = |p: &std::path::Path| walk_remote(p, &tars);
-    let mut ds = Dataset::open_files_walked(format, &paths, opts, &walker)?;
+    let src = Sources::remote(objects);
+    let mut ds = Dataset::open_files_from(format, &paths, opts, &src).map_err(|e| src.named(e))?;
+    ds.problems = std::mem::take(&mut ds.problems)
+        .into_iter()
+        .map(|e| src.named(e))
+        .collect();
     ds.set_source(urls.iter().map(|u| u.to_string()).collect())?;
     ds.share_index();
     Ok(ds)
 }
 
-/// A remote dataset's objects by data file: the cached object and the index kept beside it in
-/// the store, if any.
-type Tars = std::collections::HashMap<std::path::PathBuf, (Arc<CachedObject>, Option<ObjectInfo>)>;
-
 /// A remote tar's walk: the index kept in the node cache if it describes this version; else
 /// the one kept beside it in the store (`NAME.gpfidx`, one GET; kept in the cache then); else
 /// walked here, header by header with ranged GETs, and kept in the cache for every later open
 /// on the node.
-fn walk_remote(p: &std::path::Path, tars: &Tars) -> Result<TarWalk> {
-    let Some((obj, beside)) = tars.get(p) else {
-        return super::tar::walk_tar(p);
-    };
+pub(super) fn walk_remote(
+    p: &std::path::Path,
+    obj: &CachedObject,
+    beside: Option<&ObjectInfo>,
+    src: &Sources,
+) -> Result<TarWalk> {
     let info = obj.info();
     let etag = info.etag.clone().unwrap_or_default();
     if let Ok(Some(bytes)) = obj.kept_index(INDEX_BYTES_MAX) {
@@ -113,7 +115,7 @@ fn walk_remote(p: &std::path::Path, tars: &Tars) -> Result<TarWalk> {
             Err(_) => {}
         }
     }
-    if let Some(idx) = beside.as_ref().filter(|i| i.size <= INDEX_BYTES_MAX) {
+    if let Some(idx) = beside.filter(|i| i.size <= INDEX_BYTES_MAX) {
         match obj.store().get(idx, 0..idx.size) {
             Ok(bytes) => {
                 obj.cache().count_uncached_get(idx.size);
@@ -135,7 +137,7 @@ fn walk_remote(p: &std::path::Path, tars: &Tars) -> Result<TarWalk> {
             )),
         }
     }
-    let w = super::tar::walk_tar(p)?;
+    let w = super::tar::walk_tar(p, src)?;
     if let Err(e) = obj.keep_index(w.to_text(&etag).as_bytes()) {
         crate::util::notice(&format!(
             "the node cache cannot keep the index of {} ({e}); the next open walks it again",
@@ -166,14 +168,7 @@ pub fn upload_indexes(urls: &[&str], opts: &OpenOptions) -> Result<IndexReport> 
     };
     let ds = open(urls, &opts)?;
     let mut r = IndexReport::default();
-    for f in ds.files() {
-        let obj = std::fs::File::open(&f.path)
-            .ok()
-            .and_then(|file| lookup(&file))
-            .ok_or_else(|| {
-                invalid("a remote dataset's file is not in the node cache")
-                    .with_path(f.path.clone())
-            })?;
+    for obj in objects(&ds)? {
         let bytes = obj
             .kept_index(INDEX_BYTES_MAX)?
             .ok_or_else(|| invalid(format!("{}: no index was kept", obj.info().url)))?;
@@ -229,13 +224,10 @@ fn objects(ds: &Dataset) -> Result<Vec<Arc<CachedObject>>> {
     }
     ds.files()
         .map(|f| {
-            std::fs::File::open(&f.path)
-                .ok()
-                .and_then(|file| lookup(&file))
-                .ok_or_else(|| {
-                    invalid("a remote dataset's file is not in the node cache")
-                        .with_path(f.path.clone())
-                })
+            ds.sources.object(&f.path).cloned().ok_or_else(|| {
+                invalid("a remote dataset's file is not in the node cache")
+                    .with_path(f.path.clone())
+            })
         })
         .collect()
 }
@@ -250,7 +242,7 @@ pub fn cache_status_of(urls: &[&str], opts: &OpenOptions) -> Result<CacheStatus>
     let cache = NodeCache::open_as(&dir, None, opts.cache_extent, OpenMode::Existing)?;
     let mut st = CacheStatus::default();
     for url in urls {
-        let store = Store::open(url)?;
+        let store = Store::open_with(url, &opts.store)?;
         let listed = store.list()?;
         let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
         let (_, picked) = super::detect::pick_remote(&keys, opts.format)?;

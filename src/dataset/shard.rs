@@ -1,5 +1,6 @@
 //! Our packed shard format (`.gpf`): see docs/FORMAT.md. Writer and validating reader.
 
+use super::Sources;
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -195,7 +196,13 @@ fn corrupt(path: &Path, msg: impl Into<String>) -> Error {
 
 /// Reads and validates a shard's header and index (not the sample bytes).
 pub fn read_index(path: &Path) -> Result<ShardIndex> {
-    let f = super::SourceFile::open(path)
+    read_index_from(path, &Sources::local())
+}
+
+/// [`read_index`] of a file read through `src`.
+fn read_index_from(path: &Path, src: &Sources) -> Result<ShardIndex> {
+    let f = src
+        .open(path)
         .map_err(|e| Error::io("cannot open shard", e).with_path(path.to_path_buf()))?;
     let size = f
         .size()
@@ -293,13 +300,18 @@ pub fn find_shards(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Opens shards as one dataset.
 pub fn open_shards(paths: &[PathBuf]) -> Result<Dataset> {
+    open_shards_from(paths, &Sources::local())
+}
+
+/// [`open_shards`] of files read through `src`.
+pub(crate) fn open_shards_from(paths: &[PathBuf], src: &Sources) -> Result<Dataset> {
     check_not_staged(paths)?;
     let mut files = Vec::with_capacity(paths.len());
     let mut samples = crate::plan::SamplesBuilder::default();
     let mut metas = Strings::default();
     // Image records when every shard has them (a mix of versions has none).
     let mut images = true;
-    for (fi, (p, idx)) in paths.iter().zip(indexes_in_turn(paths)).enumerate() {
+    for (fi, (p, idx)) in paths.iter().zip(indexes_in_turn(paths, src)).enumerate() {
         let idx = idx?;
         if idx.header.flags & FLAG_IMAGE_INFO == 0 {
             images = false;
@@ -353,11 +365,11 @@ pub(crate) fn check_not_staged(paths: &[PathBuf]) -> Result<()> {
 
 /// Every shard's index, read by up to 16 threads at once: a remote dataset's shards are opened
 /// with ranged GETs, one round trip or more each, which one thread would wait for in turn.
-fn read_indexes(paths: &[PathBuf]) -> Vec<Result<ShardIndex>> {
+fn read_indexes(paths: &[PathBuf], src: &Sources) -> Vec<Result<ShardIndex>> {
     const THREADS_MAX: usize = 16;
     let threads = paths.len().min(THREADS_MAX);
     if threads <= 1 {
-        return paths.iter().map(|p| read_index(p)).collect();
+        return paths.iter().map(|p| read_index_from(p, src)).collect();
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut out: Vec<Option<Result<ShardIndex>>> = (0..paths.len()).map(|_| None).collect();
@@ -369,24 +381,27 @@ fn read_indexes(paths: &[PathBuf]) -> Vec<Result<ShardIndex>> {
             let _ = std::thread::Builder::new().spawn_scoped(s, || loop {
                 let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(p) = paths.get(k) else { return };
-                let r = read_index(p);
+                let r = read_index_from(p, src);
                 crate::util::lock(&done)[k] = Some(r);
             });
         }
     });
     out.into_iter()
         .zip(paths)
-        .map(|(r, p)| r.unwrap_or_else(|| read_index(p)))
+        .map(|(r, p)| r.unwrap_or_else(|| read_index_from(p, src)))
         .collect()
 }
 
 /// Every shard's index in turn, read a few at a time (in parallel) and each dropped once taken
 /// in: a shard of 10⁶ samples has ~80 MB of index.
-fn indexes_in_turn(paths: &[PathBuf]) -> impl Iterator<Item = Result<ShardIndex>> + '_ {
+fn indexes_in_turn<'a>(
+    paths: &'a [PathBuf],
+    src: &'a Sources,
+) -> impl Iterator<Item = Result<ShardIndex>> + 'a {
     let at_once = std::thread::available_parallelism().map_or(4, |n| n.get().clamp(2, 16));
     paths
         .chunks(at_once)
-        .flat_map(|chunk| read_indexes(chunk).into_iter())
+        .flat_map(|chunk| read_indexes(chunk, src).into_iter())
 }
 
 /// What of a packed dataset's index stays in its shards until asked for: keys always, image
@@ -409,7 +424,11 @@ pub(crate) fn keys_and_images(
     let mut keys = Strings::default();
     let mut infos = images.then(|| Vec::with_capacity(ds.len()));
     let mut next = 0usize;
-    for (fi, (p, idx)) in paths.iter().zip(indexes_in_turn(&paths)).enumerate() {
+    for (fi, (p, idx)) in paths
+        .iter()
+        .zip(indexes_in_turn(&paths, &ds.sources))
+        .enumerate()
+    {
         // The open's samples of this shard (a file's samples are together, in order).
         let first = next;
         while next < ds.len() && ds.sample(next).file as usize == fi {
@@ -619,9 +638,19 @@ impl Drop for ShardWriter {
 
 /// Checks every sample's bytes against its crc32c. Returns one error per bad sample (naming the
 /// shard, sample, key and offset) and the number of samples checked.
-pub fn verify(path: &Path, mut progress: impl FnMut(u64)) -> Result<(u64, Vec<Error>)> {
-    let idx = read_index(path)?;
-    let f = super::SourceFile::open(path)
+pub fn verify(path: &Path, progress: impl FnMut(u64)) -> Result<(u64, Vec<Error>)> {
+    verify_from(path, &Sources::local(), progress)
+}
+
+/// [`verify`] of a file read through `src`.
+pub(crate) fn verify_from(
+    path: &Path,
+    src: &Sources,
+    mut progress: impl FnMut(u64),
+) -> Result<(u64, Vec<Error>)> {
+    let idx = read_index_from(path, src)?;
+    let f = src
+        .open(path)
         .map_err(|e| Error::io("cannot open shard", e).with_path(path.to_path_buf()))?;
     let shared = shared_path(path);
     let mut bad = Vec::new();

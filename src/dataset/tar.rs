@@ -14,6 +14,7 @@
 //! [problem](super::Dataset::problems) and the walk resumes at the next block that is a valid
 //! header, so one bad header costs only the samples it covered.
 
+use super::Sources;
 use std::path::{Path, PathBuf};
 
 use super::{index_files, Builder, Dataset, Format, Sample, Window, WINDOW_MAX};
@@ -324,23 +325,19 @@ pub(crate) struct TarWalk {
     pub notes: Vec<String>,
 }
 
-/// How a tar's walk is had: walked here ([`walk_tar`]), or read from a kept index.
-pub(crate) type TarWalker<'a> = dyn Fn(&Path) -> Result<TarWalk> + Sync + 'a;
-
-/// Indexes WebDataset tars as one dataset, in the order given, their walks had from `walker`.
-pub(crate) fn open_walked(
-    paths: &[PathBuf],
-    opts: &TarOptions,
-    walker: &TarWalker<'_>,
-) -> Result<Dataset> {
+/// Indexes WebDataset tars as one dataset, in the order given, their walks had from `src`
+/// (walked here, or a remote tar's kept index: [`Sources::walk_tar`]).
+pub(crate) fn open_walked(paths: &[PathBuf], opts: &TarOptions, src: &Sources) -> Result<Dataset> {
     if opts.payload.is_empty() {
         return Err(invalid("name at least one payload extension"));
     }
     let seen = std::sync::Mutex::new(Vec::new());
     // One unreadable tar among many is a problem, not the end of the dataset.
-    let b = index_files(paths, |p, b| {
+    let b = index_files(paths, src.is_remote(), |p, b| {
         let mut mine = Vec::new();
-        let r = walker(p).and_then(|w| assemble(&w, p, opts, b, &mut mine));
+        let r = src
+            .walk_tar(p)
+            .and_then(|w| assemble(&w, p, opts, b, &mut mine));
         let mut all = seen.lock().unpoisoned();
         for x in mine {
             if all.len() < 20 && !all.contains(&x) {
@@ -400,8 +397,8 @@ pub(crate) fn open_walked(
 /// Walks a tar's headers (through a [`Window`]: a remote tar's are fetched by ranged GETs, not
 /// whole extents): every regular member, with the bytes of the small ones; a damaged header is
 /// a problem and the walk resumes at the next valid one.
-pub(crate) fn walk_tar(path: &Path) -> Result<TarWalk> {
-    let mut w = Window::open(path)?;
+pub(crate) fn walk_tar(path: &Path, src: &Sources) -> Result<TarWalk> {
+    let mut w = Window::open(path, src)?;
     let size = w.size;
     if size == 0 {
         return Err(invalid("empty file: not a tar").with_path(path.to_path_buf()));

@@ -9,6 +9,7 @@
 //! and the walk resumes at the next offset that holds a valid length, so one damaged record
 //! does not cost the rest of the file.
 
+use super::Sources;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -34,7 +35,7 @@ pub fn masked_crc(data: &[u8]) -> u32 {
 /// `tf.train.Example`s and a sample is its payload feature with its label; the first record
 /// that checks is parsed at open, so a dataset of other records is refused at once with the
 /// features it has (rather than every sample failing).
-pub fn open(paths: &[PathBuf], opts: &super::OpenOptions) -> Result<Dataset> {
+pub fn open(paths: &[PathBuf], opts: &super::OpenOptions, src: &Sources) -> Result<Dataset> {
     let index = opts.tfrecord_index.as_deref();
     if let Some(i) = index.filter(|i| !i.is_dir() && paths.len() > 1) {
         return Err(invalid(
@@ -44,9 +45,9 @@ pub fn open(paths: &[PathBuf], opts: &super::OpenOptions) -> Result<Dataset> {
     }
     // One unreadable file among many is a problem, not the end of the dataset.
     let recover = opts.tfrecord_recover;
-    let b = index_files(paths, |p, b| match index_of(p, opts) {
-        Some(i) => from_index(p, &i, b),
-        None => scan(p, b, recover),
+    let b = index_files(paths, src.is_remote(), |p, b| match index_of(p, opts) {
+        Some(i) => from_index(p, &i, b, src),
+        None => scan(p, b, recover, src),
     })?;
     let mut ds = b.finish(Format::TfRecord, "these TFRecord files")?;
     ds.frame = Frame::TfRecord;
@@ -136,8 +137,8 @@ fn add(b: &mut Builder, fi: u32, offset: u64, len: u32) {
 
 /// Walks the records' length fields. After a length whose checksum fails, the rest of the file
 /// is indexed only with `recover` (resynchronised, every sample found flagged as recovered).
-fn scan(path: &Path, b: &mut Builder, recover: bool) -> Result<()> {
-    let mut w = Window::open(path)?;
+fn scan(path: &Path, b: &mut Builder, recover: bool, src: &Sources) -> Result<()> {
+    let mut w = Window::open(path, src)?;
     let size = w.size;
     let fi = b.file(path, size)?;
     if size == 0 {
@@ -255,12 +256,13 @@ fn resync(w: &mut Window, from: u64) -> Result<Option<u64>> {
 }
 
 /// Reads an index: `offset size` per line, each record checked against the file's size.
-fn from_index(path: &Path, index: &Path, b: &mut Builder) -> Result<()> {
+fn from_index(path: &Path, index: &Path, b: &mut Builder, src: &Sources) -> Result<()> {
     let size = std::fs::metadata(path)
         .map_err(|e| Error::io("cannot open", e).with_path(path.to_path_buf()))?
         .len();
     // The index's own size bounds this read: it is a real file, not a length from one.
-    let text = super::SourceFile::open(index)
+    let text = src
+        .open(index)
         .and_then(|f| {
             let mut text = vec![0u8; f.size()? as usize];
             f.read_exact_at(&mut text, 0)?;

@@ -96,10 +96,10 @@ pub fn verify(
         match ds.read_sample(i, &mut buf, true) {
             Ok(c) => {
                 if let Err(e) = ds.check_image(i, &buf[c.payload]) {
-                    report.push(e);
+                    report.push(ds.sources.named(e));
                 }
             }
-            Err(e) => report.push(e),
+            Err(e) => report.push(ds.sources.named(e)),
         }
         done += ds.sample(i).len as u64;
         progress(done, total);

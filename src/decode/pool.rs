@@ -245,7 +245,7 @@ impl Job {
     /// The error of sample `id` that could not be decoded for `reason`.
     pub(super) fn decode_error(&self, id: u32, reason: String) -> Error {
         let s = self.dataset.sample(id as usize);
-        Error::new(
+        let e = Error::new(
             ErrorKind::InvalidInput,
             format!(
                 "sample {} ({}): cannot decode: {reason}",
@@ -255,7 +255,8 @@ impl Job {
         )
         .with_path(self.dataset.file(s.file).path)
         .with_range(s.offset, s.len as u64)
-        .with_sample(id as u64)
+        .with_sample(id as u64);
+        self.dataset.sources.named(e)
     }
 
     /// Waits until every sample is done or `until` passes; the failed ones and the decode CPU

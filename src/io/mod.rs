@@ -79,8 +79,9 @@ pub trait Backend: Send {
     fn name(&self) -> &'static str;
     /// Raw reads in flight at most.
     fn capacity(&self) -> usize;
-    /// Called when the engine puts `fd` at `index` of its file table (or `-1` to clear it).
-    fn register_file(&mut self, _index: u32, _fd: RawFd) -> io::Result<()> {
+    /// Called when the engine puts `fd`, opened from `path`, at `index` of its file table (or
+    /// `-1` and no path to clear it).
+    fn register_file(&mut self, _index: u32, _fd: RawFd, _path: Option<&Path>) -> io::Result<()> {
         Ok(())
     }
     /// Queues a raw read. Returns it back if the backend is full.
@@ -118,23 +119,9 @@ pub trait Backend: Send {
     }
 }
 
-/// Wraps an engine's backend in another (`install_backend_wrap`).
-pub(crate) type BackendWrap = fn(Box<dyn Backend>, &EngineConfig) -> Box<dyn Backend>;
-
-static BACKEND_WRAP: std::sync::OnceLock<BackendWrap> = std::sync::OnceLock::new();
-
-/// Has every engine built from now on put its backend through `wrap` (the node cache installs
-/// its gate when a remote dataset is first opened; the I/O layer knows nothing of it).
-#[cfg_attr(
-    not(feature = "remote"),
-    allow(
-        dead_code,
-        reason = "used only with feature remote: the node cache installs its gate"
-    )
-)]
-pub(crate) fn install_backend_wrap(wrap: BackendWrap) {
-    let _ = BACKEND_WRAP.set(wrap);
-}
+/// Puts an engine's backend behind another (a loader over a remote dataset: the node cache's
+/// gate), given the backend and the engine's configuration.
+pub(crate) type BackendWrap<'a> = &'a dyn Fn(Box<dyn Backend>, &EngineConfig) -> Box<dyn Backend>;
 
 /// A file opened by an [`Engine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -339,23 +326,52 @@ impl Engine {
             slots: cfg.slots,
             huge_pages: cfg.huge_pages,
         })?;
-        Engine::build(cfg, arena)
+        Engine::build(cfg, arena, None)
     }
 
     /// Makes an engine over an existing arena (its `slot_bytes` and `slots` replace the
     /// configuration's), so that memory is mapped and faulted in once for many engines — a
     /// loader reuses one arena for every epoch. Slots other holders still own stay theirs.
     pub fn with_arena(cfg: EngineConfig, arena: Arc<Arena>) -> Result<Engine> {
+        Engine::over_arena(cfg, arena, None)
+    }
+
+    /// [`with_arena`](Self::with_arena), its backend put behind `wrap` (the I/O layer knows
+    /// nothing of what wraps it).
+    #[cfg_attr(
+        not(feature = "remote"),
+        allow(
+            dead_code,
+            reason = "used only with feature remote: the node cache's gate"
+        )
+    )]
+    pub(crate) fn with_arena_wrapped(
+        cfg: EngineConfig,
+        arena: Arc<Arena>,
+        wrap: BackendWrap<'_>,
+    ) -> Result<Engine> {
+        Engine::over_arena(cfg, arena, Some(wrap))
+    }
+
+    fn over_arena(
+        cfg: EngineConfig,
+        arena: Arc<Arena>,
+        wrap: Option<BackendWrap<'_>>,
+    ) -> Result<Engine> {
         let cfg = EngineConfig {
             slot_bytes: arena.slot_bytes(),
             slots: arena.slots(),
             ..cfg.with_env()?
         };
         cfg.validate()?;
-        Engine::build(cfg, arena)
+        Engine::build(cfg, arena, wrap)
     }
 
-    fn build(cfg: EngineConfig, arena: Arc<Arena>) -> Result<Engine> {
+    fn build(
+        cfg: EngineConfig,
+        arena: Arc<Arena>,
+        wrap: Option<BackendWrap<'_>>,
+    ) -> Result<Engine> {
         let mut notices = Vec::new();
         let (backend, kind): (Box<dyn Backend>, EngineKind) = match cfg.kind {
             EngineKind::Uring | EngineKind::UringBuffered => {
@@ -385,6 +401,10 @@ impl Engine {
         for n in &notices {
             notice(n);
         }
+        let backend = match wrap {
+            Some(w) => w(backend, &cfg),
+            None => backend,
+        };
         Ok(Engine::assemble(backend, arena, kind, &cfg, notices))
     }
 
@@ -427,12 +447,6 @@ impl Engine {
         cfg: &EngineConfig,
         notices: Vec<String>,
     ) -> Engine {
-        // Once a remote dataset is open, reads of its cache files go through the node cache's
-        // gate, which passes the rest to `backend` unchanged.
-        let backend = match BACKEND_WRAP.get() {
-            Some(wrap) => wrap(backend, cfg),
-            None => backend,
-        };
         // Ops beyond the backend's capacity wait in `pending`; allow a few jobs' worth, or what
         // the configuration asks for (a loader: every group it may have in flight, whole).
         let ops_max = match cfg.reads_in_flight_max {
@@ -555,7 +569,10 @@ impl Engine {
             // Random access: no readahead of bytes nobody asked for.
             let _ = sys::fadvise(fd.as_fd(), 0, 0, crate::sys::Advice::POSIX_FADV_RANDOM);
         }
-        if let Err(e) = self.backend.register_file(index as u32, fd.as_raw_fd()) {
+        if let Err(e) = self
+            .backend
+            .register_file(index as u32, fd.as_raw_fd(), Some(path))
+        {
             return Err(Error::io("cannot register file with the backend", e).with_path(shared));
         }
         self.files[index] = Some(FileEntry {
@@ -584,7 +601,7 @@ impl Engine {
             )
             .with_path(entry.info.path.clone()));
         }
-        let _ = self.backend.register_file(file.0, -1);
+        let _ = self.backend.register_file(file.0, -1, None);
         self.files[file.0 as usize] = None; // closes the fd
         Ok(())
     }

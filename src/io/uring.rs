@@ -13,6 +13,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::path::Path;
 use std::sync::Arc;
 
 use io_uring::{opcode, register::Probe, squeue, types, IoUring};
@@ -208,7 +209,7 @@ impl Backend for UringBackend {
         self.capacity
     }
 
-    fn register_file(&mut self, index: u32, fd: RawFd) -> io::Result<()> {
+    fn register_file(&mut self, index: u32, fd: RawFd, _path: Option<&Path>) -> io::Result<()> {
         if self.fixed_files {
             if let Err(e) = self.ring.submitter().register_files_update(index, &[fd]) {
                 if fd >= 0 {

@@ -315,16 +315,14 @@ impl LoaderBuilder {
             plan.gap_bytes_max =
                 crate::plan::gap_for(self.dataset.samples(), defaults.gap_bytes_max);
         }
-        // A remote dataset's cache files are read through the node cache's gate: this engine's
-        // and every later one's (the I/O layer knows nothing of the cache).
-        #[cfg(feature = "remote")]
-        if !self.dataset.remote_urls().is_empty() {
-            crate::io::install_backend_wrap(crate::cache::gate::wrap);
-        }
         #[cfg(feature = "remote")]
         if plan.order == crate::plan::Order::Global && !self.dataset.remote_urls().is_empty() {
-            let absent =
-                crate::cache::node::absent_bytes(self.dataset.files.iter().map(|f| &*f.path));
+            let absent = crate::cache::node::absent_bytes(
+                self.dataset
+                    .files
+                    .iter()
+                    .filter_map(|f| self.dataset.sources.object(&f.path)),
+            );
             // A few extents missing (damaged ones being fetched again by another process, the
             // tail another rank has not published yet: the S3 soak met both) cost a few GETs;
             // a cache lacking more than a sixteenth of the dataset is the case refused.

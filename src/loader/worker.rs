@@ -315,6 +315,14 @@ impl<'a> IoThread<'a> {
                 &ctx.engine,
                 ctx.arena.clone(),
             )?,
+            // A remote dataset's node-cache copies are read through the cache's gate, composed
+            // around this engine's own backend (the I/O layer knows nothing of the cache).
+            #[cfg(feature = "remote")]
+            None if ctx.dataset.sources.is_remote() => {
+                Engine::with_arena_wrapped(ctx.engine.clone(), ctx.arena.clone(), &|inner, cfg| {
+                    crate::cache::gate::gate(inner, cfg, ctx.dataset.sources.clone())
+                })?
+            }
             None => Engine::with_arena(ctx.engine.clone(), ctx.arena.clone())?,
         };
         let path = match &copies {

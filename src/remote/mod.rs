@@ -177,27 +177,49 @@ fn ini_section(text: &str, section: &str) -> Vec<(String, String)> {
     out
 }
 
-/// S3 settings that take precedence over the environment in this process (tests point the
-/// store at their own server this way, without changing the process's environment).
-type Overrides = HashMap<String, Vec<(String, String)>>;
-
-fn overrides() -> &'static std::sync::Mutex<Overrides> {
-    static O: OnceLock<std::sync::Mutex<Overrides>> = OnceLock::new();
-    O.get_or_init(Default::default)
+/// Settings for the stores datasets are opened from, over the environment's: per S3 bucket,
+/// as `object_store` names them (`aws_endpoint`, `aws_access_key_id`, `aws_region`…). A value
+/// (in [`OpenOptions::store`](crate::dataset::OpenOptions::store), or given to
+/// [`Store::open_with`]), so that two datasets in one process may name two servers for one
+/// bucket; the environment and the shared AWS files fill in what it leaves unset.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StoreOptions {
+    s3: Vec<(String, Vec<(String, String)>)>,
 }
 
-/// Sets S3 settings (`aws_endpoint`, `aws_access_key_id`… as `object_store` names them) that
-/// every later [`Store::open`] of `s3://BUCKET/…` in this process uses over the environment
-/// (one server per bucket; tests point buckets at servers of their own this way).
-pub fn set_s3_options(bucket: &str, options: &[(&str, &str)]) {
-    use crate::util::Unpoison;
-    overrides().lock().unpoisoned().insert(
-        bucket.to_string(),
-        options
+impl StoreOptions {
+    /// These settings for `s3://BUCKET/…` (replacing any given before for it).
+    pub fn s3_bucket(mut self, bucket: &str, options: &[(&str, &str)]) -> StoreOptions {
+        self.s3.retain(|(b, _)| b != bucket);
+        self.s3.push((
+            bucket.to_string(),
+            options
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ));
+        self
+    }
+
+    fn s3_of(&self, bucket: &str) -> &[(String, String)] {
+        self.s3
             .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    );
+            .find(|(b, _)| b == bucket)
+            .map_or(&[], |(_, o)| o.as_slice())
+    }
+}
+
+/// The buckets and the names set for each, not their values (a secret key stays unprinted).
+impl std::fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(
+                self.s3
+                    .iter()
+                    .map(|(b, o)| (b, o.iter().map(|(k, _)| k).collect::<Vec<_>>())),
+            )
+            .finish()
+    }
 }
 
 fn client_options() -> object_store::ClientOptions {
@@ -227,6 +249,11 @@ impl Store {
     /// Opens the store a URL names: `s3://bucket/prefix`, `gs://bucket/prefix`,
     /// `az://container/prefix`, or an `http(s)://` URL (S3-style hosts are recognised as S3).
     pub fn open(url: &str) -> Result<Store> {
+        Store::open_with(url, &StoreOptions::default())
+    }
+
+    /// [`open`](Self::open), with `options` over the environment's settings.
+    pub fn open_with(url: &str, options: &StoreOptions) -> Result<Store> {
         let url = url.trim_end_matches('/').to_string();
         let parsed =
             url::Url::parse(&url).map_err(|e| invalid(format!("{url}: not a URL ({e})")))?;
@@ -251,13 +278,7 @@ impl Store {
                     }
                 }
                 let bucket = parsed.host_str().unwrap_or_default();
-                let set = overrides()
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(bucket)
-                    .cloned()
-                    .unwrap_or_default();
-                for (k, v) in set {
+                for (k, v) in options.s3_of(bucket) {
                     let key: K = k.parse().map_err(|e| store_error(&url, e))?;
                     b = b.with_config(key, v);
                 }

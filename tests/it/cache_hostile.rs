@@ -21,7 +21,7 @@ use gpufeed::remote::Store;
 use gpufeed::{Dataset, Loader, Order};
 
 use crate::common::{disk_dir, gpufeed_bin, tf_record};
-use crate::remote::{content, shared_server, ENDPOINT};
+use crate::remote::{content, shared_server, stores, ENDPOINT};
 
 /// Sample `i`'s bytes: its number, then `content(i, len)`, so a sample read from anywhere says
 /// which it must be.
@@ -58,7 +58,7 @@ fn gnu_tar(src: &Path, tar: &Path) -> Vec<u8> {
 /// Uploads samples `ids` under `s3://gpufeed/PREFIX/` as `format` objects named `names` (one per
 /// object, the samples dealt out in turn).
 fn upload(prefix: &str, format: &str, names: &[&str], ids: std::ops::Range<usize>) {
-    let store = Store::open(&format!("s3://gpufeed/{prefix}")).unwrap();
+    let store = Store::open_with(&format!("s3://gpufeed/{prefix}"), &stores()).unwrap();
     let dir = disk_dir();
     for (k, name) in names.iter().enumerate() {
         let mine: Vec<usize> = ids.clone().filter(|i| i % names.len() == k).collect();
@@ -357,6 +357,7 @@ fn a_directory_that_is_not_a_cache_is_refused_and_left_as_it_was() {
         "s3://gpufeed/h-foreign",
         &OpenOptions {
             cache_dir: Some(dir.path().to_path_buf()),
+            store: stores(),
             ..OpenOptions::default()
         },
     )
@@ -397,7 +398,7 @@ fn keys_that_collided_and_odd_keys_each_read_their_own_bytes() {
     exactly_once(&r, 0..120, &format!("keys {names:?}: {err}"));
     // A key that is also another's prefix, and a component too long for a file name: read, or
     // refused naming the key.
-    let store = Store::open("s3://gpufeed/h-prefix").unwrap();
+    let store = Store::open_with("s3://gpufeed/h-prefix", &stores()).unwrap();
     let one = |i: usize| {
         let d = disk_dir();
         let p = d.path().join("s.gpf");
@@ -561,7 +562,7 @@ fn many_small_objects_cost_their_bytes_not_an_extent_each() {
     // 2.9 GB for 300 objects, 533 MiB after).
     let names: Vec<String> = (0..300).map(|k| format!("s-{k:04}.tar")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let store = Store::open("s3://gpufeed/h-many").unwrap();
+    let store = Store::open_with("s3://gpufeed/h-many", &stores()).unwrap();
     let dir = disk_dir();
     for (k, name) in refs.iter().enumerate() {
         let src = dir.path().join(format!("m{k}"));
@@ -694,7 +695,7 @@ fn a_damaged_object_is_named_by_its_url_not_its_cache_file() {
     }
     let mut tar = gnu_tar(&src, &dir.path().join("t.tar"));
     tar.truncate(9000);
-    Store::open("s3://gpufeed/h-trunc")
+    Store::open_with("s3://gpufeed/h-trunc", &stores())
         .unwrap()
         .put("bad.tar", tar)
         .unwrap();
@@ -980,7 +981,7 @@ fn a_webdataset_opens_at_the_cost_of_its_index() {
     let tars = ["a.tar", "b.tar", "c.tar", "d.tar"];
     // ~100 KB payloads, as ImageNet's: the headers are a sliver of the bytes.
     let big = |i: usize| 90_000 + (i * 7919) % 30_000;
-    let store = Store::open("s3://gpufeed/h-index").unwrap();
+    let store = Store::open_with("s3://gpufeed/h-index", &stores()).unwrap();
     let put_tar = |name: &str, ids: &[usize], salt: usize| {
         let dir = disk_dir();
         let src = dir.path().join("src");
@@ -1042,7 +1043,7 @@ fn tfrecords_open_from_the_indexes_beside_them() {
     if !shared_server() {
         return;
     }
-    let store = Store::open("s3://gpufeed/h-tfrecord-idx").unwrap();
+    let store = Store::open_with("s3://gpufeed/h-tfrecord-idx", &stores()).unwrap();
     let mut idx_bytes = 0;
     for (k, (name, idx)) in [
         ("a.tfrecord", Some("a.tfrecord.idx")),

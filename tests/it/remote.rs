@@ -12,19 +12,28 @@ use std::time::{Duration, Instant};
 use gpufeed::cache::NodeCache;
 use gpufeed::dataset::shard::ShardWriter;
 use gpufeed::dataset::OpenOptions;
-use gpufeed::remote::Store;
+use gpufeed::remote::{Store, StoreOptions};
 use gpufeed::testing::s3::{self, weed_binary, Weed};
 use gpufeed::testing::Rng;
 use gpufeed::{Dataset, Loader, Order};
 
 use crate::common::disk_dir;
 
-/// A server over `dir` serving `bucket`, the process's S3 options pointed at it; `None`
-/// without a SeaweedFS binary.
+/// The store options every server these tests started is named in (a bucket each).
+static STORES: std::sync::Mutex<Option<StoreOptions>> = std::sync::Mutex::new(None);
+
+/// Store options pointing each test bucket at its server (what the tests' opens are given).
+pub(crate) fn stores() -> StoreOptions {
+    STORES.lock().unwrap().clone().unwrap_or_default()
+}
+
+/// A server over `dir` serving `bucket`, named in [`stores`]; `None` without a SeaweedFS
+/// binary.
 fn start_weed(dir: &Path, bucket: &str) -> Option<Weed> {
     weed_binary()?;
     let w = Weed::start(dir, bucket).unwrap_or_else(|e| panic!("{e}"));
-    gpufeed::remote::set_s3_options(
+    let mut all = STORES.lock().unwrap();
+    *all = Some(all.take().unwrap_or_default().s3_bucket(
         bucket,
         &[
             ("aws_endpoint", w.endpoint()),
@@ -32,7 +41,7 @@ fn start_weed(dir: &Path, bucket: &str) -> Option<Weed> {
             ("aws_secret_access_key", s3::KEY),
             ("aws_region", "us-east-1"),
         ],
-    );
+    ));
     Some(w)
 }
 
@@ -91,7 +100,7 @@ fn upload_shards(
     let dir = disk_dir();
     let mut rng = Rng::new(7);
     let per = n.div_ceil(shards);
-    let store = Store::open(&format!("s3://{bucket}/{prefix}")).unwrap();
+    let store = Store::open_with(&format!("s3://{bucket}/{prefix}"), &stores()).unwrap();
     for s in 0..shards {
         let p = dir.path().join(format!("shard-{s:05}.gpf"));
         let mut w = ShardWriter::create(&p, 1).unwrap();
@@ -117,6 +126,7 @@ fn remote_opts(cache: &Path, limit: Option<u64>, extent: u64) -> OpenOptions {
     let mut o = OpenOptions {
         cache_dir: Some(cache.to_path_buf()),
         cache_limit: limit,
+        store: stores(),
         ..OpenOptions::default()
     };
     o.set("cache_extent", &extent.to_string()).unwrap();
@@ -323,7 +333,7 @@ fn an_object_replaced_mid_epoch_is_an_error_naming_its_url() {
     let opts = remote_opts(cache.path(), None, 64 << 10);
     let ds = Dataset::open_with("s3://gpufeed/replaced", &opts).unwrap();
     // The second shard changes after the listing: its ETag no longer matches.
-    let store = Store::open("s3://gpufeed/replaced").unwrap();
+    let store = Store::open_with("s3://gpufeed/replaced", &stores()).unwrap();
     let url = store.object_url("replaced/shard-00001.gpf");
     let local = _local.path().join("shard-00001.gpf");
     let mut bytes = std::fs::read(&local).unwrap();
@@ -547,4 +557,70 @@ fn a_local_file_on_a_removed_cache_files_inode_reads_as_itself() {
         }
     }
     assert_eq!(n, 40);
+}
+
+/// The node cache's gate travels with the remote dataset's loader, not the process: an engine
+/// built after a remote loader reads local files through nothing but its own backend (it
+/// used to pass through the gate a process-wide hook put on every later engine), and two
+/// loaders over two caches of one URL, read in turn, each read every sample once from their
+/// own cache (each cache ends holding the dataset; neither fetched for the other).
+#[test]
+fn the_gate_is_the_remote_loaders_own_and_two_caches_share_nothing() {
+    if !shared_server() {
+        return;
+    }
+    let local = upload_shards("gpufeed", "two-caches", 240, 2, 6_000);
+    let url = "s3://gpufeed/two-caches";
+    let (a, b) = (disk_dir(), disk_dir());
+    let ds_a = Arc::new(Dataset::open_with(url, &remote_opts(a.path(), None, 64 << 10)).unwrap());
+    let ds_b = Arc::new(Dataset::open_with(url, &remote_opts(b.path(), None, 64 << 10)).unwrap());
+    let order = Order::Block {
+        block_bytes: 128 << 10,
+        open_blocks: 2,
+    };
+    let make = |ds: &Arc<Dataset>| {
+        Loader::builder(ds.clone())
+            .batch_size(16)
+            .order(order)
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (make(&ds_a), make(&ds_b));
+    let (mut ea, mut eb) = (la.epoch(0).unwrap(), lb.epoch(0).unwrap());
+    let mut seen = [vec![0u32; ds_a.len()], vec![0u32; ds_b.len()]];
+    loop {
+        let mut any = false;
+        for (k, (ds, e)) in [(&ds_a, &mut ea), (&ds_b, &mut eb)].into_iter().enumerate() {
+            if let Some(batch) = e.next() {
+                any = true;
+                let batch = batch.unwrap();
+                for (j, &id) in batch.sample_ids().iter().enumerate() {
+                    check(ds, id, batch.sample(j).unwrap());
+                    seen[k][id as usize] += 1;
+                }
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    assert!(
+        seen.iter().flatten().all(|&c| c == 1),
+        "not every sample once"
+    );
+    let total: u64 = std::fs::read_dir(local.path())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    for ds in [&ds_a, &ds_b] {
+        let st = gpufeed::dataset::cache_status(ds).unwrap();
+        assert_eq!(st.present_bytes, total, "{st:?}");
+    }
+    // An engine made now, over a local file, is its own backend alone.
+    let engine = gpufeed::io::Engine::new(gpufeed::config::EngineConfig::default()).unwrap();
+    assert!(
+        !engine.describe().contains("node cache"),
+        "{}",
+        engine.describe()
+    );
 }

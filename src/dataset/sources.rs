@@ -1,0 +1,106 @@
+//! Where a dataset's files' bytes come from: the local file system, or — a remote dataset's
+//! files being its objects' copies in the node cache — the cached object each copy stands for,
+//! which fetches what is not on disk yet. The dataset holds its [`Sources`] and hands them to
+//! whatever reads its files (indexing, checks, the loader's gate); nothing asks a process-wide
+//! registry which object a file is.
+
+use std::path::Path;
+
+use super::tar::TarWalk;
+use super::SourceFile;
+use crate::error::{Error, Result};
+
+/// See the module documentation. Cheap to clone (shared maps).
+#[derive(Clone, Default)]
+pub(crate) struct Sources {
+    /// Each node-cache data file's object, by the data file's path.
+    #[cfg(feature = "remote")]
+    objects: std::sync::Arc<std::collections::HashMap<std::path::PathBuf, Entry>>,
+}
+
+/// A data file's object, and for a tar the index kept beside it in the store (`NAME.gpfidx`).
+#[cfg(feature = "remote")]
+#[derive(Clone)]
+struct Entry {
+    obj: std::sync::Arc<crate::cache::CachedObject>,
+    beside: Option<crate::remote::ObjectInfo>,
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        #[cfg(feature = "remote")]
+        return write!(f, "Sources({} cached objects)", self.objects.len());
+        #[cfg(not(feature = "remote"))]
+        f.write_str("Sources(local)")
+    }
+}
+
+impl Sources {
+    /// Local files, read as they are.
+    pub fn local() -> Sources {
+        Sources::default()
+    }
+
+    /// A remote dataset's: each data file's cached object, with the index kept beside it in
+    /// the store where there is one.
+    #[cfg(feature = "remote")]
+    pub fn remote(
+        objects: impl IntoIterator<
+            Item = (
+                std::sync::Arc<crate::cache::CachedObject>,
+                Option<crate::remote::ObjectInfo>,
+            ),
+        >,
+    ) -> Sources {
+        Sources {
+            objects: std::sync::Arc::new(
+                objects
+                    .into_iter()
+                    .map(|(obj, beside)| (obj.data_path().to_path_buf(), Entry { obj, beside }))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The cached object whose node-cache copy `path` is, if it is one.
+    #[cfg(feature = "remote")]
+    pub fn object(&self, path: &Path) -> Option<&std::sync::Arc<crate::cache::CachedObject>> {
+        self.objects.get(path).map(|o| &o.obj)
+    }
+
+    /// Whether any file is a remote object's copy.
+    pub fn is_remote(&self) -> bool {
+        #[cfg(feature = "remote")]
+        return !self.objects.is_empty();
+        #[cfg(not(feature = "remote"))]
+        false
+    }
+
+    /// Opens `path` for small reads: a remote object's copy fetches what it lacks.
+    pub fn open(&self, path: &Path) -> std::io::Result<SourceFile> {
+        #[cfg(feature = "remote")]
+        return SourceFile::open_as(path, self.object(path).cloned());
+        #[cfg(not(feature = "remote"))]
+        SourceFile::open_as(path)
+    }
+
+    /// A tar's walk: a remote tar's from the index kept for it where one describes this
+    /// version (in the node cache, else beside it in the store), else walked here.
+    pub fn walk_tar(&self, path: &Path) -> Result<TarWalk> {
+        #[cfg(feature = "remote")]
+        if let Some(o) = self.objects.get(path) {
+            return super::remote::walk_remote(path, &o.obj, o.beside.as_ref(), self);
+        }
+        super::tar::walk_tar(path, self)
+    }
+
+    /// `e`, naming a remote object by its URL where it names the object's node-cache copy.
+    pub fn named(&self, e: Error) -> Error {
+        #[cfg(feature = "remote")]
+        if let Some(o) = e.path().and_then(|p| self.objects.get(p)) {
+            let url = o.obj.info().url.clone();
+            return e.shown_as(url);
+        }
+        e
+    }
+}
