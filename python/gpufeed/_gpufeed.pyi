@@ -110,7 +110,7 @@ class Images:
 
     ``transform``: "train" (torchvision's RandomResizedCrop with ``scale``, ``ratio`` and a
     horizontal flip with probability ``flip_p``) or "eval" (the shorter side to ``resize``,
-    default ``size * 8 // 7``, then the centre crop). Bilinear with antialiasing, as Pillow
+    default 8/7 of the output's longer side, then the centre crop). Bilinear with antialiasing, as Pillow
     resizes. ``size``: one side (square) or ``(height, width)`` as torchvision takes it;
     default 224. ``dtype``: "uint8" (pixels, no normalisation), "float16", "bfloat16" or
     "float32" (``(x / 255 - mean) / std``, ImageNet's by default; the default) — as a string,
@@ -139,6 +139,7 @@ class Images:
         dct_scaling: Optional[bool] = None,
         max_pixels: Optional[int] = None,
         prefetch_batches: Optional[int] = None,
+        hardware_decoder: Optional[bool] = None,
     ) -> None: ...
     @property
     def settings(self) -> Dict[str, Optional[str]]:

@@ -1492,15 +1492,18 @@ fn token_dtype(dtype: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
 /// An output size as the image settings write it: one side (a square) or torchvision's
 /// `(height, width)` as `HEIGHTxWIDTH`.
 fn image_size(size: &Bound<'_, PyAny>) -> PyResult<String> {
-    if let Ok(side) = size.extract::<u32>() {
-        return Ok(side.to_string());
+    if size.cast::<pyo3::types::PyBool>().is_err() {
+        if let Ok(side) = size.extract::<u32>() {
+            return Ok(side.to_string());
+        }
+        if let Ok([h, w]) = size.extract::<[u32; 2]>() {
+            return Ok(format!("{h}x{w}"));
+        }
     }
-    match size.extract::<(u32, u32)>() {
-        Ok((h, w)) => Ok(format!("{h}x{w}")),
-        Err(_) => Err(PyValueError::new_err(
-            "size: an int (a square) or (height, width), as torchvision takes it",
-        )),
-    }
+    Err(PyValueError::new_err(format!(
+        "size={}: an int (a square) or (height, width), as torchvision takes it",
+        size.repr()?
+    )))
 }
 
 /// A keyword argument of `Images` as the image settings' text: numbers and booleans as Rust
@@ -1556,7 +1559,7 @@ impl PyImages {
     #[pyo3(signature = (
         transform=None, size=None, dtype=None, layout=None, mean=None, std=None, threads=None,
         scale=None, ratio=None, flip_p=None, resize=None, dct_scaling=None, max_pixels=None,
-        prefetch_batches=None
+        prefetch_batches=None, hardware_decoder=None
     ))]
     #[allow(
         clippy::too_many_arguments,
@@ -1578,6 +1581,7 @@ impl PyImages {
         dct_scaling: Option<&Bound<'_, PyAny>>,
         max_pixels: Option<&Bound<'_, PyAny>>,
         prefetch_batches: Option<&Bound<'_, PyAny>>,
+        hardware_decoder: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let args = [
             ("transform", transform),
@@ -1594,6 +1598,7 @@ impl PyImages {
             ("dct_scaling", dct_scaling),
             ("max_pixels", max_pixels),
             ("prefetch_batches", prefetch_batches),
+            ("hardware_decoder", hardware_decoder),
         ];
         let init = PyDict::new(py);
         let mut given: Vec<(&str, String)> = Vec::new();

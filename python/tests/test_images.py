@@ -164,6 +164,20 @@ class ImageTests(unittest.TestCase):
         for kw in (dict(transform="rotate"), dict(dtype="int8"), dict(layout="chw"), dict(size=0)):
             with self.assertRaises(ValueError):
                 gpufeed.Images(**kw)
+        # Bounded where an allocation or a thread count follows from the value (a trial's
+        # prefetch_batches=10**9 aborted the process), and checked whatever the transform.
+        for kw, says in (
+            (dict(prefetch_batches=10**9), "prefetch_batches 1000000000: expected 1 to 64"),
+            (dict(threads=10**6), "threads 1000000: expected 0 to 1024"),
+            (dict(transform="eval", flip_p=5), "flip_p 5"),
+            (dict(transform="eval", scale=(1, 0.5)), "scale"),
+            (dict(transform="train", resize=-1), "resize"),
+            (dict(max_pixels=1.5), "max_pixels"),
+            (dict(size=True), "size=True"),
+        ):
+            with self.assertRaises(ValueError) as c:
+                gpufeed.Images(**kw)
+            self.assertIn(says, str(c.exception), kw)
 
 
 class ImageSettings(unittest.TestCase):
@@ -186,7 +200,7 @@ class ImageSettings(unittest.TestCase):
             transform="train", size=(40, 48), dtype="bfloat16", layout="nhwc",
             mean=(0.5, 0.25, 0.125), std=[0.5, 0.5, 0.25], threads=3, scale=(0.25, 0.75),
             ratio=(0.5, 2.0), flip_p=0.25, dct_scaling=False, max_pixels=1000000,
-            prefetch_batches=4,
+            prefetch_batches=4, hardware_decoder=False,
         )
         s = gpufeed.Images(**train).settings
         self.assertEqual(
@@ -195,7 +209,7 @@ class ImageSettings(unittest.TestCase):
                 transform="train", size="40x48", dtype="bfloat16", layout="nhwc",
                 mean="0.5,0.25,0.125", std="0.5,0.5,0.25", threads="3", scale="0.25,0.75",
                 ratio="0.5,2", flip_p="0.25", resize=None, dct_scaling="false",
-                max_pixels="1000000", prefetch_batches="4",
+                max_pixels="1000000", prefetch_batches="4", hardware_decoder="false",
             ),
         )
         e = gpufeed.Images("eval", 40, resize=60).settings
@@ -209,6 +223,9 @@ class ImageSettings(unittest.TestCase):
         for d, name in (("half", "float16"), (np.float16, "float16"), (np.dtype("uint8"), "uint8"),
                         ("bf16", "bfloat16"), ("float", "float32")):
             self.assertEqual(gpufeed.Images(dtype=d).settings["dtype"], name, d)
+        # The evaluation crop lies inside the resized image whatever the output's shape.
+        self.assertEqual(gpufeed.Images("eval", size=(64, 32)).settings["resize"], "73")
+        self.assertEqual(gpufeed.Images("eval", size=[64, 32]).settings["size"], "64x32")
         # Pickled by what it was given.
         import pickle
 

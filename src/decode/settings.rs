@@ -24,6 +24,8 @@ pub struct ImageSetting {
     pub unit: &'static str,
     /// The default, as [`ImageSpec::values`] prints it (`none`: absent).
     pub default: &'static str,
+    /// The allowed whole numbers, inclusive (checked by [`ImageSpec::set`]).
+    pub range: Option<(u64, u64)>,
     /// What the setting does.
     pub help: &'static str,
     /// The C door's numbers for the names this setting takes: number `i` is `c_codes[i]`
@@ -70,6 +72,12 @@ const NOT_C_YET: (FrontDoor, &str) = (
     FrontDoor::C,
     "not in gpufeed_images yet: the table's default applies",
 );
+/// The most decode threads a spec may ask for.
+pub const THREADS_MAX: u64 = 1024;
+/// The most batches decoded ahead (each holds a whole batch tensor).
+pub const PREFETCH_BATCHES_MAX: u64 = 64;
+/// The longest side of an output.
+pub const SIDE_MAX: u32 = 16384;
 const TRAIN: &str = "train";
 const EVAL: &str = "eval";
 
@@ -80,6 +88,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "transform",
         unit: "train or eval",
         default: TRAIN,
+        range: None,
         help: "train: torchvision's RandomResizedCrop then RandomHorizontalFlip; eval: Resize \
                (the shorter side) then CenterCrop",
         c_codes: &[TRAIN, EVAL],
@@ -89,6 +98,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "size",
         unit: "pixels: a side, or HEIGHTxWIDTH",
         default: "224",
+        range: None,
         help: "the output's height and width",
         c_codes: &[],
         not_at: &[],
@@ -97,6 +107,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "dtype",
         unit: "uint8, float16, bfloat16 or float32",
         default: "float32",
+        range: None,
         help: "the element type (uint8: 0-255 pixels, not normalised)",
         c_codes: &["uint8", "float16", "bfloat16", "float32"],
         not_at: &[],
@@ -105,6 +116,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "layout",
         unit: "nchw or nhwc",
         default: "nchw",
+        range: None,
         help: "where channels go: [N, 3, H, W] (PyTorch's default) or [N, H, W, 3]",
         c_codes: &["nchw", "nhwc"],
         not_at: &[],
@@ -113,6 +125,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "mean",
         unit: "three numbers, 0-1 scale",
         default: "0.485,0.456,0.406",
+        range: None,
         help: "per-channel mean subtracted (float types; ImageNet's)",
         c_codes: &[],
         not_at: &[(
@@ -124,6 +137,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "std",
         unit: "three numbers above 0, 0-1 scale",
         default: "0.229,0.224,0.225",
+        range: None,
         help: "per-channel standard deviation divided by (float types; ImageNet's)",
         c_codes: &[],
         not_at: &[(
@@ -135,6 +149,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "threads",
         unit: "threads",
         default: "0",
+        range: Some((0, THREADS_MAX)),
         help: "decode threads; 0: GPUFEED_DECODE_THREADS if set, else this process's cores \
                shared by the ranks on the node (LOCAL_WORLD_SIZE)",
         c_codes: &[],
@@ -144,6 +159,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "scale",
         unit: "two numbers, 0-1",
         default: "0.08,1",
+        range: None,
         help: "train: the crop's share of the image's area, drawn between these",
         c_codes: &[],
         not_at: &[NOT_CLI_TRANSFORM, NOT_C_YET],
@@ -152,6 +168,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "ratio",
         unit: "two numbers above 0",
         default: "0.75,1.3333333333333333",
+        range: None,
         help: "train: the crop's aspect ratio, drawn (log-uniformly) between these",
         c_codes: &[],
         not_at: &[NOT_CLI_TRANSFORM, NOT_C_YET],
@@ -160,6 +177,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "flip_p",
         unit: "a probability",
         default: "0.5",
+        range: None,
         help: "train: the chance a sample is mirrored",
         c_codes: &[],
         not_at: &[NOT_CLI_TRANSFORM, NOT_C_YET],
@@ -168,8 +186,9 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "resize",
         unit: "pixels",
         default: "none",
-        help: "eval: the shorter side before the centre crop; none: the width × 8/7 (256 for \
-               224)",
+        range: Some((1, SIDE_MAX as u64 * 4)),
+        help: "eval: the shorter side before the centre crop; none: 8/7 of the output's longer \
+               side (256 for 224)",
         c_codes: &[],
         not_at: &[NOT_CLI_TRANSFORM],
     },
@@ -177,6 +196,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "dct_scaling",
         unit: "true or false",
         default: "true",
+        range: None,
         help: "JPEGs decoded at 1/2, 1/4 or 1/8 scale in the DCT domain where the crop stays \
                at least four times the output (the CPU stage)",
         c_codes: &[],
@@ -192,6 +212,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "max_pixels",
         unit: "pixels",
         default: "67108864",
+        range: Some((1, u64::MAX)),
         help: "an image declaring more pixels is refused (a per-sample error) before any \
                buffer is sized from it",
         c_codes: &[],
@@ -207,6 +228,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "prefetch_batches",
         unit: "batches",
         default: "2",
+        range: Some((1, PREFETCH_BATCHES_MAX)),
         help: "batches decoded ahead of the one handed out",
         c_codes: &[],
         not_at: &[
@@ -221,14 +243,11 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         name: "hardware_decoder",
         unit: "true or false",
         default: "true",
+        range: None,
         help: "device path: baseline JPEGs go to the GPU's hardware JPEG decoder where it has \
                one; false: every image takes the CUDA-core route (for comparisons)",
         c_codes: &[],
         not_at: &[
-            (
-                FrontDoor::Python,
-                "a comparison switch: bench decode's gpufeed-nohw rows",
-            ),
             (
                 FrontDoor::C,
                 "a comparison switch: bench decode's gpufeed-nohw rows",
@@ -283,6 +302,18 @@ fn reals<const N: usize>(name: &str, v: &str) -> Result<[f64; N]> {
         *o = real(name, p)?;
     }
     Ok(out)
+}
+
+/// A whole number in the setting's range.
+fn count(o: &ImageSetting, v: &str, what: &str) -> Result<u64> {
+    let n: u64 = whole(o.name, v, what)?;
+    match o.range {
+        Some((lo, hi)) if !(lo..=hi).contains(&n) => Err(invalid(format!(
+            "{} {n}: expected {lo} to {hi} ({})",
+            o.name, o.unit
+        ))),
+        _ => Ok(n),
+    }
 }
 
 fn yes_no(name: &str, v: &str) -> Result<bool> {
@@ -411,7 +442,7 @@ impl ImageSpec {
                     (TRAIN, _) => train_defaults(),
                     (EVAL, t @ Transform::Eval { .. }) => t,
                     (EVAL, _) => Transform::Eval {
-                        resize: eval_resize(self.size.0),
+                        resize: eval_resize(self.size),
                     },
                     _ => return Err(invalid(format!("transform {v:?}: expected {}", o.unit))),
                 }
@@ -437,45 +468,54 @@ impl ImageSpec {
                     self.std = x;
                 }
             }
-            "threads" => self.threads = whole(name, v, "a count of threads (0: the default)")?,
-            "scale" | "ratio" | "flip_p" => {
-                if let Transform::Train {
-                    scale,
-                    ratio,
-                    flip_p,
-                } = &mut self.transform
-                {
-                    match o.name {
-                        "scale" => {
-                            let [a, b] = reals::<2>(name, v)?;
-                            *scale = (a, b);
-                        }
-                        "ratio" => {
-                            let [a, b] = reals::<2>(name, v)?;
-                            *ratio = (a, b);
-                        }
-                        _ => *flip_p = real(name, v)?,
-                    }
+            "threads" => {
+                self.threads = count(o, v, "a count of threads (0: the default)")? as usize
+            }
+            // Read and checked whatever the transform (a bad value is an error even where it
+            // would not be used), applied to the one that uses it.
+            "scale" => {
+                let [a, b] = reals::<2>(name, v)?;
+                super::spec::check_scale((a, b))?;
+                if let Transform::Train { scale, .. } = &mut self.transform {
+                    *scale = (a, b);
+                }
+            }
+            "ratio" => {
+                let [a, b] = reals::<2>(name, v)?;
+                super::spec::check_ratio((a, b))?;
+                if let Transform::Train { ratio, .. } = &mut self.transform {
+                    *ratio = (a, b);
+                }
+            }
+            "flip_p" => {
+                let p = real(name, v)?;
+                super::spec::check_flip_p(p)?;
+                if let Transform::Train { flip_p, .. } = &mut self.transform {
+                    *flip_p = p;
                 }
             }
             "resize" => {
+                let r = if none {
+                    eval_resize(self.size)
+                } else {
+                    count(o, v, "a side in pixels, or none")? as u32
+                };
                 if let Transform::Eval { resize } = &mut self.transform {
-                    *resize = if none {
-                        eval_resize(self.size.0)
-                    } else {
-                        whole(name, v, "a side in pixels, or none")?
-                    };
+                    *resize = r;
                 }
             }
             "dct_scaling" => self.dct_scaling = yes_no(name, v)?,
             "max_pixels" => {
-                self.pixels_max = match crate::util::parse_size(v) {
-                    Ok(n) => n,
-                    Err(_) => whole(name, v, "a count of pixels")?,
+                // A count, or one with a unit (64M).
+                self.pixels_max = match v.ends_with(|c: char| c.is_ascii_alphabetic()) {
+                    true => crate::util::parse_size(v).map_err(|_| {
+                        invalid(format!("max_pixels {v:?}: expected a count of pixels"))
+                    })?,
+                    false => count(o, v, "a count of pixels")?,
                 }
             }
             "prefetch_batches" => {
-                self.prefetch_batches = whole(name, v, "a count of batches, at least 1")?
+                self.prefetch_batches = count(o, v, "a count of batches")? as usize
             }
             "hardware_decoder" => self.hardware_decoder = yes_no(name, v)?,
             other => unreachable!("image setting {other} has no reader"),
@@ -548,10 +588,11 @@ impl ImageSpec {
     }
 }
 
-/// The evaluation transform's shorter side before the crop to `side`: 256 for 224, as
-/// torchvision's ImageNet recipe has it.
-pub(super) fn eval_resize(side: u32) -> u32 {
-    (side as u64 * 8 / 7) as u32
+/// The evaluation transform's shorter side before the crop to `size` (width, height): 8/7 of
+/// the longer side, 256 for 224 as torchvision's ImageNet recipe has it — so that the centre
+/// crop lies inside the resized image whatever the output's shape.
+pub(super) fn eval_resize((w, h): (u32, u32)) -> u32 {
+    (w.max(h) as u64 * 8 / 7) as u32
 }
 
 #[cfg(test)]
@@ -614,6 +655,12 @@ mod tests {
         assert!(e.contains("uint8, float16, bfloat16 or float32"), "{e}");
         for (k, v, says) in [
             ("size", "0x", "HEIGHTxWIDTH"),
+            ("size", "0x64", "size 0x64 (height x width)"),
+            ("prefetch_batches", "1000000000", "expected 1 to 64"),
+            ("threads", "4294967296", "expected 0 to 1024"),
+            ("resize", "-1", "resize \"-1\""),
+            ("flip_p", "5", "flip_p 5"),
+            ("max_pixels", "1.5", "max_pixels"),
             ("mean", "1,2", "3 numbers"),
             ("transform", "test", "train or eval"),
             ("colour", "rgb", "the settings are transform"),

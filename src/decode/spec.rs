@@ -112,7 +112,7 @@ impl ImageSpec {
         ImageSpec {
             size: (size, size),
             transform: Transform::Eval {
-                resize: super::settings::eval_resize(size),
+                resize: super::settings::eval_resize((size, size)),
             },
             ..ImageSpec::default()
         }
@@ -142,10 +142,11 @@ impl ImageSpec {
 
     /// Checks the values.
     pub fn validate(&self) -> Result<()> {
+        use super::settings::{PREFETCH_BATCHES_MAX, SIDE_MAX, THREADS_MAX};
         let (w, h) = self.size;
-        if w == 0 || h == 0 || w > 16384 || h > 16384 {
+        if w == 0 || h == 0 || w > SIDE_MAX || h > SIDE_MAX {
             return Err(invalid(format!(
-                "image size {w}x{h}: each side must be 1 to 16384"
+                "image size {h}x{w} (height x width): each side must be 1 to {SIDE_MAX}"
             )));
         }
         if self.std.iter().any(|s| !(s.is_finite() && *s > 0.0))
@@ -153,8 +154,17 @@ impl ImageSpec {
         {
             return Err(invalid("normalisation: std must be positive, mean finite"));
         }
-        if self.prefetch_batches == 0 {
-            return Err(invalid("prefetch_batches must be at least 1"));
+        if !(1..=PREFETCH_BATCHES_MAX).contains(&(self.prefetch_batches as u64)) {
+            return Err(invalid(format!(
+                "prefetch_batches {}: expected 1 to {PREFETCH_BATCHES_MAX}",
+                self.prefetch_batches
+            )));
+        }
+        if self.threads as u64 > THREADS_MAX {
+            return Err(invalid(format!(
+                "threads {}: expected 0 (the default) to {THREADS_MAX}",
+                self.threads
+            )));
         }
         if self.pixels_max == 0 {
             return Err(invalid(
@@ -170,21 +180,16 @@ impl ImageSpec {
                 ratio,
                 flip_p,
             } => {
-                if !(scale.0 > 0.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
-                    return Err(invalid(format!(
-                        "scale {scale:?}: need 0 < low <= high <= 1"
-                    )));
-                }
-                if !(ratio.0 > 0.0 && ratio.0 <= ratio.1 && ratio.1.is_finite()) {
-                    return Err(invalid(format!("ratio {ratio:?}: need 0 < low <= high")));
-                }
-                if !(0.0..=1.0).contains(&flip_p) {
-                    return Err(invalid(format!("flip probability {flip_p} is not in 0..1")));
-                }
+                check_scale(scale)?;
+                check_ratio(ratio)?;
+                check_flip_p(flip_p)?;
             }
             Transform::Eval { resize } => {
-                if resize == 0 {
-                    return Err(invalid("eval resize must be at least 1"));
+                if !(1..=SIDE_MAX * 4).contains(&resize) {
+                    return Err(invalid(format!(
+                        "resize {resize}: expected 1 to {}",
+                        SIDE_MAX * 4
+                    )));
                 }
             }
         }
@@ -228,6 +233,34 @@ impl ImageSpec {
             std: self.std,
         }
     }
+}
+
+/// The training crop's area fraction range, checked.
+pub(super) fn check_scale(scale: (f64, f64)) -> Result<()> {
+    if !(scale.0 > 0.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
+        return Err(invalid(format!(
+            "scale {scale:?}: need 0 < low <= high <= 1"
+        )));
+    }
+    Ok(())
+}
+
+/// The training crop's aspect ratio range, checked.
+pub(super) fn check_ratio(ratio: (f64, f64)) -> Result<()> {
+    if !(ratio.0 > 0.0 && ratio.0 <= ratio.1 && ratio.1.is_finite()) {
+        return Err(invalid(format!("ratio {ratio:?}: need 0 < low <= high")));
+    }
+    Ok(())
+}
+
+/// The mirror probability, checked.
+pub(super) fn check_flip_p(p: f64) -> Result<()> {
+    if !(0.0..=1.0).contains(&p) {
+        return Err(invalid(format!(
+            "flip_p {p}: expected a probability, 0 to 1"
+        )));
+    }
+    Ok(())
 }
 
 /// The per-sample error for an image whose header declares more than `max` pixels: checked
