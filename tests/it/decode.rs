@@ -874,3 +874,96 @@ fn a_damaged_jpeg_never_changes_the_next_image_in_a_loader() {
         assert!(refused > damaged.len() / 2);
     }
 }
+
+/// `examples/train_images.rs`, the Rust training loop, trains two epochs on generated JPEGs
+/// and a truncated one, is stopped after 4 steps and run again: it resumes at batch 4 of epoch
+/// 0, and each epoch trains on every good image exactly once across the interruption (the
+/// damaged one never, named on stderr).
+#[test]
+fn the_rust_training_example_resumes_and_skips_a_damaged_image() {
+    // Examples are built beside the test binaries (`target/release/examples`).
+    let exe = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|p| p.join("examples/train_images"))
+        .unwrap();
+    if !exe.exists() {
+        // `cargo test --test it` builds no examples: build this one.
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args(["build", "--release", "--example", "train_images"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let dir = disk_dir();
+    let data = dir.path().join("jpegs");
+    gpufeed::testing::synth::write_image_folder(&data, 60, 3).unwrap();
+    let good = std::fs::read(data.join("c0000/00000000.jpg")).unwrap();
+    std::fs::write(data.join("c0000/zz-cut.jpg"), &good[..good.len() / 3]).unwrap();
+    let ckpt = dir.path().join("run.ckpt");
+    let ids = dir.path().join("ids.txt");
+    let run = |extra: &[&str]| {
+        Command::new(&exe)
+            .arg(&data)
+            .args([
+                "--epochs",
+                "2",
+                "--batch",
+                "8",
+                "--size",
+                "16",
+                "--save-every",
+                "3",
+            ])
+            .arg("--checkpoint")
+            .arg(&ckpt)
+            .arg("--log-ids")
+            .arg(&ids)
+            .args(extra)
+            .env("GPUFEED_QUIET", "1")
+            .output()
+            .unwrap()
+    };
+    let first = run(&["--stop-after", "4"]);
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{err}");
+    assert!(
+        err.contains("stopped after 4 steps (epoch 0, next batch 4)"),
+        "{err}"
+    );
+    let second = run(&[]);
+    let (out, err) = (
+        String::from_utf8_lossy(&second.stdout),
+        String::from_utf8_lossy(&second.stderr),
+    );
+    assert!(second.status.success(), "{out}{err}");
+    assert!(err.contains("resuming epoch 0 at batch 4"), "{err}");
+    assert!(out.contains("epoch 1: mean loss"), "{out}");
+    assert!(
+        err.contains("zz-cut.jpg"),
+        "the damaged image is named: {err}"
+    );
+    let mut per_epoch: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for line in std::fs::read_to_string(&ids).unwrap().lines() {
+        let mut it = line.split(' ');
+        let e: u64 = it.next().unwrap().parse().unwrap();
+        per_epoch.entry(e).or_default().extend(
+            it.filter(|s| !s.is_empty())
+                .map(|s| s.parse::<u32>().unwrap()),
+        );
+    }
+    assert_eq!(per_epoch.len(), 2, "{per_epoch:?}");
+    for (e, mut v) in per_epoch {
+        v.sort();
+        let n = v.len();
+        v.dedup();
+        assert_eq!((n, v.len()), (60, 60), "epoch {e}: every good image once");
+    }
+}
