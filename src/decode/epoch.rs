@@ -62,7 +62,7 @@ impl ImageEpoch {
 }
 
 impl ImageEpoch {
-    /// Waits up to `wait` for the next decoded batch, as [`Epoch::poll_next`] does:
+    /// Waits up to `wait` for the next decoded batch, as [`Epoch::poll_next`](crate::Epoch::poll_next) does:
     /// `Poll::Pending` if it is not ready yet (the wait goes on at the next call), and with a
     /// timeout, `Ready(Some(Err))` of kind `TimedOut` once one wait passes it (the epoch stays
     /// usable).
