@@ -23,7 +23,9 @@ pub(crate) mod sim;
 
 use std::sync::Arc;
 
-pub use copy::{DevicePool, DeviceRegion, SimDevice, SimDeviceStats};
+pub use copy::{DevicePool, DeviceRegion};
+#[doc(hidden)]
+pub use copy::{SimDevice, SimDeviceStats};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -35,7 +37,9 @@ pub enum Device {
     Host,
     /// CUDA device memory of device `ordinal`.
     Cuda(u32),
-    /// A simulated device in host memory, for tests of the copy stage without a GPU.
+    /// A simulated device in host memory, for tests of the copy stage without a GPU (hidden:
+    /// the tests', as [`LoaderBuilder::backend`](crate::loader::LoaderBuilder) is).
+    #[doc(hidden)]
     Simulated(SimDevice),
 }
 
