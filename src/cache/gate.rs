@@ -202,7 +202,8 @@ impl Backend for RemoteGate {
     }
 
     fn register_file(&mut self, index: u32, fd: RawFd, path: Option<&Path>) -> io::Result<()> {
-        self.inner.register_file(index, fd, path)?;
+        // What the entry is, found before the inner backend takes the descriptor (a failure
+        // leaves neither side holding it).
         let file = match path.and_then(|p| self.sources.object(p)) {
             Some(obj) if fd >= 0 => {
                 // SAFETY: all-zero is a valid `stat` (plain integers); `fd` is the engine's
@@ -220,6 +221,7 @@ impl Backend for RemoteGate {
             }
             _ => GateFile::Local,
         };
+        self.inner.register_file(index, fd, path)?;
         if let Some(slot) = self.files.get_mut(index as usize) {
             *slot = file;
         }

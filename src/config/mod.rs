@@ -11,7 +11,7 @@
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::plan::PlanConfig;
 
-mod settings;
+pub(crate) mod settings;
 
 pub use settings::{
     FrontDoor, LoaderSettings, OnError, Setting, BATCH_SIZE_MAX, GROUPS_MAX, LOADER_SETTINGS,

@@ -490,7 +490,7 @@ fn number(s: &Setting, v: &str) -> Result<u64> {
     Ok(n)
 }
 
-fn yes_no(name: &str, v: &str) -> Result<bool> {
+pub(crate) fn yes_no(name: &str, v: &str) -> Result<bool> {
     crate::util::yes_no_word(v)
         .ok_or_else(|| invalid(format!("{name} {v:?}: expected true or false")))
 }

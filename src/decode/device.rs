@@ -60,6 +60,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::cpu::ImageDecoder;
+use super::pool::Job;
 use crate::batch::Batch;
 use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
@@ -70,6 +71,7 @@ use crate::gpu::sim::{Access, Res, SimGpu};
 use crate::gpu::{DevicePool, DeviceRegion};
 use crate::image::{ColorSpace, ImageInfo, ImageKind, Subsampling};
 use crate::util::lock;
+use crate::util::Unpoison;
 
 /// Which decoder a sample goes to on the device path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -910,9 +912,6 @@ impl SimJpeg {
     }
 }
 
-use super::pool::Job;
-use crate::util::Unpoison;
-
 /// A device sample's image: decoded whole on the CPU (width, height, packed 8-bit RGB), or
 /// left to the hardware decoder (its size from the image record).
 pub(super) enum Decoded {
@@ -938,9 +937,10 @@ pub(super) struct DeviceOut {
 
 /// The reason of an image that decodes to another size than its record says (the device
 /// path sizes its buffers from the records).
-pub(super) fn record_mismatch((w, h): (u32, u32), (rw, rh): (u32, u32)) -> String {
+fn record_mismatch((w, h): (u32, u32), (rw, rh): (u32, u32)) -> String {
     format!("it decodes as {w}x{h} but its image record says {rw}x{rh}")
 }
+
 impl Job {
     /// Device path: sample `i` decoded whole into the job's decoded images, routed as the
     /// GPU routes it (the simulated device: the CPU stage stands in for nvJPEG). Its checksum
@@ -1083,7 +1083,7 @@ impl Job {
         got
     }
 
-    pub(super) fn resize_chunks(
+    fn resize_chunks(
         &self,
         d: &DeviceOut,
         dec: &mut Result<ImageDecoder, String>,

@@ -102,7 +102,7 @@ impl ImageEpoch {
         Poll::Ready(Some(Ok(self.hand_out(&job, failed, cpu_s, t0, t1))))
     }
 
-    pub(super) fn pending_or_timed_out(&mut self, t0: Instant) -> Poll<Option<Result<ImageBatch>>> {
+    fn pending_or_timed_out(&mut self, t0: Instant) -> Poll<Option<Result<ImageBatch>>> {
         let Some(limit) = self.timeout else {
             return Poll::Pending;
         };
@@ -140,7 +140,7 @@ impl ImageEpoch {
     }
 
     /// The decoded batch of `job`, its wait (from `t0`; queued at `t1`) split by cause.
-    pub(super) fn hand_out(
+    fn hand_out(
         &mut self,
         job: &Job,
         failed: Vec<(usize, Error)>,

@@ -242,7 +242,7 @@ pub(super) struct Feed {
 /// it to the consumer through `tx` (bounded: `prefetch_batches` jobs ahead). Ends at the epoch's
 /// end, on an error (sent), or when the consumer is gone; dropping `inner` then waits for its
 /// reads.
-pub(super) struct FeedCtx<'a> {
+struct FeedCtx<'a> {
     pub(super) spec: &'a Arc<ImageSpec>,
     pub(super) pool: &'a PoolHandle,
     pub(super) shared: &'a Feed,
@@ -251,10 +251,10 @@ pub(super) struct FeedCtx<'a> {
     pub(super) device: Option<Arc<DeviceStage>>,
     /// Who checks the epoch's samples: the decode threads ([`Job::verify_here`]) or the
     /// device's crc32c kernel, where the loader left the checksums to this stage.
-    pub(super) checker: Checker,
+    checker: Checker,
 }
 
-pub(super) fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
+fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
     let FeedCtx {
         spec,
         pool,

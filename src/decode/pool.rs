@@ -19,7 +19,7 @@ use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::util::Unpoison;
 
 /// Alignment of a batch tensor (a cache line; what vector loads and DLPack consumers like).
-pub(super) const TENSOR_ALIGN: usize = 64;
+const TENSOR_ALIGN: usize = 64;
 
 /// One batch tensor: zeroed, aligned memory written by the decode threads, each into the
 /// samples it claimed, then read-only once the job is complete.
@@ -27,7 +27,7 @@ pub(super) struct Tensor {
     pub(super) ptr: NonNull<u8>,
     pub(super) len: usize,
     /// The stage's count of tensor bytes alive, which this tensor is part of.
-    pub(super) gauge: Arc<AtomicU64>,
+    gauge: Arc<AtomicU64>,
 }
 
 // SAFETY: the memory is owned by the tensor; writers touch disjoint sample ranges (each
@@ -203,7 +203,7 @@ impl Job {
         }
     }
 
-    pub(super) fn decode_one(
+    fn decode_one(
         &self,
         i: usize,
         dec: &mut Result<ImageDecoder, String>,
@@ -281,14 +281,14 @@ impl Job {
 
 /// The threads and their queue of jobs.
 pub(super) struct Pool {
-    pub(super) queue: Mutex<PoolQueue>,
-    pub(super) wake: Condvar,
+    queue: Mutex<PoolQueue>,
+    wake: Condvar,
 }
 
 #[derive(Default)]
-pub(super) struct PoolQueue {
+struct PoolQueue {
     pub(super) jobs: VecDeque<Arc<Job>>,
-    pub(super) closing: bool,
+    closing: bool,
 }
 
 /// Stops and joins the pool's threads when the last [`ImageLoader`] clone goes.

@@ -12,6 +12,7 @@
 
 use super::resample::{Layout, PixelType};
 use super::spec::{ImageSpec, Transform};
+use crate::config::settings::yes_no;
 use crate::config::FrontDoor;
 use crate::error::{invalid, Result};
 
@@ -67,6 +68,10 @@ const NOT_CLI_TRANSFORM: (FrontDoor, &str) = (
     FrontDoor::Cli,
     "bench decode's rows name their transform (gpufeed-train, gpufeed-eval) and keep \
      torchvision's parameters, as the Pillow rows they are compared with do",
+);
+const NOT_CLI_AS_TRAINED: (FrontDoor, &str) = (
+    FrontDoor::Cli,
+    "bench decode measures the stage as a trainer gets it",
 );
 const NOT_C_YET: (FrontDoor, &str) = (
     FrontDoor::C,
@@ -200,13 +205,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         help: "JPEGs decoded at 1/2, 1/4 or 1/8 scale in the DCT domain where the crop stays \
                at least four times the output (the CPU stage)",
         c_codes: &[],
-        not_at: &[
-            (
-                FrontDoor::Cli,
-                "bench decode measures the stage as a trainer gets it",
-            ),
-            NOT_C_YET,
-        ],
+        not_at: &[NOT_CLI_AS_TRAINED, NOT_C_YET],
     },
     ImageSetting {
         name: "max_pixels",
@@ -231,13 +230,7 @@ pub const IMAGE_SETTINGS: &[ImageSetting] = &[
         range: Some((1, PREFETCH_BATCHES_MAX)),
         help: "batches decoded ahead of the one handed out",
         c_codes: &[],
-        not_at: &[
-            (
-                FrontDoor::Cli,
-                "bench decode measures the stage as a trainer gets it",
-            ),
-            NOT_C_YET,
-        ],
+        not_at: &[NOT_CLI_AS_TRAINED, NOT_C_YET],
     },
     ImageSetting {
         name: "hardware_decoder",
@@ -314,11 +307,6 @@ fn count(o: &ImageSetting, v: &str, what: &str) -> Result<u64> {
         ))),
         _ => Ok(n),
     }
-}
-
-fn yes_no(name: &str, v: &str) -> Result<bool> {
-    crate::util::yes_no_word(v)
-        .ok_or_else(|| invalid(format!("{name} {v:?}: expected true or false")))
 }
 
 fn joined<T: std::fmt::Display>(xs: &[T]) -> String {
