@@ -2474,7 +2474,8 @@ fn path_list(paths: &Bound<'_, PyAny>) -> PyResult<Vec<PathBuf>> {
 fn problem_dict<'py>(py: Python<'py>, e: &gpufeed::Error) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("message", e.report())?;
-    d.set_item("path", e.path().map(|p| p.display().to_string()))?;
+    // As the CLI's JSON says it: a remote object by its URL, not its node-cache copy.
+    d.set_item("path", e.shown_path())?;
     d.set_item("offset", e.offset())?;
     d.set_item("sample", e.sample())?;
     Ok(d)

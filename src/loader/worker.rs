@@ -611,10 +611,11 @@ impl WorkerCtx {
                     }
                 }
                 Err(e) => {
-                    // One failed read, shared as the cause of each sample it held.
+                    // One failed read, shared as the cause of each sample it held (a remote
+                    // object's copy named by its URL, as the sample's own error is).
                     let shared = read_errors
                         .entry(p.read)
-                        .or_insert_with(|| Arc::new(e.clone()));
+                        .or_insert_with(|| Arc::new(ds.sources.named(e.clone())));
                     Err(Arc::new(
                         ds.sample_error(
                             id as usize,
