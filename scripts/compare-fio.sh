@@ -7,7 +7,7 @@
 #                               [--cases 4k,128k,imagenet] [--cpu auto|none|N] [--json OUT.json]
 #                               [--tokio-uring]
 # --tokio-uring: also run the tokio-uring peer (`bench io --engine tokio-uring`, a binary built
-# with `--features tokio-uring`) in the alternation: fio, ours, tokio-uring in odd rounds, the
+# with `-p gpufeed-cli --features tokio-uring`) in the alternation: fio, ours, tokio-uring in odd rounds, the
 # reverse in even rounds.
 # --cpu: both tools run pinned to the same CPU (taskset). `auto` (default) picks a CPU that does
 # not take the disk's interrupts: on kernels without IRQ-time accounting, interrupt time is

@@ -38,7 +38,7 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable"):
         print(m["executable"])' | tail -1)
-    lib=$(cargo test --release --lib --no-run --message-format=json 2>/dev/null \
+    lib=$(cargo test --release -p gpufeed --lib --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)

@@ -3,7 +3,7 @@
 
     CARGO_TARGET_DIR=/tmp/rdjson cargo +nightly rustdoc -q -p gpufeed --lib -- \
         -Z unstable-options --output-format json --document-hidden-items
-    python3 scripts/public-items.py /tmp/rdjson/doc/gpufeed.json
+    python3 scripts/public-items.py /tmp/rdjson/doc/gpufeed.json [--paths]
 
 Every item reachable by a public path from the crate root counts once (re-exports followed;
 fields, variants and inherent methods with their types), and is hidden when it or a module on
@@ -77,15 +77,19 @@ print(f"public items {total}: documented {total-hidden}, hidden {hidden}; docume
 print(" by kind (all/hidden):", {k: (v, hk[k]) for k, v in sorted(kinds.items())})
 # Module-level items only (what a `use` names: no fields, variants or methods).
 top = {}
-def visit_top(item_id, hidden):
+paths = collections.defaultdict(list)  # documented module-level paths to each item
+def visit_top(item_id, hidden, path=()):
     it = idx.get(str(item_id))
     if it is None or it.get("crate_id") != 0: return
     h = hidden or attrs_hidden(it)
     inner = it["inner"]; kind = next(iter(inner))
     if kind == "use":
-        if inner["use"].get("id") is not None: visit_top(inner["use"]["id"], h)
+        if inner["use"].get("id") is not None:
+            visit_top(inner["use"]["id"], h, path[:-1] + (inner["use"].get("name"),))
         return
     key = str(item_id)
+    if not h and path:
+        paths[key].append("::".join(path))
     if key in top:
         top[key] = top[key] and h; return
     top[key] = h
@@ -93,8 +97,13 @@ def visit_top(item_id, hidden):
         for c in inner["module"]["items"]:
             ci = idx.get(str(c))
             if ci is not None and ci.get("visibility") == "public":
-                visit_top(c, h)
+                visit_top(c, h, path + (ci.get("name"),))
 visit_top(d["root"], False)
 t = len(top); th = sum(1 for v in top.values() if v)
 mods = sum(1 for k, v in top.items() if not v and next(iter(idx[k]["inner"])) == "module")
 print(f"module-level public items {t}: documented {t-th}, hidden {th}; documented modules {mods}")
+multi = {k: v for k, v in paths.items() if len(set(v)) > 1}
+print(f"module-level items with more than one documented path: {len(multi)}")
+if "--paths" in sys.argv:
+    for k, v in sorted(multi.items(), key=lambda kv: sorted(kv[1])):
+        print("  " + "  =  ".join(sorted(set(v))))

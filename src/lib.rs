@@ -115,16 +115,8 @@
 #![warn(missing_debug_implementations)]
 
 pub mod batch;
-// The benchmarks behind `gpufeed bench` (the command line's, not part of the library's API).
-#[cfg(feature = "cli")]
-#[doc(hidden)]
-pub mod bench;
 pub mod buf;
 pub mod cache;
-// The `gpufeed` command (feature `cli`; not part of the library's API).
-#[cfg(feature = "cli")]
-#[doc(hidden)]
-pub mod cli;
 pub mod config;
 pub mod crc32c;
 pub mod dataset;
@@ -142,22 +134,7 @@ pub mod progress;
 pub mod remote;
 mod rng;
 mod stats;
-// Helpers; some serve only the command line and its benchmarks.
-#[cfg_attr(
-    not(feature = "cli"),
-    allow(
-        dead_code,
-        reason = "used only with feature cli: helpers some of which serve only the command line and its benchmarks"
-    )
-)]
 pub(crate) mod sys;
-#[cfg_attr(
-    not(feature = "cli"),
-    allow(
-        dead_code,
-        reason = "used only with feature cli: helpers some of which serve only the command line and its benchmarks"
-    )
-)]
 pub(crate) mod util;
 
 pub use batch::{Batch, BatchMeta};
@@ -177,9 +154,6 @@ pub use progress::{set_progress, ProgressEvent, ProgressFn};
 #[doc(hidden)]
 pub mod testing {
     pub use crate::rng::Rng;
-    /// The size syntax of the command line and the benchmarks (`4K`, `1.5G`, fio's `bssplit`
-    /// mixes).
-    pub use crate::util::{parse_size, size_label, SizeMix, IMAGENET_MIX};
 
     /// The seeded simulated disk ([`crate::io::Backend`] with latency, reordering, short reads
     /// and errors; feature `sim`).
@@ -222,10 +196,19 @@ pub mod testing {
     pub mod example {
         pub use crate::dataset::example::*;
     }
+    /// The few system calls the command's benchmarks make beside the engine's: CPU seconds,
+    /// dropping a file's cached pages, the file system's O_DIRECT alignment.
+    pub mod sys {
+        pub use crate::sys::{fadvise, open_read, process_cpu_seconds, statx_fd, Advice};
+    }
     /// The folder `pack` stages a shard in before it is renamed into place.
     pub use crate::dataset::pack::STAGING;
     /// TFRecord framing: the masked crc32c that writers put around lengths and data.
     pub use crate::dataset::tfrecord::masked_crc;
+    /// The storage → GPU copy pipeline `gpufeed bench gpu` drives on its own.
+    pub use crate::gpu::copy::CopyPipeline;
+    /// A notice on stderr, once per text (`GPUFEED_QUIET=1` silences it).
+    pub use crate::util::notice;
     /// Generated images for tests and benchmarks (feature `decode`).
     #[cfg(feature = "decode")]
     pub mod synth {

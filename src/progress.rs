@@ -43,8 +43,19 @@ fn sink() -> Option<ProgressFn> {
 const EVERY: Duration = Duration::from_millis(100);
 
 /// One piece of long work reporting its progress: to the [`set_progress`] function if one is
-/// set when it starts, else as a line on stderr.
-pub(crate) struct Task {
+/// set when it starts, else as a line on stderr (a bar redrawn in place on a terminal, a plain
+/// line every 10 s in a log; nothing with `GPUFEED_QUIET=1`).
+///
+/// ```
+/// use gpufeed::progress::Task;
+///
+/// let mut task = Task::items("copying 3 files", 3, "files");
+/// for i in 0..3 {
+///     task.set(i + 1);
+/// }
+/// task.finish();
+/// ```
+pub struct Task {
     what: String,
     total: u64,
     unit: &'static str,
@@ -57,6 +68,16 @@ enum To {
         last: Option<Instant>,
     },
     Terminal(Progress),
+}
+
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Task")
+            .field("what", &self.what)
+            .field("total", &self.total)
+            .field("unit", &self.unit)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Task {
@@ -79,15 +100,22 @@ impl Task {
     }
 
     /// Work over `total` bytes.
-    pub(crate) fn bytes(what: impl Into<String>, total: u64) -> Task {
+    pub fn bytes(what: impl Into<String>, total: u64) -> Task {
         let what = what.into();
         let w = what.clone();
         Task::new(what, total, "bytes", || Progress::bytes(w, total))
     }
 
+    /// Work over `total` items (`unit`: "files", "images").
+    pub fn items(what: impl Into<String>, total: u64, unit: &'static str) -> Task {
+        let what = what.into();
+        let w = what.clone();
+        Task::new(what, total, unit, || Progress::items(w, total, unit))
+    }
+
     /// Work over `total` items that says nothing on stderr unless it is still going after
     /// `delay` (a [`set_progress`] function hears all of it).
-    pub(crate) fn items_after(
+    pub fn items_after(
         what: impl Into<String>,
         total: u64,
         unit: &'static str,
@@ -111,7 +139,7 @@ impl Task {
     }
 
     /// `done` units of the total.
-    pub(crate) fn set(&mut self, done: u64) {
+    pub fn set(&mut self, done: u64) {
         match &mut self.to {
             To::Terminal(p) => p.set(done),
             To::Sink { last, .. } => {
@@ -127,7 +155,7 @@ impl Task {
     }
 
     /// The work is over.
-    pub(crate) fn finish(self) {
+    pub fn finish(self) {
         if let To::Sink { f, .. } = &self.to {
             f(&self.event(self.total, true));
         } else if let To::Terminal(p) = self.to {

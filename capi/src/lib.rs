@@ -11,10 +11,10 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use gpufeed::config::LoaderSettings;
 use gpufeed::dataset::OpenOptions;
 use gpufeed::decode::{ImageBatch, ImageEpoch, ImageLoader, ImageSpec, PixelType, IMAGE_SETTINGS};
 use gpufeed::dlpack;
-use gpufeed::loader::LoaderSettings;
 use gpufeed::{Batch, Dataset, Device, Epoch, ErrorKind, LastBatch, Loader, Order};
 
 /// Status codes (`gpufeed_status` in the header).
@@ -652,7 +652,7 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
                 .and_then(|opts| Dataset::open_paths(&list, &opts))
                 .and_then(|ds| {
                     Loader::builder(ds)
-                        .front_door(gpufeed::loader::FrontDoor::C)
+                        .front_door(gpufeed::config::FrontDoor::C)
                         .settings(&settings)
                         .build()
                 })

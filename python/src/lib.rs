@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
+use gpufeed::config::{FrontDoor, LoaderSettings, OnError, LOADER_SETTINGS};
 use gpufeed::dataset::{OpenOptions, DATASET_OPTIONS};
 use gpufeed::decode::{ImageBatch, ImageEpoch, ImageLoader, ImageSpec, PixelType, IMAGE_SETTINGS};
 use gpufeed::dlpack::{self, DLDevice, DLManagedTensor};
-use gpufeed::loader::{FrontDoor, LoaderSettings, OnError, LOADER_SETTINGS};
 use gpufeed::plan::Stop;
 use gpufeed::{Batch, Dataset, Epoch, Loader};
 use pyo3::create_exception;

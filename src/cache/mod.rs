@@ -6,13 +6,16 @@
 #[cfg(feature = "remote")]
 pub(crate) mod gate;
 #[cfg(feature = "remote")]
-pub mod node;
+pub(crate) mod node;
 pub(crate) mod policy;
 #[cfg(feature = "remote")]
 pub(crate) mod tree;
 
 #[cfg(feature = "remote")]
-pub use node::{CacheCounters, CachedObject, NodeCache};
+pub use node::{
+    absent_bytes, default_dir, flush_all, CacheCounters, CachedObject, NodeCache, OpenMode,
+    EXTENT_BYTES_DEFAULT, EXTENT_BYTES_MAX, EXTENT_BYTES_MIN,
+};
 
 /// Threads that wait on the store at once (fetches, a remote open's walks and index GETs).
 pub(crate) const FETCH_THREADS: usize = 16;

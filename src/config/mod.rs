@@ -13,6 +13,10 @@ use crate::plan::PlanConfig;
 
 pub(crate) mod settings;
 
+/// The size syntax every door reads (`4096`, `4K`, `1.5G`, `2KiB`: binary units) and writes
+/// back, and sizes for people (`1.31 GiB`).
+pub use crate::util::{bytes_human, parse_size, size_label};
+
 pub use settings::{
     FrontDoor, LoaderSettings, OnError, Setting, BATCH_SIZE_MAX, GROUPS_MAX, LOADER_SETTINGS,
     OPEN_FILES_MAX, QUEUE_DEPTH_MAX, READS_PER_JOB_MAX, READS_PER_JOB_MIN,

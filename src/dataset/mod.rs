@@ -58,8 +58,9 @@ pub(crate) fn strip_ext(p: &Path) -> PathBuf {
     p.with_extension("")
 }
 
-/// One sample of the index (defined with the planner, which reads nothing else of a dataset).
-pub use crate::plan::Sample;
+// One sample of the index (defined with the planner, which reads nothing else of a dataset;
+// public there, `plan::Sample`).
+pub(crate) use crate::plan::Sample;
 
 /// A file of the dataset.
 #[derive(Debug, Clone)]
@@ -749,6 +750,19 @@ impl Dataset {
     /// How many samples were recovered by resynchronisation.
     pub fn recovered_count(&self) -> usize {
         self.recovered.len()
+    }
+
+    /// Whether each sample's label is read with its record (TFRecord `tf.train.Example`s with a
+    /// label feature), not kept in the index.
+    pub fn labels_in_records(&self) -> bool {
+        self.example.as_ref().is_some_and(|e| e.label.is_some())
+    }
+
+    /// The node cache a remote dataset reads through (`None` for local files).
+    #[cfg(feature = "remote")]
+    pub fn node_cache(&self) -> Option<std::sync::Arc<crate::cache::NodeCache>> {
+        self.files()
+            .find_map(|f| self.sources.object(&f.path).map(|o| o.cache().clone()))
     }
 
     /// What indexing noticed that is not damage: an empty file, recovered samples, …

@@ -8,8 +8,8 @@ use std::path::Path;
 pub use super::jpeg::EncodeOptions;
 use super::jpeg::Turbo;
 use crate::error::{Error, Result};
+use crate::progress::Task;
 use crate::rng::Rng;
-use crate::util::Progress;
 
 /// The mix: 1 in 10 gray, 1 in 10 progressive, 1 in 20 CMYK, 1 in 10 4:4:4, 1 in 20 4:2:2,
 /// 1 in 10 with restart markers; the rest baseline 4:2:0.
@@ -101,7 +101,7 @@ pub fn write_image_folder(dir: &Path, n: u64, seed: u64) -> Result<u64> {
     }
     let classes = (n / 50).clamp(1, 1000);
     let ctx = |p: &Path, e| Error::io("cannot write the generated images", e).with_path(p);
-    let mut prog = Progress::items(
+    let mut prog = Task::items(
         format!("generating {n} JPEGs in {}", dir.display()),
         n,
         "images",

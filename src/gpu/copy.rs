@@ -315,7 +315,8 @@ impl DevicePool {
         &self.mem[r].buf
     }
 
-    pub(crate) fn put_back(&self, r: usize) {
+    /// Region `r` back to the free list (its previous contents are no one's).
+    pub fn put_back(&self, r: usize) {
         lock(&self.free).push(r);
         self.cv.notify_one();
     }
@@ -827,13 +828,6 @@ impl<T> CopyPipeline<T> {
 
     /// Whether a copy could not be tracked: its slot, and the arena's mapping, are leaked, and
     /// whatever else lets a DMA read the arena (its CUDA registration) must be kept too.
-    #[cfg_attr(
-        not(feature = "cli"),
-        allow(
-            dead_code,
-            reason = "used only with feature cli: `bench gpu`'s pipeline"
-        )
-    )]
     pub fn broken(&self) -> bool {
         self.stage.broken()
     }

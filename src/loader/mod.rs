@@ -15,8 +15,8 @@ use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 
 use crate::buf::Arena;
+pub(crate) use crate::config::LoaderSettings;
 use crate::config::{EngineConfig, EngineKind};
-pub use crate::config::{LoaderSettings, OnError, LOADER_SETTINGS};
 use crate::dataset::Dataset;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::gpu::{cuda, Device, DevicePool, GpuPath};
@@ -37,7 +37,7 @@ pub(crate) use holders::Holders;
 use holders::{Gauges, HoldersCtx};
 use worker::{EpochJob, Retired, Service, WorkerCtx};
 
-pub use crate::config::FrontDoor;
+pub(crate) use crate::config::FrontDoor;
 
 /// Makes the backend the loader's engine reads through (the simulated disk, in tests): called
 /// once per I/O thread, with the number of the first epoch it serves.
@@ -58,7 +58,7 @@ impl std::fmt::Debug for CustomBackend {
     }
 }
 
-/// Builds a [`Loader`]; every setting has a default ([`LOADER_SETTINGS`], the table every front
+/// Builds a [`Loader`]; every setting has a default ([`LOADER_SETTINGS`](crate::config::LOADER_SETTINGS), the table every front
 /// door shares).
 #[derive(Debug, Clone)]
 pub struct LoaderBuilder {
@@ -78,9 +78,6 @@ pub struct LoaderBuilder {
     /// At most this many samples of a host group are checked by the I/O thread (tests).
     check_ahead_samples: usize,
 }
-
-/// The most files the I/O thread keeps open at once (see [`crate::config::OPEN_FILES_MAX`]).
-pub use crate::config::OPEN_FILES_MAX;
 
 /// Samples smaller than this on average are read at their files' direct-I/O alignment (512
 /// bytes on most disks) rather than 4 KiB: below it, 4 KiB alignment costs over a fifth more
@@ -253,7 +250,7 @@ impl LoaderBuilder {
         self.settings.timeout = Some(limit);
         self
     }
-    /// Files kept open at most (default: every file of the dataset, up to [`OPEN_FILES_MAX`]
+    /// Files kept open at most (default: every file of the dataset, up to [`OPEN_FILES_MAX`](crate::config::OPEN_FILES_MAX)
     /// and what the open-file limit allows — the soft `RLIMIT_NOFILE` is raised toward the hard
     /// one if that is needed). With fewer than the dataset's files, each is opened when a read
     /// group needs it and the least recently used one with no read in flight is closed: an
@@ -471,7 +468,7 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// A builder over `dataset` with the defaults of [`LOADER_SETTINGS`] (global order, seed 0,
+    /// A builder over `dataset` with the defaults of [`LOADER_SETTINGS`](crate::config::LOADER_SETTINGS) (global order, seed 0,
     /// one rank, batches of 256, 2 groups read ahead and 2 in flight, io_uring with QD 128,
     /// checksums verified, a 4 GiB memory budget) and groups of up to 4 batches in slots sized
     /// from the dataset.

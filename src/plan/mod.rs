@@ -1521,8 +1521,8 @@ pub fn quality(samples: &Samples, plan: &EpochPlan) -> Quality {
 
 pub mod perm;
 mod samples;
-pub use samples::Samples;
-pub(crate) use samples::{Compact, Run, SamplesBuilder, SharedBytes};
+pub(crate) use samples::{Compact, SamplesBuilder, SharedBytes};
+pub use samples::{Run, Samples};
 
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,7 @@ use super::Sample;
 /// Consecutive samples of one file, evenly spaced and of one length: sample `first + k` is
 /// `len` bytes at `base + k × step`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Run {
+pub struct Run {
     /// The first sample's number.
     pub first: u64,
     /// Samples in the run.
@@ -538,8 +538,9 @@ impl Samples {
         )
     }
 
-    /// The runs, when the samples are computed.
-    pub(crate) fn runs(&self) -> Option<&[Run]> {
+    /// The runs, when the samples are computed (fixed-length windows over a token file, or a
+    /// Megatron corpus of one sample per sequence): a dataset of 10⁹ samples is a few runs.
+    pub fn runs(&self) -> Option<&[Run]> {
         match &self.0 {
             Repr::Table(_) | Repr::Compact { .. } => None,
             Repr::Runs { runs, .. } => Some(runs),

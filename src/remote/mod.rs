@@ -2,7 +2,7 @@
 //! sources through Apache Arrow's `object_store` crate.
 //!
 //! A [`Store`] lists the objects under a URL and fetches byte ranges of them. It is not read
-//! by the loader directly: every byte goes through the node cache ([`crate::cache::node`]), which
+//! by the loader directly: every byte goes through the node cache ([`crate::cache::NodeCache`]), which
 //! keeps the fetched extents on local disk, once per node, and which the I/O engine reads as it
 //! reads any local file.
 //!

@@ -15,7 +15,7 @@ use gpufeed::Dataset;
 use crate::common::*;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::common::repo_root()
 }
 
 fn content(i: usize, len: usize) -> Vec<u8> {

@@ -11,7 +11,7 @@ use gpufeed::testing::Rng;
 use crate::common::*;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::common::repo_root()
 }
 
 /// Collapses whitespace and the spaces around `*`, so `const char* x` and `const char *x`
@@ -834,9 +834,9 @@ fn only(json: &serde_json::Value, keep: impl Fn(&str) -> bool) -> serde_json::Va
 }
 
 /// `json` with only the loader settings `door` takes.
-fn at_door(json: &serde_json::Value, door: gpufeed::loader::FrontDoor) -> serde_json::Value {
+fn at_door(json: &serde_json::Value, door: gpufeed::config::FrontDoor) -> serde_json::Value {
     only(json, |k| {
-        gpufeed::loader::LOADER_SETTINGS
+        gpufeed::config::LOADER_SETTINGS
             .iter()
             .any(|o| o.name == k && o.at(door))
     })
@@ -848,7 +848,7 @@ fn at_door(json: &serde_json::Value, door: gpufeed::loader::FrontDoor) -> serde_
 /// held to the same table by `python/tests/test_loader.py` (`Settings`).
 #[test]
 fn every_loader_setting_reaches_every_door_with_the_tables_default() {
-    use gpufeed::loader::{FrontDoor, LoaderSettings, LOADER_SETTINGS};
+    use gpufeed::config::{FrontDoor, LoaderSettings, LOADER_SETTINGS};
     let dir = disk_dir();
     let tokens = dir.path().join("train.bin");
     let words: Vec<u8> = (0..20000u32)
@@ -1010,7 +1010,7 @@ fn every_loader_setting_reaches_every_door_with_the_tables_default() {
 }
 
 /// `json` with only the image settings `door` takes.
-fn at_image_door(json: &serde_json::Value, door: gpufeed::loader::FrontDoor) -> serde_json::Value {
+fn at_image_door(json: &serde_json::Value, door: gpufeed::config::FrontDoor) -> serde_json::Value {
     only(json, |k| {
         gpufeed::decode::IMAGE_SETTINGS
             .iter()
@@ -1020,8 +1020,8 @@ fn at_image_door(json: &serde_json::Value, door: gpufeed::loader::FrontDoor) -> 
 
 #[test]
 fn every_image_setting_reaches_every_door_with_the_tables_default() {
+    use gpufeed::config::FrontDoor;
     use gpufeed::decode::{ImageSpec, IMAGE_SETTINGS};
-    use gpufeed::loader::FrontDoor;
     // Rust: the spec's defaults are the table's (Python's door is held to it by
     // python/tests/test_images.py).
     assert_eq!(

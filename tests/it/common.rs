@@ -29,6 +29,14 @@ pub fn test_tmp() -> PathBuf {
     base
 }
 
+/// The workspace's root (the suite belongs to the command's crate, `cli/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("cli/ is in the workspace")
+        .to_path_buf()
+}
+
 /// The `gpufeed` binary under test (`GPUFEED_BIN` overrides the one cargo built).
 pub fn gpufeed_bin() -> PathBuf {
     std::env::var_os("GPUFEED_BIN")

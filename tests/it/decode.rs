@@ -78,7 +78,7 @@ fn pillow() -> Option<&'static Path> {
 /// directory (a test binary shipped to the GPU machine runs in a copy of the tree).
 fn oracle_script() -> PathBuf {
     let rel = Path::new("tests/decode/pillow_oracle.py");
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    let built = crate::common::repo_root().join(rel);
     if built.exists() {
         built
     } else {
@@ -893,7 +893,7 @@ fn the_rust_training_example_resumes_and_skips_a_damaged_image() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let out = Command::new(cargo)
             .args(["build", "--release", "--example", "train_images"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .current_dir(crate::common::repo_root())
             .output()
             .unwrap();
         assert!(

@@ -74,11 +74,11 @@ fn jpeg_frame_header_length_must_match_its_components() {
 /// weights are far past 100 could pass the "at most 100" check (debug builds panicked).
 #[test]
 fn size_mix_weights_do_not_wrap() {
-    let e = gpufeed::testing::SizeMix::parse("4K/4294967295:8K/2").unwrap_err();
+    let e = gpufeed_cli::bench::SizeMix::parse("4K/4294967295:8K/2").unwrap_err();
     assert!(e.to_string().contains("at most 100"), "{e}");
     let found = "42K/33:6K/12322413:6/37:8K/332:8K/33:6K/120224013:6/3312322413:6";
-    assert!(gpufeed::testing::SizeMix::parse(found).is_err());
-    let m = gpufeed::testing::SizeMix::parse("4K/50:128K").unwrap();
+    assert!(gpufeed_cli::bench::SizeMix::parse(found).is_err());
+    let m = gpufeed_cli::bench::SizeMix::parse("4K/50:128K").unwrap();
     assert_eq!((m.min(), m.max()), (4096, 128 << 10));
 }
 

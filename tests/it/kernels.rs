@@ -15,7 +15,7 @@ use gpufeed::testing::Rng;
 use crate::common::disk_dir;
 
 fn root() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let built = crate::common::repo_root();
     if built.join("kernels").exists() {
         built
     } else {

@@ -261,7 +261,8 @@ fn large_batches_of_small_samples_read_whole_epochs() {
 /// an error that names the setting in every API's terms, before anything is allocated.
 #[test]
 fn slots_are_sized_from_the_dataset_within_the_memory_budget() {
-    use gpufeed::dataset::{DataFile, Sample};
+    use gpufeed::dataset::DataFile;
+    use gpufeed::plan::Sample;
     // An index only (nothing is read): 5,000 samples of the ImageNet size mix's range.
     let mut rng = Rng::new(3);
     let mut samples = Vec::new();

@@ -29,7 +29,7 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
         }
     }
     // Labels of TFRecord Examples are in the records, read with them, not in the index.
-    let labels_in_records = ds.example.as_ref().is_some_and(|e| e.label.is_some());
+    let labels_in_records = ds.labels_in_records();
     // One pass, and memory by distinct sizes and labels, not by samples.
     let mut hist = std::collections::BTreeMap::new();
     let mut labels = std::collections::HashSet::new();
@@ -49,7 +49,7 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
         }
     }
     let images = if a.images || ds.has_image_info() {
-        Some(crate::image::Summary::of(ds.image_info()?))
+        Some(gpufeed::image::Summary::of(ds.image_info()?))
     } else {
         None
     };
@@ -103,7 +103,7 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
     for (k, v) in &hist {
         outln!(
             "  ≤ {:>6}  {:>9}  {}",
-            crate::util::size_label(*k),
+            gpufeed::config::size_label(*k),
             v,
             "#".repeat((v * 40 / max) as usize)
         );
@@ -116,11 +116,11 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
 
 /// `inspect` fails, as `verify` does, when indexing found problems: its summary has been
 /// printed, and the exit status tells a script the dataset is damaged.
-pub(super) fn problems_fail(ds: &crate::dataset::Dataset) -> Result<()> {
+pub(super) fn problems_fail(ds: &gpufeed::dataset::Dataset) -> Result<()> {
     match ds.problems_total() {
         0 => Ok(()),
-        n => Err(crate::error::Error::new(
-            crate::error::ErrorKind::InvalidInput,
+        n => Err(gpufeed::error::Error::new(
+            gpufeed::error::ErrorKind::InvalidInput,
             format!(
                 "indexing found {n} problem(s), listed above: what each covers is not in the \
                  dataset (a sample, or the rest of a file), except a bad label, whose sample is \

@@ -36,7 +36,7 @@ pub(super) struct PackArgs {
 }
 
 pub(super) fn pack_cmd(a: PackArgs) -> Result<()> {
-    use crate::dataset::pack::{pack, PackOptions};
+    use gpufeed::dataset::{pack, PackOptions};
     let ds = a.dataset.open(&a.src)?;
     report_problems(&ds, false);
     let mut opts = PackOptions {
@@ -81,8 +81,8 @@ pub(super) fn pack_cmd(a: PackArgs) -> Result<()> {
         );
     }
     if s.skipped > 0 {
-        return Err(crate::error::Error::new(
-            crate::error::ErrorKind::InvalidInput,
+        return Err(gpufeed::error::Error::new(
+            gpufeed::error::ErrorKind::InvalidInput,
             format!(
                 "{} sample(s) could not be packed and were left out (listed above; the shards \
                  hold the rest; --strict stops at the first)",

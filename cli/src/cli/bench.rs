@@ -108,7 +108,7 @@ fn bench_remote(a: RemoteArgs) -> Result<()> {
         outln!("{}", serde_json::to_value(&r).unwrap_or_default());
         return Ok(());
     }
-    let h = crate::util::bytes_human;
+    let h = gpufeed::config::bytes_human;
     outln!(
         "{}: {} samples, {}; node cache {} in extents of {}; {} rank(s), order {}",
         r.urls.join(" "),
@@ -467,7 +467,7 @@ pub(super) fn bench_io(a: IoArgs) -> Result<()> {
         .iter()
         .map(|e| match e.as_str() {
             "tokio-uring" if cfg!(feature = "tokio-uring") => Ok(None),
-            "tokio-uring" => Err(crate::error::invalid(
+            "tokio-uring" => Err(crate::util::invalid(
                 "this gpufeed was built without the tokio-uring peer: \
                  cargo build --release --features tokio-uring",
             )),
@@ -530,8 +530,9 @@ pub(super) fn run_peer(spec: &IoBenchSpec) -> Result<IoBenchResult> {
 
 #[cfg(not(feature = "tokio-uring"))]
 pub(super) fn run_peer(_: &IoBenchSpec) -> Result<IoBenchResult> {
-    Err(crate::error::invalid(
-        "this gpufeed was built without the tokio-uring peer",
+    Err(crate::util::invalid(
+        "this gpufeed was built without the tokio-uring peer \
+         (cargo build --release -p gpufeed-cli --features tokio-uring)",
     ))
 }
 
@@ -580,7 +581,7 @@ pub(super) fn bench_quick(a: QuickArgs) -> Result<()> {
         }
     }
     // Storage → GPU rows when a GPU is present (1 MiB reads of the same file).
-    match crate::gpu::gpu_available() {
+    match gpufeed::gpu::gpu_available() {
         Ok(_) => {
             let spec = crate::bench::gpu::GpuBenchSpec {
                 file: a.file.clone(),
@@ -672,7 +673,7 @@ pub(super) fn bench_gpu(a: GpuArgs) -> Result<()> {
     };
     crate::bench::gpu::rows_in_order(&spec.rows)?;
     // No GPU: one line, non-zero exit (before any file is made).
-    let info = crate::gpu::gpu_available()?;
+    let info = gpufeed::gpu::gpu_available()?;
     if !a.json {
         outln!(
             "gpufeed bench gpu: {} ({} MiB, driver {}), cuFile: {}",
@@ -701,30 +702,30 @@ pub(super) fn bench_scale(a: ScaleArgs) -> Result<()> {
         let (rank, world) = rw
             .split_once('/')
             .and_then(|(r, w)| Some((r.parse().ok()?, w.parse().ok()?)))
-            .ok_or_else(|| crate::error::invalid(format!("--rank-of {rw:?}: RANK/WORLD")))?;
+            .ok_or_else(|| crate::util::invalid(format!("--rank-of {rw:?}: RANK/WORLD")))?;
         let file = a
             .file
             .as_ref()
-            .ok_or_else(|| crate::error::invalid("--rank-of needs --file"))?;
+            .ok_or_else(|| crate::util::invalid("--rank-of needs --file"))?;
         let f = measure_rank(format, file, a.seq_len, &settings, rank, world, a.seconds)?;
         outln!("{}", serde_json::to_string(&f).expect("serialises"));
         crate::bench::scale::wait_for_parent();
         return Ok(());
     }
     if !(a.seconds > 0.0 && a.seconds <= 86_400.0) {
-        return Err(crate::error::invalid(format!(
+        return Err(crate::util::invalid(format!(
             "--seconds {} is not a number of seconds above 0 and at most a day",
             a.seconds
         )));
     }
     let exe = std::env::current_exe()
-        .map_err(|e| crate::error::Error::io("cannot find this program to start ranks", e))?;
+        .map_err(|e| gpufeed::error::Error::io("cannot find this program to start ranks", e))?;
     let flags: Vec<(String, String)> = a
         .loader
         .given
         .iter()
         .filter_map(|(name, v)| {
-            let o = crate::config::LOADER_SETTINGS
+            let o = gpufeed::config::LOADER_SETTINGS
                 .iter()
                 .find(|o| o.name == *name)?;
             Some((format!("--{}", o.flag), v.clone()))
@@ -824,7 +825,7 @@ pub(super) fn bench_load(a: LoadArgs) -> Result<()> {
         epochs: a.epochs,
         gpus: a.gpus,
         step: std::time::Duration::try_from_secs_f64(a.step_ms / 1e3).map_err(|_| {
-            crate::error::invalid(format!(
+            crate::util::invalid(format!(
                 "--step-ms {} is not a number of milliseconds ≥ 0",
                 a.step_ms
             ))
@@ -902,7 +903,7 @@ pub(super) fn bench_load(a: LoadArgs) -> Result<()> {
 pub(super) fn bench_decode(a: DecodeArgs) -> Result<()> {
     use crate::bench::decode::{ratios, run_decode_bench, table_row, DecodeBenchSpec, ROWS};
     if !["cpu", "sim", "cuda"].contains(&a.device.as_str()) {
-        return Err(crate::error::invalid(format!(
+        return Err(crate::util::invalid(format!(
             "--device {}: cpu, sim (the simulated device; a build with --features sim) or cuda",
             a.device
         )));
@@ -917,14 +918,14 @@ pub(super) fn bench_decode(a: DecodeArgs) -> Result<()> {
     .into_iter()
     .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
     .collect();
-    let image = crate::decode::ImageSpec::from_settings(&given).map_err(|e| {
+    let image = gpufeed::decode::ImageSpec::from_settings(&given).map_err(|e| {
         match given.iter().find(|(k, _)| e.message().starts_with(k)) {
-            Some(_) => crate::error::invalid(format!("--{}", e.message())),
+            Some(_) => crate::util::invalid(format!("--{}", e.message())),
             None => e,
         }
     })?;
     if image.size.0 != image.size.1 {
-        return Err(crate::error::invalid(format!(
+        return Err(crate::util::invalid(format!(
             "--size {}: bench decode's rows are square, as the Pillow rows it compares are",
             a.size.as_deref().unwrap_or_default()
         )));
@@ -940,7 +941,7 @@ pub(super) fn bench_decode(a: DecodeArgs) -> Result<()> {
             && r.iter()
                 .any(|r| r.starts_with("pil-") || r.starts_with("tv-"))
         {
-            crate::io::notice(
+            gpufeed::testing::notice(
                 "no --python (Pillow and numpy; torch and torchvision for the tv rows): the \
                  pil and tv rows are left out (scripts/bench-decode.sh runs them all)",
             );
@@ -962,7 +963,7 @@ pub(super) fn bench_decode(a: DecodeArgs) -> Result<()> {
         script: crate::bench::decode::default_script(),
         device: a.device.clone(),
         step: std::time::Duration::try_from_secs_f64(a.step_ms / 1e3).map_err(|_| {
-            crate::error::invalid(format!("--step-ms {} is not a number ≥ 0", a.step_ms))
+            crate::util::invalid(format!("--step-ms {} is not a number ≥ 0", a.step_ms))
         })?,
     };
     let rows = run_decode_bench(&spec, |r| {

@@ -10,12 +10,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::cache::node::NodeCache;
-use crate::config::LoaderSettings;
-use crate::dataset::{Dataset, OpenOptions};
-use crate::error::{invalid, Result};
-use crate::loader::Loader;
-use crate::remote::Store;
+use crate::util::invalid;
+use gpufeed::cache::NodeCache;
+use gpufeed::config::LoaderSettings;
+use gpufeed::dataset::{Dataset, OpenOptions};
+use gpufeed::error::Result;
+use gpufeed::loader::Loader;
+use gpufeed::remote::Store;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -273,12 +274,12 @@ fn extent_orders(
     for e in 0..epochs {
         let mut seq: Vec<u32> = Vec::new();
         for r in 0..ranks {
-            let plan = crate::plan::PlanConfig {
+            let plan = gpufeed::plan::PlanConfig {
                 rank: r,
                 world_size: ranks,
-                ..settings.plan(&crate::plan::PlanConfig::default())
+                ..settings.plan(&gpufeed::plan::PlanConfig::default())
             };
-            for &i in &crate::plan::epoch_order(ds.samples(), &plan, e)? {
+            for &i in &gpufeed::plan::epoch_order(ds.samples(), &plan, e)? {
                 let s = ds.sample(i as usize);
                 let end = (s.offset + s.len as u64).max(s.offset + 1);
                 for x in s.offset / extent..end.div_ceil(extent) {
@@ -300,17 +301,17 @@ pub fn run(spec: &RemoteSpec) -> Result<RemoteReport> {
         .opts
         .cache_dir
         .clone()
-        .unwrap_or_else(crate::cache::node::default_dir);
+        .unwrap_or_else(gpufeed::cache::default_dir);
     let extent = spec.opts.cache_extent;
     let node = NodeCache::open(&dir, spec.opts.cache_limit, extent)?;
     if spec.fresh {
         // Said: a cold first epoch costs whatever else the cache held.
         let freed = node.drop_all()?;
         if freed > 0 {
-            crate::util::notice(&format!(
+            gpufeed::testing::notice(&format!(
                 "emptied the node cache at {} ({}) for a cold first epoch (--keep-cache keeps it)",
                 dir.display(),
-                crate::util::bytes_human(freed)
+                gpufeed::config::bytes_human(freed)
             ));
         }
     }
@@ -335,7 +336,7 @@ pub fn run(spec: &RemoteSpec) -> Result<RemoteReport> {
     let cache = ds
         .files()
         .next()
-        .and_then(|f| ds.sources.object(&f.path).map(|o| o.cache().clone()))
+        .and(ds.node_cache())
         .ok_or_else(|| invalid("not a remote dataset"))?;
     let dataset_bytes: u64 = ds.files().map(|f| f.size).sum();
     // The ceiling first, twice: the first pass warms the server's own caches, as the loader's
@@ -345,20 +346,24 @@ pub fn run(spec: &RemoteSpec) -> Result<RemoteReport> {
     // LRU at the same capacity, over the same epochs' extent orders.
     let capacity = (cache.limit() / extent).min(u32::MAX as u64) as usize;
     let orders = extent_orders(ds, &spec.settings, spec.ranks.max(1), spec.epochs, extent)?;
-    let lru = crate::cache::policy::replay(crate::cache::policy::Policy::Lru, capacity, &orders);
+    let lru = gpufeed::testing::cache_policy::replay(
+        gpufeed::testing::cache_policy::Policy::Lru,
+        capacity,
+        &orders,
+    );
     let mut rows = Vec::new();
     let loaders = loaders(&datasets, &spec.settings)?;
     for e in 0..spec.epochs {
         let c0 = cache.counters();
-        let r0 = crate::remote::total_retries();
-        let cpu0 = crate::sys::process_cpu_seconds();
+        let r0 = gpufeed::remote::total_retries();
+        let cpu0 = gpufeed::testing::sys::process_cpu_seconds();
         let t0 = Instant::now();
         let (samples, bytes, first, remote_w, storage_w) = epoch(&datasets, &loaders, e)?;
         let secs = t0.elapsed().as_secs_f64();
         // The epoch's writes behind finish before the next is measured (not timed: a trainer
         // does not wait for them).
         cache.flush();
-        let cpu = crate::sys::process_cpu_seconds() - cpu0;
+        let cpu = gpufeed::testing::sys::process_cpu_seconds() - cpu0;
         let c1 = cache.counters();
         let fetched = c1.fetched_bytes - c0.fetched_bytes;
         let gib = bytes as f64 / (1u64 << 30) as f64;
@@ -375,7 +380,7 @@ pub fn run(spec: &RemoteSpec) -> Result<RemoteReport> {
             }),
             hit_ratio: 1.0 - (fetched.min(bytes) as f64 / bytes.max(1) as f64),
             gets: c1.gets - c0.gets,
-            retries: crate::remote::total_retries() - r0,
+            retries: gpufeed::remote::total_retries() - r0,
             cpu_s_per_gib: cpu / gib.max(1e-12),
             remote_wait_s: remote_w,
             storage_wait_s: storage_w,

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::error::{Error, ErrorKind, Result};
+use gpufeed::error::{Error, ErrorKind, Result};
 
 /// One bar.
 #[derive(Debug, Clone)]

@@ -5,12 +5,14 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::config::{EngineConfig, EngineKind};
-use crate::error::{invalid, Error, Result};
-use crate::io::{Engine, ReadSpec};
-use crate::rng::Rng;
-use crate::sys;
-use crate::util::{Histogram, Progress, SizeMix};
+use crate::util::invalid;
+use crate::util::{Histogram, SizeMix};
+use gpufeed::config::{EngineConfig, EngineKind};
+use gpufeed::error::{Error, Result};
+use gpufeed::io::{Engine, ReadSpec};
+use gpufeed::progress::Task;
+use gpufeed::testing::sys;
+use gpufeed::testing::Rng;
 
 /// Offsets in order (wrapping at the end) or uniformly random (fio's `--norandommap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -174,7 +176,7 @@ pub fn ensure_file(path: &Path, size: u64) -> Result<u64> {
     }
     let tmp = path.with_extension("partial");
     let mut f = std::fs::File::create(&tmp).map_err(ctx)?;
-    let mut prog = Progress::bytes(format!("creating {}", path.display()), size);
+    let mut prog = Task::bytes(format!("creating {}", path.display()), size);
     let chunk = 4usize << 20;
     let mut buf = vec![0u8; chunk];
     let mut off = 0u64;
@@ -262,7 +264,7 @@ pub(crate) fn drop_cached(path: &Path) {
             std::os::fd::AsFd::as_fd(&fd),
             0,
             0,
-            crate::sys::Advice::POSIX_FADV_DONTNEED,
+            gpufeed::testing::sys::Advice::POSIX_FADV_DONTNEED,
         );
     }
 }

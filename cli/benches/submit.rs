@@ -84,7 +84,7 @@ impl ValueFormatter for CpuFormatter {
 
 fn bench_file() -> PathBuf {
     let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gpufeed-bench-submit.dat");
-    gpufeed::bench::ensure_file(&p, FILE_BYTES).unwrap();
+    gpufeed_cli::bench::ensure_file(&p, FILE_BYTES).unwrap();
     // Warm the page cache: the device must not be in the measurement.
     let _ = std::fs::read(&p).unwrap();
     p

@@ -13,10 +13,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gpufeed::bench::{SizeMix, IMAGENET_MIX};
-use gpufeed::dataset::{DataFile, Dataset, Sample};
+use gpufeed::dataset::{DataFile, Dataset};
+use gpufeed::plan::Sample;
 use gpufeed::plan::{epoch_order, EpochPlan, Order, PlanConfig};
 use gpufeed::testing::Rng;
+use gpufeed_cli::bench::{SizeMix, IMAGENET_MIX};
 
 /// The system allocator, counting live and peak bytes.
 struct Counting;

@@ -23,19 +23,19 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::bench::load::drop_caches;
-use crate::buf::{Arena, ArenaConfig};
-use crate::config::{EngineConfig, EngineKind};
-use crate::dataset::Dataset;
-use crate::error::{Error, ErrorKind, Result};
-use crate::gpu::copy::CopyPipeline;
-use crate::gpu::cuda::{self, Context, DeviceBuffer, Event, HostRegistration, Stream};
-use crate::gpu::cufile::{self, CufileBuffer, CufileFile};
-use crate::gpu::{Device, DevicePool};
-use crate::io::{Engine, ReadSpec};
-use crate::loader::Loader;
-use crate::plan::Order;
-use crate::rng::Rng;
-use crate::sys;
+use gpufeed::buf::{Arena, ArenaConfig};
+use gpufeed::config::{EngineConfig, EngineKind};
+use gpufeed::dataset::Dataset;
+use gpufeed::error::{Error, ErrorKind, Result};
+use gpufeed::gpu::{Device, DevicePool};
+use gpufeed::io::{Engine, ReadSpec};
+use gpufeed::loader::Loader;
+use gpufeed::plan::Order;
+use gpufeed::testing::cuda::{self, Context, DeviceBuffer, Event, HostRegistration, Stream};
+use gpufeed::testing::cufile::{self, CufileBuffer, CufileFile};
+use gpufeed::testing::sys;
+use gpufeed::testing::CopyPipeline;
+use gpufeed::testing::Rng;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -133,7 +133,7 @@ pub fn run_gpu_bench(
     spec: &GpuBenchSpec,
     mut emit: impl FnMut(&GpuBenchResult),
 ) -> Result<Vec<GpuBenchResult>> {
-    let info = crate::gpu::gpu_available()?;
+    let info = gpufeed::gpu::gpu_available()?;
     let ctx = Context::new(spec.device)?;
     let device = format!("{} (CUDA driver {})", info.name, info.driver_version);
     let mut out = Vec::new();
@@ -144,7 +144,10 @@ pub fn run_gpu_bench(
     let rows = rows_in_order(&spec.rows)?;
     if spec.workloads.iter().any(|w| w == "fixed") {
         crate::bench::io::ensure_file(&spec.file, spec.file_bytes)?;
-        let w = format!("{} random", crate::util::size_label(spec.read_bytes as u64));
+        let w = format!(
+            "{} random",
+            gpufeed::config::size_label(spec.read_bytes as u64)
+        );
         for &row in &rows {
             let r = match row {
                 "host" => fixed_pipeline(spec, &ctx, false, &w, &device)?,
@@ -376,7 +379,7 @@ fn h2d_ceiling(
         cpu0,
         format!(
             "pinned H2D, {} per copy",
-            crate::util::size_label(chunk as u64)
+            gpufeed::config::size_label(chunk as u64)
         ),
         device,
         false,
@@ -589,11 +592,11 @@ fn samples_cufile(
 
 /// The loader's global order for epoch 0 (seed 0), as sample ids.
 fn sample_order(ds: &Dataset) -> Result<Vec<u32>> {
-    let cfg = crate::plan::PlanConfig {
+    let cfg = gpufeed::plan::PlanConfig {
         batch_size: 1,
         ..Default::default()
     };
-    crate::plan::epoch_order(ds.samples(), &cfg, 0)
+    gpufeed::plan::epoch_order(ds.samples(), &cfg, 0)
 }
 
 /// Every sample: `pread` into pageable memory, synchronous copy, one thread, until the epoch

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use tokio_uring::buf::BoundedBuf;
 
 use super::io::{check_spec, drop_cached, Draw, IoBenchResult, IoBenchSpec};
-use crate::error::{Error, Result};
-use crate::rng::Rng;
-use crate::sys;
 use crate::util::Histogram;
+use gpufeed::error::{Error, Result};
+use gpufeed::testing::sys;
+use gpufeed::testing::Rng;
 
 /// The O_DIRECT alignment assumed for buffers, offsets and lengths.
 const ALIGN: usize = 4096;
@@ -130,7 +130,7 @@ pub fn run_tokio_uring_bench(spec: &IoBenchSpec) -> Result<IoBenchResult> {
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu = sys::process_cpu_seconds() - cpu0;
     if let Some(e) = figures.iter().find_map(|f| f.error.clone()) {
-        return Err(Error::new(crate::error::ErrorKind::Io, e).with_path(spec.file.clone()));
+        return Err(Error::new(gpufeed::error::ErrorKind::Io, e).with_path(spec.file.clone()));
     }
     let mut hist = Histogram::default();
     let (mut reads, mut bytes, mut bytes_read) = (0u64, 0u64, 0u64);

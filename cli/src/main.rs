@@ -1,5 +1,5 @@
 //! The `gpufeed` command: see `gpufeed --help`.
 
 fn main() -> std::process::ExitCode {
-    gpufeed::cli::main()
+    gpufeed_cli::cli::main()
 }

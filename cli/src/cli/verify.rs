@@ -5,10 +5,10 @@ use super::*;
 pub(super) fn verify_cmd(a: InspectArgs) -> Result<()> {
     let opts = a.dataset.options()?;
     let what_path = show_paths(&a.paths);
-    let mut prog: Option<crate::util::Progress> = None;
-    let report = crate::dataset::verify(&a.paths, &opts, &mut |done, total| {
+    let mut prog: Option<gpufeed::progress::Task> = None;
+    let report = gpufeed::dataset::verify(&a.paths, &opts, &mut |done, total| {
         prog.get_or_insert_with(|| {
-            crate::util::Progress::bytes(format!("verifying {what_path}"), total)
+            gpufeed::progress::Task::bytes(format!("verifying {what_path}"), total)
         })
         .set(done)
     })?;
@@ -50,8 +50,8 @@ pub(super) fn verify_cmd(a: InspectArgs) -> Result<()> {
     if report.ok() {
         Ok(())
     } else {
-        Err(crate::error::Error::new(
-            crate::error::ErrorKind::InvalidInput,
+        Err(gpufeed::error::Error::new(
+            gpufeed::error::ErrorKind::InvalidInput,
             format!("{} bad sample(s) or file(s)", report.bad_total),
         ))
     }

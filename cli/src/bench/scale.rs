@@ -13,10 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::dataset::{Dataset, Format, OpenOptions, TokenOptions};
-use crate::error::{invalid, Error, Result};
-use crate::loader::{Loader, LoaderSettings};
-use crate::plan::Order;
+use crate::util::invalid;
+use gpufeed::config::LoaderSettings;
+use gpufeed::dataset::{Dataset, Format, OpenOptions, TokenOptions};
+use gpufeed::error::{Error, Result};
+use gpufeed::loader::Loader;
+use gpufeed::plan::Order;
 
 /// What one rank measured.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -114,7 +116,7 @@ const PACKED_SHARD_SAMPLES: u64 = 1 << 20;
 /// A directory of packed shards holding exactly `samples` 64-byte samples (written once; kept
 /// when complete).
 pub fn ensure_packed(dir: &Path, samples: u64) -> Result<PathBuf> {
-    use crate::dataset::shard::ShardWriter;
+    use gpufeed::dataset::shard::ShardWriter;
     let root = dir.join(format!("packed-{samples}"));
     if root.join("COMPLETE").exists() {
         return Ok(root);
@@ -135,7 +137,7 @@ pub fn ensure_packed(dir: &Path, samples: u64) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(io_err("cannot create the bench directory", dir))?;
     let partial = dir.join(format!(".packed-{samples}.partial-{}", std::process::id()));
     std::fs::create_dir(&partial).map_err(io_err("cannot create", &partial))?;
-    let mut prog = crate::progress::Task::items_after(
+    let mut prog = gpufeed::progress::Task::items_after(
         "writing packed shards",
         samples,
         "samples",
@@ -323,7 +325,7 @@ pub fn measure_rank(
     let build = |order: Order| {
         Loader::builder(ds.clone())
             .settings(settings)
-            .front_door(crate::loader::FrontDoor::Cli)
+            .front_door(gpufeed::config::FrontDoor::Cli)
             .order(order)
             .rank(rank, world)
             .build()

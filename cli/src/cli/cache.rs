@@ -1,4 +1,4 @@
-//! `gpufeed cache warm|status|drop`: the library's node cache (`crate::cache`), printed.
+//! `gpufeed cache warm|status|drop`: the library's node cache (`gpufeed::cache`), printed.
 
 use super::*;
 
@@ -62,14 +62,14 @@ pub(super) fn index_cmd(a: CacheArgs) -> Result<()> {
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
-    if let Some(u) = urls.iter().find(|u| !crate::remote::is_url(u)) {
-        return Err(crate::error::invalid(format!(
+    if let Some(u) = urls.iter().find(|u| !gpufeed::remote::is_url(u)) {
+        return Err(crate::util::invalid(format!(
             "{u}: gpufeed index writes indexes beside the tars of a remote WebDataset (s3://…); \
              a local tar is walked when it is opened, which costs no more than reading an index"
         )));
     }
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let r = crate::dataset::upload_indexes(&urls, &a.dataset.options()?)?;
+    let r = gpufeed::dataset::upload_indexes(&urls, &a.dataset.options()?)?;
     if a.json {
         outln!("{}", serde_json::to_value(&r).unwrap_or_default());
     } else {
@@ -77,7 +77,7 @@ pub(super) fn index_cmd(a: CacheArgs) -> Result<()> {
             "{}: {} tar indexes written beside their tars ({})",
             show_paths(&a.paths),
             r.uploaded,
-            crate::util::bytes_human(r.bytes)
+            gpufeed::config::bytes_human(r.bytes)
         );
     }
     Ok(())
@@ -95,16 +95,17 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
             let ds = a.cache.dataset.open(&a.cache.paths)?;
             let mut s = a.loader.settings()?;
             s.set("order", &a.order)?;
-            let plan = s.plan(&crate::plan::PlanConfig::default());
+            let plan = s.plan(&gpufeed::plan::PlanConfig::default());
             let what = show_paths(&a.cache.paths);
-            let prog: std::sync::Mutex<Option<crate::util::Progress>> = Default::default();
-            let r = crate::dataset::warm_cache(&ds, &plan, a.epoch, a.threads, &|done, total| {
-                let mut p = prog.lock().unwrap_or_else(|p| p.into_inner());
-                p.get_or_insert_with(|| {
-                    crate::util::Progress::bytes(format!("warming {what}"), total)
-                })
-                .set(done);
-            })?;
+            let prog: std::sync::Mutex<Option<gpufeed::progress::Task>> = Default::default();
+            let r =
+                gpufeed::dataset::warm_cache(&ds, &plan, a.epoch, a.threads, &|done, total| {
+                    let mut p = prog.lock().unwrap_or_else(|p| p.into_inner());
+                    p.get_or_insert_with(|| {
+                        gpufeed::progress::Task::bytes(format!("warming {what}"), total)
+                    })
+                    .set(done);
+                })?;
             if let Some(p) = prog.into_inner().unwrap_or_else(|p| p.into_inner()) {
                 p.finish();
             }
@@ -114,10 +115,10 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
                 outln!(
                     "{}: {} of the epoch's {} now cached ({} fetched now, {} already there){}",
                     what,
-                    crate::util::bytes_human(r.present_bytes + r.fetched_bytes),
-                    crate::util::bytes_human(r.needed_bytes),
-                    crate::util::bytes_human(r.fetched_bytes),
-                    crate::util::bytes_human(r.present_bytes),
+                    gpufeed::config::bytes_human(r.present_bytes + r.fetched_bytes),
+                    gpufeed::config::bytes_human(r.needed_bytes),
+                    gpufeed::config::bytes_human(r.fetched_bytes),
+                    gpufeed::config::bytes_human(r.present_bytes),
                     if r.full {
                         "; the cache is full: the rest will be read from the store each epoch"
                     } else {
@@ -134,7 +135,7 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
                 .map(|p| p.to_string_lossy().into_owned())
                 .collect();
             let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-            let st = crate::dataset::cache_status_of(&urls, &a.dataset.options()?)?;
+            let st = gpufeed::dataset::cache_status_of(&urls, &a.dataset.options()?)?;
             if a.json {
                 outln!("{}", serde_json::to_value(&st).unwrap_or_default());
             } else {
@@ -143,18 +144,18 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
                     "{}: {} of {} in the node cache ({} objects); the next epoch reads {:.0}% \
                      from it",
                     show_paths(&a.paths),
-                    crate::util::bytes_human(st.present_bytes),
-                    crate::util::bytes_human(st.dataset_bytes),
+                    gpufeed::config::bytes_human(st.present_bytes),
+                    gpufeed::config::bytes_human(st.dataset_bytes),
                     st.objects,
                     100.0 * st.predicted_hit_ratio
                 );
                 outln!(
                     "node cache: {} of {} used; {} GETs, {} fetched, {} served uncached{}",
-                    crate::util::bytes_human(c.cached_bytes),
-                    crate::util::bytes_human(c.limit_bytes),
+                    gpufeed::config::bytes_human(c.cached_bytes),
+                    gpufeed::config::bytes_human(c.limit_bytes),
                     c.gets,
-                    crate::util::bytes_human(c.fetched_bytes),
-                    crate::util::bytes_human(c.direct_bytes),
+                    gpufeed::config::bytes_human(c.fetched_bytes),
+                    gpufeed::config::bytes_human(c.direct_bytes),
                     if c.damaged_extents > 0 {
                         format!("; {} damaged extents fetched again", c.damaged_extents)
                     } else {
@@ -165,14 +166,14 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
             Ok(())
         }
         CacheCmd::Drop(a) => {
-            let dir = a.cache_dir.unwrap_or_else(crate::cache::node::default_dir);
+            let dir = a.cache_dir.unwrap_or_else(gpufeed::cache::default_dir);
             // Only a cache is emptied: a directory that is not one is refused, naming what it
             // holds; one that is missing or empty is left as it is.
-            let freed = match crate::cache::NodeCache::open_as(
+            let freed = match gpufeed::cache::NodeCache::open_as(
                 &dir,
                 None,
-                crate::cache::node::EXTENT_BYTES_DEFAULT,
-                crate::cache::node::OpenMode::Drop,
+                gpufeed::cache::EXTENT_BYTES_DEFAULT,
+                gpufeed::cache::OpenMode::Drop,
             )? {
                 Some(cache) => cache.drop_all()?,
                 None => 0,
@@ -186,7 +187,7 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
                 outln!(
                     "{}: emptied ({} freed)",
                     dir.display(),
-                    crate::util::bytes_human(freed)
+                    gpufeed::config::bytes_human(freed)
                 );
             }
             Ok(())
@@ -200,9 +201,9 @@ pub(super) fn cache_cmd(_: CacheCmd) -> Result<()> {
 }
 
 #[cfg(not(feature = "remote"))]
-fn no_remote() -> crate::error::Error {
-    crate::error::Error::new(
-        crate::error::ErrorKind::Unsupported,
+fn no_remote() -> gpufeed::error::Error {
+    gpufeed::error::Error::new(
+        gpufeed::error::ErrorKind::Unsupported,
         "this gpufeed was built without object-storage support (cargo feature `remote`)",
     )
 }

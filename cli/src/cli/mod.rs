@@ -1,6 +1,6 @@
 //! The `gpufeed` command line: argument parsing and output, one file per command (`pack`,
 //! `inspect`, `verify`, `bench`) and the flags made from the shared tables (`args`). The work
-//! itself lives in the library ([`crate::bench`], [`crate::dataset::verify`]), so everything
+//! itself lives in the library ([`crate::bench`], [`gpufeed::dataset::verify`]), so everything
 //! here is presentation.
 
 use std::path::PathBuf;
@@ -10,11 +10,12 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::bench::io::{table_header, table_row};
 use crate::bench::{ensure_file, run_io_bench, IoBenchResult, IoBenchSpec, Pattern, SubmitPolicy};
-use crate::config::EngineKind;
-use crate::config::{FrontDoor, LoaderSettings, LOADER_SETTINGS};
-use crate::dataset::{OpenOptions, DATASET_OPTIONS};
-use crate::error::Result;
-use crate::util::{parse_size, SizeMix, IMAGENET_MIX};
+use crate::util::{SizeMix, IMAGENET_MIX};
+use gpufeed::config::parse_size;
+use gpufeed::config::EngineKind;
+use gpufeed::config::{FrontDoor, LoaderSettings, LOADER_SETTINGS};
+use gpufeed::dataset::{OpenOptions, DATASET_OPTIONS};
+use gpufeed::error::Result;
 
 /// `println!` for the command's output, except that a closed pipe (`gpufeed inspect … | head`)
 /// ends the command quietly with status 0, as Unix tools do, instead of panicking.
@@ -49,7 +50,7 @@ fn write_out(args: std::fmt::Arguments<'_>) {
     // may carry (a signed URL's signature, `user:password@`): errors were redacted, and the
     // URLs that inspect, verify, cache status and bench print were not.
     let line = args.to_string();
-    let line = crate::error::redact(&line);
+    let line = gpufeed::error::redact(&line);
     let mut out = std::io::stdout().lock();
     if let Err(e) = out
         .write_all(line.as_bytes())
@@ -100,7 +101,7 @@ fn show_paths(paths: &[PathBuf]) -> String {
 }
 
 /// Prints what indexing found wrong (on stderr, or as JSON lines on stdout).
-fn report_problems(ds: &crate::dataset::Dataset, json: bool) {
+fn report_problems(ds: &gpufeed::dataset::Dataset, json: bool) {
     const SHOWN: usize = 20;
     for e in ds
         .problems()
@@ -122,7 +123,7 @@ fn report_problems(ds: &crate::dataset::Dataset, json: bool) {
     }
 }
 
-fn error_json(e: &crate::error::Error) -> serde_json::Value {
+fn error_json(e: &gpufeed::error::Error) -> serde_json::Value {
     serde_json::json!({
         "error": e.report(),
         "path": e.shown_path(),
@@ -140,7 +141,9 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // Output a script parses: no progress lines on stderr either.
     if std::env::args_os().any(|a| a == "--json") {
-        crate::util::set_quiet();
+        gpufeed::set_progress(Some(std::sync::Arc::new(
+            |_: &gpufeed::ProgressEvent<'_>| {},
+        )));
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

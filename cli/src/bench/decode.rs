@@ -13,11 +13,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::dataset::Dataset;
-use crate::decode::{synth, ImageSpec, RgbDecoder};
-use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::loader::Loader;
-use crate::sys::process_cpu_seconds;
+use crate::util::invalid;
+use gpufeed::dataset::Dataset;
+use gpufeed::decode::{ImageSpec, RgbDecoder};
+use gpufeed::error::{Error, ErrorKind, Result};
+use gpufeed::loader::Loader;
+use gpufeed::testing::synth;
+use gpufeed::testing::sys::process_cpu_seconds;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -70,7 +72,7 @@ pub struct DecodeBenchRow {
     /// Samples that failed to decode.
     pub errors: u64,
     /// gpufeed's transform rows: the consumer's waits split by cause.
-    pub stall: Option<crate::loader::StallStats>,
+    pub stall: Option<gpufeed::loader::StallStats>,
     /// With a step: keeps up, or what bounds it (as `bench load --step-ms`).
     pub verdict: Option<String>,
     /// gpufeed's transform rows: the image settings they decoded with
@@ -160,8 +162,10 @@ pub fn run_decode_bench(
         {
             None
         }
-        "sim" => Some(crate::gpu::Device::Simulated(crate::gpu::SimDevice::new(1))),
-        "cuda" => Some(crate::gpu::Device::Cuda(0)),
+        "sim" => Some(gpufeed::gpu::Device::Simulated(
+            gpufeed::gpu::SimDevice::new(1),
+        )),
+        "cuda" => Some(gpufeed::gpu::Device::Cuda(0)),
         d => {
             return Err(invalid(format!(
                 "the gpufeed-device rows need --device sim or cuda, not {d}"
@@ -448,5 +452,5 @@ pub fn default_script() -> PathBuf {
     let rel = Path::new("scripts/bench-decode-pil.py");
     std::env::var_os("GPUFEED_ROOT")
         .map(|r| PathBuf::from(r).join(rel))
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(rel))
+        .unwrap_or_else(|| Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(rel))
 }

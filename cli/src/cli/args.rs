@@ -67,8 +67,8 @@ impl DatasetArgs {
         Ok(opts)
     }
 
-    pub(super) fn open(&self, paths: &[PathBuf]) -> Result<crate::dataset::Dataset> {
-        crate::dataset::Dataset::open_paths(paths, &self.options()?)
+    pub(super) fn open(&self, paths: &[PathBuf]) -> Result<gpufeed::dataset::Dataset> {
+        gpufeed::dataset::Dataset::open_paths(paths, &self.options()?)
     }
 }
 
@@ -151,7 +151,7 @@ impl LoaderArgs {
         let mut s = LoaderSettings::from_env()?;
         for (k, v) in &self.given {
             s.set(k, v).map_err(|e| {
-                crate::error::invalid(format!("--{}: {}", k.replace('_', "-"), e.message()))
+                crate::util::invalid(format!("--{}: {}", k.replace('_', "-"), e.message()))
             })?;
         }
         Ok(s)
