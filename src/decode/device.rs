@@ -295,13 +295,7 @@ impl DeviceStage {
         let gpu = regions.gpu.clone();
         let kernels = Kernels::load(&gpu)?;
         let _g = gpu.enter()?;
-        let outputs = match (&gpu, regions.sim_device()) {
-            (Gpu::Sim(_), Some(sim)) => DevicePool::sim(sim, tensors, bytes)?,
-            (Gpu::Cuda(ctx), _) => DevicePool::cuda(ctx, tensors, bytes)?,
-            (Gpu::Sim(_), None) => {
-                return Err(crate::error::invalid("a simulated pool without its device"))
-            }
-        };
+        let outputs = DevicePool::on(gpu.clone(), tensors, bytes)?;
         let scratch = (0..tensors)
             .map(|_| {
                 Ok(Mutex::new(Scratch {

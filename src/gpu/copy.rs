@@ -11,113 +11,20 @@
 //!
 //! Written once against the device seam ([`super::dev`]): on CUDA, and on the adversarial
 //! simulator, where copies complete late and out of order and every operation is checked
-//! against the memory other pending ones touch; the copy stage also re-checks, when a copy
-//! completes, that the region holds what its source held when the copy started.
+//! against the memory other pending ones touch; the seam's copy hooks let the simulator also
+//! check, when a copy completes, that the region holds what its source held when it started.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::cuda::Context;
-use super::dev::{DBuf, DEvent, DStream, Gpu};
-use super::sim::SimGpu;
+use super::dev::{CopyCheck, DBuf, DEvent, DStream, Gpu};
 use crate::buf::{Arena, Slot};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::util::lock;
 use crate::util::Unpoison;
-
-/// A simulated device, for tests: device memory in host memory, and every device operation —
-/// copies, memsets, kernel launches, the JPEG engine's decode — completing late and out of
-/// order, checked against what other pending operations touch (see `gpu::sim`).
-#[derive(Debug, Clone)]
-pub struct SimDevice {
-    /// Seeds the simulated operations' delays and order (mixed with `GPUFEED_SIM_SEED` when
-    /// that is set, so a whole suite can run under other seeds).
-    pub seed: u64,
-    /// An operation completes after 0..=delay_max ticks of the simulated clock (one tick per
-    /// call into the device).
-    pub delay_max: u32,
-    /// Every n-th launch of the resize kernel fails as a failed `cuLaunchKernel` would
-    /// (0: none).
-    pub fail_launch_every: u32,
-    /// Figures the test reads afterwards.
-    pub stats: Arc<SimDeviceStats>,
-    gpu: Arc<OnceLock<Arc<SimGpu>>>,
-}
-
-impl SimDevice {
-    /// A simulated device with `seed` and the default delays.
-    pub fn new(seed: u64) -> SimDevice {
-        let extra = std::env::var("GPUFEED_SIM_SEED")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(0, |v| v.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        SimDevice {
-            seed: seed ^ extra,
-            delay_max: 16,
-            fail_launch_every: 0,
-            stats: Arc::default(),
-            gpu: Arc::default(),
-        }
-    }
-
-    /// The simulated GPU (made at first use, with the settings then).
-    pub(crate) fn gpu(&self) -> Arc<SimGpu> {
-        self.gpu.get_or_init(|| SimGpu::new(self)).clone()
-    }
-
-    /// A new stream on the simulated device, as a consumer (a trainer) would make: its raw
-    /// handle, for [`crate::Batch::wait_on`] and [`SimDevice::read_on`].
-    pub fn consumer_stream(&self) -> u64 {
-        self.gpu().stream()
-    }
-
-    /// Enqueues on `stream` a kernel that reads `len` bytes at device address `ptr` (a
-    /// consumer's work on a batch: `ptr` from `ImageBatch::sim_ptr`); it completes
-    /// late, like every simulated operation, and is checked like them.
-    pub fn read_on(&self, stream: u64, ptr: u64, len: usize) -> Result<()> {
-        let (id, off) = SimGpu::resolve(ptr);
-        let access = vec![super::sim::Access::read(
-            super::sim::Res::Dev(id),
-            off..off + len as u64,
-        )];
-        self.gpu().enqueue(
-            stream,
-            "a consumer's kernel reading a batch",
-            access,
-            |_| {},
-        )
-    }
-
-    /// Waits for everything queued on the simulated device.
-    pub fn synchronize(&self) {
-        self.gpu().sync_all();
-    }
-
-    /// The first hazards seen (at most 16), each said in a sentence; empty when none.
-    pub fn hazards(&self) -> Vec<String> {
-        lock(&self.stats.hazard_log).clone()
-    }
-}
-
-/// What the simulated device saw.
-#[derive(Debug, Default)]
-pub struct SimDeviceStats {
-    /// Copies completed.
-    pub copies: AtomicU64,
-    /// Copies whose source slot changed while the copy was in flight (must stay 0).
-    pub source_changed: AtomicU64,
-    /// Copies into a region that batches still held (must stay 0).
-    pub region_in_use: AtomicU64,
-    /// Most copies in flight at once.
-    pub in_flight_max: AtomicU64,
-    /// Device operations that raced another on the same memory, or memory the host touched
-    /// while an operation on it was pending (must stay 0; see [`SimDevice::hazards`]).
-    pub hazards: AtomicU64,
-    /// The first hazards, described.
-    pub hazard_log: Mutex<Vec<String>>,
-}
 
 /// A region's device memory and events.
 struct RegionMem {
@@ -140,13 +47,12 @@ pub struct DevicePool {
     region_bytes: usize,
     free: Mutex<Vec<usize>>,
     cv: Condvar,
-    /// Regions viewed by live batches (for the simulator's check).
+    /// Regions viewed by live batches (a copy into one is a fault the device may check).
     held: Mutex<Vec<bool>>,
     pub(crate) gpu: Gpu,
     /// Host reads of regions (the CPU route's bytes, checks), ordered after each region's
     /// ready event: a non-blocking stream, not the legacy one a trainer queues on.
     xfer: DStream,
-    sim: Option<SimDevice>,
 }
 
 impl std::fmt::Debug for DevicePool {
@@ -161,25 +67,12 @@ impl std::fmt::Debug for DevicePool {
 impl DevicePool {
     /// `regions` device buffers of `region_bytes` on a CUDA device.
     pub fn cuda(ctx: &Arc<Context>, regions: usize, region_bytes: usize) -> Result<Arc<Self>> {
-        Self::on(Gpu::Cuda(ctx.clone()), None, regions, region_bytes)
+        Self::on(Gpu::Cuda(ctx.clone()), regions, region_bytes)
     }
 
-    /// The same on the simulated device.
-    pub fn sim(dev: &SimDevice, regions: usize, region_bytes: usize) -> Result<Arc<Self>> {
-        Self::on(
-            Gpu::Sim(dev.gpu()),
-            Some(dev.clone()),
-            regions,
-            region_bytes,
-        )
-    }
-
-    fn on(
-        gpu: Gpu,
-        sim: Option<SimDevice>,
-        regions: usize,
-        region_bytes: usize,
-    ) -> Result<Arc<Self>> {
+    /// `regions` device buffers of `region_bytes` on `gpu` (the simulated device's constructor
+    /// is `gpu::sim`'s).
+    pub(crate) fn on(gpu: Gpu, regions: usize, region_bytes: usize) -> Result<Arc<Self>> {
         let _g = gpu.enter()?;
         let mut mem = Vec::with_capacity(regions);
         for _ in 0..regions {
@@ -197,25 +90,12 @@ impl DevicePool {
             held: Mutex::new(vec![false; regions]),
             xfer: gpu.stream()?,
             gpu,
-            sim,
         }))
     }
 
     /// Whether the regions are the simulated device's (host memory).
     pub fn is_simulated(&self) -> bool {
-        self.sim.is_some()
-    }
-
-    /// The simulated device (`None` on CUDA).
-    #[cfg_attr(
-        not(feature = "decode"),
-        allow(
-            dead_code,
-            reason = "used only with feature decode: the device image stage"
-        )
-    )]
-    pub(crate) fn sim_device(&self) -> Option<&SimDevice> {
-        self.sim.as_ref()
+        self.gpu.is_simulated()
     }
 
     /// Bytes of each region.
@@ -584,12 +464,13 @@ impl std::fmt::Debug for DeviceRegion {
     }
 }
 
-/// A copy in flight: its tag, region, source, and (simulator) the source's crc at the start.
+/// A copy in flight: its tag, region, length, and what the device keeps to check it when it
+/// completes ([`Gpu::copy_started`]).
 struct InFlight {
     tag: u64,
     region: usize,
     len: usize,
-    crc: u32,
+    check: CopyCheck,
 }
 
 /// Copies groups from slots into device regions.
@@ -646,14 +527,9 @@ impl CopyStage {
                 self.pool.region_bytes
             )));
         }
-        let mut crc = 0;
-        if let Some(sim) = &self.pool.sim {
-            if lock(&self.pool.held)[r] {
-                sim.stats.region_in_use.fetch_add(1, Ordering::Relaxed);
-            }
-            // SAFETY: valid for `len` bytes per the caller's contract.
-            crc = crate::util::crc32c(unsafe { std::slice::from_raw_parts(src, len) });
-        }
+        let held = lock(&self.pool.held)[r];
+        // SAFETY: `src` is valid for `len` bytes per the caller's contract.
+        let check = unsafe { self.pool.gpu.copy_started(held, src, len) };
         let m = &self.pool.mem[r];
         self.pool.before_write(r, &self.stream)?;
         // SAFETY: the caller keeps the source unchanged until the ready event is seen complete;
@@ -675,13 +551,9 @@ impl CopyStage {
             tag,
             region: r,
             len,
-            crc,
+            check,
         });
-        if let Some(sim) = &self.pool.sim {
-            sim.stats
-                .in_flight_max
-                .fetch_max(self.in_flight.len() as u64, Ordering::Relaxed);
-        }
+        self.pool.gpu.copies_in_flight(self.in_flight.len());
         Ok(())
     }
 
@@ -694,7 +566,8 @@ impl CopyStage {
             while i < self.in_flight.len() {
                 if self.pool.mem[self.in_flight[i].region].ready.done()? {
                     let f = self.in_flight.swap_remove(i);
-                    self.completed(&f)?;
+                    let m = &self.pool.mem[f.region];
+                    self.pool.gpu.copy_completed(&m.buf, f.len, f.check)?;
                     done.push(f.tag);
                 } else {
                     i += 1;
@@ -703,31 +576,9 @@ impl CopyStage {
             if !wait || done.len() > before || self.in_flight.is_empty() {
                 return Ok(());
             }
-            if self.pool.sim.is_none() {
-                // Copies take a few ms; yield rather than block the stream (no host sync).
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            // Copies take a few ms: the device says how to wait (no host sync of the stream).
+            self.pool.gpu.poll_pause();
         }
-    }
-
-    /// The simulator's check of a completed copy: the region holds what the source held when
-    /// the copy started (a slot reused early shows here).
-    fn completed(&self, f: &InFlight) -> Result<()> {
-        let Some(sim) = &self.pool.sim else {
-            return Ok(());
-        };
-        sim.stats.copies.fetch_add(1, Ordering::Relaxed);
-        let g = sim.gpu();
-        let (id, _) = SimGpu::resolve(self.pool.ptr(f.region));
-        let got = g.peek(id, 0, f.len, "the copy stage's check of a completed copy");
-        if crate::util::crc32c(&got) != f.crc {
-            sim.stats.source_changed.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::new(
-                ErrorKind::Io,
-                "simulated device: a slot changed while its copy was in flight",
-            ));
-        }
-        Ok(())
     }
 
     /// Waits for every copy in flight (shutdown: their slots may be freed only afterwards).
@@ -902,39 +753,5 @@ impl<T> Drop for CopyPipeline<T> {
         for (slot, _, _) in self.waiting.drain(..) {
             self.arena.put(slot);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The simulator's check can fail: a source changed while its copy is in flight is caught,
-    /// and a copy into a region batches still view is counted.
-    #[test]
-    fn simulator_catches_a_source_reused_early_and_a_region_in_use() {
-        let mut dev = SimDevice::new(1);
-        dev.delay_max = 1_000; // the copy stays pending while its source changes
-        let pool = DevicePool::sim(&dev, 2, 64).unwrap();
-        let mut stage = CopyStage::new(&pool).unwrap();
-        let mut src = vec![7u8; 64];
-        let r = pool.take().unwrap();
-        // SAFETY: `src` outlives the copy (polled below before it is dropped).
-        unsafe { stage.start(r, src.as_ptr(), 64, 1).unwrap() };
-        src[3] = 8; // the slot "reused" while the copy is in flight
-        let mut done = Vec::new();
-        assert!(stage.poll(&mut done, true).is_err());
-        assert_eq!(dev.stats.source_changed.load(Ordering::Relaxed), 1);
-
-        let mut stage = CopyStage::new(&pool).unwrap();
-        let region = pool.region(r, 64); // batches view region r
-                                         // SAFETY: as above.
-        unsafe { stage.start(r, src.as_ptr(), 64, 2).unwrap() };
-        assert_eq!(dev.stats.region_in_use.load(Ordering::Relaxed), 1);
-        stage.drain(&mut done).unwrap();
-        assert_eq!(done, vec![2]);
-        assert_eq!(region.to_host().unwrap(), src);
-        drop(region);
-        assert_eq!(pool.free_regions(), 2);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::cuda::{self, Context, CtxGuard, DeviceBuffer, Event, Stream};
 use super::kernels::{DeviceKernels, GfEmit, GfSample, GfSpan};
-use super::sim::{Access, Res, SimGpu};
+use super::sim::{Access, Res, SimGpu, SourceCrc};
 use crate::error::Result;
 
 /// A device: CUDA's primary context, or the simulated GPU.
@@ -82,6 +82,58 @@ impl Gpu {
                 s.sync_all();
                 Ok(())
             }
+        }
+    }
+}
+
+/// What a device keeps of a copy's source when the copy starts, to check the copy when it
+/// completes: nothing on CUDA; the source's crc32c on the simulator.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CopyCheck {
+    None,
+    Sim(SourceCrc),
+}
+
+impl Gpu {
+    /// Whether this is the simulated device (its memory is host memory).
+    pub(crate) fn is_simulated(&self) -> bool {
+        matches!(self, Gpu::Sim(_))
+    }
+
+    /// A copy stage's copy of `len` bytes at `src` into a region starts (`held`: batches
+    /// still view the region, which the copy stage must never let happen).
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes.
+    pub(crate) unsafe fn copy_started(&self, held: bool, src: *const u8, len: usize) -> CopyCheck {
+        match self {
+            Gpu::Cuda(_) => CopyCheck::None,
+            // SAFETY: forwarded under the caller's guarantee.
+            Gpu::Sim(g) => CopyCheck::Sim(unsafe { g.copy_started(held, src, len) }),
+        }
+    }
+
+    /// `n` copies of a copy stage are in flight.
+    pub(crate) fn copies_in_flight(&self, n: usize) {
+        if let Gpu::Sim(g) = self {
+            g.copies_in_flight(n);
+        }
+    }
+
+    /// A copy stage's copy of `len` bytes into `dst` was seen complete.
+    pub(crate) fn copy_completed(&self, dst: &DBuf, len: usize, check: CopyCheck) -> Result<()> {
+        match (self, check) {
+            (Gpu::Sim(g), CopyCheck::Sim(crc)) => g.copy_completed(dst.sim_id(), len, crc),
+            _ => Ok(()),
+        }
+    }
+
+    /// A copy stage's pause between polls of its copies: 50 µs on CUDA (copies take
+    /// milliseconds; no host sync of the stream), none on the simulator (its clock moves by
+    /// calls).
+    pub(crate) fn poll_pause(&self) {
+        if let Gpu::Cuda(_) = self {
+            std::thread::sleep(std::time::Duration::from_micros(50));
         }
     }
 }

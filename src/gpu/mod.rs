@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 pub use copy::{DevicePool, DeviceRegion};
 #[doc(hidden)]
-pub use copy::{SimDevice, SimDeviceStats};
+pub use sim::{SimDevice, SimDeviceStats};
 
 use crate::error::{Error, ErrorKind, Result};
 

@@ -19,10 +19,12 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use super::{SimDevice, SimDeviceStats};
+use super::copy::DevicePool;
+use super::dev::Gpu;
 use crate::error::{Error, ErrorKind, Result};
 use crate::rng::Rng;
 use crate::util::lock;
@@ -133,6 +135,145 @@ struct State {
     /// Each event's marker: the last operation of the stream it was recorded on (`None`: that
     /// stream was idle, or never recorded).
     events: HashMap<u64, Option<u64>>,
+}
+
+/// A simulated device, for tests: device memory in host memory, and every device operation —
+/// copies, memsets, kernel launches, the JPEG engine's decode — completing late and out of
+/// order, checked against what other pending operations touch (see `gpu::sim`).
+#[derive(Debug, Clone)]
+pub struct SimDevice {
+    /// Seeds the simulated operations' delays and order (mixed with `GPUFEED_SIM_SEED` when
+    /// that is set, so a whole suite can run under other seeds).
+    pub seed: u64,
+    /// An operation completes after 0..=delay_max ticks of the simulated clock (one tick per
+    /// call into the device).
+    pub delay_max: u32,
+    /// Every n-th launch of the resize kernel fails as a failed `cuLaunchKernel` would
+    /// (0: none).
+    pub fail_launch_every: u32,
+    /// Figures the test reads afterwards.
+    pub stats: Arc<SimDeviceStats>,
+    gpu: Arc<OnceLock<Arc<SimGpu>>>,
+}
+
+impl SimDevice {
+    /// A simulated device with `seed` and the default delays.
+    pub fn new(seed: u64) -> SimDevice {
+        let extra = std::env::var("GPUFEED_SIM_SEED")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |v| v.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        SimDevice {
+            seed: seed ^ extra,
+            delay_max: 16,
+            fail_launch_every: 0,
+            stats: Arc::default(),
+            gpu: Arc::default(),
+        }
+    }
+
+    /// The simulated GPU (made at first use, with the settings then).
+    pub(crate) fn gpu(&self) -> Arc<SimGpu> {
+        self.gpu.get_or_init(|| SimGpu::new(self)).clone()
+    }
+
+    /// A new stream on the simulated device, as a consumer (a trainer) would make: its raw
+    /// handle, for [`crate::Batch::wait_on`] and [`SimDevice::read_on`].
+    pub fn consumer_stream(&self) -> u64 {
+        self.gpu().stream()
+    }
+
+    /// Enqueues on `stream` a kernel that reads `len` bytes at device address `ptr` (a
+    /// consumer's work on a batch: `ptr` from `ImageBatch::sim_ptr`); it completes
+    /// late, like every simulated operation, and is checked like them.
+    pub fn read_on(&self, stream: u64, ptr: u64, len: usize) -> Result<()> {
+        let (id, off) = SimGpu::resolve(ptr);
+        let access = vec![Access::read(Res::Dev(id), off..off + len as u64)];
+        self.gpu().enqueue(
+            stream,
+            "a consumer's kernel reading a batch",
+            access,
+            |_| {},
+        )
+    }
+
+    /// Waits for everything queued on the simulated device.
+    pub fn synchronize(&self) {
+        self.gpu().sync_all();
+    }
+
+    /// The first hazards seen (at most 16), each said in a sentence; empty when none.
+    pub fn hazards(&self) -> Vec<String> {
+        lock(&self.stats.hazard_log).clone()
+    }
+}
+
+/// What the simulated device saw.
+#[derive(Debug, Default)]
+pub struct SimDeviceStats {
+    /// Copies completed.
+    pub copies: AtomicU64,
+    /// Copies whose source slot changed while the copy was in flight (must stay 0).
+    pub source_changed: AtomicU64,
+    /// Copies into a region that batches still held (must stay 0).
+    pub region_in_use: AtomicU64,
+    /// Most copies in flight at once.
+    pub in_flight_max: AtomicU64,
+    /// Device operations that raced another on the same memory, or memory the host touched
+    /// while an operation on it was pending (must stay 0; see [`SimDevice::hazards`]).
+    pub hazards: AtomicU64,
+    /// The first hazards, described.
+    pub hazard_log: Mutex<Vec<String>>,
+}
+
+impl DevicePool {
+    /// `regions` buffers of `region_bytes` on the simulated device.
+    pub fn sim(dev: &SimDevice, regions: usize, region_bytes: usize) -> Result<Arc<Self>> {
+        Self::on(Gpu::Sim(dev.gpu()), regions, region_bytes)
+    }
+}
+
+/// What the simulated device keeps of a copy's source when the copy starts: its crc32c.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SourceCrc(pub(crate) u32);
+
+impl SimGpu {
+    /// A copy of `len` bytes at `src` into a region (`held`: batches still view it, a fault the
+    /// stats count) starts: the source's crc32c, to compare with the region at completion.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes.
+    pub(crate) unsafe fn copy_started(&self, held: bool, src: *const u8, len: usize) -> SourceCrc {
+        if held {
+            self.stats.region_in_use.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: valid for `len` bytes per the caller's contract.
+        SourceCrc(crate::util::crc32c(unsafe {
+            std::slice::from_raw_parts(src, len)
+        }))
+    }
+
+    /// `n` copies are in flight now.
+    pub(crate) fn copies_in_flight(&self, n: usize) {
+        self.stats
+            .in_flight_max
+            .fetch_max(n as u64, Ordering::Relaxed);
+    }
+
+    /// A copy into buffer `id` completed: its first `len` bytes must be what the source held
+    /// when the copy started (a slot reused early shows here).
+    pub(crate) fn copy_completed(&self, id: u64, len: usize, crc: SourceCrc) -> Result<()> {
+        self.stats.copies.fetch_add(1, Ordering::Relaxed);
+        let got = self.peek(id, 0, len, "the copy stage's check of a completed copy");
+        if crate::util::crc32c(&got) != crc.0 {
+            self.stats.source_changed.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::new(
+                ErrorKind::Io,
+                "simulated device: a slot changed while its copy was in flight",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The simulated GPU of one [`SimDevice`].
@@ -470,5 +611,40 @@ impl SimGpu {
         if let Some(run) = op.run.take() {
             run(&mut s.mem);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::copy::CopyStage;
+
+    /// The simulator's check can fail: a source changed while its copy is in flight is caught,
+    /// and a copy into a region batches still view is counted.
+    #[test]
+    fn simulator_catches_a_source_reused_early_and_a_region_in_use() {
+        let mut dev = SimDevice::new(1);
+        dev.delay_max = 1_000; // the copy stays pending while its source changes
+        let pool = DevicePool::sim(&dev, 2, 64).unwrap();
+        let mut stage = CopyStage::new(&pool).unwrap();
+        let mut src = vec![7u8; 64];
+        let r = pool.take().unwrap();
+        // SAFETY: `src` outlives the copy (polled below before it is dropped).
+        unsafe { stage.start(r, src.as_ptr(), 64, 1).unwrap() };
+        src[3] = 8; // the slot "reused" while the copy is in flight
+        let mut done = Vec::new();
+        assert!(stage.poll(&mut done, true).is_err());
+        assert_eq!(dev.stats.source_changed.load(Ordering::Relaxed), 1);
+
+        let mut stage = CopyStage::new(&pool).unwrap();
+        let region = pool.region(r, 64); // batches view region r
+                                         // SAFETY: as above.
+        unsafe { stage.start(r, src.as_ptr(), 64, 2).unwrap() };
+        assert_eq!(dev.stats.region_in_use.load(Ordering::Relaxed), 1);
+        stage.drain(&mut done).unwrap();
+        assert_eq!(done, vec![2]);
+        assert_eq!(region.to_host().unwrap(), src);
+        drop(region);
+        assert_eq!(pool.free_regions(), 2);
     }
 }
