@@ -64,10 +64,8 @@ use super::pool::Job;
 use crate::batch::Batch;
 use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
-use crate::gpu::dev::{DBuf, DEvent, DStream, Gpu, Kernels};
+use crate::gpu::dev::{CpuJpeg, DBuf, DEvent, DStream, Gpu, JpegEngine, JpegImage, Kernels};
 use crate::gpu::kernels::{as_bytes, check_spans, GfSpan};
-use crate::gpu::nvjpeg::BatchDecoder;
-use crate::gpu::sim::{Access, Res, SimGpu};
 use crate::gpu::{DevicePool, DeviceRegion};
 use crate::image::{ColorSpace, ImageInfo, ImageKind, Subsampling};
 use crate::util::lock;
@@ -159,23 +157,6 @@ struct Jpeg {
     done: DEvent,
 }
 
-/// nvJPEG's batched decoder, or its stand-in on the simulated device.
-enum JpegEngine {
-    Nv(BatchDecoder),
-    Sim(Box<SimJpeg>),
-}
-
-/// The simulated device's JPEG engine: libjpeg-turbo, with nvJPEG's contract — the decoder
-/// state is re-initialised by each batch on the host, the engine reads the bitstreams when the
-/// batch is submitted (a stream wait is not assumed to order it), and writes the images on the
-/// stream; a batch that fails may already have queued writes into its outputs.
-struct SimJpeg {
-    gpu: Arc<SimGpu>,
-    state: u64,
-    dec: ImageDecoder,
-    spec: ImageSpec,
-}
-
 /// The most bytes of decoded images one output tensor's staging holds: larger batches are
 /// decoded and resized in chunks (12 MP photos at batch 256 would need 9 GB at once).
 pub(crate) const STAGING_MAX: usize = 256 << 20;
@@ -220,23 +201,6 @@ pub(crate) struct HardwareImage {
     pub(crate) sample: usize,
     pub(crate) staging: usize,
     pub(crate) size: (u32, u32),
-}
-
-/// nvJPEG's batched decoder on the JPEG engines with bitstreams in device memory, or why not.
-/// Nothing is pre-allocated: `nvjpegDecodeBatchedPreAllocate` is documented for the
-/// `HARDWARE` backend only, and its size (batch × the largest image) is what the staging
-/// budget exists to avoid; the engines' buffers grow to the batches they see.
-fn hardware_decoder() -> Result<BatchDecoder> {
-    let lib = crate::gpu::nvjpeg::load()?;
-    let d = BatchDecoder::new(&lib, crate::gpu::nvjpeg::backend::HARDWARE_DEVICE)?;
-    let (engines, _) = d.handle().hardware_decoder_info()?;
-    if engines == 0 {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            "this GPU has no JPEG engines",
-        ));
-    }
-    Ok(d)
 }
 
 impl Drop for Side {
@@ -310,21 +274,19 @@ impl DeviceStage {
             .collect::<Result<Vec<_>>>()?;
         let jpeg = if !spec.hardware_decoder {
             None
-        } else if let Gpu::Sim(g) = &gpu {
-            Some(Mutex::new(Jpeg {
-                engine: JpegEngine::Sim(Box::new(SimJpeg {
-                    state: g.alloc(0),
-                    gpu: g.clone(),
-                    dec: ImageDecoder::new(spec)
-                        .map_err(|e| Error::new(ErrorKind::Io, e.to_string()))?,
-                    spec: spec.clone(),
-                })),
-                done: gpu.event()?,
-            }))
         } else {
-            match hardware_decoder() {
-                Ok(d) => Some(Mutex::new(Jpeg {
-                    engine: JpegEngine::Nv(d),
+            // The CPU stage's whole-image decode: the simulated engine's stand-in for the
+            // hardware (what nvJPEG writes, `NVJPEG_OUTPUT_RGBI`).
+            let mut dec =
+                ImageDecoder::new(spec).map_err(|e| Error::new(ErrorKind::Io, e.to_string()))?;
+            let s = spec.clone();
+            let cpu: CpuJpeg = Box::new(move |data: &[u8]| {
+                let mut px = Vec::new();
+                dec.decode_rgb(&s, data, &mut px).map(|size| (size, px))
+            });
+            match gpu.jpeg(cpu) {
+                Ok(engine) => Some(Mutex::new(Jpeg {
+                    engine,
                     done: gpu.event()?,
                 })),
                 Err(e) => {
@@ -757,152 +719,26 @@ impl Jpeg {
         stream: &DStream,
     ) -> Result<()> {
         self.done.synchronize()?;
-        let r = match &mut self.engine {
-            JpegEngine::Nv(nv) => {
-                let data: Vec<*const u8> = bits
-                    .iter()
-                    .map(|r| (region.ptr() + r.start as u64) as *const u8)
-                    .collect();
-                let lengths: Vec<usize> = bits.iter().map(|r| r.len()).collect();
-                let mut dst: Vec<_> = hw
-                    .iter()
-                    .map(|h| crate::gpu::nvjpeg::NvjpegImage {
-                        channel: [
-                            (staging.ptr() + h.staging as u64) as *mut u8,
-                            std::ptr::null_mut(),
-                            std::ptr::null_mut(),
-                            std::ptr::null_mut(),
-                        ],
-                        pitch: [h.size.0 as usize * 3, 0, 0, 0],
-                    })
-                    .collect();
-                // SAFETY: each bitstream lies inside the group's device region (checked by
-                // the caller), which stays allocated and unchanged until the stream passes
-                // the release event recorded when the batch goes (after this work); each
-                // output lies inside the staging buffer (checked) at the pitch of its width,
-                // sized from the bitstream's own frame header; the staging buffer is not
-                // changed or freed before this stream is synchronised (next chunk) or the
-                // region's ready event (recorded after the launch that follows) is waited for.
-                unsafe { nv.decode(&data, &lengths, &mut dst, stream.raw()) }
-            }
-            JpegEngine::Sim(sim) => sim.decode(region, bits, hw, staging, stream),
-        };
-        self.done.record(stream)?;
-        r
-    }
-}
-
-impl SimJpeg {
-    /// The stand-in for `nvjpegDecodeBatchedInitialize` + `nvjpegDecodeBatched`.
-    fn decode(
-        &mut self,
-        region: &DeviceRegion,
-        bits: &[std::ops::Range<usize>],
-        hw: &[HardwareImage],
-        staging: &DBuf,
-        stream: &DStream,
-    ) -> Result<()> {
-        let g = &self.gpu;
-        // Initialisation rewrites the decoder's state on the host.
-        g.host_access(
-            &[Access::write(Res::State(self.state), 0..u64::MAX)],
-            "nvjpegDecodeBatchedInitialize",
-        );
-        let (region_id, base) = SimGpu::resolve(region.ptr());
-        let (staging_id, _) = SimGpu::resolve(staging.ptr());
-        let mut images = Vec::with_capacity(hw.len());
-        let mut failed = None;
-        for (r, h) in bits.iter().zip(hw) {
-            // The engine reads the bitstream when the batch is submitted.
-            let data = g.peek(
-                region_id,
-                base + r.start as u64,
-                r.len(),
-                "the JPEG engine reads a bitstream",
-            );
-            let mut px = Vec::new();
-            match self.dec.decode_rgb(&self.spec, &data, &mut px) {
-                Ok(size) if size == h.size => images.push((h.staging, px)),
-                Ok((w, hh)) if w as u64 * hh as u64 > h.size.0 as u64 * h.size.1 as u64 => {
-                    // The engine writes the image its bitstream holds, past the slot it was
-                    // given: on a GPU, other images' pixels or an illegal address.
-                    let at = h.staging as u64;
-                    self.gpu.fault(format!(
-                        "the JPEG engine wrote a {w}x{hh} image into a slot for {}x{} at byte \
-                         {at} of the staging",
-                        h.size.0, h.size.1
-                    ));
-                    failed.get_or_insert(format!("an image larger than its slot ({w}x{hh})"));
-                }
-                Ok((w, hh)) => {
-                    failed.get_or_insert(format!(
-                        "an image decodes as {w}x{hh}, not the {}x{} it was given",
-                        h.size.0, h.size.1
-                    ));
-                }
-                // The engines decode a truncated bitstream without an error (nvJPEG's hardware
-                // backend on an H200): its image comes back whole-sized, the rows its data
-                // lacks made up. So does the stand-in (mid-gray where libjpeg-turbo stopped),
-                // so that only the pipeline's own check keeps such an image off this route.
-                Err(e) if e.contains("truncated JPEG") => {
-                    images.push((
-                        h.staging,
-                        vec![0x80; h.size.0 as usize * h.size.1 as usize * 3],
-                    ));
-                }
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        let mut access: Vec<Access> = hw
+        let images: Vec<JpegImage> = bits
             .iter()
-            .map(|h| {
-                let o = h.staging as u64;
-                Access::write(
-                    Res::Dev(staging_id),
-                    o..o + h.size.0 as u64 * h.size.1 as u64 * 3,
-                )
+            .zip(hw)
+            .map(|(r, h)| JpegImage {
+                bits: r.clone(),
+                out: h.staging,
+                size: h.size,
             })
             .collect();
-        access.push(Access::write(Res::State(self.state), 0..u64::MAX));
-        if let Some(why) = failed {
-            // A failed batch may have queued work already: its outputs are written (garbage).
-            let spans: Vec<(usize, usize)> = hw
-                .iter()
-                .map(|h| (h.staging, h.size.0 as usize * h.size.1 as usize * 3))
-                .collect();
-            g.enqueue(
-                stream.raw(),
-                "a failed JPEG batch's queued work",
-                access,
-                move |m| {
-                    let b = m.get_mut(staging_id);
-                    for (o, n) in spans {
-                        if let Some(d) = b.get_mut(o..o + n) {
-                            d.fill(0x5a);
-                        }
-                    }
-                },
-            )?;
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!("nvjpegDecodeBatched failed: NVJPEG_STATUS_BAD_JPEG (3) ({why})"),
-            ));
-        }
-        g.enqueue(
-            stream.raw(),
-            "the JPEG engine's batched decode",
-            access,
-            move |m| {
-                let b = m.get_mut(staging_id);
-                for (o, px) in images {
-                    if let Some(d) = b.get_mut(o..o + px.len()) {
-                        d.copy_from_slice(&px);
-                    }
-                }
-            },
-        )
+        // SAFETY: the previous batch's decode has completed (its done event, above). Each
+        // bitstream lies inside the group's device region (checked by the caller and the
+        // engine), which stays allocated and unchanged until the stream passes the release
+        // event recorded when the batch goes (after this work); each output lies inside the
+        // staging buffer (checked) at the pitch of its width, sized from the bitstream's own
+        // frame header; the staging buffer is not changed or freed before this stream is
+        // synchronised (next chunk) or the region's ready event (recorded after the launch
+        // that follows) is waited for.
+        let r = unsafe { self.engine.decode(region.buf(), &images, staging, stream) };
+        self.done.record(stream)?;
+        r
     }
 }
 

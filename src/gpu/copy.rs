@@ -67,7 +67,11 @@ impl std::fmt::Debug for DevicePool {
 impl DevicePool {
     /// `regions` device buffers of `region_bytes` on a CUDA device.
     pub fn cuda(ctx: &Arc<Context>, regions: usize, region_bytes: usize) -> Result<Arc<Self>> {
-        Self::on(Gpu::Cuda(ctx.clone()), regions, region_bytes)
+        Self::on(
+            Gpu::new(Arc::new(super::cuda::CudaGpu(ctx.clone()))),
+            regions,
+            region_bytes,
+        )
     }
 
     /// `regions` device buffers of `region_bytes` on `gpu` (the simulated device's constructor
@@ -280,7 +284,7 @@ impl DeviceRegion {
     /// `stream` must be a live `CUstream` of the device's primary context (or 0, 1 or 2, the
     /// legacy and per-thread default streams) and stay live until this region is dropped (a
     /// release event is recorded on it then). On the simulated device: a stream of
-    /// [`SimDevice::consumer_stream`] (or 0, 1, 2).
+    /// [`SimDevice::consumer_stream`](super::SimDevice::consumer_stream) (or 0, 1, 2).
     pub unsafe fn wait_on(&self, stream: u64) -> Result<()> {
         let _g = self.pool.gpu.enter()?;
         // SAFETY: the caller vouches for the stream; the context is current.

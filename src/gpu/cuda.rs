@@ -16,6 +16,11 @@ use std::sync::Arc;
 use cudarc::driver::DriverError;
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 
+use super::dev::{
+    other_device, BufOps, CpuJpeg, DBuf, DEvent, DStream, DeviceOps, Entered, EventOps, JpegEngine,
+    KernelOps, Kernels, StreamOps,
+};
+use super::kernels::GfEmit;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Whether the CUDA driver library can be loaded (cudarc would panic on first use otherwise).
@@ -641,4 +646,211 @@ pub unsafe fn memset_async(dst: u64, len: usize, stream: &Stream) -> Result<()> 
         unsafe { sys::cuMemsetD8Async(dst, 0, len, stream.inner.cu_stream()) },
         "cuMemsetD8Async",
     )
+}
+
+/// The CUDA device behind the device seam ([`super::dev`]): the primary context, and each
+/// handle's operation as the driver API makes it.
+#[derive(Debug)]
+pub(crate) struct CudaGpu(pub(crate) Arc<Context>);
+
+/// The device address of `b`, which must be CUDA memory (another device's address would be
+/// a wild one here).
+pub(crate) fn dev_ptr(b: &DBuf) -> Result<u64> {
+    b.downcast::<DeviceBuffer>()
+        .map(DeviceBuffer::ptr)
+        .ok_or_else(|| other_device("a buffer"))
+}
+
+pub(crate) fn cuda_stream(s: &DStream) -> Result<&Stream> {
+    s.downcast::<Stream>()
+        .ok_or_else(|| other_device("a stream"))
+}
+
+impl DeviceOps for CudaGpu {
+    fn enter(&self) -> Result<Entered> {
+        Ok(Entered(Some(self.0.enter()?)))
+    }
+
+    fn ctx(&self) -> Option<&Arc<Context>> {
+        Some(&self.0)
+    }
+
+    fn stream(&self) -> Result<DStream> {
+        let _g = self.0.enter()?;
+        Ok(DStream::new(Box::new(Stream::new(&self.0)?)))
+    }
+
+    fn event(&self) -> Result<DEvent> {
+        Ok(DEvent::new(Box::new(Event::new(&self.0)?)))
+    }
+
+    fn alloc(&self, len: usize) -> Result<DBuf> {
+        Ok(DBuf::new(Box::new(DeviceBuffer::new(&self.0, len)?)))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let _g = self.0.enter()?;
+        self.0.synchronize()
+    }
+
+    fn kernels(&self) -> Result<Kernels> {
+        Ok(Kernels::new(Box::new(super::kernels::DeviceKernels::load(
+            &self.0,
+        )?)))
+    }
+
+    /// nvJPEG on the JPEG engines (`cpu` is the simulator's; the CUDA device decodes on the
+    /// CPU only through the image stage's own route).
+    fn jpeg(&self, _cpu: CpuJpeg) -> Result<JpegEngine> {
+        Ok(JpegEngine::new(
+            Box::new(super::nvjpeg::hardware_decoder()?),
+        ))
+    }
+
+    /// Copies take a few ms: 50 µs between polls of their events, no host sync of the stream.
+    fn poll_pause(&self) {
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+}
+
+impl BufOps for DeviceBuffer {
+    fn ptr(&self) -> u64 {
+        DeviceBuffer::ptr(self)
+    }
+
+    fn len(&self) -> usize {
+        DeviceBuffer::len(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl StreamOps for Stream {
+    fn raw(&self) -> u64 {
+        Stream::raw(self)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Stream::synchronize(self)
+    }
+
+    fn wait(&self, event: &DEvent) -> Result<()> {
+        match event.downcast::<Event>() {
+            Some(e) => Stream::wait(self, e),
+            None => Err(crate::error::invalid(
+                "a stream and an event of two devices",
+            )),
+        }
+    }
+
+    unsafe fn copy_htod(
+        &self,
+        dst: &DBuf,
+        off: usize,
+        src: *const u8,
+        len: usize,
+        _what: &str,
+    ) -> Result<()> {
+        let d = dev_ptr(dst)?;
+        // SAFETY: the range lies in `dst` (the handle checked); the caller vouches for the
+        // source and keeps `dst` allocated.
+        unsafe { memcpy_htod_async(d + off as u64, src, len, self) }
+    }
+
+    unsafe fn copy_dtoh(
+        &self,
+        src: &DBuf,
+        off: usize,
+        dst: *mut u8,
+        len: usize,
+        _what: &str,
+    ) -> Result<()> {
+        let s = dev_ptr(src)?;
+        // SAFETY: the range lies in `src` (the handle checked); the caller vouches for `dst`.
+        unsafe { memcpy_dtoh_async(dst, s + off as u64, len, self) }
+    }
+
+    fn memset(&self, dst: &DBuf, off: usize, len: usize, _what: &str) -> Result<()> {
+        let d = dev_ptr(dst)?;
+        // SAFETY: the range lies in `dst` (the handle checked), which its owner keeps
+        // allocated until this stream's later work has completed.
+        unsafe { memset_async(d + off as u64, len, self) }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl EventOps for Event {
+    unsafe fn record_raw(&self, raw: u64) -> Result<()> {
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { Event::record_raw(self, raw) }
+    }
+
+    unsafe fn wait_raw(&self, raw: u64) -> Result<()> {
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { Stream::wait_raw(raw, self) }
+    }
+
+    fn done(&self) -> Result<bool> {
+        Event::done(self)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Event::synchronize(self)
+    }
+
+    fn raw(&self) -> Option<u64> {
+        Some(Event::raw(self))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl KernelOps for super::kernels::DeviceKernels {
+    unsafe fn crc32c(
+        &self,
+        stream: &DStream,
+        data: &DBuf,
+        _data_len: usize,
+        spans: &DBuf,
+        n: u32,
+        lanes: &DBuf,
+        out: &DBuf,
+    ) -> Result<()> {
+        let s = cuda_stream(stream)?;
+        let (d, sp, l, o) = (
+            dev_ptr(data)?,
+            dev_ptr(spans)?,
+            dev_ptr(lanes)?,
+            dev_ptr(out)?,
+        );
+        // SAFETY: forwarded under the caller's guarantees (`Kernels::crc32c`).
+        unsafe { super::kernels::DeviceKernels::crc32c(self, s, d, sp, n, l, o) }
+    }
+
+    unsafe fn resize(
+        &self,
+        stream: &DStream,
+        src: &DBuf,
+        _src_len: usize,
+        samples: &DBuf,
+        n: u32,
+        emit: &GfEmit,
+        out: &DBuf,
+        out_off: usize,
+        _out_len: usize,
+    ) -> Result<()> {
+        let s = cuda_stream(stream)?;
+        let (sr, sa, o) = (dev_ptr(src)?, dev_ptr(samples)?, dev_ptr(out)?);
+        // SAFETY: forwarded under the caller's guarantees (`Kernels::resize`).
+        unsafe {
+            super::kernels::DeviceKernels::resize(self, s, sr, sa, n, emit, o + out_off as u64)
+        }
+    }
 }

@@ -1,22 +1,272 @@
 //! One seam for the device work of the copy and decode stages: device memory, streams, events,
-//! copies both ways, memsets and kernel launches, each with two implementations — CUDA, and the
+//! copies both ways, memsets, kernel launches, and the copy stage's checks — as traits, each
+//! implemented twice, side by side with the rest of its device: CUDA ([`super::cuda`]), and the
 //! adversarial simulator ([`super::sim`]), where every operation is queued on its stream,
 //! completes late and in any order the streams allow, and is checked against the memory other
-//! pending operations touch. The pipelines are written once against this seam.
+//! pending operations touch. The pipelines are written once against the handles here ([`Gpu`],
+//! [`DBuf`], [`DStream`], [`DEvent`], [`Kernels`]), which hold the trait objects, check what
+//! every device must (a copy's bounds), and leave the rest to the device. Adding a kernel is one
+//! [`KernelOps`] method and its two implementations.
 
+use std::any::Any;
 use std::sync::Arc;
 
-use super::cuda::{self, Context, CtxGuard, DeviceBuffer, Event, Stream};
-use super::kernels::{DeviceKernels, GfEmit, GfSample, GfSpan};
-use super::sim::{Access, Res, SimGpu, SourceCrc};
-use crate::error::Result;
+use super::cuda::{Context, CtxGuard};
+use super::kernels::GfEmit;
+use super::sim::SimGpu;
+use crate::error::{invalid, Result};
+
+/// What a device does. The handles below hold one; the CUDA device is
+/// [`super::cuda::CudaGpu`], the simulator [`super::sim::SimDev`].
+pub(crate) trait DeviceOps: Send + Sync + std::fmt::Debug {
+    /// Makes the device current on this thread until the guard drops.
+    fn enter(&self) -> Result<Entered>;
+    /// CUDA's primary context (`None` on the simulator).
+    fn ctx(&self) -> Option<&Arc<Context>> {
+        None
+    }
+    /// The simulated GPU (`None` on CUDA).
+    fn sim(&self) -> Option<&Arc<SimGpu>> {
+        None
+    }
+    /// A new non-blocking stream.
+    fn stream(&self) -> Result<DStream>;
+    /// A new event.
+    fn event(&self) -> Result<DEvent>;
+    /// `len` bytes of zeroed device memory.
+    fn alloc(&self, len: usize) -> Result<DBuf>;
+    /// Waits for everything queued on the device.
+    fn synchronize(&self) -> Result<()>;
+    /// gpufeed's kernels on this device, or why they cannot run there.
+    fn kernels(&self) -> Result<Kernels>;
+    /// The device's batched JPEG decoder (nvJPEG on the JPEG engines; on the simulator,
+    /// `cpu` standing in for them), or why there is none.
+    fn jpeg(&self, cpu: CpuJpeg) -> Result<JpegEngine>;
+    /// A copy stage's copy of `len` bytes at `src` into a region starts (`held`: batches still
+    /// view the region, which the copy stage must never let happen): what the device keeps to
+    /// check the copy when it completes.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes.
+    unsafe fn copy_started(&self, held: bool, src: *const u8, len: usize) -> CopyCheck {
+        let _ = (held, src, len);
+        CopyCheck(0)
+    }
+    /// `n` copies of a copy stage are in flight.
+    fn copies_in_flight(&self, n: usize) {
+        let _ = n;
+    }
+    /// A copy stage's copy of `len` bytes into `dst` was seen complete.
+    fn copy_completed(&self, dst: &DBuf, len: usize, check: CopyCheck) -> Result<()> {
+        let _ = (dst, len, check);
+        Ok(())
+    }
+    /// A copy stage's pause between polls of its copies.
+    fn poll_pause(&self) {}
+}
+
+/// Device memory.
+pub(crate) trait BufOps: Send + Sync + std::fmt::Debug {
+    /// The device address of its first byte.
+    fn ptr(&self) -> u64;
+    fn len(&self) -> usize;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A stream. The handle has checked that each copy's or memset's bytes lie in its buffer.
+pub(crate) trait StreamOps: Send + Sync + std::fmt::Debug {
+    /// The raw handle (a `CUstream`, or the simulator's id).
+    fn raw(&self) -> u64;
+    /// Waits (on the host) for everything queued on the stream.
+    fn synchronize(&self) -> Result<()>;
+    /// Makes this stream's later work wait for `event`.
+    fn wait(&self, event: &DEvent) -> Result<()>;
+    /// Starts copying `len` host bytes at `src` to byte `off` of `dst`.
+    ///
+    /// # Safety
+    /// As for [`DStream::copy_htod`]; `off..off + len` lies in `dst`.
+    unsafe fn copy_htod(
+        &self,
+        dst: &DBuf,
+        off: usize,
+        src: *const u8,
+        len: usize,
+        what: &str,
+    ) -> Result<()>;
+    /// Starts copying `len` bytes at `off` of `src` to the host at `dst`.
+    ///
+    /// # Safety
+    /// As for [`DStream::copy_dtoh`]; `off..off + len` lies in `src`.
+    unsafe fn copy_dtoh(
+        &self,
+        src: &DBuf,
+        off: usize,
+        dst: *mut u8,
+        len: usize,
+        what: &str,
+    ) -> Result<()>;
+    /// Zeroes `len` bytes at `off` of `dst` (they lie in it).
+    fn memset(&self, dst: &DBuf, off: usize, len: usize, what: &str) -> Result<()>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// An event.
+pub(crate) trait EventOps: Send + Sync + std::fmt::Debug {
+    /// Records the event at the current end of the raw stream `raw`.
+    ///
+    /// # Safety
+    /// As for [`DEvent::record_raw`].
+    unsafe fn record_raw(&self, raw: u64) -> Result<()>;
+    /// Makes the raw stream `raw` wait for this event.
+    ///
+    /// # Safety
+    /// As for [`DEvent::record_raw`].
+    unsafe fn wait_raw(&self, raw: u64) -> Result<()>;
+    /// Whether the work before the last record has completed.
+    fn done(&self) -> Result<bool>;
+    /// Waits (on the host) for the work before the last record.
+    fn synchronize(&self) -> Result<()>;
+    /// The raw handle a consumer may wait on (`CUevent`; `None` on the simulator).
+    fn raw(&self) -> Option<u64>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// gpufeed's kernels (`kernels/*.cu`) on a device: loaded on CUDA, the host build on the
+/// simulator. The handle has checked the outputs' bounds.
+#[cfg_attr(
+    not(feature = "decode"),
+    allow(
+        dead_code,
+        reason = "used only with feature decode: the device image stage"
+    )
+)]
+pub(crate) trait KernelOps: Send + Sync + std::fmt::Debug {
+    /// As for [`Kernels::crc32c`].
+    ///
+    /// # Safety
+    /// As for [`Kernels::crc32c`].
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the kernel's own parameters, one for one, as the launch passes them"
+    )]
+    unsafe fn crc32c(
+        &self,
+        stream: &DStream,
+        data: &DBuf,
+        data_len: usize,
+        spans: &DBuf,
+        n: u32,
+        lanes: &DBuf,
+        out: &DBuf,
+    ) -> Result<()>;
+    /// As for [`Kernels::resize`].
+    ///
+    /// # Safety
+    /// As for [`Kernels::resize`].
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the kernel's own parameters, one for one, as the launch passes them"
+    )]
+    unsafe fn resize(
+        &self,
+        stream: &DStream,
+        src: &DBuf,
+        src_len: usize,
+        samples: &DBuf,
+        n: u32,
+        emit: &GfEmit,
+        out: &DBuf,
+        out_off: usize,
+        out_len: usize,
+    ) -> Result<()>;
+}
+
+/// One image of a batched JPEG decode: its bitstream (bytes `bits` of the source buffer),
+/// where its packed 8-bit RGB goes (byte `out` of the output buffer, at the pitch of its width),
+/// and its size (from its bitstream's frame header).
+#[derive(Debug, Clone)]
+pub(crate) struct JpegImage {
+    pub(crate) bits: std::ops::Range<usize>,
+    pub(crate) out: usize,
+    pub(crate) size: (u32, u32),
+}
+
+/// A JPEG decoded on the CPU to packed RGB, with its size (the error as a sentence): the
+/// simulated engine's stand-in for the hardware.
+pub(crate) type CpuJpeg =
+    Box<dyn FnMut(&[u8]) -> std::result::Result<((u32, u32), Vec<u8>), String> + Send>;
+
+/// A batched JPEG decoder on a device.
+#[cfg_attr(
+    not(feature = "decode"),
+    allow(
+        dead_code,
+        reason = "used only with feature decode: the device image stage"
+    )
+)]
+pub(crate) trait JpegOps: Send + std::fmt::Debug {
+    /// As for [`JpegEngine::decode`].
+    ///
+    /// # Safety
+    /// As for [`JpegEngine::decode`].
+    unsafe fn decode(
+        &mut self,
+        src: &DBuf,
+        images: &[JpegImage],
+        out: &DBuf,
+        stream: &DStream,
+    ) -> Result<()>;
+}
+
+/// A device's batched JPEG decoder.
+#[derive(Debug)]
+pub(crate) struct JpegEngine(Box<dyn JpegOps>);
+
+#[cfg_attr(
+    not(feature = "decode"),
+    allow(
+        dead_code,
+        reason = "used only with feature decode: the device image stage"
+    )
+)]
+impl JpegEngine {
+    pub(crate) fn new(ops: Box<dyn JpegOps>) -> JpegEngine {
+        JpegEngine(ops)
+    }
+
+    /// One batched decode on `stream` of `images`' bitstreams in `src` into `out` (the
+    /// decoder's state is re-initialised on the host first: the previous batch's decode must
+    /// have completed). A batch that fails may already have queued writes into its outputs.
+    ///
+    /// # Safety
+    /// The previous batch's decode has completed. Each bitstream lies in `src` and each image
+    /// (width × height × 3 bytes at `out`) in `out`; `src` stays allocated and unchanged, and
+    /// `out` allocated and untouched by others, until work recorded on `stream` after this call
+    /// has completed.
+    pub(crate) unsafe fn decode(
+        &mut self,
+        src: &DBuf,
+        images: &[JpegImage],
+        out: &DBuf,
+        stream: &DStream,
+    ) -> Result<()> {
+        for i in images {
+            src.check(i.bits.start, i.bits.len())?;
+            out.check(i.out, i.size.0 as usize * i.size.1 as usize * 3)?;
+        }
+        // SAFETY: forwarded under the caller's guarantees; the ranges are checked.
+        unsafe { self.0.decode(src, images, out, stream) }
+    }
+}
+
+/// What a device keeps of a copy's source when the copy starts, to check the copy when it
+/// completes (nothing on CUDA; the source's crc32c on the simulator).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CopyCheck(pub(crate) u32);
 
 /// A device: CUDA's primary context, or the simulated GPU.
 #[derive(Debug, Clone)]
-pub(crate) enum Gpu {
-    Cuda(Arc<Context>),
-    Sim(Arc<SimGpu>),
-}
+pub(crate) struct Gpu(Arc<dyn DeviceOps>);
 
 /// The context current on this thread while it lives (nothing on the simulator).
 pub(crate) struct Entered(
@@ -24,167 +274,114 @@ pub(crate) struct Entered(
         dead_code,
         reason = "held for its drop: the context is current while it lives"
     )]
-    Option<CtxGuard>,
+    pub(crate) Option<CtxGuard>,
 );
 
 impl Gpu {
+    /// The device `ops` implements.
+    pub(crate) fn new(ops: Arc<dyn DeviceOps>) -> Gpu {
+        Gpu(ops)
+    }
+
     /// Makes the device current on this thread until the guard drops (then the thread's
     /// previous context is current again).
     pub(crate) fn enter(&self) -> Result<Entered> {
-        match self {
-            Gpu::Cuda(c) => Ok(Entered(Some(c.enter()?))),
-            Gpu::Sim(_) => Ok(Entered(None)),
-        }
+        self.0.enter()
     }
 
     pub(crate) fn ctx(&self) -> Option<&Arc<Context>> {
-        match self {
-            Gpu::Cuda(c) => Some(c),
-            Gpu::Sim(_) => None,
-        }
+        self.0.ctx()
+    }
+
+    /// Whether this is the simulated device (its memory is host memory).
+    pub(crate) fn is_simulated(&self) -> bool {
+        self.0.sim().is_some()
     }
 
     /// A new non-blocking stream.
     pub(crate) fn stream(&self) -> Result<DStream> {
-        Ok(match self {
-            Gpu::Cuda(c) => {
-                let _g = c.enter()?;
-                DStream::Cuda(Stream::new(c)?)
-            }
-            Gpu::Sim(s) => DStream::Sim(s.clone(), s.stream()),
-        })
+        self.0.stream()
     }
 
     /// A new event.
     pub(crate) fn event(&self) -> Result<DEvent> {
-        Ok(match self {
-            Gpu::Cuda(c) => DEvent::Cuda(Event::new(c)?),
-            Gpu::Sim(s) => DEvent::Sim(s.clone(), s.event()),
-        })
+        self.0.event()
     }
 
     /// `len` bytes of zeroed device memory.
     pub(crate) fn alloc(&self, len: usize) -> Result<DBuf> {
-        Ok(match self {
-            Gpu::Cuda(c) => DBuf::Cuda(DeviceBuffer::new(c, len)?),
-            Gpu::Sim(s) => DBuf::Sim(s.clone(), s.alloc(len), len),
-        })
+        self.0.alloc(len)
     }
 
     /// Waits for everything queued on the device.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        match self {
-            Gpu::Cuda(c) => {
-                let _g = c.enter()?;
-                c.synchronize()
-            }
-            Gpu::Sim(s) => {
-                s.sync_all();
-                Ok(())
-            }
-        }
-    }
-}
-
-/// What a device keeps of a copy's source when the copy starts, to check the copy when it
-/// completes: nothing on CUDA; the source's crc32c on the simulator.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum CopyCheck {
-    None,
-    Sim(SourceCrc),
-}
-
-impl Gpu {
-    /// Whether this is the simulated device (its memory is host memory).
-    pub(crate) fn is_simulated(&self) -> bool {
-        matches!(self, Gpu::Sim(_))
+        self.0.synchronize()
     }
 
-    /// A copy stage's copy of `len` bytes at `src` into a region starts (`held`: batches
-    /// still view the region, which the copy stage must never let happen).
+    /// See [`DeviceOps::jpeg`].
+    #[cfg_attr(
+        not(feature = "decode"),
+        allow(
+            dead_code,
+            reason = "used only with feature decode: the device image stage"
+        )
+    )]
+    pub(crate) fn jpeg(&self, cpu: CpuJpeg) -> Result<JpegEngine> {
+        self.0.jpeg(cpu)
+    }
+
+    /// See [`DeviceOps::copy_started`].
     ///
     /// # Safety
     /// `src` must be valid for reads of `len` bytes.
     pub(crate) unsafe fn copy_started(&self, held: bool, src: *const u8, len: usize) -> CopyCheck {
-        match self {
-            Gpu::Cuda(_) => CopyCheck::None,
-            // SAFETY: forwarded under the caller's guarantee.
-            Gpu::Sim(g) => CopyCheck::Sim(unsafe { g.copy_started(held, src, len) }),
-        }
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.0.copy_started(held, src, len) }
     }
 
-    /// `n` copies of a copy stage are in flight.
+    /// See [`DeviceOps::copies_in_flight`].
     pub(crate) fn copies_in_flight(&self, n: usize) {
-        if let Gpu::Sim(g) = self {
-            g.copies_in_flight(n);
-        }
+        self.0.copies_in_flight(n)
     }
 
-    /// A copy stage's copy of `len` bytes into `dst` was seen complete.
+    /// See [`DeviceOps::copy_completed`].
     pub(crate) fn copy_completed(&self, dst: &DBuf, len: usize, check: CopyCheck) -> Result<()> {
-        match (self, check) {
-            (Gpu::Sim(g), CopyCheck::Sim(crc)) => g.copy_completed(dst.sim_id(), len, crc),
-            _ => Ok(()),
-        }
+        self.0.copy_completed(dst, len, check)
     }
 
-    /// A copy stage's pause between polls of its copies: 50 µs on CUDA (copies take
-    /// milliseconds; no host sync of the stream), none on the simulator (its clock moves by
-    /// calls).
+    /// See [`DeviceOps::poll_pause`].
     pub(crate) fn poll_pause(&self) {
-        if let Gpu::Cuda(_) = self {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
+        self.0.poll_pause()
     }
 }
 
-/// Device memory.
+/// Device memory (freed when dropped; its owner keeps it until the work using it is done).
 #[derive(Debug)]
-pub(crate) enum DBuf {
-    Cuda(DeviceBuffer),
-    Sim(Arc<SimGpu>, u64, usize),
-}
+pub(crate) struct DBuf(Box<dyn BufOps>);
 
 impl DBuf {
+    pub(crate) fn new(ops: Box<dyn BufOps>) -> DBuf {
+        DBuf(ops)
+    }
+
     /// The device address of its first byte.
     pub(crate) fn ptr(&self) -> u64 {
-        match self {
-            DBuf::Cuda(b) => b.ptr(),
-            DBuf::Sim(_, id, _) => SimGpu::addr(*id, 0),
-        }
+        self.0.ptr()
     }
 
     pub(crate) fn len(&self) -> usize {
-        match self {
-            DBuf::Cuda(b) => b.len(),
-            DBuf::Sim(_, _, n) => *n,
-        }
+        self.0.len()
     }
 
-    /// The simulator's access to bytes `range` of this buffer.
-    fn access(&self, range: std::ops::Range<usize>, write: bool) -> Access {
-        let id = match self {
-            DBuf::Sim(_, id, _) => *id,
-            DBuf::Cuda(_) => 0,
-        };
-        Access {
-            res: Res::Dev(id),
-            range: range.start as u64..range.end as u64,
-            write,
-        }
-    }
-
-    fn sim_id(&self) -> u64 {
-        match self {
-            DBuf::Sim(_, id, _) => *id,
-            DBuf::Cuda(_) => 0,
-        }
+    /// The implementation, for its device to recognise (`None`: another device's).
+    pub(crate) fn downcast<T: 'static>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref()
     }
 
     fn check(&self, off: usize, len: usize) -> Result<()> {
         match off.checked_add(len) {
             Some(e) if e <= self.len() => Ok(()),
-            _ => Err(crate::error::invalid(format!(
+            _ => Err(invalid(format!(
                 "{len} bytes at {off} lie past the end of a {}-byte device buffer",
                 self.len()
             ))),
@@ -192,50 +389,33 @@ impl DBuf {
     }
 }
 
-impl Drop for DBuf {
-    fn drop(&mut self) {
-        if let DBuf::Sim(s, id, _) = self {
-            s.free(*id);
-        }
-    }
-}
-
 /// A stream.
 #[derive(Debug)]
-pub(crate) enum DStream {
-    Cuda(Stream),
-    Sim(Arc<SimGpu>, u64),
-}
+pub(crate) struct DStream(Box<dyn StreamOps>);
 
 impl DStream {
+    pub(crate) fn new(ops: Box<dyn StreamOps>) -> DStream {
+        DStream(ops)
+    }
+
+    /// The implementation, for its device to recognise (`None`: another device's).
+    pub(crate) fn downcast<T: 'static>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref()
+    }
+
     /// The raw handle (a `CUstream`, or the simulator's id).
     pub(crate) fn raw(&self) -> u64 {
-        match self {
-            DStream::Cuda(s) => s.raw(),
-            DStream::Sim(_, id) => *id,
-        }
+        self.0.raw()
     }
 
     /// Waits (on the host) for everything queued on the stream.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        match self {
-            DStream::Cuda(s) => s.synchronize(),
-            DStream::Sim(g, id) => {
-                g.sync_stream(*id);
-                Ok(())
-            }
-        }
+        self.0.synchronize()
     }
 
     /// Makes this stream's later work wait for `event`.
     pub(crate) fn wait(&self, event: &DEvent) -> Result<()> {
-        match (self, event) {
-            (DStream::Cuda(s), DEvent::Cuda(e)) => s.wait(e),
-            (DStream::Sim(g, id), DEvent::Sim(_, e)) => g.wait(*id, *e),
-            _ => Err(crate::error::invalid(
-                "a stream and an event of two devices",
-            )),
-        }
+        self.0.wait(event)
     }
 
     /// Starts copying `len` host bytes at `src` to byte `off` of `dst`.
@@ -252,27 +432,8 @@ impl DStream {
         what: &str,
     ) -> Result<()> {
         dst.check(off, len)?;
-        match self {
-            // SAFETY: the range lies in `dst` (checked); the caller vouches for the source.
-            DStream::Cuda(s) => unsafe {
-                cuda::memcpy_htod_async(dst.ptr() + off as u64, src, len, s)
-            },
-            DStream::Sim(g, stream) => {
-                let (id, addr) = (dst.sim_id(), src as usize);
-                let access = vec![
-                    Access::read(Res::Host, addr as u64..(addr + len) as u64),
-                    dst.access(off..off + len, true),
-                ];
-                g.enqueue(*stream, what, access, move |m| {
-                    // SAFETY: the caller keeps the source valid until this operation has run
-                    // (a stream wait or an event on it says so).
-                    let src = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
-                    if let Some(d) = m.get_mut(id).get_mut(off..off + len) {
-                        d.copy_from_slice(src);
-                    }
-                })
-            }
-        }
+        // SAFETY: the range lies in `dst` (checked); the caller vouches for the rest.
+        unsafe { self.0.copy_htod(dst, off, src, len, what) }
     }
 
     /// Copies `src` to byte `off` of `dst` on this stream and waits for it.
@@ -310,29 +471,12 @@ impl DStream {
         what: &str,
     ) -> Result<()> {
         src.check(off, len)?;
-        match self {
-            // SAFETY: the range lies in `src` (checked); the caller vouches for `dst`.
-            DStream::Cuda(s) => unsafe {
-                cuda::memcpy_dtoh_async(dst, src.ptr() + off as u64, len, s)
-            },
-            DStream::Sim(g, stream) => {
-                let (id, addr) = (src.sim_id(), dst as usize);
-                let access = vec![
-                    src.access(off..off + len, false),
-                    Access::write(Res::Host, addr as u64..(addr + len) as u64),
-                ];
-                g.enqueue(*stream, what, access, move |m| {
-                    // SAFETY: the caller keeps `dst` valid until this operation has run.
-                    let d = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
-                    if let Some(s) = m.get_mut(id).get(off..off + len) {
-                        d.copy_from_slice(s);
-                    }
-                })
-            }
-        }
+        // SAFETY: the range lies in `src` (checked); the caller vouches for the rest.
+        unsafe { self.0.copy_dtoh(src, off, dst, len, what) }
     }
 
-    /// Zeroes `len` bytes at `off` of `dst`.
+    /// Zeroes `len` bytes at `off` of `dst`, which its owner keeps allocated until this
+    /// stream's later work has completed.
     #[cfg_attr(
         not(feature = "decode"),
         allow(
@@ -342,35 +486,24 @@ impl DStream {
     )]
     pub(crate) fn memset(&self, dst: &DBuf, off: usize, len: usize, what: &str) -> Result<()> {
         dst.check(off, len)?;
-        match self {
-            // SAFETY: the range lies in `dst` (checked), which its owner keeps allocated until
-            // this stream's later work has completed.
-            DStream::Cuda(s) => unsafe { cuda::memset_async(dst.ptr() + off as u64, len, s) },
-            DStream::Sim(g, stream) => {
-                let id = dst.sim_id();
-                g.enqueue(
-                    *stream,
-                    what,
-                    vec![dst.access(off..off + len, true)],
-                    move |m| {
-                        if let Some(d) = m.get_mut(id).get_mut(off..off + len) {
-                            d.fill(0);
-                        }
-                    },
-                )
-            }
-        }
+        self.0.memset(dst, off, len, what)
     }
 }
 
 /// An event.
 #[derive(Debug)]
-pub(crate) enum DEvent {
-    Cuda(Event),
-    Sim(Arc<SimGpu>, u64),
-}
+pub(crate) struct DEvent(Box<dyn EventOps>);
 
 impl DEvent {
+    pub(crate) fn new(ops: Box<dyn EventOps>) -> DEvent {
+        DEvent(ops)
+    }
+
+    /// The implementation, for its device to recognise (`None`: another device's).
+    pub(crate) fn downcast<T: 'static>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref()
+    }
+
     /// Records the event at the current end of `stream`.
     pub(crate) fn record(&self, stream: &DStream) -> Result<()> {
         // SAFETY: our own stream, live while borrowed.
@@ -382,11 +515,8 @@ impl DEvent {
     /// # Safety
     /// On CUDA, `raw` must be a live stream of the event's context (or 0, 1, 2).
     pub(crate) unsafe fn record_raw(&self, raw: u64) -> Result<()> {
-        match self {
-            // SAFETY: forwarded under the caller's guarantee.
-            DEvent::Cuda(e) => unsafe { e.record_raw(raw) },
-            DEvent::Sim(g, id) => g.record(*id, raw),
-        }
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.0.record_raw(raw) }
     }
 
     /// Makes the raw stream `raw` wait for this event.
@@ -394,38 +524,23 @@ impl DEvent {
     /// # Safety
     /// As for [`DEvent::record_raw`].
     pub(crate) unsafe fn wait_raw(&self, raw: u64) -> Result<()> {
-        match self {
-            // SAFETY: forwarded under the caller's guarantee.
-            DEvent::Cuda(e) => unsafe { Stream::wait_raw(raw, e) },
-            DEvent::Sim(g, id) => g.wait(raw, *id),
-        }
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.0.wait_raw(raw) }
     }
 
     /// Whether the work before the last record has completed.
     pub(crate) fn done(&self) -> Result<bool> {
-        match self {
-            DEvent::Cuda(e) => e.done(),
-            DEvent::Sim(g, id) => Ok(g.done(*id)),
-        }
+        self.0.done()
     }
 
     /// Waits (on the host) for the work before the last record.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        match self {
-            DEvent::Cuda(e) => e.synchronize(),
-            DEvent::Sim(g, id) => {
-                g.sync_event(*id);
-                Ok(())
-            }
-        }
+        self.0.synchronize()
     }
 
     /// The raw handle (`CUevent`; `None` on the simulator).
     pub(crate) fn raw(&self) -> Option<u64> {
-        match self {
-            DEvent::Cuda(e) => Some(e.raw()),
-            DEvent::Sim(..) => None,
-        }
+        self.0.raw()
     }
 }
 
@@ -438,10 +553,7 @@ impl DEvent {
         reason = "used only with feature decode: the device image stage"
     )
 )]
-pub(crate) enum Kernels {
-    Cuda(DeviceKernels),
-    Sim,
-}
+pub(crate) struct Kernels(Box<dyn KernelOps>);
 
 #[cfg_attr(
     not(feature = "decode"),
@@ -451,17 +563,13 @@ pub(crate) enum Kernels {
     )
 )]
 impl Kernels {
+    pub(crate) fn new(ops: Box<dyn KernelOps>) -> Kernels {
+        Kernels(ops)
+    }
+
     /// The kernels of `gpu`, or why they cannot run there.
     pub(crate) fn load(gpu: &Gpu) -> Result<Kernels> {
-        match gpu {
-            Gpu::Cuda(c) => Ok(Kernels::Cuda(DeviceKernels::load(c)?)),
-            Gpu::Sim(_) if super::host_kernels::available() => Ok(Kernels::Sim),
-            Gpu::Sim(_) => Err(crate::error::Error::new(
-                crate::error::ErrorKind::Unsupported,
-                "the simulated device's kernels are not in this build (feature `sim` with a C++ \
-                 compiler at build time)",
-            )),
-        }
+        gpu.0.kernels()
     }
 
     /// crc32c over `n` spans (at `spans`) of the `data_len` bytes of `data`, one u32 each into
@@ -488,37 +596,8 @@ impl Kernels {
     ) -> Result<()> {
         let lane_bytes = n as usize * 4 * super::kernels::CRC_LANES as usize;
         lanes.check(0, lane_bytes)?;
-        match (self, stream) {
-            // SAFETY: forwarded under the caller's guarantees.
-            (Kernels::Cuda(k), DStream::Cuda(s)) => unsafe {
-                k.crc32c(s, data.ptr(), spans.ptr(), n, lanes.ptr(), out.ptr())
-            },
-            (_, DStream::Sim(g, st)) => {
-                let (d, sp, o) = (data.sim_id(), spans.sim_id(), out.sim_id());
-                let nb = n as usize;
-                let access = vec![
-                    data.access(0..data_len, false),
-                    spans.access(0..nb * 16, false),
-                    lanes.access(0..lane_bytes, true),
-                    out.access(0..nb * 4, true),
-                ];
-                let stats = g.stats.clone();
-                g.enqueue(*st, "the crc32c kernel", access, move |m| {
-                    let mut spans = vec![GfSpan::default(); nb];
-                    bytemuck::cast_slice_mut::<GfSpan, u8>(&mut spans)
-                        .copy_from_slice(&m.get_mut(sp)[..nb * 16]);
-                    let data = m.take(d);
-                    let got =
-                        super::host_kernels::crc32c(&data[..data_len.min(data.len())], &spans);
-                    m.put(d, data);
-                    match got {
-                        Ok(c) => m.get_mut(o)[..nb * 4].copy_from_slice(bytemuck::cast_slice(&c)),
-                        Err(_) => note_fault(&stats, "the crc32c kernel read out of bounds"),
-                    }
-                })
-            }
-            _ => Err(crate::error::invalid("kernels of another device")),
-        }
+        // SAFETY: forwarded under the caller's guarantees; the lanes' size is checked.
+        unsafe { self.0.crc32c(stream, data, data_len, spans, n, lanes, out) }
     }
 
     /// The resize kernel over `n` samples (at `samples`) whose images lie in the first
@@ -545,71 +624,16 @@ impl Kernels {
         out_len: usize,
     ) -> Result<()> {
         out.check(out_off, out_len)?;
-        match (self, stream) {
-            // SAFETY: forwarded under the caller's guarantees.
-            (Kernels::Cuda(k), DStream::Cuda(s)) => unsafe {
-                k.resize(
-                    s,
-                    src.ptr(),
-                    samples.ptr(),
-                    n,
-                    emit,
-                    out.ptr() + out_off as u64,
-                )
-            },
-            (_, DStream::Sim(g, st)) => {
-                if g.fail_launch() {
-                    return Err(crate::error::Error::new(
-                        crate::error::ErrorKind::Io,
-                        "cuLaunchKernel failed (the simulated device's injected fault)",
-                    ));
-                }
-                let (s, sa, o) = (src.sim_id(), samples.sim_id(), out.sim_id());
-                let nb = n as usize * std::mem::size_of::<GfSample>();
-                let access = vec![
-                    src.access(0..src_len, false),
-                    samples.access(0..nb, false),
-                    out.access(out_off..out_off + out_len, true),
-                ];
-                let emit = *emit;
-                let stats = g.stats.clone();
-                g.enqueue(*st, "the resize kernel", access, move |m| {
-                    let mut samples = vec![GfSample::default(); n as usize];
-                    bytemuck::cast_slice_mut::<GfSample, u8>(&mut samples)
-                        .copy_from_slice(&m.get_mut(sa)[..nb]);
-                    let src = m.take(s);
-                    let mut dst = m.take(o);
-                    let r = match (src.get(..src_len), dst.get_mut(out_off..out_off + out_len)) {
-                        (Some(a), Some(b)) => super::host_kernels::resize(a, &samples, &emit, b),
-                        _ => Err(crate::error::invalid("out of bounds")),
-                    };
-                    m.put(o, dst);
-                    if s != o {
-                        m.put(s, src);
-                    }
-                    if r.is_err() {
-                        note_fault(&stats, "the resize kernel touched memory out of bounds");
-                    }
-                })
-            }
-            _ => Err(crate::error::invalid("kernels of another device")),
+        // SAFETY: forwarded under the caller's guarantees; the output range is checked.
+        unsafe {
+            self.0.resize(
+                stream, src, src_len, samples, n, emit, out, out_off, out_len,
+            )
         }
     }
 }
 
-/// A simulated kernel's fault (what would be an illegal address on a GPU), counted as a hazard.
-#[cfg_attr(
-    not(feature = "decode"),
-    allow(
-        dead_code,
-        reason = "used only with feature decode: the device image stage"
-    )
-)]
-fn note_fault(stats: &super::SimDeviceStats, what: &str) {
-    use std::sync::atomic::Ordering;
-    stats.hazards.fetch_add(1, Ordering::Relaxed);
-    let mut log = crate::util::lock(&stats.hazard_log);
-    if log.len() < 16 {
-        log.push(what.to_string());
-    }
+/// The error of a handle given to another device's operation.
+pub(crate) fn other_device(what: &str) -> crate::error::Error {
+    invalid(format!("{what} of another device"))
 }

@@ -8,6 +8,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Arc, OnceLock};
 
+use super::dev::{DBuf, DStream, JpegImage, JpegOps};
 use crate::error::{Error, ErrorKind, Result};
 
 /// `nvjpegStatus_t`.
@@ -407,5 +408,58 @@ impl Drop for BatchDecoder {
         // SAFETY: created by nvjpegJpegStateCreate on this handle, destroyed once before the
         // handle (a field, dropped after this body); errors are not panicked on.
         let _ = unsafe { (self.handle.lib.fns.state_destroy)(self.state) };
+    }
+}
+
+/// nvJPEG's batched decoder on the JPEG engines with bitstreams in device memory, or why not.
+/// Nothing is pre-allocated: `nvjpegDecodeBatchedPreAllocate` is documented for the
+/// `HARDWARE` backend only, and its size (batch × the largest image) is what the staging
+/// budget exists to avoid; the engines' buffers grow to the batches they see.
+pub(crate) fn hardware_decoder() -> Result<BatchDecoder> {
+    let lib = load()?;
+    let d = BatchDecoder::new(&lib, backend::HARDWARE_DEVICE)?;
+    let (engines, _) = d.handle().hardware_decoder_info()?;
+    if engines == 0 {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            "this GPU has no JPEG engines",
+        ));
+    }
+    Ok(d)
+}
+
+/// The CUDA device's batched JPEG decode: nvJPEG on the JPEG engines.
+impl JpegOps for BatchDecoder {
+    unsafe fn decode(
+        &mut self,
+        src: &DBuf,
+        images: &[JpegImage],
+        out: &DBuf,
+        stream: &DStream,
+    ) -> Result<()> {
+        let (src, out) = (super::cuda::dev_ptr(src)?, super::cuda::dev_ptr(out)?);
+        let raw = super::cuda::cuda_stream(stream)?.raw();
+        let data: Vec<*const u8> = images
+            .iter()
+            .map(|i| (src + i.bits.start as u64) as *const u8)
+            .collect();
+        let lengths: Vec<usize> = images.iter().map(|i| i.bits.len()).collect();
+        let mut dst: Vec<_> = images
+            .iter()
+            .map(|i| NvjpegImage {
+                channel: [
+                    (out + i.out as u64) as *mut u8,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                ],
+                pitch: [i.size.0 as usize * 3, 0, 0, 0],
+            })
+            .collect();
+        // SAFETY: each bitstream lies inside `src` and each output inside `out` at the pitch of
+        // its width, sized from the bitstream's own frame header (checked by `JpegEngine`);
+        // both stay allocated, `src` unchanged and `out` untouched by others, until the stream
+        // has passed this work (the caller's contract); the stream is CUDA's.
+        unsafe { BatchDecoder::decode(self, &data, &lengths, &mut dst, raw) }
     }
 }

@@ -24,7 +24,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use super::copy::DevicePool;
-use super::dev::Gpu;
+use super::dev::{
+    other_device, BufOps, CopyCheck, CpuJpeg, DBuf, DEvent, DStream, DeviceOps, Entered, EventOps,
+    Gpu, JpegEngine, JpegImage, JpegOps, KernelOps, Kernels, StreamOps,
+};
+use super::kernels::{GfEmit, GfSample, GfSpan};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rng::Rng;
 use crate::util::lock;
@@ -177,6 +181,11 @@ impl SimDevice {
         self.gpu.get_or_init(|| SimGpu::new(self)).clone()
     }
 
+    /// The simulated GPU as the device seam's handle.
+    pub(crate) fn handle(&self) -> Gpu {
+        Gpu::new(Arc::new(SimDev(self.gpu())))
+    }
+
     /// A new stream on the simulated device, as a consumer (a trainer) would make: its raw
     /// handle, for [`crate::Batch::wait_on`] and [`SimDevice::read_on`].
     pub fn consumer_stream(&self) -> u64 {
@@ -229,50 +238,526 @@ pub struct SimDeviceStats {
 impl DevicePool {
     /// `regions` buffers of `region_bytes` on the simulated device.
     pub fn sim(dev: &SimDevice, regions: usize, region_bytes: usize) -> Result<Arc<Self>> {
-        Self::on(Gpu::Sim(dev.gpu()), regions, region_bytes)
+        Self::on(dev.handle(), regions, region_bytes)
     }
 }
 
-/// What the simulated device keeps of a copy's source when the copy starts: its crc32c.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SourceCrc(pub(crate) u32);
+/// The simulated GPU behind the device seam ([`super::dev`]): each handle's operation queued on
+/// its stream, completing late, checked against what other pending operations touch.
+#[derive(Debug)]
+pub(crate) struct SimDev(Arc<SimGpu>);
 
-impl SimGpu {
-    /// A copy of `len` bytes at `src` into a region (`held`: batches still view it, a fault the
-    /// stats count) starts: the source's crc32c, to compare with the region at completion.
-    ///
-    /// # Safety
-    /// `src` must be valid for reads of `len` bytes.
-    pub(crate) unsafe fn copy_started(&self, held: bool, src: *const u8, len: usize) -> SourceCrc {
+/// Simulated device memory: a buffer of the simulated GPU's memory, freed when dropped (a
+/// hazard if an operation pending on it has not completed).
+#[derive(Debug)]
+struct SimBuf {
+    gpu: Arc<SimGpu>,
+    id: u64,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct SimStream {
+    gpu: Arc<SimGpu>,
+    id: u64,
+}
+
+#[derive(Debug)]
+struct SimEvent {
+    gpu: Arc<SimGpu>,
+    id: u64,
+}
+
+/// The kernels built for the host (`host_kernels`), launched as simulated operations.
+#[derive(Debug)]
+struct SimKernels;
+
+/// The simulated buffer `b` is (an error for another device's).
+fn sim_buf(b: &DBuf) -> Result<&SimBuf> {
+    b.downcast::<SimBuf>()
+        .ok_or_else(|| other_device("a buffer"))
+}
+
+fn sim_stream(s: &DStream) -> Result<&SimStream> {
+    s.downcast::<SimStream>()
+        .ok_or_else(|| other_device("a stream"))
+}
+
+impl SimBuf {
+    /// The simulator's access to bytes `range` of this buffer.
+    fn access(&self, range: Range<usize>, write: bool) -> Access {
+        Access {
+            res: Res::Dev(self.id),
+            range: range.start as u64..range.end as u64,
+            write,
+        }
+    }
+}
+
+impl Drop for SimBuf {
+    fn drop(&mut self) {
+        self.gpu.free(self.id);
+    }
+}
+
+impl DeviceOps for SimDev {
+    fn enter(&self) -> Result<Entered> {
+        Ok(Entered(None))
+    }
+
+    fn sim(&self) -> Option<&Arc<SimGpu>> {
+        Some(&self.0)
+    }
+
+    fn stream(&self) -> Result<DStream> {
+        Ok(DStream::new(Box::new(SimStream {
+            gpu: self.0.clone(),
+            id: self.0.stream(),
+        })))
+    }
+
+    fn event(&self) -> Result<DEvent> {
+        Ok(DEvent::new(Box::new(SimEvent {
+            gpu: self.0.clone(),
+            id: self.0.event(),
+        })))
+    }
+
+    fn alloc(&self, len: usize) -> Result<DBuf> {
+        Ok(DBuf::new(Box::new(SimBuf {
+            gpu: self.0.clone(),
+            id: self.0.alloc(len),
+            len,
+        })))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.0.sync_all();
+        Ok(())
+    }
+
+    /// The CPU decoder `cpu` standing in for the JPEG engines.
+    fn jpeg(&self, cpu: CpuJpeg) -> Result<JpegEngine> {
+        Ok(JpegEngine::new(Box::new(SimJpeg {
+            state: self.0.alloc(0),
+            gpu: self.0.clone(),
+            dec: cpu,
+        })))
+    }
+
+    fn kernels(&self) -> Result<Kernels> {
+        if super::host_kernels::available() {
+            Ok(Kernels::new(Box::new(SimKernels)))
+        } else {
+            Err(Error::new(
+                ErrorKind::Unsupported,
+                "the simulated device's kernels are not in this build (feature `sim` with a C++ \
+                 compiler at build time)",
+            ))
+        }
+    }
+
+    /// Counts a copy into a region batches still view, and keeps the source's crc32c.
+    unsafe fn copy_started(&self, held: bool, src: *const u8, len: usize) -> CopyCheck {
         if held {
-            self.stats.region_in_use.fetch_add(1, Ordering::Relaxed);
+            self.0.stats.region_in_use.fetch_add(1, Ordering::Relaxed);
         }
         // SAFETY: valid for `len` bytes per the caller's contract.
-        SourceCrc(crate::util::crc32c(unsafe {
+        CopyCheck(crate::util::crc32c(unsafe {
             std::slice::from_raw_parts(src, len)
         }))
     }
 
-    /// `n` copies are in flight now.
-    pub(crate) fn copies_in_flight(&self, n: usize) {
-        self.stats
+    fn copies_in_flight(&self, n: usize) {
+        self.0
+            .stats
             .in_flight_max
             .fetch_max(n as u64, Ordering::Relaxed);
     }
 
-    /// A copy into buffer `id` completed: its first `len` bytes must be what the source held
-    /// when the copy started (a slot reused early shows here).
-    pub(crate) fn copy_completed(&self, id: u64, len: usize, crc: SourceCrc) -> Result<()> {
-        self.stats.copies.fetch_add(1, Ordering::Relaxed);
-        let got = self.peek(id, 0, len, "the copy stage's check of a completed copy");
-        if crate::util::crc32c(&got) != crc.0 {
-            self.stats.source_changed.fetch_add(1, Ordering::Relaxed);
+    /// The region holds what the source held when the copy started (a slot reused early shows
+    /// here).
+    fn copy_completed(&self, dst: &DBuf, len: usize, check: CopyCheck) -> Result<()> {
+        self.0.stats.copies.fetch_add(1, Ordering::Relaxed);
+        let got = self.0.peek(
+            sim_buf(dst)?.id,
+            0,
+            len,
+            "the copy stage's check of a completed copy",
+        );
+        if crate::util::crc32c(&got) != check.0 {
+            self.0.stats.source_changed.fetch_add(1, Ordering::Relaxed);
             return Err(Error::new(
                 ErrorKind::Io,
                 "simulated device: a slot changed while its copy was in flight",
             ));
         }
         Ok(())
+    }
+}
+
+impl BufOps for SimBuf {
+    fn ptr(&self) -> u64 {
+        SimGpu::addr(self.id, 0)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl StreamOps for SimStream {
+    fn raw(&self) -> u64 {
+        self.id
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.gpu.sync_stream(self.id);
+        Ok(())
+    }
+
+    fn wait(&self, event: &DEvent) -> Result<()> {
+        match event.downcast::<SimEvent>() {
+            Some(e) => self.gpu.wait(self.id, e.id),
+            None => Err(crate::error::invalid(
+                "a stream and an event of two devices",
+            )),
+        }
+    }
+
+    unsafe fn copy_htod(
+        &self,
+        dst: &DBuf,
+        off: usize,
+        src: *const u8,
+        len: usize,
+        what: &str,
+    ) -> Result<()> {
+        let dst = sim_buf(dst)?;
+        let (id, addr) = (dst.id, src as usize);
+        let access = vec![
+            Access::read(Res::Host, addr as u64..(addr + len) as u64),
+            dst.access(off..off + len, true),
+        ];
+        self.gpu.enqueue(self.id, what, access, move |m| {
+            // SAFETY: the caller keeps the source valid until this operation has run (a stream
+            // wait or an event on it says so).
+            let src = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+            if let Some(d) = m.get_mut(id).get_mut(off..off + len) {
+                d.copy_from_slice(src);
+            }
+        })
+    }
+
+    unsafe fn copy_dtoh(
+        &self,
+        src: &DBuf,
+        off: usize,
+        dst: *mut u8,
+        len: usize,
+        what: &str,
+    ) -> Result<()> {
+        let src = sim_buf(src)?;
+        let (id, addr) = (src.id, dst as usize);
+        let access = vec![
+            src.access(off..off + len, false),
+            Access::write(Res::Host, addr as u64..(addr + len) as u64),
+        ];
+        self.gpu.enqueue(self.id, what, access, move |m| {
+            // SAFETY: the caller keeps `dst` valid until this operation has run.
+            let d = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+            if let Some(s) = m.get_mut(id).get(off..off + len) {
+                d.copy_from_slice(s);
+            }
+        })
+    }
+
+    fn memset(&self, dst: &DBuf, off: usize, len: usize, what: &str) -> Result<()> {
+        let dst = sim_buf(dst)?;
+        let id = dst.id;
+        self.gpu.enqueue(
+            self.id,
+            what,
+            vec![dst.access(off..off + len, true)],
+            move |m| {
+                if let Some(d) = m.get_mut(id).get_mut(off..off + len) {
+                    d.fill(0);
+                }
+            },
+        )
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl EventOps for SimEvent {
+    unsafe fn record_raw(&self, raw: u64) -> Result<()> {
+        self.gpu.record(self.id, raw)
+    }
+
+    unsafe fn wait_raw(&self, raw: u64) -> Result<()> {
+        self.gpu.wait(raw, self.id)
+    }
+
+    fn done(&self) -> Result<bool> {
+        Ok(self.gpu.done(self.id))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.gpu.sync_event(self.id);
+        Ok(())
+    }
+
+    fn raw(&self) -> Option<u64> {
+        None
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl KernelOps for SimKernels {
+    unsafe fn crc32c(
+        &self,
+        stream: &DStream,
+        data: &DBuf,
+        data_len: usize,
+        spans: &DBuf,
+        n: u32,
+        lanes: &DBuf,
+        out: &DBuf,
+    ) -> Result<()> {
+        let st = sim_stream(stream)?;
+        let (data, spans, lanes, out) = (
+            sim_buf(data)?,
+            sim_buf(spans)?,
+            sim_buf(lanes)?,
+            sim_buf(out)?,
+        );
+        let lane_bytes = n as usize * 4 * super::kernels::CRC_LANES as usize;
+        let (d, sp, o) = (data.id, spans.id, out.id);
+        let nb = n as usize;
+        let access = vec![
+            data.access(0..data_len, false),
+            spans.access(0..nb * 16, false),
+            lanes.access(0..lane_bytes, true),
+            out.access(0..nb * 4, true),
+        ];
+        let stats = st.gpu.stats.clone();
+        st.gpu
+            .enqueue(st.id, "the crc32c kernel", access, move |m| {
+                let mut spans = vec![GfSpan::default(); nb];
+                bytemuck::cast_slice_mut::<GfSpan, u8>(&mut spans)
+                    .copy_from_slice(&m.get_mut(sp)[..nb * 16]);
+                let data = m.take(d);
+                let got = super::host_kernels::crc32c(&data[..data_len.min(data.len())], &spans);
+                m.put(d, data);
+                match got {
+                    Ok(c) => m.get_mut(o)[..nb * 4].copy_from_slice(bytemuck::cast_slice(&c)),
+                    Err(_) => note_fault(&stats, "the crc32c kernel read out of bounds"),
+                }
+            })
+    }
+
+    unsafe fn resize(
+        &self,
+        stream: &DStream,
+        src: &DBuf,
+        src_len: usize,
+        samples: &DBuf,
+        n: u32,
+        emit: &GfEmit,
+        out: &DBuf,
+        out_off: usize,
+        out_len: usize,
+    ) -> Result<()> {
+        let st = sim_stream(stream)?;
+        if st.gpu.fail_launch() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                "cuLaunchKernel failed (the simulated device's injected fault)",
+            ));
+        }
+        let (src, samples, out) = (sim_buf(src)?, sim_buf(samples)?, sim_buf(out)?);
+        let (s, sa, o) = (src.id, samples.id, out.id);
+        let nb = n as usize * std::mem::size_of::<GfSample>();
+        let access = vec![
+            src.access(0..src_len, false),
+            samples.access(0..nb, false),
+            out.access(out_off..out_off + out_len, true),
+        ];
+        let emit = *emit;
+        let stats = st.gpu.stats.clone();
+        st.gpu
+            .enqueue(st.id, "the resize kernel", access, move |m| {
+                let mut samples = vec![GfSample::default(); n as usize];
+                bytemuck::cast_slice_mut::<GfSample, u8>(&mut samples)
+                    .copy_from_slice(&m.get_mut(sa)[..nb]);
+                let src = m.take(s);
+                let mut dst = m.take(o);
+                let r = match (src.get(..src_len), dst.get_mut(out_off..out_off + out_len)) {
+                    (Some(a), Some(b)) => super::host_kernels::resize(a, &samples, &emit, b),
+                    _ => Err(crate::error::invalid("out of bounds")),
+                };
+                m.put(o, dst);
+                if s != o {
+                    m.put(s, src);
+                }
+                if r.is_err() {
+                    note_fault(&stats, "the resize kernel touched memory out of bounds");
+                }
+            })
+    }
+}
+
+/// The simulated device's JPEG engine: a CPU decoder standing in for the hardware, with
+/// nvJPEG's contract — the decoder state is re-initialised by each batch on the host, the
+/// engine reads the bitstreams when the batch is submitted (a stream wait is not assumed to
+/// order it), and writes the images on the stream; a batch that fails may already have queued
+/// writes into its outputs.
+struct SimJpeg {
+    gpu: Arc<SimGpu>,
+    state: u64,
+    dec: CpuJpeg,
+}
+
+impl std::fmt::Debug for SimJpeg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimJpeg")
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+impl JpegOps for SimJpeg {
+    /// The stand-in for `nvjpegDecodeBatchedInitialize` + `nvjpegDecodeBatched`.
+    unsafe fn decode(
+        &mut self,
+        src: &DBuf,
+        images: &[JpegImage],
+        out: &DBuf,
+        stream: &DStream,
+    ) -> Result<()> {
+        let (src_id, staging_id) = (sim_buf(src)?.id, sim_buf(out)?.id);
+        let st = sim_stream(stream)?;
+        let g = &self.gpu;
+        // Initialisation rewrites the decoder's state on the host.
+        g.host_access(
+            &[Access::write(Res::State(self.state), 0..u64::MAX)],
+            "nvjpegDecodeBatchedInitialize",
+        );
+        let mut done = Vec::with_capacity(images.len());
+        let mut failed = None;
+        for h in images {
+            // The engine reads the bitstream when the batch is submitted.
+            let data = g.peek(
+                src_id,
+                h.bits.start as u64,
+                h.bits.len(),
+                "the JPEG engine reads a bitstream",
+            );
+            match (self.dec)(&data) {
+                Ok((size, px)) if size == h.size => done.push((h.out, px)),
+                Ok(((w, hh), _)) if w as u64 * hh as u64 > h.size.0 as u64 * h.size.1 as u64 => {
+                    // The engine writes the image its bitstream holds, past the slot it was
+                    // given: on a GPU, other images' pixels or an illegal address.
+                    let at = h.out as u64;
+                    g.fault(format!(
+                        "the JPEG engine wrote a {w}x{hh} image into a slot for {}x{} at byte \
+                         {at} of the staging",
+                        h.size.0, h.size.1
+                    ));
+                    failed.get_or_insert(format!("an image larger than its slot ({w}x{hh})"));
+                }
+                Ok(((w, hh), _)) => {
+                    failed.get_or_insert(format!(
+                        "an image decodes as {w}x{hh}, not the {}x{} it was given",
+                        h.size.0, h.size.1
+                    ));
+                }
+                // The engines decode a truncated bitstream without an error (nvJPEG's hardware
+                // backend on an H200): its image comes back whole-sized, the rows its data
+                // lacks made up. So does the stand-in (mid-gray where libjpeg-turbo stopped),
+                // so that only the pipeline's own check keeps such an image off this route.
+                Err(e) if e.contains("truncated JPEG") => {
+                    done.push((h.out, vec![0x80; h.size.0 as usize * h.size.1 as usize * 3]));
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        let mut access: Vec<Access> = images
+            .iter()
+            .map(|h| {
+                let o = h.out as u64;
+                Access::write(
+                    Res::Dev(staging_id),
+                    o..o + h.size.0 as u64 * h.size.1 as u64 * 3,
+                )
+            })
+            .collect();
+        access.push(Access::write(Res::State(self.state), 0..u64::MAX));
+        if let Some(why) = failed {
+            // A failed batch may have queued work already: its outputs are written (garbage).
+            let spans: Vec<(usize, usize)> = images
+                .iter()
+                .map(|h| (h.out, h.size.0 as usize * h.size.1 as usize * 3))
+                .collect();
+            g.enqueue(
+                st.id,
+                "a failed JPEG batch's queued work",
+                access,
+                move |m| {
+                    let b = m.get_mut(staging_id);
+                    for (o, n) in spans {
+                        if let Some(d) = b.get_mut(o..o + n) {
+                            d.fill(0x5a);
+                        }
+                    }
+                },
+            )?;
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("nvjpegDecodeBatched failed: NVJPEG_STATUS_BAD_JPEG (3) ({why})"),
+            ));
+        }
+        g.enqueue(
+            st.id,
+            "the JPEG engine's batched decode",
+            access,
+            move |m| {
+                let b = m.get_mut(staging_id);
+                for (o, px) in done {
+                    if let Some(d) = b.get_mut(o..o + px.len()) {
+                        d.copy_from_slice(&px);
+                    }
+                }
+            },
+        )
+    }
+}
+
+/// A simulated kernel's fault (what would be an illegal address on a GPU), counted as a hazard.
+#[cfg_attr(
+    not(feature = "decode"),
+    allow(
+        dead_code,
+        reason = "used only with feature decode: the device image stage"
+    )
+)]
+fn note_fault(stats: &SimDeviceStats, what: &str) {
+    stats.hazards.fetch_add(1, Ordering::Relaxed);
+    let mut log = lock(&stats.hazard_log);
+    if log.len() < 16 {
+        log.push(what.to_string());
     }
 }
 
