@@ -4,8 +4,8 @@
 //!
 //! Input: byte 0 picks the parser (and, for options, which option); the rest is the text.
 #![no_main]
-use gpufeed::dataset::{OpenOptions, DATASET_OPTIONS};
 use gpufeed::config::{parse_size, size_label};
+use gpufeed::dataset::{OpenOptions, DATASET_OPTIONS};
 use gpufeed_cli::bench::SizeMix;
 use gpufeed_fuzz::Counting;
 
