@@ -635,11 +635,16 @@ impl NodeCache {
             if mode != OpenMode::Create {
                 return Ok(None);
             }
+            use std::os::unix::fs::DirBuilderExt;
             if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent)
+                // Private, whatever the umask (under `umask 000` they were 0777: anyone could
+                // have swapped the cache below them).
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(parent)
                     .map_err(io_err("cannot create the cache directory's parent", parent))?;
             }
-            use std::os::unix::fs::DirBuilderExt;
             match std::fs::DirBuilder::new().mode(0o700).create(dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}

@@ -58,6 +58,18 @@ fn refused(path: &Path, found: &str, wanted: &str) -> Error {
     )
 }
 
+/// Whether this process is in group `gid` (its effective group `my_gid`, or a supplementary
+/// one).
+fn in_group(gid: libc::gid_t, my_gid: libc::gid_t) -> bool {
+    if gid == my_gid {
+        return true;
+    }
+    let mut groups = vec![0 as libc::gid_t; 4096];
+    // SAFETY: the buffer holds `groups.len()` entries, which is what the call is told.
+    let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&gid)
+}
+
 impl Tree {
     /// Opens the directory `path` (which exists; the root itself may be reached through a
     /// link, as the user named it).
@@ -89,10 +101,27 @@ impl Tree {
                 ),
             ));
         }
+        let shared = st.st_mode & libc::S_ISGID != 0;
+        // Owned by another user (not root): its owner could replace what is below it at any
+        // time. A group-shared root (set-group-ID) may be anyone's in the group.
+        // SAFETY: geteuid and getegid cannot fail and touch no memory of ours.
+        let (me, my_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        if st.st_uid != me && st.st_uid != 0 && !(shared && in_group(st.st_gid, my_gid)) {
+            return Err(Error::new(
+                crate::error::ErrorKind::PermissionDenied,
+                format!(
+                    "{} belongs to user {}, not to this one ({me}): its owner could change what \
+                     a node cache there serves; use a directory of your own, or one shared with \
+                     a group this user is in: mkdir -m 2770 DIR && chgrp GROUP DIR",
+                    path.display(),
+                    st.st_uid
+                ),
+            ));
+        }
         Ok(Tree {
             root,
             path: path.to_path_buf(),
-            shared: st.st_mode & libc::S_ISGID != 0,
+            shared,
         })
     }
 
@@ -429,6 +458,37 @@ mod tests {
         assert_eq!(escape_component("uni-ü.tar"), "uni-ü.tar");
         assert_eq!(escape_component("x:y.tar"), "x%3Ay.tar");
         assert_eq!(escape_component("pct%41.tar"), "pct%2541.tar");
+    }
+
+    /// A root another user owns is refused (its owner could swap what it serves), unless it is
+    /// a group-shared (set-group-ID) root of a group this user is in. Needs root to chown.
+    #[test]
+    fn a_root_owned_by_another_user_is_refused_unless_shared_with_our_group() {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: chown to another user needs root");
+            return;
+        }
+        let base = std::env::temp_dir().join(format!("gpufeed-owner-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let root = base.join("cache");
+        std::fs::create_dir_all(&root).unwrap();
+        Tree::open(&root).unwrap();
+        std::os::unix::fs::chown(&root, Some(12345), None).unwrap();
+        let e = Tree::open(&root).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::PermissionDenied);
+        assert!(e.to_string().contains("belongs to user 12345"), "{e}");
+        // Shared with our group: another member's root is used.
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o2770)).unwrap();
+        // SAFETY: getegid cannot fail.
+        let gid = unsafe { libc::getegid() };
+        std::os::unix::fs::chown(&root, None, Some(gid)).unwrap();
+        assert!(Tree::open(&root).unwrap().shared);
+        // Shared with a group we are not in: refused.
+        std::os::unix::fs::chown(&root, None, Some(54321)).unwrap();
+        assert!(Tree::open(&root).is_err());
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -1076,3 +1076,18 @@ fn tfrecords_open_from_the_indexes_beside_them() {
         r.dataset_bytes
     );
 }
+
+/// The directories above a new cache that the cache makes are private whatever the umask
+/// (they were made with the process's umask: 0755 under 022, 0777 under 000, where anyone
+/// could have swapped the cache below them).
+#[test]
+fn the_parents_a_cache_makes_are_private() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("x").join("y").join("cache");
+    gpufeed::cache::NodeCache::open(&dir, Some(1 << 30), gpufeed::cache::EXTENT_BYTES_DEFAULT)
+        .unwrap();
+    for p in [base.path().join("x"), base.path().join("x/y"), dir.clone()] {
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & 0o077, 0, "{} is {mode:o}", p.display());
+    }
+}
