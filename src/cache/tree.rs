@@ -64,7 +64,12 @@ fn in_group(gid: libc::gid_t, my_gid: libc::gid_t) -> bool {
     if gid == my_gid {
         return true;
     }
-    let mut groups = vec![0 as libc::gid_t; 4096];
+    // SAFETY: a size of 0 asks only for the count; nothing is written.
+    let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if count <= 0 {
+        return false;
+    }
+    let mut groups = vec![0 as libc::gid_t; count as usize];
     // SAFETY: the buffer holds `groups.len()` entries, which is what the call is told.
     let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
     n > 0 && groups[..n as usize].contains(&gid)

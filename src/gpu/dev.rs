@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use super::cuda::{Context, CtxGuard};
 use super::kernels::GfEmit;
-use super::sim::SimGpu;
 use crate::error::{invalid, Result};
 
 /// What a device does. The handles below hold one; the CUDA device is
@@ -25,9 +24,9 @@ pub(crate) trait DeviceOps: Send + Sync + std::fmt::Debug {
     fn ctx(&self) -> Option<&Arc<Context>> {
         None
     }
-    /// The simulated GPU (`None` on CUDA).
-    fn sim(&self) -> Option<&Arc<SimGpu>> {
-        None
+    /// Whether this is the simulated device (its memory is host memory).
+    fn is_simulated(&self) -> bool {
+        false
     }
     /// A new non-blocking stream.
     fn stream(&self) -> Result<DStream>;
@@ -295,7 +294,7 @@ impl Gpu {
 
     /// Whether this is the simulated device (its memory is host memory).
     pub(crate) fn is_simulated(&self) -> bool {
-        self.0.sim().is_some()
+        self.0.is_simulated()
     }
 
     /// A new non-blocking stream.
