@@ -411,6 +411,9 @@ fn python_package_installs_and_passes_its_tests() {
                 "--warn-unused-ignores",
                 "--no-incremental",
             ])
+            // Its cache in the scratch directory, not the checkout (the cwd Cargo gives a test).
+            .arg("--cache-dir")
+            .arg(dir.path().join("mypy-cache"))
             .arg(root().join("python/tests/typing_check.py")),
         "mypy over python/tests/typing_check.py (the stubs)",
     );
@@ -427,6 +430,8 @@ fn python_package_installs_and_passes_its_tests() {
     run(
         Command::new(&py)
             .args(["-m", "py_compile"])
+            // The .pyc files under the scratch directory, not beside the sources.
+            .env("PYTHONPYCACHEPREFIX", dir.path().join("pycache"))
             .arg(root().join("examples/train_torch.py"))
             .arg(root().join("examples/train_torch_dataloader.py"))
             .arg(root().join("examples/train_images.py"))

@@ -118,12 +118,17 @@ fn bad_arguments_are_clear_errors() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("weights"), "{err}");
+    // A bad name is refused before the default 4 GiB file is made in the working directory.
+    let cwd = disk_dir();
     let out = gpufeed()
         .args(["bench", "io", "--engine", "turbo"])
+        .current_dir(cwd.path())
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown engine"));
+    let made: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
+    assert!(made.is_empty(), "a refused bench made files: {made:?}");
     let out = gpufeed()
         .args([
             "bench",

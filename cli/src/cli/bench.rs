@@ -457,11 +457,7 @@ pub(super) fn emit(r: &IoBenchResult, json: bool) {
 
 pub(super) fn bench_io(a: IoArgs) -> Result<()> {
     let sizes = SizeMix::parse(&a.bs)?;
-    ensure_file(&a.file, a.size)?;
-    if !a.json {
-        outln!("{}", table_header());
-    }
-    // Every name checked before anything runs.
+    // Every name checked before anything runs (the file made below may be gigabytes).
     let engines: Vec<Option<EngineKind>> = a
         .engine
         .iter()
@@ -474,6 +470,10 @@ pub(super) fn bench_io(a: IoArgs) -> Result<()> {
             other => other.parse().map(Some),
         })
         .collect::<Result<_>>()?;
+    ensure_file(&a.file, a.size)?;
+    if !a.json {
+        outln!("{}", table_header());
+    }
     let mut rows = Vec::new();
     for &pattern in &a.pattern {
         for &engine in &engines {
