@@ -17,9 +17,11 @@
 //! DIR/index/SCHEME/HOST/KEY  a WebDataset tar's walk (its members), kept for every later open
 //! ```
 //!
-//! Each key component is a file name through `tree::escape_component`, which is injective
-//! (`x:y` and `x_y` are two files; `%` and non-ASCII keys read), and the state file holds the
-//! object's URL, which is checked on every open: one object, one cache file.
+//! Each key component is a file name through `tree::component_name`, which is injective
+//! (`x:y` and `x_y` are two files; `%` and non-ASCII keys read; a component too long for a file
+//! name is cut and hashed), the key's directories end in `%` (`p.tar` is a file, the directory
+//! of `p.tar/q.tar` is `p.tar%`), and the state file holds the object's URL, which is checked
+//! on every open: one object, one cache file.
 //!
 //! **Trust.** The directory is reached only through `tree` (no link followed, nothing but a
 //! regular file of one link opened, private modes), and a directory is used only when it is
@@ -69,7 +71,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use nix::fcntl::OFlag;
 
-use super::tree::{escape_component, Tree};
+use super::tree::{component_name, dir_component_name, Tree};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::remote::{ObjectInfo, Store};
 use crate::sys::{ofd_lock, ofd_try_lock, SharedMap};
@@ -83,9 +85,10 @@ pub const EXTENT_BYTES_MIN: u64 = 64 << 10;
 pub const EXTENT_BYTES_MAX: u64 = 256 << 20;
 
 /// The usage file's first bytes: what marks a directory as a gpufeed cache, and its layout.
-const USAGE_MAGIC: &[u8; 8] = b"GPFCUSE2";
-/// A cache of layout 1 (keys mapped lossily, no checksums): emptied and made layout 2.
-const USAGE_MAGIC_V1: &[u8; 8] = b"GPFCUSE1";
+const USAGE_MAGIC: &[u8; 8] = b"GPFCUSE3";
+/// Caches of older layouts, emptied and made layout 3 when opened: 1 (keys mapped lossily, no
+/// checksums), 2 (a key's directories named as its objects are, long components refused).
+const USAGE_MAGIC_OLD: [&[u8; 8]; 2] = [b"GPFCUSE1", b"GPFCUSE2"];
 const STATE_MAGIC: &[u8; 8] = b"GPFSTAT2";
 /// Bytes of a state file before its extent bytes (and of the usage file).
 const HEADER_BYTES: usize = 4096;
@@ -391,7 +394,7 @@ fn extent_notice(dir: &Path, own: u64, asked: u64) {
 }
 
 /// The cache's usage file in `tree`, checked to be a cache's: made (with the marker) in an
-/// empty directory when `mode` is `Create`; a layout-1 cache's emptied and remade. `None`:
+/// empty directory when `mode` is `Create`; an older layout's cache emptied and remade. `None`:
 /// no cache there and `mode` is `Existing`.
 fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<File>> {
     let path = tree.path().join("usage");
@@ -407,14 +410,14 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
             if &magic == USAGE_MAGIC {
                 return Ok(Some(f));
             }
-            if &magic == USAGE_MAGIC_V1 {
-                // Ours, of an older layout: emptied under the lock, then marked layout 2.
+            if let Some(layout) = USAGE_MAGIC_OLD.iter().position(|m| *m == &magic) {
+                // Ours, of an older layout: emptied under the lock, then marked layout 3.
                 ofd_lock(f.as_fd(), 0, 1, true).map_err(io_err("cannot lock", &path))?;
                 let r = (|| -> Result<()> {
                     let mut m = [0u8; 8];
                     f.read_exact_at(&mut m, 0)
                         .map_err(io_err("cannot read", &path))?;
-                    if &m == USAGE_MAGIC_V1 {
+                    if m == magic {
                         tree.remove_all("data")?;
                         tree.remove_all("state")?;
                         tree.remove_all("index")?;
@@ -425,9 +428,10 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
                             .map_err(io_err("cannot write", &path))?;
                         f.sync_all().map_err(io_err("cannot sync", &path))?;
                         crate::util::notice(&format!(
-                            "the node cache at {} was made by an older gpufeed (layout 1): \
+                            "the node cache at {} was made by an older gpufeed (layout {}): \
                              emptied, to be filled again",
-                            tree.path().display()
+                            tree.path().display(),
+                            layout + 1
                         ));
                     }
                     Ok(())
@@ -941,7 +945,9 @@ impl NodeCache {
     }
 
     /// Where an object's files live below the root: the components of `SCHEME/HOST/KEY`, each
-    /// escaped (injectively), and the URL the state file records (without any userinfo).
+    /// a file name injectively (`tree::component_name`; the key's directories marked apart from
+    /// its objects, `tree::dir_component_name`), and the URL the state file records (without
+    /// any userinfo).
     fn object_comps(&self, url: &str) -> Result<(Vec<String>, String)> {
         let (scheme, rest) = url
             .split_once("://")
@@ -949,23 +955,19 @@ impl NodeCache {
         let (host, key) = rest.split_once('/').unwrap_or((rest, ""));
         // Credentials never reach a file name.
         let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
-        let mut comps = vec![escape_component(scheme), escape_component(host)];
-        for part in key.split('/') {
-            if part == "." || part == ".." || part.contains('\0') {
+        let mut comps = vec![component_name(scheme), component_name(host)];
+        let parts: Vec<&str> = key.split('/').collect();
+        for (i, part) in parts.iter().enumerate() {
+            if *part == "." || *part == ".." || part.contains('\0') {
                 return Err(invalid(format!(
                     "{url}: an object key with a `{part}` component cannot be cached"
                 )));
             }
-            let name = escape_component(part);
-            if name.len() > 255 {
-                return Err(invalid(format!(
-                    "{url}: the key component {:?} is {} bytes as a file name, over the 255 a \
-                     file system allows: it cannot be cached (rename the object)",
-                    part.chars().take(40).collect::<String>() + "…",
-                    name.len()
-                )));
-            }
-            comps.push(name);
+            comps.push(if i + 1 == parts.len() {
+                component_name(part)
+            } else {
+                dir_component_name(part)
+            });
         }
         let plain = format!("{scheme}://{host}/{key}");
         if plain.len() > URL_MAX {

@@ -426,9 +426,99 @@ pub(crate) fn escape_component(part: &str) -> String {
     out
 }
 
+/// The longest escaped component kept whole as a file name: what is longer is cut and given a
+/// hash, so a name (and the `.NAME.new.PID.N` it is written as first) stays under the 255
+/// bytes a file system allows.
+const NAME_WHOLE_MAX: usize = 200;
+/// The bytes of a cut name kept before its hash.
+const NAME_CUT_KEEP: usize = 150;
+
+/// A key component as a file name, injectively: [`escape_component`], or, past
+/// [`NAME_WHOLE_MAX`] bytes, the first bytes of that, `%~` and the MD5 of the whole component
+/// in hex. Escaping never makes `%~` (its `%` is always followed by two hex digits, or alone),
+/// so a cut name is never a whole one; two components with one MD5 would share a name, and the
+/// state file's URL, checked at every open, refuses the second rather than serve it.
+pub(crate) fn component_name(part: &str) -> String {
+    use md5::Digest;
+    let e = escape_component(part);
+    if e.len() <= NAME_WHOLE_MAX {
+        return e;
+    }
+    // Cut at a character boundary and before a `%XX` it would split.
+    let mut cut = NAME_CUT_KEEP;
+    while !e.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    if let Some(p) = e.as_bytes()[cut - 2..cut].iter().rposition(|&b| b == b'%') {
+        cut = cut - 2 + p;
+    }
+    let mut out = e[..cut].to_string();
+    out.push_str("%~");
+    for b in md5::Md5::digest(part.as_bytes()) {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// The file name of an object key's *directory* component: [`component_name`] and `%`. No
+/// object's file name ends in `%` but the empty key's `%` itself, so an object `p.tar` and the
+/// objects under `p.tar/` (both legal keys) get a file and a directory of different names.
+pub(crate) fn dir_component_name(part: &str) -> String {
+    component_name(part) + "%"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Long components are cut under the file-name limit with a hash; an object's name and a
+    /// directory's never meet; every name is distinct from every other.
+    #[test]
+    fn names_stay_under_the_limit_and_files_never_meet_directories() {
+        use md5::Digest;
+        let long_a = "a".repeat(300);
+        let long_b = "a".repeat(299) + "b";
+        let long_pct = ":".repeat(100); // 300 bytes escaped
+        let long_uni = "ü".repeat(120); // 240 bytes, cut inside no character
+        let edge = "x".repeat(149) + ":" + &"y".repeat(100);
+        let euro = "€".repeat(100); // 3-byte characters: the cut looks back inside one
+        let parts = [
+            "p.tar", "", "%", "x%7E", "q", &long_a, &long_b, &long_pct, &long_uni, &edge, &euro,
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for part in parts {
+            for (kind, name) in [
+                ("file", component_name(part)),
+                ("dir", dir_component_name(part)),
+            ] {
+                assert!(
+                    ".".len() + name.len() + ".new.4294967295.18446744073709551615".len() <= 255,
+                    "{kind} {part:?} → {} bytes",
+                    name.len()
+                );
+                assert!(!name.starts_with('.') && !name.contains('/'), "{name:?}");
+                if let Some(other) = seen.insert(name.clone(), (kind, part)) {
+                    panic!("{kind} {part:?} and {other:?} both became {name:?}");
+                }
+            }
+        }
+        assert_eq!(component_name("p.tar"), "p.tar");
+        assert_eq!(dir_component_name("p.tar"), "p.tar%");
+        // The cut kept whole characters and whole escapes.
+        assert!(component_name(&long_uni).starts_with(&"ü".repeat(75)));
+        let cut = component_name(&edge);
+        assert!(cut.starts_with(&("x".repeat(149) + "%~")), "{cut}");
+        assert!(component_name(&long_pct).starts_with(&"%3A".repeat(50)));
+        // The MD5 of the component (RFC 1321's test vector for "a").
+        assert!(component_name(&("a".repeat(201))).len() == 150 + 2 + 32);
+        assert_eq!(
+            md5::Md5::digest(b"a")
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>(),
+            "0cc175b9c0f1b6a831c399e269772661"
+        );
+    }
 
     #[test]
     fn escaping_is_injective_on_the_keys_that_collided() {

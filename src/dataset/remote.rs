@@ -21,6 +21,25 @@ use crate::remote::{ObjectInfo, Store};
 /// indexes are fetched now (a packed shard's index with ranged GETs; a tar or a TFRecord
 /// without an index is walked extent by extent, and what fits stays in the cache).
 pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
+    let (format, paths, src) = objects_of(urls, opts)?;
+    let mut ds = Dataset::open_files_from(format, &paths, opts, &src).map_err(|e| src.named(e))?;
+    ds.problems = std::mem::take(&mut ds.problems)
+        .into_iter()
+        .map(|e| src.named(e))
+        .collect();
+    ds.set_source(urls.iter().map(|u| u.to_string()).collect())?;
+    ds.share_index();
+    Ok(ds)
+}
+
+/// The dataset under `urls` as files, before any is indexed: its format, its data files (each
+/// object's node-cache copy) and the sources that read them (fetching what is not cached).
+/// Only the listing is read. `verify` takes packed shards from here one by one, so that a
+/// damaged one is one error, as it is locally.
+pub(crate) fn objects_of(
+    urls: &[&str],
+    opts: &OpenOptions,
+) -> Result<(Format, Vec<std::path::PathBuf>, Sources)> {
     use crate::cache::node::{default_dir, NodeCache};
     let dir = opts.cache_dir.clone().unwrap_or_else(default_dir);
     let cache = NodeCache::open(&dir, opts.cache_limit, opts.cache_extent)?;
@@ -81,15 +100,7 @@ pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
         }
     }
     let format = format.ok_or_else(|| invalid("no dataset URL given"))?;
-    let src = Sources::remote(objects);
-    let mut ds = Dataset::open_files_from(format, &paths, opts, &src).map_err(|e| src.named(e))?;
-    ds.problems = std::mem::take(&mut ds.problems)
-        .into_iter()
-        .map(|e| src.named(e))
-        .collect();
-    ds.set_source(urls.iter().map(|u| u.to_string()).collect())?;
-    ds.share_index();
-    Ok(ds)
+    Ok((format, paths, Sources::remote(objects)))
 }
 
 /// A remote tar's walk: the index kept in the node cache if it describes this version; else

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{shard, Dataset, Format, OpenOptions, PROBLEMS_KEPT};
+use super::{shard, Dataset, Format, OpenOptions, Sources, PROBLEMS_KEPT};
 use crate::error::{Error, Result};
 
 /// What [`verify`] found.
@@ -63,20 +63,23 @@ pub fn verify(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport> {
     let mut report = VerifyReport::default();
-    let shards = shards_of(paths, opts);
+    let (shards, src) = match remote_shards(paths, opts)? {
+        Some(remote) => remote,
+        None => (shards_of(paths, opts), Sources::local()),
+    };
     if !shards.is_empty() {
         let total: u64 = shards.iter().map(|p| file_len(p)).sum();
         let mut done = 0u64;
         for p in &shards {
-            match shard::verify(p, |n| {
+            match shard::verify_from(p, &src, |n| {
                 done += n;
                 progress(done, total);
             }) {
                 Ok((n, errs)) => {
                     report.samples += n;
-                    errs.into_iter().for_each(|e| report.push(e));
+                    errs.into_iter().for_each(|e| report.push(src.named(e)));
                 }
-                Err(e) => report.push(e),
+                Err(e) => report.push(src.named(e)),
             }
         }
         report.files = shards.len();
@@ -108,6 +111,29 @@ pub fn verify(
     report.files = ds.file_count();
     report.checksums = ds.has_checksums();
     Ok(report)
+}
+
+/// A remote dataset of packed shards, as its shards' node-cache copies and the sources that
+/// read them (verified one by one, as local shards are: a damaged one is one error, its sample
+/// numbers within it); `None` for anything else.
+fn remote_shards(paths: &[PathBuf], opts: &OpenOptions) -> Result<Option<(Vec<PathBuf>, Sources)>> {
+    let urls: Vec<&str> = paths
+        .iter()
+        .filter_map(|p| p.to_str().filter(|s| super::is_url(s)))
+        .collect();
+    if urls.is_empty() || urls.len() != paths.len() {
+        return Ok(None);
+    }
+    #[cfg(feature = "remote")]
+    {
+        let (format, files, src) = super::remote::objects_of(&urls, opts)?;
+        Ok((format == Format::Packed).then_some((files, src)))
+    }
+    #[cfg(not(feature = "remote"))]
+    {
+        let _ = opts;
+        Ok(None)
+    }
 }
 
 fn file_len(p: &Path) -> u64 {
