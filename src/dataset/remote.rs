@@ -27,6 +27,10 @@ pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
         .into_iter()
         .map(|e| src.named(e))
         .collect();
+    ds.notes = std::mem::take(&mut ds.notes)
+        .into_iter()
+        .map(|n| src.named_note(n))
+        .collect();
     ds.set_source(urls.iter().map(|u| u.to_string()).collect())?;
     ds.share_index();
     Ok(ds)
@@ -150,10 +154,15 @@ pub(super) fn walk_remote(
     }
     let w = super::tar::walk_tar(p, src)?;
     if let Err(e) = obj.keep_index(w.to_text(&etag).as_bytes()) {
-        crate::util::notice(&format!(
-            "the node cache cannot keep the index of {} ({e}); the next open walks it again",
-            info.url
-        ));
+        // Said once in a process (a full disk would say it for every tar).
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            crate::util::notice(&format!(
+                "the node cache cannot keep the index of {} ({e}); the next open walks it \
+                 again (said once: other tars may be in the same case)",
+                info.url
+            ));
+        }
     }
     Ok(w)
 }

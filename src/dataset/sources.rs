@@ -94,6 +94,18 @@ impl Sources {
         super::tar::walk_tar(path, self)
     }
 
+    /// A note (`PATH: what`), naming a remote object by its URL where `PATH` is the object's
+    /// node-cache copy (each `: ` tried, as the cache's own directory may hold one).
+    #[cfg(feature = "remote")]
+    pub fn named_note(&self, note: String) -> String {
+        for (at, _) in note.match_indices(": ") {
+            if let Some(o) = self.objects.get(Path::new(&note[..at])) {
+                return format!("{}{}", o.obj.info().url, &note[at..]);
+            }
+        }
+        note
+    }
+
     /// `e`, naming a remote object by its URL where it names the object's node-cache copy.
     pub fn named(&self, e: Error) -> Error {
         #[cfg(feature = "remote")]

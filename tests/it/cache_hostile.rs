@@ -375,8 +375,18 @@ fn a_directory_that_is_not_a_cache_is_refused_and_left_as_it_was() {
     exactly_once(&r, 0..10, "an empty directory as the cache");
     assert!(empty.path().join("usage").is_file());
     let missing = empty.path().join("not-there");
-    gpufeed_ok(&missing, &["cache", "drop"]);
+    let said = String::from_utf8(gpufeed_ok(&missing, &["cache", "drop"])).unwrap();
     assert!(!missing.exists(), "drop made a directory");
+    // Said as missing, not "emptied" (a mistyped --cache-dir), for a script too.
+    assert!(
+        said.contains("no such directory") && !said.contains("emptied"),
+        "{said}"
+    );
+    let json = |dir: &Path| -> serde_json::Value {
+        serde_json::from_slice(&gpufeed_ok(dir, &["cache", "drop", "--json"])).unwrap()
+    };
+    assert_eq!(json(&missing)["found"], false);
+    assert_eq!(json(empty.path())["found"], true);
 }
 
 #[test]
@@ -759,6 +769,21 @@ fn a_damaged_object_is_named_by_its_url_not_its_cache_file() {
     let all = gpufeed_fails(cache.path(), &["verify", "s3://gpufeed/h-trunc", "--json"]);
     assert!(
         all.contains("\"path\":\"s3://gpufeed/h-trunc/bad.tar\""),
+        "{all}"
+    );
+    assert!(!all.contains("/data/s3/"), "{all}");
+    // A note (not damage: a tar cut at a member's end) names the URL too.
+    // (GNU tar's `./` header, then two members of 5,000 bytes: 512 + 2 × (512 + 5,120).)
+    let mut cut = gnu_tar(&src, &dir.path().join("t2.tar"));
+    cut.truncate(512 + 2 * (512 + 5120));
+    Store::open_with("s3://gpufeed/h-cut", &stores())
+        .unwrap()
+        .put("cut.tar", cut)
+        .unwrap();
+    let out = gpufeed_ok(cache.path(), &["inspect", "s3://gpufeed/h-cut", "--json"]);
+    let all = String::from_utf8_lossy(&out);
+    assert!(
+        all.contains("s3://gpufeed/h-cut/cut.tar: ends after 3 headers"),
         "{all}"
     );
     assert!(!all.contains("/data/s3/"), "{all}");

@@ -175,20 +175,31 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
                 gpufeed::cache::EXTENT_BYTES_DEFAULT,
                 gpufeed::cache::OpenMode::Drop,
             )? {
-                Some(cache) => cache.drop_all()?,
-                None => 0,
+                Some(cache) => Some(cache.drop_all()?),
+                None => None,
             };
+            // A missing directory is no error (dropping twice is fine), but said: a mistyped
+            // --cache-dir must not read as a cache emptied.
+            let missing = freed.is_none() && std::fs::symlink_metadata(&dir).is_err();
             if a.json {
                 outln!(
                     "{}",
-                    serde_json::json!({"dir": dir.display().to_string(), "freed_bytes": freed})
+                    serde_json::json!({
+                        "dir": dir.display().to_string(),
+                        "freed_bytes": freed.unwrap_or(0),
+                        "found": freed.is_some(),
+                    })
                 );
-            } else {
+            } else if let Some(freed) = freed {
                 outln!(
                     "{}: emptied ({} freed)",
                     dir.display(),
                     gpufeed::config::bytes_human(freed)
                 );
+            } else if missing {
+                outln!("{}: no such directory, no cache to drop", dir.display());
+            } else {
+                outln!("{}: an empty directory, no cache to drop", dir.display());
             }
             Ok(())
         }
