@@ -148,7 +148,9 @@ pub struct NodeCache {
     usage: SharedMap,
     /// Held open for the shared lock on [`IN_USE_BYTE`].
     _usage_file: File,
-    objects: Mutex<HashMap<String, Arc<CachedObject>>>,
+    /// Weak: each object holds its cache (an `Arc` each way would keep both, with their state
+    /// files' mappings, for the life of the process after the datasets are gone).
+    objects: Mutex<HashMap<String, std::sync::Weak<CachedObject>>>,
     full_noticed: AtomicBool,
     /// Where fetched extents go to be written behind (started on the first).
     writer: Mutex<Option<std::sync::mpsc::Sender<WriteJob>>>,
@@ -982,10 +984,14 @@ impl NodeCache {
     /// its state matches the listing (otherwise it is emptied first). On a disk too full for
     /// its state, the object is read without being cached (said once).
     pub fn object(self: &Arc<Self>, store: &Store, info: &ObjectInfo) -> Result<Arc<CachedObject>> {
-        if let Some(o) = self.objects.lock().unpoisoned().get(&info.url) {
-            if o.info == *info {
-                return Ok(o.clone());
-            }
+        let known = self
+            .objects
+            .lock()
+            .unpoisoned()
+            .get(&info.url)
+            .and_then(|w| w.upgrade());
+        if let Some(o) = known.filter(|o| o.info == *info) {
+            return Ok(o);
         }
         let (comps, plain_url) = self.object_comps(&info.url)?;
         let (name, dirs) = comps.split_last().expect("scheme and host at least");
@@ -1069,10 +1075,14 @@ impl NodeCache {
         // that its threads share one record of what they fetched and checked.
         let obj = {
             let mut objects = self.objects.lock().unpoisoned();
-            match objects.get(&info.url) {
-                Some(o) if o.info == *info => o.clone(),
+            match objects.get(&info.url).and_then(|w| w.upgrade()) {
+                Some(o) if o.info == *info => o,
                 _ => {
-                    objects.insert(info.url.clone(), obj.clone());
+                    // The entries of objects gone are dropped as the map doubles.
+                    if objects.len() >= 64 && objects.len().is_power_of_two() {
+                        objects.retain(|_, w| w.strong_count() > 0);
+                    }
+                    objects.insert(info.url.clone(), Arc::downgrade(&obj));
                     obj
                 }
             }

@@ -627,4 +627,21 @@ fn the_gate_is_the_remote_loaders_own_and_two_caches_share_nothing() {
         "{}",
         engine.describe()
     );
+    // The caches go with the datasets that read through them (each object holds its cache,
+    // the cache its objects only weakly): a process opening dataset after dataset keeps none
+    // of their state files mapped. Their writes still queued keep them until written.
+    let caches: Vec<_> = [&ds_a, &ds_b]
+        .iter()
+        .map(|ds| Arc::downgrade(&ds.node_cache().unwrap()))
+        .collect();
+    drop((ea, eb, la, lb, ds_a, ds_b));
+    let waited = Instant::now();
+    while caches.iter().any(|c| c.strong_count() > 0) && waited.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        caches.iter().all(|c| c.strong_count() == 0),
+        "a node cache outlived its datasets"
+    );
 }
