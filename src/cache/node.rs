@@ -97,6 +97,10 @@ const ETAG_MAX: usize = 1024;
 /// Where a state file keeps its object's URL (its length, then its bytes), and the longest kept.
 const URL_AT: usize = 1056;
 const URL_MAX: usize = HEADER_BYTES - URL_AT - 4;
+/// A kept listing's first bytes (then the crc32c and length of the JSON that follows).
+const LISTING_MAGIC: &str = "GPFLIST1";
+/// The largest kept listing read back (some 10⁷ objects).
+const LISTING_MAX: u64 = 2 << 30;
 /// The byte of the usage file every process holds a shared lock on while it has the cache open
 /// (the first to open it alone recounts what it holds).
 const IN_USE_BYTE: u64 = HEADER_BYTES as u64 - 1;
@@ -420,9 +424,7 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
                     f.read_exact_at(&mut m, 0)
                         .map_err(io_err("cannot read", &path))?;
                     if m == magic {
-                        tree.remove_all("data")?;
-                        tree.remove_all("state")?;
-                        tree.remove_all("index")?;
+                        remove_contents(tree)?;
                         let mut h = vec![0u8; HEADER_BYTES];
                         h[..8].copy_from_slice(USAGE_MAGIC);
                         h[U_EXTENT..U_EXTENT + 8].copy_from_slice(&extent_bytes.to_le_bytes());
@@ -535,6 +537,14 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
         "{}: the cache's usage file kept changing while it was opened",
         tree.path().display()
     )))
+}
+
+/// Removes what a cache holds below its root (not its marker), without following a link.
+fn remove_contents(tree: &Tree) -> Result<()> {
+    for top in ["data", "state", "index", "listing"] {
+        tree.remove_all(top)?;
+    }
+    Ok(())
 }
 
 /// Bytes of extents present in every state file under `tree` (of this layout and extent size):
@@ -697,9 +707,7 @@ impl NodeCache {
             let r = (|| -> Result<()> {
                 let own = usage.u64_at(U_EXTENT).load(Ordering::Acquire);
                 if !valid(own) {
-                    tree.remove_all("data")?;
-                    tree.remove_all("state")?;
-                    tree.remove_all("index")?;
+                    remove_contents(&tree)?;
                     for o in [
                         U_USED, U_GETS, U_FETCHED, U_DIRECT, U_WRITTEN, U_WAITS, U_LIMIT, U_DAMAGED,
                     ] {
@@ -1090,6 +1098,72 @@ impl NodeCache {
         Ok(obj)
     }
 
+    /// Keeps the listing of `url` (a dataset's URL, as given to the store), for an open while
+    /// the store cannot be answered: `DIR/listing/SCHEME/HOST/PREFIX`, a line with its crc32c
+    /// and length, then the objects as JSON. Rewritten only when it changed.
+    pub(crate) fn keep_listing(&self, url: &str, listed: &[ObjectInfo]) -> Result<()> {
+        let (comps, plain) = self.object_comps(url)?;
+        let (name, dirs) = comps.split_last().expect("scheme and host at least");
+        let at: Vec<&str> = std::iter::once("listing")
+            .chain(dirs.iter().map(String::as_str))
+            .collect();
+        let objects: Vec<serde_json::Value> = listed
+            .iter()
+            .map(|o| serde_json::json!([o.key, o.url, o.size, o.etag]))
+            .collect();
+        let body = serde_json::json!({"url": plain, "objects": objects}).to_string();
+        let line = format!(
+            "{LISTING_MAGIC} {:08x} {}\n",
+            crate::util::crc32c(body.as_bytes()),
+            body.len()
+        );
+        if let Some(f) = self.tree.file(&at, name, OFlag::O_RDONLY, false)? {
+            let mut head = vec![0u8; line.len()];
+            if f.read_exact_at(&mut head, 0).is_ok() && head == line.as_bytes() {
+                return Ok(());
+            }
+        }
+        self.tree.write_whole(&at, name, (line + &body).as_bytes())
+    }
+
+    /// The listing of `url` kept by [`keep_listing`](Self::keep_listing), if there is one and
+    /// it is whole (its checksum and URL check out).
+    pub(crate) fn kept_listing(&self, url: &str) -> Result<Option<Vec<ObjectInfo>>> {
+        let (comps, plain) = self.object_comps(url)?;
+        let (name, dirs) = comps.split_last().expect("scheme and host at least");
+        let at: Vec<&str> = std::iter::once("listing")
+            .chain(dirs.iter().map(String::as_str))
+            .collect();
+        let Some(bytes) = self.tree.read(&at, name, LISTING_MAX)? else {
+            return Ok(None);
+        };
+        let parse = || -> Option<Vec<ObjectInfo>> {
+            let nl = bytes.iter().position(|&b| b == b'\n')?;
+            let head = std::str::from_utf8(&bytes[..nl]).ok()?;
+            let mut f = head.split(' ');
+            let body = &bytes[nl + 1..];
+            (f.next()? == LISTING_MAGIC
+                && u32::from_str_radix(f.next()?, 16).ok()? == crate::util::crc32c(body)
+                && f.next()?.parse::<usize>().ok()? == body.len())
+            .then_some(())?;
+            let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+            (v["url"].as_str()? == plain).then_some(())?;
+            v["objects"]
+                .as_array()?
+                .iter()
+                .map(|o| {
+                    Some(ObjectInfo {
+                        key: o[0].as_str()?.to_string(),
+                        url: o[1].as_str()?.to_string(),
+                        size: o[2].as_u64()?,
+                        etag: o[3].as_str().map(str::to_string),
+                    })
+                })
+                .collect()
+        };
+        Ok(parse())
+    }
+
     /// Bytes of `info` the cache holds, read without changing anything (0 if it has no files
     /// or they describe another version): `gpufeed cache status`.
     pub fn present_bytes_of(&self, info: &ObjectInfo) -> Result<u64> {
@@ -1223,9 +1297,7 @@ impl NodeCache {
     fn drop_all_locked(&self) -> Result<u64> {
         let held = self.counters().cached_bytes;
         // Only the cache's own entries, without following a link (one is removed itself).
-        self.tree.remove_all("data")?;
-        self.tree.remove_all("state")?;
-        self.tree.remove_all("index")?;
+        remove_contents(&self.tree)?;
         for o in [
             U_USED, U_GETS, U_FETCHED, U_DIRECT, U_WRITTEN, U_WAITS, U_LIMIT, U_DAMAGED,
         ] {

@@ -53,7 +53,7 @@ pub(crate) fn objects_of(
     let mut objects = Vec::new();
     for url in urls {
         let store = Store::open_with(url, &opts.store)?;
-        let listed = store.list()?;
+        let listed = listing(&store, &cache)?;
         if let Some(o) = listed
             .iter()
             .find(|o| o.key.contains(&format!("{}/", super::pack::STAGING)))
@@ -105,6 +105,60 @@ pub(crate) fn objects_of(
     }
     let format = format.ok_or_else(|| invalid("no dataset URL given"))?;
     Ok((format, paths, Sources::remote(objects)))
+}
+
+/// The objects under `store`'s URL: its listing, kept in the node cache for the next open;
+/// or, when the store cannot be answered (not when it refuses), the listing kept at an earlier
+/// open, if the cache holds every object of it whole (said once) — a node whose cache holds
+/// the dataset trains on while the store is down. Otherwise the store's error, saying what the
+/// cache holds.
+fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectInfo>> {
+    let url = store.url();
+    let e = match store.list() {
+        Ok(listed) => {
+            if let Err(e) = cache.keep_listing(url, &listed) {
+                static SAID: AtomicBool = AtomicBool::new(false);
+                if !SAID.swap(true, Ordering::Relaxed) {
+                    crate::util::notice(&format!(
+                        "the node cache cannot keep the listing of {url} ({e}): an open while \
+                         the store is down cannot use the cache"
+                    ));
+                }
+            }
+            return Ok(listed);
+        }
+        // Only a store that did not answer (a refusal — a key, a bucket — is the answer).
+        Err(e) if e.kind() == crate::ErrorKind::Io => e,
+        Err(e) => return Err(e),
+    };
+    let Some(kept) = cache.kept_listing(url).ok().flatten() else {
+        return Err(e);
+    };
+    let mut whole = 0usize;
+    for o in &kept {
+        if cache.present_bytes_of(o).is_ok_and(|n| n == o.size) {
+            whole += 1;
+        }
+    }
+    if whole < kept.len() || kept.is_empty() {
+        return Err(Error::new(
+            e.kind(),
+            format!(
+                "{e}; the store has answered this node before (the node cache kept its \
+                 listing), but the cache holds {whole} of its {} objects whole, and only a \
+                 cache holding every object whole stands in for the store (`gpufeed cache \
+                 status` says what it holds)",
+                kept.len()
+            ),
+        ));
+    }
+    crate::util::notice(&format!(
+        "{url}: the store cannot be reached ({e}); opened from the node cache, which holds \
+         every one of the {} objects of the listing kept at an earlier open (objects added \
+         to the store since are not in this dataset)",
+        kept.len()
+    ));
+    Ok(kept)
 }
 
 /// A remote tar's walk: the index kept in the node cache if it describes this version; else

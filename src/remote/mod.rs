@@ -572,7 +572,7 @@ impl Store {
             };
             if t0.elapsed() + backoff > window {
                 let hint = if window == FIRST_CONTACT_WINDOW {
-                    " (nothing has answered there yet: is the endpoint right — AWS_ENDPOINT_URL \
+                    " (nothing has answered there yet in this process: is the endpoint right — AWS_ENDPOINT_URL \
                      or the profile's endpoint_url?)"
                 } else {
                     ""

@@ -125,6 +125,9 @@ struct Spec {
     /// Milliseconds to hold the open dataset (saying `HOSTILE-OPENED`) before reading.
     #[serde(default)]
     hold_ms: u64,
+    /// The store is down: its endpoint a loopback port nothing listens on.
+    #[serde(default)]
+    down: bool,
 }
 
 fn s3_env(c: &mut Command) -> &mut Command {
@@ -148,7 +151,14 @@ fn child(spec: &Spec) -> (Report, String) {
         "GPUFEED_HOSTILE_CHILD",
         serde_json::to_string(spec).unwrap(),
     );
-    let out = s3_env(&mut c).output().unwrap();
+    s3_env(&mut c);
+    if spec.down {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        c.env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"));
+    }
+    let out = c.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
@@ -249,6 +259,7 @@ fn spec(url: &str, cache: &Path, extent: u64) -> Spec {
         limit: None,
         raw: url.contains("tfrecord"),
         hold_ms: 0,
+        down: false,
     }
 }
 
@@ -481,6 +492,54 @@ fn a_cache_of_an_older_layout_is_emptied_and_remade() {
     assert_eq!(magic(&usage), b"GPFCUSE3");
     let (_, err) = child(&spec(url, cache.path(), 64 << 10));
     assert!(!err.contains("older gpufeed"), "said again: {err}");
+}
+
+/// A node whose cache holds a dataset opens it while the store is down, from the listing kept
+/// at an earlier open, saying so; a cache holding only part of it, or none, is the store's
+/// error, saying what the cache holds.
+#[test]
+fn a_cached_dataset_opens_while_its_store_is_down() {
+    if !shared_server() {
+        return;
+    }
+    for (prefix, format, names) in [
+        ("h-down-gpf", "gpf", ["a.gpf", "b.gpf"]),
+        ("h-down-tar", "tar", ["a.tar", "b.tar"]),
+    ] {
+        upload(prefix, format, &names, 0..40);
+        let url = format!("s3://gpufeed/{prefix}");
+        let cache = disk_dir();
+        let up = spec(&url, cache.path(), 64 << 10);
+        let down = Spec {
+            down: true,
+            ..spec(&url, cache.path(), 64 << 10)
+        };
+        // Nothing cached: the store's error.
+        let (r, _) = child(&down);
+        let e = r
+            .error
+            .expect("an empty cache cannot stand in for the store");
+        assert!(e.contains("failed") && !e.contains("node cache"), "{e}");
+        let (r1, _) = child(&up);
+        exactly_once(&r1, 0..40, &format!("{format}, up"));
+        let (r, err) = child(&down);
+        exactly_once(&r, 0..40, &format!("{format}, down: {err}"));
+        assert!(err.contains("opened from the node cache"), "{err}");
+        // (The node's counters, over every process.)
+        assert_eq!(r.gets, r1.gets, "a GET was made of a store that is down");
+        // Part of it gone from the cache: refused, saying what it holds.
+        let data = cache
+            .path()
+            .join(format!("data/s3/gpufeed/{prefix}%/{}", names[1]));
+        let state = cache
+            .path()
+            .join(format!("state/s3/gpufeed/{prefix}%/{}", names[1]));
+        std::fs::remove_file(&data).unwrap();
+        std::fs::remove_file(&state).unwrap();
+        let (r, _) = child(&down);
+        let e = r.error.expect("half a cache cannot stand in for the store");
+        assert!(e.contains("holds 1 of its 2 objects whole"), "{e}");
+    }
 }
 
 /// Every directory below `root` has mode `dirs` and every file `files`.
