@@ -145,6 +145,10 @@ class Images:
     def settings(self) -> Dict[str, Optional[str]]:
         """The image settings in effect, as text (None: not used by this transform): the names
         of ``IMAGE_SETTINGS``."""
+    def __eq__(self, other: object) -> bool:
+        """Equal when they make the same images (defaults spelled or not)."""
+    def __hash__(self) -> int: ...
+
 
 class ImageBatch:
     """A batch of decoded images: ``images`` is one tensor, [N, 3, H, W] or [N, H, W, 3]."""

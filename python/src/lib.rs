@@ -1685,6 +1685,22 @@ impl PyImages {
         Ok(format!("gpufeed.Images({})", parts.join(", ")))
     }
 
+    /// Equal when they make the same images (every setting resolved: `Images("train")` equals
+    /// `Images("train", size=224)`); an object of another type is not equal.
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<PyImages>()
+            .is_ok_and(|o| o.get().spec == self.spec)
+    }
+
+    /// A hash agreeing with `==` (the settings, as text).
+    fn __hash__(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.spec.values().hash(&mut h);
+        h.finish()
+    }
+
     /// Pickled by its arguments.
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let rebuild = py.import("gpufeed")?.getattr("_rebuild")?;

@@ -230,6 +230,13 @@ class ImageSettings(unittest.TestCase):
         import pickle
 
         self.assertEqual(pickle.loads(pickle.dumps(gpufeed.Images(**train))).settings, s)
+        # Equal when they make the same images, defaults spelled or not; usable as keys.
+        self.assertEqual(pickle.loads(pickle.dumps(gpufeed.Images(**train))), gpufeed.Images(**train))
+        self.assertEqual(gpufeed.Images("train"), gpufeed.Images("train", size=224, dtype="float32"))
+        self.assertNotEqual(gpufeed.Images("train"), gpufeed.Images("eval"))
+        self.assertNotEqual(gpufeed.Images("train", flip_p=0.2), gpufeed.Images("train"))
+        self.assertNotEqual(gpufeed.Images("train"), "train")
+        self.assertEqual(len({gpufeed.Images("train"), gpufeed.Images("train", size=224)}), 1)
 
 
 if __name__ == "__main__":
