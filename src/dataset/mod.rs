@@ -591,6 +591,7 @@ impl Dataset {
         opts: &OpenOptions,
         src: &Sources,
     ) -> Result<(Dataset, Option<image_folder::Tree>)> {
+        refuse_repeats(paths, src)?;
         let mut tree = None;
         let mut ds = match format {
             Format::Packed => shard::open_shards_from(paths, src),
@@ -1520,6 +1521,41 @@ where
         }
     }
     Ok(all)
+}
+
+/// An error if a file is among `paths` twice — the same path, another spelling of it (a link,
+/// `./`), or a remote object named by its prefix and by itself: an epoch would deliver its
+/// samples twice. Files are told apart by (device, inode); a path that cannot be stat'ed (a
+/// Megatron prefix) by its text.
+pub(crate) fn refuse_repeats(paths: &[PathBuf], src: &Sources) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen: std::collections::HashMap<(u64, u64), &Path> = Default::default();
+    let mut texts: std::collections::HashSet<&Path> = Default::default();
+    for p in paths {
+        let again = match std::fs::metadata(p) {
+            Ok(m) if m.is_file() => seen.insert((m.dev(), m.ino()), p),
+            Ok(_) => None,
+            Err(_) => (!texts.insert(p)).then_some(p.as_path()),
+        };
+        if let Some(first) = again {
+            let name = |q: &Path| {
+                src.named(invalid("").with_path(q.to_path_buf()))
+                    .shown_path()
+                    .unwrap_or_default()
+            };
+            let (a, b) = (name(first), name(p));
+            let how = if a == b {
+                format!("{a} is named twice (once more, or by a prefix holding it)")
+            } else {
+                format!("{a} and {b} are one file")
+            };
+            return Err(invalid(format!(
+                "{how}: an epoch would deliver its samples twice; name each file (or each \
+                 prefix, without one of its own objects) once"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The paths as URLs when they name remote objects (all of them, or an error), else `None`.

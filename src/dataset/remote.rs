@@ -114,9 +114,11 @@ pub(crate) fn objects_of(
 /// cache holds.
 fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectInfo>> {
     let url = store.url();
+    // `s3://b/p` (an object `p`, or what is under `p/`) and `s3://b/p/` are two listings.
+    let kept_as = format!("{url}{}", if store.is_prefix() { "/" } else { "" });
     let e = match store.list() {
         Ok(listed) => {
-            if let Err(e) = cache.keep_listing(url, &listed) {
+            if let Err(e) = cache.keep_listing(&kept_as, &listed) {
                 static SAID: AtomicBool = AtomicBool::new(false);
                 if !SAID.swap(true, Ordering::Relaxed) {
                     crate::util::notice(&format!(
@@ -131,7 +133,7 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
         Err(e) if e.kind() == crate::ErrorKind::Io => e,
         Err(e) => return Err(e),
     };
-    let Some(kept) = cache.kept_listing(url).ok().flatten() else {
+    let Some(kept) = cache.kept_listing(&kept_as).ok().flatten() else {
         return Err(e);
     };
     let mut whole = 0usize;
@@ -141,8 +143,10 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
         }
     }
     if whole < kept.len() || kept.is_empty() {
+        // (Not "is the endpoint right?": it has answered this node before.)
+        let e = e.to_string().replace(crate::remote::UNANSWERED_HINT, "");
         return Err(Error::new(
-            e.kind(),
+            crate::ErrorKind::Io,
             format!(
                 "{e}; the store has answered this node before (the node cache kept its \
                  listing), but the cache holds {whole} of its {} objects whole, and only a \
@@ -152,6 +156,7 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
             ),
         ));
     }
+    let e = e.to_string().replace(crate::remote::UNANSWERED_HINT, "");
     crate::util::notice(&format!(
         "{url}: the store cannot be reached ({e}); opened from the node cache, which holds \
          every one of the {} objects of the listing kept at an earlier open (objects added \

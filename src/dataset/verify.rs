@@ -127,6 +127,7 @@ fn remote_shards(paths: &[PathBuf], opts: &OpenOptions) -> Result<Option<(Vec<Pa
     #[cfg(feature = "remote")]
     {
         let (format, files, src) = super::remote::objects_of(&urls, opts)?;
+        super::refuse_repeats(&files, &src)?;
         Ok((format == Format::Packed).then_some((files, src)))
     }
     #[cfg(not(feature = "remote"))]

@@ -94,6 +94,8 @@ pub struct Store {
     base: String,
     /// The prefix inside the store.
     prefix: ObjPath,
+    /// The URL ended in `/`: the objects under the prefix, never an object of that name.
+    prefix_only: bool,
     stats: Arc<StoreStats>,
 }
 
@@ -254,6 +256,7 @@ impl Store {
 
     /// [`open`](Self::open), with `options` over the environment's settings.
     pub fn open_with(url: &str, options: &StoreOptions) -> Result<Store> {
+        let prefix_only = url.ends_with('/');
         let url = url.trim_end_matches('/').to_string();
         let parsed =
             url::Url::parse(&url).map_err(|e| invalid(format!("{url}: not a URL ({e})")))?;
@@ -348,8 +351,14 @@ impl Store {
             url,
             base,
             prefix,
+            prefix_only,
             stats: Arc::default(),
         })
+    }
+
+    /// Whether the URL ended in `/` (it names the objects under the prefix, not an object).
+    pub fn is_prefix(&self) -> bool {
+        self.prefix_only
     }
 
     /// The URL as given (without a trailing `/`).
@@ -378,8 +387,8 @@ impl Store {
             size: m.size,
             etag: m.e_tag,
         };
-        // A prefix that is itself an object: that one object.
-        if !self.prefix.as_ref().is_empty() {
+        // A prefix that is itself an object: that one object (unless the URL ended in `/`).
+        if !self.prefix.as_ref().is_empty() && !self.prefix_only {
             use object_store::ObjectStoreExt;
             match self.retrying("HEAD", &self.url, || {
                 rt.block_on(self.inner.head(&self.prefix))
@@ -572,8 +581,7 @@ impl Store {
             };
             if t0.elapsed() + backoff > window {
                 let hint = if window == FIRST_CONTACT_WINDOW {
-                    " (nothing has answered there yet in this process: is the endpoint right — AWS_ENDPOINT_URL \
-                     or the profile's endpoint_url?)"
+                    UNANSWERED_HINT
                 } else {
                     ""
                 };
@@ -610,6 +618,10 @@ fn answered() -> &'static std::sync::Mutex<std::collections::HashSet<String>> {
     A.get_or_init(Default::default)
 }
 
+/// Said of a store that has not answered this process: the endpoint may be wrong.
+pub(crate) const UNANSWERED_HINT: &str = " (nothing has answered there yet in this process: is \
+     the endpoint right — AWS_ENDPOINT_URL or the profile's endpoint_url?)";
+
 /// What a failed request calls for.
 enum Failure {
     /// The server answered, and trying again cannot help: the kind and why, in words.
@@ -636,7 +648,19 @@ fn classify(e: &object_store::Error) -> Failure {
         E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
             return Failure::Permanent(ErrorKind::PermissionDenied, e.to_string())
         }
-        E::InvalidPath { .. } | E::NotSupported { .. } | E::NotImplemented { .. } => {
+        // A listed key object_store will not take (a control character, an empty `//`
+        // segment) fails the whole listing: said as such.
+        E::InvalidPath { .. } => {
+            return Failure::Permanent(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{e} — the store holds an object whose key cannot be read through \
+                     object_store (a control character, or an empty segment `//`); rename it, \
+                     or name the dataset's other objects one by one"
+                ),
+            )
+        }
+        E::NotSupported { .. } | E::NotImplemented { .. } => {
             return Failure::Permanent(ErrorKind::InvalidInput, e.to_string())
         }
         _ => {}

@@ -542,6 +542,81 @@ fn a_cached_dataset_opens_while_its_store_is_down() {
     }
 }
 
+/// A file named twice — the same URL, a prefix and one of its own objects, a local path and
+/// another spelling of it — is refused: an epoch would deliver its samples twice. A URL ending
+/// in `/` names the prefix even where an object has the prefix's name.
+#[test]
+fn a_file_named_twice_is_refused_and_a_slash_names_the_prefix() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-twice", "gpf", &["a.gpf", "b.gpf"], 0..20);
+    let cache = disk_dir();
+    for args in [
+        vec!["inspect", "s3://gpufeed/h-twice", "s3://gpufeed/h-twice"],
+        vec![
+            "inspect",
+            "s3://gpufeed/h-twice",
+            "s3://gpufeed/h-twice/a.gpf",
+        ],
+        vec![
+            "verify",
+            "s3://gpufeed/h-twice/b.gpf",
+            "s3://gpufeed/h-twice/",
+        ],
+    ] {
+        let e = gpufeed_fails(cache.path(), &args);
+        assert!(
+            e.contains("named twice") && e.contains("s3://gpufeed/h-twice/"),
+            "{args:?}: {e}"
+        );
+        assert!(!e.contains("/data/s3/"), "{e}");
+    }
+    let local = disk_dir();
+    let p = local.path().join("s.gpf");
+    let mut w = ShardWriter::create(&p, 1).unwrap();
+    for i in 0..10 {
+        w.add(&format!("s{i}"), 0, &[], &payload(i, len_of(i)))
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let dotted = local.path().join(".").join("s.gpf");
+    let e = gpufeed_fails(
+        cache.path(),
+        &["inspect", p.to_str().unwrap(), dotted.to_str().unwrap()],
+    );
+    assert!(e.contains("are one file"), "{e}");
+    // `pfx` is an object, and objects are under `pfx/`: the slash reads those.
+    let store = Store::open_with("s3://gpufeed/h-slash", &stores()).unwrap();
+    let gpf = std::fs::read(&p).unwrap();
+    store.put("pfx", gpf.clone()).unwrap();
+    upload("h-slash/pfx", "gpf", &["x.gpf", "y.gpf"], 100..130);
+    let out = gpufeed_ok(
+        cache.path(),
+        &[
+            "inspect",
+            "s3://gpufeed/h-slash/pfx/",
+            "--json",
+            "--format",
+            "packed",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["samples"], 30, "{v}");
+    let out = gpufeed_ok(
+        cache.path(),
+        &[
+            "inspect",
+            "s3://gpufeed/h-slash/pfx",
+            "--json",
+            "--format",
+            "packed",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["samples"], 10, "the object itself: {v}");
+}
+
 /// Every directory below `root` has mode `dirs` and every file `files`.
 fn modes_are(root: &Path, dirs: u32, files: u32) {
     for p in snapshot(root).into_keys() {

@@ -180,7 +180,7 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
             };
             // A missing directory is no error (dropping twice is fine), but said: a mistyped
             // --cache-dir must not read as a cache emptied.
-            let missing = freed.is_none() && std::fs::symlink_metadata(&dir).is_err();
+            let missing = freed.is_none() && std::fs::metadata(&dir).is_err();
             if a.json {
                 outln!(
                     "{}",
@@ -197,7 +197,10 @@ pub(super) fn cache_cmd(c: CacheCmd) -> Result<()> {
                     gpufeed::config::bytes_human(freed)
                 );
             } else if missing {
-                outln!("{}: no such directory, no cache to drop", dir.display());
+                outln!(
+                    "{}: no such directory (or a dangling link), no cache to drop",
+                    dir.display()
+                );
             } else {
                 outln!("{}: an empty directory, no cache to drop", dir.display());
             }
