@@ -114,8 +114,7 @@ pub(crate) fn objects_of(
 /// cache holds.
 fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectInfo>> {
     let url = store.url();
-    // `s3://b/p` (an object `p`, or what is under `p/`) and `s3://b/p/` are two listings.
-    let kept_as = format!("{url}{}", if store.is_prefix() { "/" } else { "" });
+    let kept_as = kept_as(store);
     let e = match store.list() {
         Ok(listed) => {
             if let Err(e) = cache.keep_listing(&kept_as, &listed) {
@@ -164,6 +163,16 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
         kept.len()
     ));
     Ok(kept)
+}
+
+/// What a store's listing is kept in the node cache as: its URL, with the `/` it ended in
+/// (`s3://b/p`, an object `p` or what is under `p/`, and `s3://b/p/` are two listings).
+fn kept_as(store: &Store) -> String {
+    format!(
+        "{}{}",
+        store.url(),
+        if store.is_prefix() { "/" } else { "" }
+    )
 }
 
 /// A remote tar's walk: the index kept in the node cache if it describes this version; else
@@ -322,7 +331,25 @@ pub fn cache_status_of(urls: &[&str], opts: &OpenOptions) -> Result<CacheStatus>
     let mut st = CacheStatus::default();
     for url in urls {
         let store = Store::open_with(url, &opts.store)?;
-        let listed = store.list()?;
+        let listed = match store.list() {
+            Ok(listed) => listed,
+            // A store that does not answer: what the cache holds of the listing it kept (an
+            // open falls back to it when the cache holds every object whole).
+            Err(e) if e.kind() == crate::ErrorKind::Io => {
+                let kept = cache
+                    .as_ref()
+                    .and_then(|c| c.kept_listing(&kept_as(&store)).ok().flatten());
+                let Some(kept) = kept else { return Err(e) };
+                let e = e.to_string().replace(crate::remote::UNANSWERED_HINT, "");
+                crate::util::notice(&format!(
+                    "{}: the store cannot be reached ({e}); this is what the node cache holds \
+                     of the listing it kept at the last open",
+                    store.url()
+                ));
+                kept
+            }
+            Err(e) => return Err(e),
+        };
         let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
         let (_, picked) = super::detect::pick_remote(&keys, opts.format)?;
         for i in picked {

@@ -130,6 +130,12 @@ struct Spec {
     down: bool,
 }
 
+/// An endpoint nothing answers: a loopback port just bound and let go.
+fn closed_endpoint() -> String {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://127.0.0.1:{}", closed.local_addr().unwrap().port())
+}
+
 fn s3_env(c: &mut Command) -> &mut Command {
     c.env("AWS_ENDPOINT_URL", ENDPOINT.get().unwrap())
         .env("AWS_ACCESS_KEY_ID", "gpufeed")
@@ -153,10 +159,7 @@ fn child(spec: &Spec) -> (Report, String) {
     );
     s3_env(&mut c);
     if spec.down {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = closed.local_addr().unwrap().port();
-        drop(closed);
-        c.env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"));
+        c.env("AWS_ENDPOINT_URL", closed_endpoint());
     }
     let out = c.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -539,6 +542,27 @@ fn a_cached_dataset_opens_while_its_store_is_down() {
         let (r, _) = child(&down);
         let e = r.error.expect("half a cache cannot stand in for the store");
         assert!(e.contains("holds 1 of its 2 objects whole"), "{e}");
+        assert!(
+            !e.contains("is the endpoint right"),
+            "it has answered before: {e}"
+        );
+        // `cache status`, which that error points to, says what it holds with the store down.
+        let mut c = Command::new(gpufeed_bin());
+        c.args(["cache", "status", &url, "--json", "--cache-dir"])
+            .arg(cache.path())
+            .env("GPUFEED_QUIET", "1");
+        s3_env(&mut c).env("AWS_ENDPOINT_URL", closed_endpoint());
+        let out = c.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let st: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(st["objects"], 2, "{st}");
+        let (present, all) = (st["present_bytes"].as_u64(), st["dataset_bytes"].as_u64());
+        assert!(present > Some(0) && present < all, "{st}");
     }
 }
 
