@@ -311,8 +311,22 @@ pub(crate) fn open_shards_from(paths: &[PathBuf], src: &Sources) -> Result<Datas
     let mut metas = Strings::default();
     // Image records when every shard has them (a mix of versions has none).
     let mut images = true;
-    for (fi, (p, idx)) in paths.iter().zip(indexes_in_turn(paths, src)).enumerate() {
-        let idx = idx?;
+    // One shard whose index cannot be read among many is a problem (its samples are lost, no
+    // other), as a damaged tar or TFRecord file is; one shard alone is the error.
+    let (mut problems, mut problems_total) = (Vec::new(), 0u64);
+    for (p, idx) in paths.iter().zip(indexes_in_turn(paths, src)) {
+        let idx = match idx {
+            Ok(idx) => idx,
+            Err(e) if paths.len() > 1 => {
+                problems_total += 1;
+                if problems.len() < super::PROBLEMS_KEPT {
+                    problems.push(e);
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let fi = files.len();
         if idx.header.flags & FLAG_IMAGE_INFO == 0 {
             images = false;
         }
@@ -330,6 +344,16 @@ pub(crate) fn open_shards_from(paths: &[PathBuf], src: &Sources) -> Result<Datas
             metas.push(idx.meta(i))?;
         }
     }
+    if files.is_empty() {
+        let first = problems
+            .first()
+            .map(|p: &Error| p.report())
+            .unwrap_or_default();
+        return Err(invalid(format!(
+            "no shard of these {} could be read (first problem: {first})",
+            paths.len()
+        )));
+    }
     metas.settle();
     // Keys and image records stay in the shards until asked for (`Dataset::key`,
     // `Dataset::image_info`): read again then, checked against what was opened.
@@ -337,6 +361,8 @@ pub(crate) fn open_shards_from(paths: &[PathBuf], src: &Sources) -> Result<Datas
         metas,
         has_checksums: true,
         in_shards: Some(InShards { images }),
+        problems,
+        problems_total,
         ..Dataset::empty(Format::Packed, files, samples.finish())
     };
     Ok(ds)

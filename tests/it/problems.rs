@@ -223,6 +223,61 @@ fn strict_refuses_what_indexing_found_wrong() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("strict"));
 }
 
+/// A packed shard whose index cannot be read (cut short, or not a shard) among good ones costs
+/// its own samples, named as a problem, and no other: every other sample comes once. One such
+/// shard alone, or every shard such, is the error; `strict` refuses the dataset.
+#[test]
+fn a_damaged_shard_among_good_ones_costs_only_its_samples() {
+    use gpufeed::{Loader, Order};
+    let dir = disk_dir();
+    let shards = keyed_shards(dir.path(), 90, 30, (7, 4000, 5), |i, len| {
+        vec![(i % 251) as u8; len]
+    });
+    let bytes = std::fs::read(&shards[1]).unwrap();
+    std::fs::write(&shards[1], &bytes[..bytes.len() / 2]).unwrap();
+    let ds = std::sync::Arc::new(Dataset::open(dir.path()).unwrap());
+    assert_eq!((ds.len(), ds.problems_total()), (60, 1));
+    let e = ds.problems()[0].to_string();
+    assert!(
+        e.contains("shard-00001.gpf") && e.contains("truncated"),
+        "{e}"
+    );
+    let loader = Loader::builder(ds.clone())
+        .batch_size(7)
+        .order(Order::Global)
+        .build()
+        .unwrap();
+    let mut seen = std::collections::BTreeMap::new();
+    for b in loader.epoch(0).unwrap() {
+        let b = b.unwrap();
+        for j in 0..b.sample_ids().len() {
+            if b.is_padding(j) {
+                continue;
+            }
+            let key = ds.key(b.sample_ids()[j] as usize).into_owned();
+            let i: usize = key.parse().unwrap();
+            assert!(
+                b.sample(j).unwrap().iter().all(|&x| x == (i % 251) as u8),
+                "sample {i}"
+            );
+            *seen.entry(i).or_insert(0) += 1;
+        }
+    }
+    let want: Vec<usize> = (0..30).chain(60..90).collect();
+    assert_eq!(seen.keys().copied().collect::<Vec<_>>(), want);
+    assert!(seen.values().all(|&n| n == 1));
+    let mut o = OpenOptions::default();
+    o.set("strict", "true").unwrap();
+    let e = Dataset::open_with(dir.path(), &o).unwrap_err().to_string();
+    assert!(e.contains("strict"), "{e}");
+    // The damaged shard alone, and a directory of nothing but damaged shards: errors.
+    assert!(Dataset::open(&shards[1]).is_err());
+    std::fs::write(&shards[0], b"not a shard").unwrap();
+    std::fs::write(&shards[2], b"").unwrap();
+    let e = Dataset::open(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("no shard of these 3 could be read"), "{e}");
+}
+
 #[test]
 fn a_memory_budget_too_small_names_the_cli_flag() {
     let dir = disk_dir();
