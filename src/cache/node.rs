@@ -97,6 +97,8 @@ const ETAG_MAX: usize = 1024;
 /// Where a state file keeps its object's URL (its length, then its bytes), and the longest kept.
 const URL_AT: usize = 1056;
 const URL_MAX: usize = HEADER_BYTES - URL_AT - 4;
+/// The state file's byte locked while a process walks the object (`CachedObject::walk_lock`).
+const WALK_LOCK_AT: u64 = 1 << 62;
 /// A kept listing's first bytes (then the crc32c and length of the JSON that follows).
 const LISTING_MAGIC: &str = "GPFLIST1";
 /// The largest kept listing read back (some 10⁷ objects).
@@ -2054,6 +2056,19 @@ impl CachedObject {
         self.cache
             .tree
             .write_whole(&self.dir_under("index"), &self.name, bytes)
+    }
+
+    /// Waits for, then holds, the node-wide lock on walking this object (a tar's headers): one
+    /// process walks a cold tar and keeps its index, and the others, waiting here, read what it
+    /// kept instead of walking it too (three ranks opening one cold dataset made three times
+    /// the GETs). Released when the returned file is dropped, and by the kernel if the process
+    /// dies. A byte of the state file far past its extents, which nothing else locks.
+    pub(crate) fn walk_lock(&self) -> Result<File> {
+        let f = self.open_state()?;
+        ofd_lock(f.as_fd(), WALK_LOCK_AT, 1, true).map_err(|e| {
+            Error::io("cannot lock", e).with_path(self.cache.tree.join(&self.dir_under("state")))
+        })?;
+        Ok(f)
     }
 
     /// The object's store.

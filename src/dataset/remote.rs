@@ -220,6 +220,14 @@ pub(super) fn walk_remote(
             )),
         }
     }
+    // One walk per node: whoever holds the lock walks; whoever waited on it finds the index
+    // kept (a lock that cannot be taken only costs a walk of our own).
+    let _walking = obj.walk_lock().ok();
+    if let Ok(Some(bytes)) = obj.kept_index(INDEX_BYTES_MAX) {
+        if let Ok(w) = TarWalk::from_text(&bytes, info.size, &etag) {
+            return Ok(w);
+        }
+    }
     let w = super::tar::walk_tar(p, src)?;
     if let Err(e) = obj.keep_index(w.to_text(&etag).as_bytes()) {
         // Said once in a process (a full disk would say it for every tar).

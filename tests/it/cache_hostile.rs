@@ -1349,6 +1349,55 @@ fn a_webdataset_opens_at_the_cost_of_its_index() {
     assert!(err.contains("b.tar.gpfidx: not used"), "{err}");
 }
 
+/// Ranks opening one cold WebDataset at once walk each tar once between them: one holds the
+/// node's walk lock and keeps the index, the others wait and read it (each walked every tar:
+/// three processes made 2,953 GETs where one made ~990).
+#[test]
+fn ranks_opening_a_cold_webdataset_at_once_walk_it_once() {
+    if !shared_server() {
+        return;
+    }
+    let store = Store::open_with("s3://gpufeed/h-3walk", &stores()).unwrap();
+    for (k, t) in ["a.tar", "b.tar", "c.tar"].iter().enumerate() {
+        let dir = disk_dir();
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        for i in (0..150).filter(|i| i % 3 == k) {
+            std::fs::write(src.join(format!("{i:06}.jpg")), payload(i, 60_000 + i * 97)).unwrap();
+        }
+        store
+            .put(t, gnu_tar(&src, &dir.path().join("s.tar")))
+            .unwrap();
+    }
+    let url = "s3://gpufeed/h-3walk";
+    let alone = disk_dir();
+    let (r, err) = child(&spec(url, alone.path(), 1 << 20));
+    exactly_once(&r, 0..150, &format!("one process: {err}"));
+    let (walk, one) = (r.open_gets, r.gets);
+    assert!(
+        walk > 100,
+        "the walk made {walk} GETs: too few to tell one walk from three"
+    );
+    let shared = disk_dir();
+    let ranks: Vec<_> = (0..3)
+        .map(|_| {
+            let sp = spec(url, shared.path(), 1 << 20);
+            std::thread::spawn(move || child(&sp))
+        })
+        .collect();
+    let mut most = 0;
+    for h in ranks {
+        let (r, err) = h.join().unwrap();
+        exactly_once(&r, 0..150, &format!("three at once: {err}"));
+        most = most.max(r.gets);
+    }
+    // (The counters are the node's: the last rank to finish saw every GET.)
+    assert!(
+        most < one + walk / 2,
+        "three ranks made {most} GETs, one alone {one} (its walk {walk})"
+    );
+}
+
 /// TFRecord over a store opens from the indexes beside the records (DALI's `NAME.idx`, the
 /// `tfrecord` package's `NAME.index`), and without one walks the record headers, not the bytes.
 #[test]
