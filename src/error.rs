@@ -249,7 +249,7 @@ impl Clone for Error {
 /// A path as an error's one line shows it: a byte that is not UTF-8 as `\xNN` (not U+FFFD,
 /// which names no file) and a control character escaped (a newline in a name would split the
 /// line a script reads).
-fn shown(p: &Path) -> String {
+pub(crate) fn shown(p: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
     let mut out = String::new();
     for c in p.as_os_str().as_bytes().utf8_chunks() {

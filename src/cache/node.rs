@@ -541,6 +541,16 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
     )))
 }
 
+/// Where the listing of the URL whose components are `comps` is kept: its directory below the
+/// root (`listing/…`) and its file's name.
+fn listing_at(comps: &[String]) -> (Vec<&str>, &str) {
+    let (name, dirs) = comps.split_last().expect("scheme and host at least");
+    let at = std::iter::once("listing")
+        .chain(dirs.iter().map(String::as_str))
+        .collect();
+    (at, name)
+}
+
 /// Removes what a cache holds below its root (not its marker), without following a link.
 fn remove_contents(tree: &Tree) -> Result<()> {
     for top in ["data", "state", "index", "listing"] {
@@ -1105,10 +1115,7 @@ impl NodeCache {
     /// and length, then the objects as JSON. Rewritten only when it changed.
     pub(crate) fn keep_listing(&self, url: &str, listed: &[ObjectInfo]) -> Result<()> {
         let (comps, plain) = self.object_comps(url)?;
-        let (name, dirs) = comps.split_last().expect("scheme and host at least");
-        let at: Vec<&str> = std::iter::once("listing")
-            .chain(dirs.iter().map(String::as_str))
-            .collect();
+        let (at, name) = listing_at(&comps);
         let objects: Vec<serde_json::Value> = listed
             .iter()
             .map(|o| serde_json::json!([o.key, o.url, o.size, o.etag]))
@@ -1132,10 +1139,7 @@ impl NodeCache {
     /// it is whole (its checksum and URL check out).
     pub(crate) fn kept_listing(&self, url: &str) -> Result<Option<Vec<ObjectInfo>>> {
         let (comps, plain) = self.object_comps(url)?;
-        let (name, dirs) = comps.split_last().expect("scheme and host at least");
-        let at: Vec<&str> = std::iter::once("listing")
-            .chain(dirs.iter().map(String::as_str))
-            .collect();
+        let (at, name) = listing_at(&comps);
         let Some(bytes) = self.tree.read(&at, name, LISTING_MAX)? else {
             return Ok(None);
         };

@@ -1538,12 +1538,7 @@ pub(crate) fn refuse_repeats(paths: &[PathBuf], src: &Sources) -> Result<()> {
             Err(_) => (!texts.insert(p)).then_some(p.as_path()),
         };
         if let Some(first) = again {
-            let name = |q: &Path| {
-                src.named(invalid("").with_path(q.to_path_buf()))
-                    .shown_path()
-                    .unwrap_or_default()
-            };
-            let (a, b) = (name(first), name(p));
+            let (a, b) = (src.shown(first), src.shown(p));
             let how = if a == b {
                 format!("{a} is named twice (once more, or by a prefix holding it)")
             } else {

@@ -132,9 +132,7 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
         Err(e) if e.kind() == crate::ErrorKind::Io => e,
         Err(e) => return Err(e),
     };
-    let Some(kept) = cache.kept_listing(&kept_as).ok().flatten() else {
-        return Err(e);
-    };
+    let (kept, e) = kept_when_down(store, cache, e)?;
     let mut whole = 0usize;
     for o in &kept {
         if cache.present_bytes_of(o).is_ok_and(|n| n == o.size) {
@@ -142,8 +140,6 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
         }
     }
     if whole < kept.len() || kept.is_empty() {
-        // (Not "is the endpoint right?": it has answered this node before.)
-        let e = e.to_string().replace(crate::remote::UNANSWERED_HINT, "");
         return Err(Error::new(
             crate::ErrorKind::Io,
             format!(
@@ -155,7 +151,6 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
             ),
         ));
     }
-    let e = e.to_string().replace(crate::remote::UNANSWERED_HINT, "");
     crate::util::notice(&format!(
         "{url}: the store cannot be reached ({e}); opened from the node cache, which holds \
          every one of the {} objects of the listing kept at an earlier open (objects added \
@@ -163,6 +158,23 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
         kept.len()
     ));
     Ok(kept)
+}
+
+/// For a store that did not answer (`e`): the listing the node cache kept of it at an earlier
+/// open, and `e` in words without its "is the endpoint right?" (the store has answered this
+/// node before). `e` itself where the cache kept none.
+fn kept_when_down(
+    store: &Store,
+    cache: &crate::cache::NodeCache,
+    e: Error,
+) -> Result<(Vec<ObjectInfo>, String)> {
+    match cache.kept_listing(&kept_as(store)).ok().flatten() {
+        Some(kept) => Ok((
+            kept,
+            e.to_string().replace(crate::remote::UNANSWERED_HINT, ""),
+        )),
+        None => Err(e),
+    }
 }
 
 /// What a store's listing is kept in the node cache as: its URL, with the `/` it ended in
@@ -344,11 +356,8 @@ pub fn cache_status_of(urls: &[&str], opts: &OpenOptions) -> Result<CacheStatus>
             // A store that does not answer: what the cache holds of the listing it kept (an
             // open falls back to it when the cache holds every object whole).
             Err(e) if e.kind() == crate::ErrorKind::Io => {
-                let kept = cache
-                    .as_ref()
-                    .and_then(|c| c.kept_listing(&kept_as(&store)).ok().flatten());
-                let Some(kept) = kept else { return Err(e) };
-                let e = e.to_string().replace(crate::remote::UNANSWERED_HINT, "");
+                let Some(c) = &cache else { return Err(e) };
+                let (kept, e) = kept_when_down(&store, c, e)?;
                 crate::util::notice(&format!(
                     "{}: the store cannot be reached ({e}); this is what the node cache holds \
                      of the listing it kept at the last open",

@@ -106,6 +106,15 @@ impl Sources {
         note
     }
 
+    /// `path` as messages show it: a remote object's URL for its node-cache copy.
+    pub fn shown(&self, path: &Path) -> String {
+        #[cfg(feature = "remote")]
+        if let Some(o) = self.objects.get(path) {
+            return o.obj.info().url.clone();
+        }
+        crate::error::shown(path)
+    }
+
     /// `e`, naming a remote object by its URL where it names the object's node-cache copy.
     pub fn named(&self, e: Error) -> Error {
         #[cfg(feature = "remote")]

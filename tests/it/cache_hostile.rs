@@ -41,6 +41,17 @@ fn len_of(i: usize) -> usize {
     200 + (i * 7919) % 30_000
 }
 
+/// A packed shard at `path` of samples `ids` (key `sI`, `payload(i, len_of(i))`): its bytes.
+fn gpf(path: &Path, ids: impl IntoIterator<Item = usize>) -> Vec<u8> {
+    let mut w = ShardWriter::create(path, 1).unwrap();
+    for i in ids {
+        w.add(&format!("s{i}"), 0, &[], &payload(i, len_of(i)))
+            .unwrap();
+    }
+    w.finish().unwrap();
+    std::fs::read(path).unwrap()
+}
+
 /// `src`'s files as a tar written by GNU tar (an independent writer), sorted by name.
 fn gnu_tar(src: &Path, tar: &Path) -> Vec<u8> {
     let ok = Command::new("tar")
@@ -63,16 +74,7 @@ fn upload(prefix: &str, format: &str, names: &[&str], ids: std::ops::Range<usize
     for (k, name) in names.iter().enumerate() {
         let mine: Vec<usize> = ids.clone().filter(|i| i % names.len() == k).collect();
         let bytes = match format {
-            "gpf" => {
-                let p = dir.path().join("s.gpf");
-                let mut w = ShardWriter::create(&p, 1).unwrap();
-                for &i in &mine {
-                    w.add(&format!("s{i}"), 0, &[], &payload(i, len_of(i)))
-                        .unwrap();
-                }
-                w.finish().unwrap();
-                std::fs::read(&p).unwrap()
-            }
+            "gpf" => gpf(&dir.path().join("s.gpf"), mine),
             "tar" => {
                 // GNU tar writes it: an independent writer.
                 let src = dir.path().join(format!("src{k}"));
@@ -424,15 +426,8 @@ fn keys_that_collided_and_odd_keys_each_read_their_own_bytes() {
     // name, SeaweedFS's limit being 255; 100 `:`, 300 bytes escaped): all read, each its own
     // bytes (layout 2 refused the first and the last).
     let store = Store::open_with("s3://gpufeed/h-prefix", &stores()).unwrap();
-    let one = |i: usize| {
-        let d = disk_dir();
-        let p = d.path().join("s.gpf");
-        let mut w = ShardWriter::create(&p, 1).unwrap();
-        w.add(&format!("s{i}"), 0, &[], &payload(i, len_of(i)))
-            .unwrap();
-        w.finish().unwrap();
-        std::fs::read(&p).unwrap()
-    };
+    let scratch = disk_dir();
+    let one = |i: usize| gpf(&scratch.path().join("s.gpf"), [i]);
     let long = format!("{}.gpf", "l".repeat(250));
     let colons = format!("{}/x.gpf", ":".repeat(100));
     let keys = ["a.gpf", "a.gpf/b.gpf", long.as_str(), colons.as_str()];
@@ -598,12 +593,7 @@ fn a_file_named_twice_is_refused_and_a_slash_names_the_prefix() {
     }
     let local = disk_dir();
     let p = local.path().join("s.gpf");
-    let mut w = ShardWriter::create(&p, 1).unwrap();
-    for i in 0..10 {
-        w.add(&format!("s{i}"), 0, &[], &payload(i, len_of(i)))
-            .unwrap();
-    }
-    w.finish().unwrap();
+    gpf(&p, 0..10);
     let dotted = local.path().join(".").join("s.gpf");
     let e = gpufeed_fails(
         cache.path(),
@@ -957,16 +947,7 @@ fn remote_verify_reports_what_local_verify_reports() {
         return;
     }
     let local = disk_dir();
-    let shard = |name: &str, ids: std::ops::Range<usize>| {
-        let p = local.path().join(name);
-        let mut w = ShardWriter::create(&p, 1).unwrap();
-        for i in ids {
-            w.add(&format!("s{i}"), 0, &[], &payload(i, len_of(i)))
-                .unwrap();
-        }
-        w.finish().unwrap();
-        std::fs::read(&p).unwrap()
-    };
+    let shard = |name: &str, ids: std::ops::Range<usize>| gpf(&local.path().join(name), ids);
     let good = shard("a.gpf", 0..10);
     let mut damaged = shard("b.gpf", 10..20);
     // Sample 3 of b.gpf: a byte of its payload flipped (its checksum no longer matches).
