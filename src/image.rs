@@ -127,17 +127,61 @@ fn jpeg(b: &[u8]) -> Result<(), String> {
             if !frame {
                 return Err("JPEG scan before any frame header".into());
             }
-            // Entropy-coded data follows; 0xff in it is stuffed (ff 00) or a restart marker, so
-            // ff d9 after the scan starts can only be the end-of-image marker.
-            let data = &b[at + len..];
-            return if data.windows(2).any(|w| w == [0xff, 0xd9]) {
+            return if jpeg_reaches_eoi(b, at + len) {
                 Ok(())
             } else {
-                Err("truncated JPEG: no end-of-image marker".into())
+                Err("truncated JPEG: its scans do not reach an end-of-image marker".into())
             };
         }
         at += len;
     }
+}
+
+/// Whether a JPEG whose first scan's entropy-coded data starts at `at` goes on to its
+/// end-of-image marker: through that data (where `ff` is stuffed `ff 00`, a restart marker or
+/// fill), then every segment between scans skipped by its length (a Huffman or quantisation
+/// table may hold the bytes `ff d9`), then any later scan, up to `ff d9`. A file cut anywhere
+/// after its first scan began — a progressive one at a scan boundary, a baseline one mid-scan —
+/// does not, whatever part of it a decoder read (a cropped decode may stop before the cut, and
+/// libjpeg-turbo says only its first warning).
+pub fn jpeg_reaches_eoi(b: &[u8], at: usize) -> bool {
+    reaches_eoi(b, at, true)
+}
+
+/// [`jpeg_reaches_eoi`] from `at`, where `scanned` says whether a scan has begun (an end
+/// before any scan is not an image's).
+fn reaches_eoi(b: &[u8], mut at: usize, mut scanned: bool) -> bool {
+    loop {
+        // Entropy-coded data (or stray bytes, which libjpeg skips too) up to the next marker:
+        // an `ff` that is not stuffing, a restart marker or fill.
+        let Some(k) = b.get(at..).and_then(|d| memchr::memchr(0xff, d)) else {
+            return false;
+        };
+        at += k + 1;
+        match b.get(at) {
+            None => return false,
+            Some(0xd9) => return scanned,
+            Some(0x00 | 0x01 | 0xd0..=0xd8 | 0xff) => {} // no length; 0xff: fill, read again
+            // A scan's header is followed by its data, any other segment by a marker: both
+            // are searched for from the segment's end.
+            Some(&m) => {
+                let Some(len) = be16(b, at + 1).filter(|&l| l >= 2) else {
+                    return false;
+                };
+                scanned |= m == 0xda;
+                at += 1 + len;
+            }
+        }
+    }
+}
+
+/// Whether a JPEG holds its whole image: from its start-of-image marker, through its segments
+/// (skipped by their lengths) and scans, it reaches its end-of-image marker after a scan
+/// ([`jpeg_reaches_eoi`]); stray bytes between segments are passed over, as libjpeg-turbo
+/// passes them (with a warning). Every decode of a JPEG asks, after the decoder is done with
+/// it, so that a cut file is refused whatever the decoder read of it.
+pub fn jpeg_is_whole(b: &[u8]) -> bool {
+    b.starts_with(&[0xff, 0xd8]) && reaches_eoi(b, 2, false)
 }
 
 fn png(b: &[u8]) -> Result<(), String> {
@@ -281,6 +325,34 @@ mod tests {
         j.extend([0x12, 0xff, 0x00, 0x34, 0xff, 0xd0, 0x56]);
         j.extend([0xff, 0xd9]);
         j
+    }
+
+    /// A progressive JPEG's structure, two scans with a table between them whose bytes hold
+    /// `ff d9`: every cut after its first scan began is found, whatever the cut, and only the
+    /// whole file (with or without a trailer) reaches its end.
+    #[test]
+    fn a_jpeg_cut_after_its_first_scan_does_not_reach_its_end() {
+        let mut j = vec![0xff, 0xd8];
+        j.extend([0xff, 0xc2, 0, 11, 8, 0, 8, 0, 8, 1, 1, 0x11, 0]);
+        j.extend([0xff, 0xda, 0, 8, 1, 1, 0, 0, 0, 0]);
+        j.extend([0x12, 0xff, 0x00, 0xff, 0xd3, 0x34]);
+        // A Huffman table whose payload holds ff d9 (skipped by its length).
+        j.extend([0xff, 0xc4, 0, 6, 0x10, 0xff, 0xd9, 0x01]);
+        j.extend([0xff, 0xff, 0xda, 0, 8, 1, 1, 1, 0x3f, 0]);
+        j.extend([0x56, 0xff, 0x00, 0x78]);
+        j.extend([0xff, 0xd9]);
+        assert!(jpeg_is_whole(&j) && check(&j, ImageKind::Jpeg).is_ok());
+        let mut trailer = j.clone();
+        trailer.extend(b"vendor trailer");
+        assert!(jpeg_is_whole(&trailer));
+        for cut in 2..j.len() - 1 {
+            assert!(!jpeg_is_whole(&j[..cut]), "cut at {cut}");
+            assert!(check(&j[..cut], ImageKind::Jpeg).is_err(), "cut at {cut}");
+            // However it ends: a cut at a scan boundary followed by an appended trailer.
+            let mut t = j[..cut].to_vec();
+            t.extend(b"trailer");
+            assert!(!jpeg_is_whole(&t), "cut at {cut}, then a trailer");
+        }
     }
 
     fn png_bytes() -> Vec<u8> {

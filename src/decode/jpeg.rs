@@ -293,8 +293,10 @@ impl Turbo {
     /// packed 8-bit pixels of `channels` (3: RGB, gray expanded; 4: CMYK as stored), the rows
     /// `crop` names: `(x, y, w, h)` in scaled pixels with `x` on an iMCU boundary, or the whole
     /// image. `(w, h)` must be what that gives (the crop's size, or the scaled image's) and
-    /// `out` must hold `w * h * channels` bytes; both are checked against `data`'s own header. Warnings other than truncation (e.g. extraneous
-    /// bytes before a marker, common in real datasets) are ignored, as Pillow does.
+    /// `out` must hold `w * h * channels` bytes; both are checked against `data`'s own header.
+    /// A file that does not reach its end-of-image marker is `Truncated`, whatever part of it
+    /// the decode read; other warnings (e.g. extraneous bytes before a marker, common in real
+    /// datasets) are ignored, as Pillow does.
     pub fn decode(
         &mut self,
         data: &[u8],
@@ -400,6 +402,13 @@ impl Turbo {
             if msg.contains("Premature end") {
                 return Err(JpegError::Truncated);
             }
+        }
+        // libjpeg-turbo says only its first warning (a benign one — extraneous bytes before a
+        // marker — hides a later "Premature end"), and a cropped decode stops reading at the
+        // crop's last row: a file cut after that, or at a progressive scan's boundary, decodes
+        // with no word of it. Whether the data reaches its end decides, whatever was read.
+        if !crate::image::jpeg_is_whole(data) {
+            return Err(JpegError::Truncated);
         }
         Ok(())
     }

@@ -788,6 +788,80 @@ fn a_damaged_jpeg_never_changes_the_next_decode_on_the_thread() {
     assert!(refused > damaged.len() / 2, "damaged images are refused");
 }
 
+/// Every truncated JPEG is refused as truncated, by every decode (the training transform's
+/// cropped one too, whatever its crop), as `gpufeed verify` refuses it (issue 52 item 4).
+/// Pillow's progressive, CMYK and baseline files, cut at each scan's boundary and inside
+/// scans; and each again with two stray bytes before its second segment after the first scan
+/// (libjpeg-turbo warns of "extraneous bytes", and says only its first warning). Before, a
+/// cropped decode that stopped above the cut, and every decode of a file whose first warning
+/// was another, gave an image with no error (the trial's blurred and grey-banded images).
+#[test]
+fn a_truncated_jpeg_is_refused_by_every_decode_whatever_it_warned_first() {
+    let dir = disk_dir();
+    let Some(jpegs) = pillow_jpegs(dir.path()) else {
+        return;
+    };
+    let mut cut = Vec::new();
+    for name in ["progressive", "progressive444", "cmyk", "s420", "gray"] {
+        let j = &jpegs[name];
+        let markers: Vec<usize> = (0..j.len() - 1)
+            .filter(|&k| j[k] == 0xff && matches!(j[k + 1], 0xda | 0xc4))
+            .collect();
+        let first_scan = markers.iter().copied().find(|&k| j[k + 1] == 0xda).unwrap();
+        // The first segment after the first scan's data (a later scan or its table), if any.
+        let next = markers.iter().copied().find(|&k| k > first_scan + 2);
+        let mut variants = vec![(String::new(), j.clone())];
+        if let Some(at) = next {
+            let mut stray = j[..at].to_vec();
+            stray.extend([0x00, 0x00]);
+            stray.extend(&j[at..]);
+            variants.push((" with stray bytes".into(), stray));
+        }
+        for (what, v) in variants {
+            let len = v.len();
+            let mut ats: Vec<usize> = (0..len - 1)
+                .filter(|&k| v[k] == 0xff && matches!(v[k + 1], 0xda | 0xc4) && k > first_scan)
+                .collect();
+            ats.extend([first_scan + 40, len / 2, len * 3 / 4, len - 1]);
+            for at in ats {
+                cut.push((
+                    format!("{name}.jpg{what} cut at {at} of {len}"),
+                    v[..at].to_vec(),
+                ));
+            }
+            // The whole file decodes (the stray bytes are only a warning).
+            let mut rgb = Vec::new();
+            RgbDecoder::new()
+                .unwrap()
+                .decode(&v, &mut rgb)
+                .unwrap_or_else(|e| panic!("{name}.jpg{what}: {e}"));
+        }
+    }
+    assert!(cut.len() > 40, "{} cut files", cut.len());
+    let mut rgb_dec = RgbDecoder::new().unwrap();
+    let mut rgb = Vec::new();
+    let mut train = SampleDecoder::new(ImageSpec::train(48).dtype(PixelType::U8)).unwrap();
+    let mut eval = SampleDecoder::new(ImageSpec::eval(48).dtype(PixelType::U8)).unwrap();
+    let mut out = vec![0u8; train.sample_bytes()];
+    for (what, bytes) in &cut {
+        assert!(
+            gpufeed::image::check(bytes, gpufeed::image::ImageKind::Jpeg).is_err(),
+            "verify passed {what}"
+        );
+        let e = rgb_dec.decode(bytes, &mut rgb).expect_err(what);
+        assert!(e.to_string().contains("truncated"), "{what}: {e}");
+        let e = eval.decode(bytes, 5, 0, 7, &mut out).expect_err(what);
+        assert!(e.to_string().contains("truncated"), "{what}: {e}");
+        // Many crops: one above the cut decodes nothing the cut took.
+        for id in 0..24 {
+            let e = train
+                .decode(bytes, 5, 0, id, &mut out)
+                .expect_err(&format!("{what}, crop of sample {id}"));
+            assert!(e.to_string().contains("truncated"), "{what}: {e}");
+        }
+    }
+}
+
 /// The same through image loaders on one decode thread, in sequential order, on the host and
 /// on the simulated device (whose hardware route decodes with libjpeg-turbo standing in for
 /// nvJPEG, on the decode thread): a folder alternating damaged and good images. Every good
