@@ -275,6 +275,28 @@ class LoaderTests(unittest.TestCase):
         with self.assertRaises(ValueError):
             loader(device="tpu")
 
+    def test_malformed_store_settings_are_errors_never_panics(self):
+        # object_store panicked on these at the first request: PanicException, which
+        # `except Exception` does not catch.
+        for name, value in [
+            ("AWS_ENDPOINT_URL", "http://h:99999"),
+            ("AWS_ENDPOINT_URL", "not a url"),
+            ("AWS_ENDPOINT_URL_S3", "http://"),
+            ("AWS_REGION", "a b"),
+            ("AWS_SESSION_TOKEN", "a\nb"),
+        ]:
+            saved = os.environ.get(name)
+            os.environ[name] = value
+            try:
+                with self.assertRaises(gpufeed.GpufeedError) as c:
+                    gpufeed.Loader("s3://bucket/prefix", batch_size=8)
+                self.assertIn(name, str(c.exception))
+            finally:
+                if saved is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = saved
+
     def test_rank_and_world_size_default_to_torch_distributed_env(self):
         os.environ.update(RANK="1", WORLD_SIZE="4")
         try:

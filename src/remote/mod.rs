@@ -129,10 +129,14 @@ fn aws_profile() -> HashMap<String, String> {
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let file = |var: &str, name: &str| {
         std::env::var_os(var)
+            .filter(|v| !v.is_empty())
             .map(PathBuf::from)
             .or_else(|| home.as_ref().map(|h| h.join(".aws").join(name)))
     };
-    let profile = std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".into());
+    let profile = std::env::var("AWS_PROFILE")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "default".into());
     let mut out = HashMap::new();
     for (path, section) in [
         (
@@ -238,6 +242,53 @@ fn no_retries() -> RetryConfig {
     }
 }
 
+/// The environment's variables whose names start with `prefix` (`AWS_`, `GOOGLE_`, `AZURE_`),
+/// as `object_store`'s `from_env` reads them, except that an empty one is as if unset: an env
+/// file's `AWS_ENDPOINT_URL=` means none (object_store took it for an endpoint and panicked on
+/// the first request).
+fn env_settings(prefix: &str) -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, v)| k.starts_with(prefix) && !v.is_empty())
+        .collect()
+}
+
+/// Why an S3 setting cannot be used, in words (its value named where it is no secret):
+/// object_store panics on an endpoint that is not an absolute http(s) URL and on a region, key
+/// id or token that cannot go into an HTTP header, at the first request.
+fn check_s3_setting(
+    key: &object_store::aws::AmazonS3ConfigKey,
+    v: &str,
+) -> std::result::Result<(), String> {
+    use object_store::aws::AmazonS3ConfigKey as K;
+    let control = |v: &str| v.chars().any(|c| c.is_control());
+    match key {
+        K::Endpoint | K::S3Endpoint | K::StsEndpoint | K::MetadataEndpoint => {
+            let u = url::Url::parse(v).map_err(|e| format!("is {v:?}, not a URL ({e})"))?;
+            if !matches!(u.scheme(), "http" | "https") || !u.has_host() {
+                return Err(format!(
+                    "is {v:?}: an endpoint is an http:// or https:// URL with a host \
+                     (http://127.0.0.1:9000, https://s3.example.com)"
+                ));
+            }
+        }
+        K::Region | K::DefaultRegion
+            if !v
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) =>
+        {
+            return Err(format!(
+                "is {v:?}: a region is a name of letters, digits and dashes (us-east-1)"
+            ));
+        }
+        K::AccessKeyId | K::Token | K::RoleArn | K::RoleSessionName if control(v) => {
+            return Err("holds a control character (a line break?)".into());
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// The key prefix a URL's path names: percent-decoded once (`%25` in the URL is a `%` in the key).
 fn url_path(url: &str, path: &str) -> Result<ObjPath> {
     ObjPath::from_url_path(path).map_err(|e| invalid(format!("{url}: not a key prefix ({e})")))
@@ -264,8 +315,22 @@ impl Store {
         let (inner, prefix): (Arc<dyn ObjectStore>, ObjPath) = match scheme.as_str() {
             "s3" | "s3a" => {
                 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as K};
-                let mut b = AmazonS3Builder::from_env();
-                // The shared files fill in what the environment left unset.
+                let bucket = parsed.host_str().unwrap_or_default();
+                // Each setting with where it came from (for an error that names it): the
+                // store options, then the environment, then the shared files fill in what is
+                // still unset.
+                let mut settings: Vec<(K, String, String)> = Vec::new();
+                for (k, v) in options.s3_of(bucket) {
+                    let key: K = k.parse().map_err(|e| store_error(&url, e))?;
+                    settings.push((key, v.clone(), format!("the store options' {k}")));
+                }
+                for (name, v) in env_settings("AWS_") {
+                    if let Ok(key) = name.to_ascii_lowercase().parse::<K>() {
+                        if !settings.iter().any(|(k, _, _)| *k == key) {
+                            settings.push((key, v, name));
+                        }
+                    }
+                }
                 let profile = aws_profile();
                 for (name, key) in [
                     ("aws_access_key_id", K::AccessKeyId),
@@ -274,21 +339,18 @@ impl Store {
                     ("region", K::Region),
                     ("endpoint_url", K::Endpoint),
                 ] {
-                    if b.get_config_value(&key).is_none() {
-                        if let Some(v) = profile.get(name) {
-                            b = b.with_config(key, v);
+                    if !settings.iter().any(|(k, _, _)| *k == key) {
+                        if let Some(v) = profile.get(name).filter(|v| !v.is_empty()) {
+                            settings.push((key, v.clone(), format!("the AWS profile's {name}")));
                         }
                     }
                 }
-                let bucket = parsed.host_str().unwrap_or_default();
-                for (k, v) in options.s3_of(bucket) {
-                    let key: K = k.parse().map_err(|e| store_error(&url, e))?;
-                    b = b.with_config(key, v);
-                }
-                if b.get_config_value(&K::Region).is_none() {
-                    if let Ok(r) = std::env::var("AWS_REGION") {
-                        b = b.with_config(K::Region, r);
-                    }
+                let mut b = AmazonS3Builder::new();
+                for (key, v, from) in &settings {
+                    check_s3_setting(key, v).map_err(|why| {
+                        invalid(format!("{url}: {from} {why}; unset it or correct it"))
+                    })?;
+                    b = b.with_config(*key, v);
                 }
                 let http = [K::Endpoint, K::S3Endpoint]
                     .iter()
@@ -303,7 +365,20 @@ impl Store {
                 (Arc::new(store), url_path(&url, parsed.path())?)
             }
             "gs" => {
-                let store = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+                let mut b = GoogleCloudStorageBuilder::new();
+                if let Some(p) = std::env::var("SERVICE_ACCOUNT")
+                    .ok()
+                    .filter(|p| !p.is_empty())
+                {
+                    b = b.with_service_account_path(p);
+                }
+                for (k, v) in env_settings("GOOGLE_") {
+                    if let Ok(key) = k.to_ascii_lowercase().parse::<GoogleConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                let store = b
                     .with_url(url.as_str())
                     .with_retry(no_retries())
                     .with_client_options(client_options())
@@ -312,7 +387,20 @@ impl Store {
                 (Arc::new(store), url_path(&url, parsed.path())?)
             }
             "az" | "azure" | "abfs" | "abfss" => {
-                let store = object_store::azure::MicrosoftAzureBuilder::from_env()
+                use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+                let mut b = MicrosoftAzureBuilder::new();
+                for (k, v) in env_settings("AZURE_") {
+                    if let Ok(key) = k.to_ascii_lowercase().parse::<AzureConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                if let Some(e) = std::env::var("IDENTITY_ENDPOINT")
+                    .ok()
+                    .filter(|e| !e.is_empty())
+                {
+                    b = b.with_msi_endpoint(e);
+                }
+                let store = b
                     .with_url(url.as_str())
                     .with_retry(no_retries())
                     .with_client_options(client_options())
@@ -546,7 +634,12 @@ impl Store {
         let mut said = false;
         loop {
             tries += 1;
-            let e = match op() {
+            // A panic inside object_store (a setting it failed to check, a server's answer it
+            // did not expect) is this request's error, never the caller's crash: no panic
+            // crosses a door (the CLI exited 101, Python raised PanicException).
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut op))
+                .unwrap_or_else(|p| Err(panicked(p)));
+            let e = match r {
                 Ok(v) => {
                     answered()
                         .lock()
@@ -605,6 +698,22 @@ impl Store {
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
+    }
+}
+
+/// A panic's payload as object_store's error (permanent: the same request panics again).
+fn panicked(p: Box<dyn std::any::Any + Send>) -> object_store::Error {
+    let why = p
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into());
+    object_store::Error::NotSupported {
+        source: format!(
+            "the object-store client failed on this request ({why}); check the store's \
+             settings (AWS_*, GOOGLE_*, AZURE_* and the profile)"
+        )
+        .into(),
     }
 }
 

@@ -109,6 +109,67 @@ fn environment_forces_the_engine_end_to_end() {
     }
 }
 
+/// Malformed store settings in the environment are clear errors naming the variable, never a
+/// panic (issue 52 item 5: object_store panicked on them at the first request, exit 101 with a
+/// backtrace); an empty one is as if unset (an env file's `AWS_ENDPOINT_URL=`), so the
+/// profile's endpoint is used.
+#[test]
+fn malformed_store_settings_are_errors_and_empty_ones_are_unset() {
+    let dir = disk_dir();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let config = dir.path().join("config");
+    std::fs::write(
+        &config,
+        format!("[default]\nendpoint_url = http://127.0.0.1:{port}\nregion = us-east-1\n"),
+    )
+    .unwrap();
+    let run = |vars: &[(&str, &str)]| {
+        let mut c = gpufeed();
+        c.args(["inspect", "s3://bucket/prefix"])
+            .env("AWS_CONFIG_FILE", &config)
+            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
+            .env("AWS_ACCESS_KEY_ID", "k")
+            .env("AWS_SECRET_ACCESS_KEY", "s");
+        for k in [
+            "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT",
+            "AWS_ENDPOINT_URL_S3",
+            "AWS_REGION",
+        ] {
+            c.env_remove(k);
+        }
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{vars:?}: {err}");
+        assert!(!err.contains("panicked"), "{vars:?}: {err}");
+        err
+    };
+    for (name, value) in [
+        ("AWS_ENDPOINT_URL", "http://h:99999"),
+        ("AWS_ENDPOINT_URL", "not a url"),
+        ("AWS_ENDPOINT_URL", "http://"),
+        ("AWS_ENDPOINT_URL", "ftp://host"),
+        ("AWS_ENDPOINT", "http://[::1"),
+        ("AWS_ENDPOINT_URL_S3", "://x"),
+        ("AWS_REGION", "a b"),
+        ("AWS_DEFAULT_REGION", "\u{1}"),
+        ("AWS_SESSION_TOKEN", "a\nb"),
+    ] {
+        let err = run(&[(name, value)]);
+        assert!(err.contains(name), "{name}={value:?}: {err}");
+    }
+    // Empty: the profile's endpoint (a closed port) is tried, not AWS's nor an empty one.
+    for name in ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"] {
+        let err = run(&[(name, "")]);
+        assert!(err.contains("connection refused"), "{name}=\"\": {err}");
+    }
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let out = gpufeed()
