@@ -560,7 +560,15 @@ impl WorkerCtx {
         let Ok(first) = rx.recv() else {
             return Ok(());
         };
-        let mut io = IoThread::start(self, &first)?;
+        let mut io = match IoThread::start(self, &first) {
+            Ok(io) => io,
+            Err(e) => {
+                // The engine could not be made (a bad GPUFEED_ENGINE, no memory to pin): the
+                // first epoch's consumer is told why, not that the thread ended.
+                let _ = first.tx.send(Msg::Failed(e));
+                return Ok(());
+            }
+        };
         io.activate(jobs, first);
         loop {
             if !io.take_epochs(rx, jobs) {

@@ -112,7 +112,7 @@ fn environment_forces_the_engine_end_to_end() {
 /// Malformed store settings in the environment are clear errors naming the variable, never a
 /// panic (issue 52 item 5: object_store panicked on them at the first request, exit 101 with a
 /// backtrace); an empty one is as if unset (an env file's `AWS_ENDPOINT_URL=`), so the
-/// profile's endpoint is used.
+/// profile's endpoint is used. A malformed `GPUFEED_ENGINE` reaches the loader's consumer.
 #[test]
 fn malformed_store_settings_are_errors_and_empty_ones_are_unset() {
     let dir = disk_dir();
@@ -163,6 +163,28 @@ fn malformed_store_settings_are_errors_and_empty_ones_are_unset() {
         let err = run(&[(name, value)]);
         assert!(err.contains(name), "{name}={value:?}: {err}");
     }
+    // An engine the loader cannot make is said as such (before: "the I/O thread ended before
+    // the epoch was complete", the reason lost with the thread).
+    let out = gpufeed()
+        .args([
+            "bench",
+            "load",
+            "--samples",
+            "200",
+            "--modes",
+            "global",
+            "--dir",
+        ])
+        .arg(dir.path().join("load"))
+        .env("GPUFEED_ENGINE", "turbo")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("GPUFEED_ENGINE: unknown engine \"turbo\""),
+        "{err}"
+    );
     // Empty: the profile's endpoint (a closed port) is tried, not AWS's nor an empty one.
     for name in ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"] {
         let err = run(&[(name, "")]);
