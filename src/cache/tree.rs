@@ -58,6 +58,17 @@ fn refused(path: &Path, found: &str, wanted: &str) -> Error {
     )
 }
 
+/// Says once per process that a cache file was not trusted, and why.
+fn say_untrusted(path: &Path, why: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        crate::util::notice(&format!(
+            "{}: {why}: not used (a file the cache makes is made anew in its place; said once)",
+            path.display()
+        ))
+    });
+}
+
 /// Whether this process is in group `gid` (its effective group `my_gid`, or a supplementary
 /// one).
 fn in_group(gid: libc::gid_t, my_gid: libc::gid_t) -> bool {
@@ -242,6 +253,19 @@ impl Tree {
         flags: OFlag,
         create: bool,
     ) -> Result<Option<File>> {
+        self.file_replacing(comps, name, flags, create, true)
+    }
+
+    /// [`file`](Self::file); `replace`: an untrusted file may be made anew (once: one made
+    /// untrusted again meanwhile is refused).
+    fn file_replacing(
+        &self,
+        comps: &[&str],
+        name: &str,
+        flags: OFlag,
+        create: bool,
+        replace: bool,
+    ) -> Result<Option<File>> {
         let Some(dir) = self.dir(comps, create)? else {
             return Ok(None);
         };
@@ -288,8 +312,50 @@ impl Tree {
                 "a file of its own",
             ));
         }
+        if let Some(why) = self.untrusted(&st) {
+            // Whoever could write it could change what the cache serves (a mapped state file,
+            // a kept listing or tar index): not used. One the caller makes is made anew in its
+            // place; one it only reads is absent.
+            drop(fd);
+            say_untrusted(&path(), &why);
+            if !create {
+                return Ok(None);
+            }
+            if !replace {
+                return Err(refused(
+                    &path(),
+                    &format!("a file {why}"),
+                    "a file of its own",
+                ));
+            }
+            nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+                .map_err(|e| Error::io("cannot remove", e.into()).with_path(path()))?;
+            return self.file_replacing(comps, name, flags, create, false);
+        }
         // O_NONBLOCK stays: it has no effect on a regular file's reads and writes.
         Ok(Some(File::from(fd)))
+    }
+
+    /// Why a file of the cache (`st`) is not to be trusted, if it is not: writable by every
+    /// user; or, in a cache that is not group-shared, another user's or writable by its group.
+    fn untrusted(&self, st: &libc::stat) -> Option<String> {
+        // SAFETY: geteuid cannot fail and touches no memory of ours.
+        let me = unsafe { libc::geteuid() };
+        let mode = st.st_mode & 0o7777;
+        if st.st_mode & libc::S_IWOTH != 0 {
+            Some(format!("writable by every user (mode {mode:o})"))
+        } else if !self.shared && st.st_mode & libc::S_IWGRP != 0 {
+            Some(format!(
+                "writable by its group (mode {mode:o}) in a cache that is not group-shared"
+            ))
+        } else if !self.shared && st.st_uid != me {
+            Some(format!(
+                "owned by user {}, not this one ({me}), in a cache that is not group-shared",
+                st.st_uid
+            ))
+        } else {
+            None
+        }
     }
 
     /// The bytes of the regular file `name` in the directory `comps` (at most `max`; `None` if
@@ -584,6 +650,50 @@ mod tests {
         std::os::unix::fs::chown(&root, None, Some(54321)).unwrap();
         assert!(Tree::open(&root).is_err());
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// A cache file others could write (or, in a cache not shared with a group, its group) is
+    /// not trusted (issue 52's rule for kept files): read, it is absent; made, it is made anew,
+    /// private. In a group-shared cache a group-writable file is the rule.
+    #[test]
+    fn files_others_could_write_are_not_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let chmod = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        let root = base.path().join("cache");
+        std::fs::create_dir(&root).unwrap();
+        let tree = Tree::open(&root).unwrap();
+        tree.write_whole(&["listing"], "x", b"kept").unwrap();
+        let at = root.join("listing/x");
+        for mode in [0o666, 0o620, 0o602] {
+            chmod(&at, mode);
+            assert_eq!(tree.read(&["listing"], "x", 100).unwrap(), None, "{mode:o}");
+            chmod(&at, 0o600);
+            assert_eq!(
+                tree.read(&["listing"], "x", 100).unwrap().as_deref(),
+                Some(&b"kept"[..])
+            );
+        }
+        chmod(&at, 0o666);
+        let f = tree
+            .file(&["listing"], "x", OFlag::O_RDWR, true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 0, "made anew");
+        assert_eq!(f.metadata().unwrap().permissions().mode() & 0o777, 0o600);
+        // Shared with a group: group-writable is how its files are; writable by all is not.
+        let shared = base.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        chmod(&shared, 0o2770);
+        let tree = Tree::open(&shared).unwrap();
+        tree.write_whole(&["listing"], "x", b"kept").unwrap();
+        let at = shared.join("listing/x");
+        chmod(&at, 0o660);
+        assert!(tree.read(&["listing"], "x", 100).unwrap().is_some());
+        chmod(&at, 0o662);
+        assert!(tree.read(&["listing"], "x", 100).unwrap().is_none());
     }
 
     #[test]

@@ -164,7 +164,7 @@ fn node_copy(
         })
     };
     let existing = || -> std::io::Result<Option<SharedMapping>> {
-        Ok(map_existing(&d, name, len, count)?.filter(&same))
+        Ok(map_existing(&d, dir, name, len, count)?.filter(&same))
     };
     if let Some(m) = existing()? {
         return Ok(m);
@@ -261,12 +261,14 @@ pub(super) fn private_dir(dir: &Path) -> std::io::Result<OwnedFd> {
     })?;
     let st = nix::sys::stat::fstat(&d).map_err(std::io::Error::from)?;
     let me = std::fs::metadata("/proc/self")?.uid();
-    if st.st_uid != me || st.st_mode & 0o022 != 0 {
+    // Private: no other user may reach the files in it at all (a file made writable in a
+    // directory others can enter was rewritten under a rank that mapped it).
+    if st.st_uid != me || st.st_mode & 0o077 != 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             format!(
-                "{} is not a directory of this user's that only it can write (owner {}, mode \
-                 {:o})",
+                "{} is not a directory private to this user (owner {}, mode {:o}; `chmod 700` \
+                 it, or name another in GPUFEED_INDEX_DIR)",
                 dir.display(),
                 st.st_uid,
                 st.st_mode & 0o7777
@@ -276,10 +278,46 @@ pub(super) fn private_dir(dir: &Path) -> std::io::Result<OwnedFd> {
     Ok(d)
 }
 
-/// The index file `name` in `d` mapped, if it is a regular file of this user's (not a link)
-/// with a header for `count` entries and `len` bytes of them; `None` if there is none.
+/// Why a kept file is not to be trusted, if it is not: another user's, not a regular file, or
+/// writable by its group or by others — whoever can write it can change what a rank serves
+/// while the rank has it mapped (the trial's `nobody` swapped two entries of a `chmod 666`
+/// index in place: sample 4,593,357's bytes and label served as 4,593,356's).
+pub(super) fn untrusted(md: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let me = std::fs::metadata("/proc/self").ok()?.uid();
+    let mode = md.permissions().mode();
+    if !md.is_file() {
+        Some("not a regular file".into())
+    } else if md.uid() != me {
+        Some(format!("owned by user {}, not this one ({me})", md.uid()))
+    } else if mode & 0o022 != 0 {
+        Some(format!(
+            "writable by its group or by others (mode {:o})",
+            mode & 0o7777
+        ))
+    } else {
+        None
+    }
+}
+
+/// Says once per process that a kept file was not trusted, and why: it is built anew (and
+/// replaces that file).
+pub(super) fn say_untrusted(path: &Path, why: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        crate::util::notice(&format!(
+            "{}: {why}: not used; the index is built anew and kept in its place (said once)",
+            path.display()
+        ))
+    });
+}
+
+/// The index file `name` in `d` (the directory `dir`) mapped, if it is a regular file of this
+/// user's that only it can write (not a link; [`untrusted`]) with a header for `count` entries
+/// and `len` bytes of them; `None` if there is none.
 fn map_existing(
     d: &OwnedFd,
+    dir: &Path,
     name: &str,
     len: usize,
     count: usize,
@@ -297,8 +335,11 @@ fn map_existing(
     };
     let f = std::fs::File::from(fd);
     let md = f.metadata()?;
-    let me = std::fs::metadata("/proc/self")?.uid();
-    if !md.is_file() || md.uid() != me || md.len() != (HEADER + len) as u64 {
+    if let Some(why) = untrusted(&md) {
+        say_untrusted(&dir.join(name), &why);
+        return Ok(None);
+    }
+    if md.len() != (HEADER + len) as u64 {
         return Ok(None);
     }
     let m = crate::sys::FileMapping::of(f.as_fd(), HEADER + len)?;

@@ -490,8 +490,10 @@ impl Inputs {
         if !self.dir.is_dir() {
             return None; // nothing kept (and nothing made here)
         }
-        let d = shared::private_dir(&self.dir).ok()?;
-        let (map, identity) = map_file(&d, &self.name)?;
+        let d = shared::private_dir(&self.dir)
+            .map_err(|e| shared::say_private(&self.dir, &e))
+            .ok()?;
+        let (map, identity) = map_file(&d, &self.dir, &self.name)?;
         let at = sections((*map).as_ref())?;
         let inputs = (*map).as_ref().get(at[INPUTS].clone())?;
         let same = match &self.root {
@@ -732,7 +734,7 @@ impl Inputs {
         ];
         let placed = shared::private_dir(&self.dir).and_then(|d| {
             write(&d, &self.name, &parts)?;
-            map_file(&d, &self.name)
+            map_file(&d, &self.dir, &self.name)
                 .map(|(m, _)| m)
                 .ok_or_else(|| std::io::Error::other("the file written is gone"))
         });
@@ -879,9 +881,10 @@ fn sections(b: &[u8]) -> Option<[Range<usize>; SECTIONS]> {
     (at.iter().map(|r| r.end).max() == Some(b.len())).then_some(at)
 }
 
-/// The index file `name` in `d`, mapped, if it is a regular file of this user's (not a link,
-/// not waited on) at least a header long.
-fn map_file(d: &OwnedFd, name: &str) -> Option<(SharedBytes, (u64, u64))> {
+/// The index file `name` in `d` (the directory `dir`), mapped, if it is a regular file of this
+/// user's that only it can write (not a link, not waited on; `shared::untrusted`) at least a
+/// header long.
+fn map_file(d: &OwnedFd, dir: &Path, name: &str) -> Option<(SharedBytes, (u64, u64))> {
     let fd = nix::fcntl::openat(
         d,
         name,
@@ -891,8 +894,11 @@ fn map_file(d: &OwnedFd, name: &str) -> Option<(SharedBytes, (u64, u64))> {
     .ok()?;
     let f = std::fs::File::from(fd);
     let md = f.metadata().ok()?;
-    let me = std::fs::metadata("/proc/self").ok()?.uid();
-    if !md.is_file() || md.uid() != me || md.len() < HEADER as u64 {
+    if let Some(why) = shared::untrusted(&md) {
+        shared::say_untrusted(&dir.join(name), &why);
+        return None;
+    }
+    if md.len() < HEADER as u64 {
         return None;
     }
     let len = usize::try_from(md.len()).ok()?;
@@ -1012,6 +1018,64 @@ mod tests {
             ..OpenOptions::default()
         };
         assert!(Inputs::of(Format::Megatron, &paths, &windows).is_none());
+    }
+
+    /// A kept index that its group or others could write, or in a directory others can enter,
+    /// is not used (issue 52 item 2: another user rewrote a `chmod 666` index under a rank that
+    /// had mapped it); the next keep replaces it with one only its owner can read.
+    #[test]
+    fn a_kept_index_others_could_write_is_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("a.tar");
+        let n = 70_000usize;
+        std::fs::File::create(&data)
+            .unwrap()
+            .set_len((n * 1100) as u64)
+            .unwrap();
+        let samples: Vec<Sample> = (0..n)
+            .map(|i| Sample {
+                file: 0,
+                len: 10,
+                offset: 1100 * i as u64,
+                label: (i % 7) as i64,
+                crc32c: 0,
+            })
+            .collect();
+        let keys: Vec<String> = (0..n).map(|i| format!("s{i:06}")).collect();
+        let files = vec![data_file(&data, (n * 1100) as u64)];
+        let make = || {
+            let mut ds = Dataset::from_parts(files.clone(), samples.clone(), keys.clone()).unwrap();
+            ds.format = Format::WebDataset;
+            ds
+        };
+        let paths = vec![data.clone()];
+        let opts = OpenOptions::default();
+        let mut inputs = Inputs::of(Format::WebDataset, &paths, &opts).expect("inputs");
+        inputs.dir = dir.path().join("index");
+        inputs.newest = 0; // settled
+        assert!(inputs.store(&mut make(), &paths, &opts, None));
+        let kept = inputs.dir.join(&inputs.name);
+        let chmod = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        assert!(inputs.load(&paths, &opts).is_some());
+        for mode in [0o666, 0o620, 0o602] {
+            chmod(&kept, mode);
+            assert!(inputs.load(&paths, &opts).is_none(), "mode {mode:o}");
+        }
+        chmod(&kept, 0o600);
+        assert!(inputs.load(&paths, &opts).is_some());
+        // A directory others can enter.
+        chmod(&inputs.dir, 0o755);
+        assert!(inputs.load(&paths, &opts).is_none());
+        chmod(&inputs.dir, 0o700);
+        // Kept again over the untrusted file: a new one, read-only to its owner.
+        chmod(&kept, 0o666);
+        assert!(inputs.store(&mut make(), &paths, &opts, None));
+        let mode = std::fs::metadata(&kept).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o400);
+        assert!(inputs.load(&paths, &opts).is_some());
     }
 
     /// A dataset of 70,000 samples with keys over one file, kept as the node's index in a
