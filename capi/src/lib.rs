@@ -649,7 +649,11 @@ pub unsafe extern "C" fn gpufeed_loader_open_paths(
         let built = loader_settings(&o).and_then(|settings| {
             // SAFETY: the strings of `o` are NUL-terminated per the contract.
             unsafe { dataset_options(&o) }
-                .and_then(|opts| Dataset::open_paths(&list, &opts))
+                .and_then(|mut opts| {
+                    // The open waits for a store no longer than a batch is waited for.
+                    opts.store = opts.store.open_timeout(settings.timeout);
+                    Dataset::open_paths(&list, &opts)
+                })
                 .and_then(|ds| {
                     Loader::builder(ds)
                         .front_door(gpufeed::config::FrontDoor::C)

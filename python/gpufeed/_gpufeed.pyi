@@ -221,7 +221,9 @@ class Loader(Generic[_B]):
     are used — no wait at the boundary; one that is not used is dropped. ``timeout``: seconds
     one wait for a batch may last before ``GpufeedError`` says what it waits for and who holds
     the read buffers (default None: as long as it takes — a slow step or a pause is never an
-    error; the pass stays usable after a timeout).
+    error; the pass stays usable after a timeout). It bounds each of the open's waits for an
+    object store too (a store that accepts connections and never answers fails the open in that
+    time instead of after two minutes of retries).
 
     Passes: ``set_epoch(e)`` chooses the epoch the next pass reads; without it, a finished pass
     is followed by the next epoch (a new order each pass). A loader reads one pass at a time:

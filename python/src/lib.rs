@@ -640,7 +640,9 @@ impl PyLoader {
                 .map_err(value_err)?,
             _ => {}
         }
-        let opts = dataset_options(dataset)?;
+        let mut opts = dataset_options(dataset)?;
+        // The open waits for a store no longer than a batch is waited for.
+        opts.store = opts.store.open_timeout(settings.timeout);
         let path_list = path_list(paths)?;
         let loader = py
             .detach(|| -> gpufeed::Result<Loader> {

@@ -297,6 +297,52 @@ class LoaderTests(unittest.TestCase):
                 else:
                     os.environ[name] = saved
 
+    def test_timeout_bounds_the_open_of_a_store_that_never_answers(self):
+        # A server that accepts connections, reads, and never answers: the open took 120 s,
+        # silently, whatever timeout= said.
+        import socket
+        import threading
+        import time
+
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(16)
+        held = []
+
+        def serve():
+            while True:
+                try:
+                    c, _ = srv.accept()
+                except OSError:
+                    return
+                held.append(c)
+
+        threading.Thread(target=serve, daemon=True).start()
+        env = dict(
+            AWS_ENDPOINT_URL="http://127.0.0.1:%d" % srv.getsockname()[1],
+            AWS_ACCESS_KEY_ID="k",
+            AWS_SECRET_ACCESS_KEY="s",
+            AWS_REGION="us-east-1",
+        )
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            t0 = time.monotonic()
+            with self.assertRaises(gpufeed.GpufeedError) as c:
+                gpufeed.Loader("s3://bucket/prefix", batch_size=8, timeout=1.5)
+            took = time.monotonic() - t0
+            self.assertIn("timeout", str(c.exception))
+            self.assertLess(took, 4.0, str(c.exception))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
+            srv.close()
+            for c in held:
+                c.close()
+
     def test_rank_and_world_size_default_to_torch_distributed_env(self):
         os.environ.update(RANK="1", WORLD_SIZE="4")
         try:

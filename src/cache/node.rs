@@ -11,10 +11,17 @@
 //! DIR/usage                  the cache's marker (magic, layout version, extent size) and the
 //!                            node-wide counters (bytes cached, GETs, bytes fetched…)
 //! DIR/CACHEDIR.TAG           tells backup tools to skip the directory
-//! DIR/data/SCHEME/HOST/KEY   the object's bytes, extent by extent (sparse)
-//! DIR/state/SCHEME/HOST/KEY  header (URL, size, ETag, extent bytes), one byte per extent, then
-//!                            one crc32c per extent
-//! DIR/index/SCHEME/HOST/KEY  a WebDataset tar's walk (its members), kept for every later open
+//! DIR/data/SCHEME/ORIGIN/HOST/KEY   the object's bytes, extent by extent (sparse)
+//! DIR/state/SCHEME/ORIGIN/HOST/KEY  header (URL and origin, size, ETag, extent bytes), one
+//!                                   byte per extent, then one crc32c per extent
+//! DIR/index/SCHEME/ORIGIN/HOST/KEY  a WebDataset tar's walk (its members), kept for every
+//!                                   later open
+//! DIR/listing/SCHEME/ORIGIN/HOST/PREFIX  a dataset URL's listing, for an open while the store
+//!                                   is down
+//!
+//! ORIGIN is the server the bucket is on ([`Store::origin`]: an S3 endpoint, `aws`, an Azure
+//! account): two endpoints with one bucket and key (a staging store and production, a mirror
+//! and AWS) are two objects, and a kept listing serves only the server that wrote it.
 //! ```
 //!
 //! Each key component is a file name through `tree::component_name`, which is injective
@@ -85,10 +92,11 @@ pub const EXTENT_BYTES_MIN: u64 = 64 << 10;
 pub const EXTENT_BYTES_MAX: u64 = 256 << 20;
 
 /// The usage file's first bytes: what marks a directory as a gpufeed cache, and its layout.
-const USAGE_MAGIC: &[u8; 8] = b"GPFCUSE3";
-/// Caches of older layouts, emptied and made layout 3 when opened: 1 (keys mapped lossily, no
-/// checksums), 2 (a key's directories named as its objects are, long components refused).
-const USAGE_MAGIC_OLD: [&[u8; 8]; 2] = [b"GPFCUSE1", b"GPFCUSE2"];
+const USAGE_MAGIC: &[u8; 8] = b"GPFCUSE4";
+/// Caches of older layouts, emptied and made layout 4 when opened: 1 (keys mapped lossily, no
+/// checksums), 2 (a key's directories named as its objects are, long components refused), 3
+/// (objects named by their URL alone: two endpoints' `s3://b/k` shared one entry).
+const USAGE_MAGIC_OLD: [&[u8; 8]; 3] = [b"GPFCUSE1", b"GPFCUSE2", b"GPFCUSE3"];
 const STATE_MAGIC: &[u8; 8] = b"GPFSTAT2";
 /// Bytes of a state file before its extent bytes (and of the usage file).
 const HEADER_BYTES: usize = 4096;
@@ -966,18 +974,24 @@ impl NodeCache {
             });
     }
 
-    /// Where an object's files live below the root: the components of `SCHEME/HOST/KEY`, each
-    /// a file name injectively (`tree::component_name`; the key's directories marked apart from
-    /// its objects, `tree::dir_component_name`), and the URL the state file records (without
-    /// any userinfo).
-    fn object_comps(&self, url: &str) -> Result<(Vec<String>, String)> {
+    /// Where an object of the server `origin` ([`Store::origin`]) lives below the root: the
+    /// components of `SCHEME/ORIGIN/HOST/KEY`, each a file name injectively (`tree::component_name`; the key's directories marked apart from
+    /// its objects, `tree::dir_component_name`), and what the state file records: the URL
+    /// (without any userinfo) and the origin.
+    fn object_comps(&self, origin: &str, url: &str) -> Result<(Vec<String>, String)> {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| invalid(format!("{url}: not a URL")))?;
         let (host, key) = rest.split_once('/').unwrap_or((rest, ""));
         // Credentials never reach a file name.
         let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
-        let mut comps = vec![component_name(scheme), component_name(host)];
+        // The server is part of the object (two endpoints' `s3://b/k` are two objects): its
+        // own directory, after the scheme.
+        let mut comps = vec![
+            component_name(scheme),
+            component_name(origin),
+            component_name(host),
+        ];
         let parts: Vec<&str> = key.split('/').collect();
         for (i, part) in parts.iter().enumerate() {
             if *part == "." || *part == ".." || part.contains('\0') {
@@ -991,7 +1005,7 @@ impl NodeCache {
                 dir_component_name(part)
             });
         }
-        let plain = format!("{scheme}://{host}/{key}");
+        let plain = format!("{scheme}://{host}/{key} at {origin}");
         if plain.len() > URL_MAX {
             return Err(invalid(format!(
                 "{url}: an object URL over {URL_MAX} bytes cannot be cached"
@@ -1004,16 +1018,16 @@ impl NodeCache {
     /// its state matches the listing (otherwise it is emptied first). On a disk too full for
     /// its state, the object is read without being cached (said once).
     pub fn object(self: &Arc<Self>, store: &Store, info: &ObjectInfo) -> Result<Arc<CachedObject>> {
+        let (comps, plain_url) = self.object_comps(store.origin(), &info.url)?;
         let known = self
             .objects
             .lock()
             .unpoisoned()
-            .get(&info.url)
+            .get(&plain_url)
             .and_then(|w| w.upgrade());
         if let Some(o) = known.filter(|o| o.info == *info) {
             return Ok(o);
         }
-        let (comps, plain_url) = self.object_comps(&info.url)?;
         let (name, dirs) = comps.split_last().expect("scheme and host at least");
         let name = name.clone();
         let dirs: Vec<String> = dirs.to_vec();
@@ -1095,14 +1109,14 @@ impl NodeCache {
         // that its threads share one record of what they fetched and checked.
         let obj = {
             let mut objects = self.objects.lock().unpoisoned();
-            match objects.get(&info.url).and_then(|w| w.upgrade()) {
+            match objects.get(&plain_url).and_then(|w| w.upgrade()) {
                 Some(o) if o.info == *info => o,
                 _ => {
                     // The entries of objects gone are dropped as the map doubles.
                     if objects.len() >= 64 && objects.len().is_power_of_two() {
                         objects.retain(|_, w| w.strong_count() > 0);
                     }
-                    objects.insert(info.url.clone(), Arc::downgrade(&obj));
+                    objects.insert(plain_url, Arc::downgrade(&obj));
                     obj
                 }
             }
@@ -1113,8 +1127,13 @@ impl NodeCache {
     /// Keeps the listing of `url` (a dataset's URL, as given to the store), for an open while
     /// the store cannot be answered: `DIR/listing/SCHEME/HOST/PREFIX`, a line with its crc32c
     /// and length, then the objects as JSON. Rewritten only when it changed.
-    pub(crate) fn keep_listing(&self, url: &str, listed: &[ObjectInfo]) -> Result<()> {
-        let (comps, plain) = self.object_comps(url)?;
+    pub(crate) fn keep_listing(
+        &self,
+        store: &Store,
+        url: &str,
+        listed: &[ObjectInfo],
+    ) -> Result<()> {
+        let (comps, plain) = self.object_comps(store.origin(), url)?;
         let (at, name) = listing_at(&comps);
         let objects: Vec<serde_json::Value> = listed
             .iter()
@@ -1137,8 +1156,8 @@ impl NodeCache {
 
     /// The listing of `url` kept by [`keep_listing`](Self::keep_listing), if there is one and
     /// it is whole (its checksum and URL check out).
-    pub(crate) fn kept_listing(&self, url: &str) -> Result<Option<Vec<ObjectInfo>>> {
-        let (comps, plain) = self.object_comps(url)?;
+    pub(crate) fn kept_listing(&self, store: &Store, url: &str) -> Result<Option<Vec<ObjectInfo>>> {
+        let (comps, plain) = self.object_comps(store.origin(), url)?;
         let (at, name) = listing_at(&comps);
         let Some(bytes) = self.tree.read(&at, name, LISTING_MAX)? else {
             return Ok(None);
@@ -1172,8 +1191,8 @@ impl NodeCache {
 
     /// Bytes of `info` the cache holds, read without changing anything (0 if it has no files
     /// or they describe another version): `gpufeed cache status`.
-    pub fn present_bytes_of(&self, info: &ObjectInfo) -> Result<u64> {
-        let (comps, plain_url) = self.object_comps(&info.url)?;
+    pub fn present_bytes_of(&self, store: &Store, info: &ObjectInfo) -> Result<u64> {
+        let (comps, plain_url) = self.object_comps(store.origin(), &info.url)?;
         let (name, dirs) = comps.split_last().expect("scheme and host at least");
         let at: Vec<&str> = std::iter::once("state")
             .chain(dirs.iter().map(String::as_str))

@@ -22,7 +22,9 @@ use crate::remote::{ObjectInfo, Store};
 /// without an index is walked extent by extent, and what fits stays in the cache).
 pub(crate) fn open(urls: &[&str], opts: &OpenOptions) -> Result<Dataset> {
     let (format, paths, src) = objects_of(urls, opts)?;
-    let mut ds = Dataset::open_files_from(format, &paths, opts, &src).map_err(|e| src.named(e))?;
+    let ds = Dataset::open_files_from(format, &paths, opts, &src).map_err(|e| src.named(e));
+    src.opened();
+    let mut ds = ds?;
     ds.problems = std::mem::take(&mut ds.problems)
         .into_iter()
         .map(|e| src.named(e))
@@ -117,7 +119,7 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
     let kept_as = kept_as(store);
     let e = match store.list() {
         Ok(listed) => {
-            if let Err(e) = cache.keep_listing(&kept_as, &listed) {
+            if let Err(e) = cache.keep_listing(store, &kept_as, &listed) {
                 static SAID: AtomicBool = AtomicBool::new(false);
                 if !SAID.swap(true, Ordering::Relaxed) {
                     crate::util::notice(&format!(
@@ -135,7 +137,7 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
     let (kept, e) = kept_when_down(store, cache, e)?;
     let mut whole = 0usize;
     for o in &kept {
-        if cache.present_bytes_of(o).is_ok_and(|n| n == o.size) {
+        if cache.present_bytes_of(store, o).is_ok_and(|n| n == o.size) {
             whole += 1;
         }
     }
@@ -168,7 +170,7 @@ fn kept_when_down(
     cache: &crate::cache::NodeCache,
     e: Error,
 ) -> Result<(Vec<ObjectInfo>, String)> {
-    match cache.kept_listing(&kept_as(store)).ok().flatten() {
+    match cache.kept_listing(store, &kept_as(store)).ok().flatten() {
         Some(kept) => Ok((
             kept,
             e.to_string().replace(crate::remote::UNANSWERED_HINT, ""),
@@ -374,7 +376,7 @@ pub fn cache_status_of(urls: &[&str], opts: &OpenOptions) -> Result<CacheStatus>
             st.objects += 1;
             st.dataset_bytes += o.size;
             if let Some(c) = &cache {
-                st.present_bytes += c.present_bytes_of(o)?;
+                st.present_bytes += c.present_bytes_of(&store, o)?;
             }
         }
     }

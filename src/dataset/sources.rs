@@ -62,6 +62,15 @@ impl Sources {
         }
     }
 
+    /// The dataset these sources serve is open: the stores' waits are no longer bounded by
+    /// the open's timeout.
+    #[cfg(feature = "remote")]
+    pub(crate) fn opened(&self) {
+        for e in self.objects.values() {
+            e.obj.store().opened();
+        }
+    }
+
     /// The cached object whose node-cache copy `path` is, if it is one.
     #[cfg(feature = "remote")]
     pub fn object(&self, path: &Path) -> Option<&std::sync::Arc<crate::cache::CachedObject>> {

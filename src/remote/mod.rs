@@ -34,6 +34,10 @@ use crate::error::{invalid, Error, ErrorKind, Result};
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a failing GET is retried, from its first try, before the error is reported.
 pub const RETRY_WINDOW: Duration = Duration::from_secs(120);
+/// The longest a request waits for its next byte (the answer's head included) before it counts
+/// as stalled and is retried: a server that accepts and never answers is seen in this time,
+/// not after [`REQUEST_TIMEOUT`].
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// Requests retried by every store of this process.
 static RETRIES: AtomicU64 = AtomicU64::new(0);
 
@@ -96,6 +100,12 @@ pub struct Store {
     prefix: ObjPath,
     /// The URL ended in `/`: the objects under the prefix, never an object of that name.
     prefix_only: bool,
+    /// The server the URL's bucket is on, where the URL does not say it ([`Store::origin`]).
+    origin: String,
+    /// The limit on each wait while the dataset is being opened ([`StoreOptions::open_timeout`]),
+    /// and whether it still is (every clone sees [`Store::opened`]).
+    open_timeout: Option<Duration>,
+    opening: Arc<std::sync::atomic::AtomicBool>,
     stats: Arc<StoreStats>,
 }
 
@@ -191,9 +201,22 @@ fn ini_section(text: &str, section: &str) -> Vec<(String, String)> {
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct StoreOptions {
     s3: Vec<(String, Vec<(String, String)>)>,
+    timeout: Option<Duration>,
 }
 
 impl StoreOptions {
+    /// A limit on each wait of the open for the store (its listing, the indexes and headers it
+    /// reads), retries included: a store that accepts connections and does not answer fails
+    /// the open in this time (`TimedOut`) rather than after [`RETRY_WINDOW`]. The loader's
+    /// `timeout` setting, given at the doors that open and load at once (Python's `Loader`,
+    /// the C ABI, `bench load --timeout`). Reads once the dataset is open are not bounded by it:
+    /// a sample fetched during an epoch is waited for as long as the store is retried, and the
+    /// consumer's wait for its batch is what the loader's timeout bounds.
+    pub fn open_timeout(mut self, limit: Option<Duration>) -> StoreOptions {
+        self.timeout = limit;
+        self
+    }
+
     /// These settings for `s3://BUCKET/…` (replacing any given before for it).
     pub fn s3_bucket(mut self, bucket: &str, options: &[(&str, &str)]) -> StoreOptions {
         self.s3.retain(|(b, _)| b != bucket);
@@ -218,19 +241,23 @@ impl StoreOptions {
 /// The buckets and the names set for each, not their values (a secret key stays unprinted).
 impl std::fmt::Debug for StoreOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_map()
-            .entries(
-                self.s3
-                    .iter()
-                    .map(|(b, o)| (b, o.iter().map(|(k, _)| k).collect::<Vec<_>>())),
-            )
-            .finish()
+        let mut m = f.debug_map();
+        m.entries(
+            self.s3
+                .iter()
+                .map(|(b, o)| (b, o.iter().map(|(k, _)| k).collect::<Vec<_>>())),
+        );
+        if let Some(t) = self.timeout {
+            m.entry(&"open_timeout", &t);
+        }
+        m.finish()
     }
 }
 
 fn client_options() -> object_store::ClientOptions {
     object_store::ClientOptions::new()
         .with_timeout(REQUEST_TIMEOUT)
+        .with_read_timeout(STALL_TIMEOUT)
         .with_connect_timeout(Duration::from_secs(5))
 }
 
@@ -239,6 +266,22 @@ fn no_retries() -> RetryConfig {
     RetryConfig {
         max_retries: 0,
         ..RetryConfig::default()
+    }
+}
+
+/// An endpoint as an origin: scheme, host (lower case) and port, and its path if any — no
+/// credentials, query or trailing `/` (`HTTP://User:pw@Host:9000/` is `http://host:9000`).
+fn endpoint_origin(e: &str) -> String {
+    match url::Url::parse(e) {
+        Ok(u) => {
+            let mut o = format!("{}://{}", u.scheme(), u.host_str().unwrap_or_default());
+            if let Some(p) = u.port() {
+                o.push_str(&format!(":{p}"));
+            }
+            o.push_str(u.path().trim_end_matches('/'));
+            o
+        }
+        Err(_) => e.to_string(),
     }
 }
 
@@ -311,8 +354,21 @@ impl Store {
         let url = url.trim_end_matches('/').to_string();
         let parsed =
             url::Url::parse(&url).map_err(|e| invalid(format!("{url}: not a URL ({e})")))?;
+        // object_store sends the key alone: a query (a presigned URL's signature) would be
+        // dropped, and kept in the node cache's names had it been taken.
+        if parsed.query().is_some() || parsed.fragment().is_some() {
+            return Err(invalid(format!(
+                "{}: a query or fragment (`?…`, `#…`) in a dataset URL is not sent to the store \
+                 (a presigned URL signs one GET of one object, not the listing and ranged GETs \
+                 a dataset needs): name the prefix without it, with the credentials in \
+                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or a profile (a `?` or `#` in a \
+                 key is written %3F, %23)",
+                crate::error::redact(&url)
+            )));
+        }
         let scheme = parsed.scheme().to_ascii_lowercase();
-        let (inner, prefix): (Arc<dyn ObjectStore>, ObjPath) = match scheme.as_str() {
+        let (inner, prefix, origin): (Arc<dyn ObjectStore>, ObjPath, String) = match scheme.as_str()
+        {
             "s3" | "s3a" => {
                 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as K};
                 let bucket = parsed.host_str().unwrap_or_default();
@@ -356,13 +412,31 @@ impl Store {
                     .iter()
                     .filter_map(|k| b.get_config_value(k))
                     .any(|e| e.starts_with("http://"));
+                // The server the bucket is on: the endpoint the requests go to (the S3 one
+                // first, as object_store takes it), else AWS's partition of the region.
+                let origin = match b
+                    .get_config_value(&K::S3Endpoint)
+                    .or_else(|| b.get_config_value(&K::Endpoint))
+                {
+                    Some(e) => endpoint_origin(&e),
+                    None => {
+                        let region = b.get_config_value(&K::Region).unwrap_or_default();
+                        if region.starts_with("cn-") {
+                            "aws-cn".to_string()
+                        } else if region.starts_with("us-gov-") {
+                            "aws-us-gov".to_string()
+                        } else {
+                            "aws".to_string()
+                        }
+                    }
+                };
                 let store = b
                     .with_url(url.as_str())
                     .with_retry(no_retries())
                     .with_client_options(client_options().with_allow_http(http))
                     .build()
                     .map_err(|e| store_error(&url, e))?;
-                (Arc::new(store), url_path(&url, parsed.path())?)
+                (Arc::new(store), url_path(&url, parsed.path())?, origin)
             }
             "gs" => {
                 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
@@ -378,13 +452,17 @@ impl Store {
                         b = b.with_config(key, v);
                     }
                 }
+                let b = b.with_url(url.as_str());
+                let origin = match b.get_config_value(&GoogleConfigKey::BaseUrl) {
+                    Some(e) => endpoint_origin(&e),
+                    None => "gcs".to_string(),
+                };
                 let store = b
-                    .with_url(url.as_str())
                     .with_retry(no_retries())
                     .with_client_options(client_options())
                     .build()
                     .map_err(|e| store_error(&url, e))?;
-                (Arc::new(store), url_path(&url, parsed.path())?)
+                (Arc::new(store), url_path(&url, parsed.path())?, origin)
             }
             "az" | "azure" | "abfs" | "abfss" => {
                 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
@@ -400,13 +478,22 @@ impl Store {
                 {
                     b = b.with_msi_endpoint(e);
                 }
+                let b = b.with_url(url.as_str());
+                // A container's name is the storage account's: the account is the origin (and
+                // the endpoint, where one is set: an emulator).
+                let account = b
+                    .get_config_value(&AzureConfigKey::AccountName)
+                    .unwrap_or_default();
+                let origin = match b.get_config_value(&AzureConfigKey::Endpoint) {
+                    Some(e) => format!("azure-{account}@{}", endpoint_origin(&e)),
+                    None => format!("azure-{account}"),
+                };
                 let store = b
-                    .with_url(url.as_str())
                     .with_retry(no_retries())
                     .with_client_options(client_options())
                     .build()
                     .map_err(|e| store_error(&url, e))?;
-                (Arc::new(store), url_path(&url, parsed.path())?)
+                (Arc::new(store), url_path(&url, parsed.path())?, origin)
             }
             "http" | "https" => {
                 // reqwest refuses to build a request from such a URL ("builder error"), which
@@ -421,7 +508,8 @@ impl Store {
                 }
                 let (store, path) =
                     object_store::parse_url(&parsed).map_err(|e| store_error(&url, e))?;
-                (Arc::from(store), path)
+                // The host is in the URL (and so in every object's).
+                (Arc::from(store), path, "web".to_string())
             }
             other => {
                 return Err(invalid(format!(
@@ -440,8 +528,51 @@ impl Store {
             base,
             prefix,
             prefix_only,
+            origin,
+            open_timeout: options.timeout,
+            opening: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             stats: Arc::default(),
         })
+    }
+
+    /// The dataset over this store is open: its waits are no longer bounded by the open's
+    /// timeout ([`StoreOptions::open_timeout`]).
+    pub(crate) fn opened(&self) {
+        self.opening.store(false, Ordering::Relaxed);
+    }
+
+    /// The limit on this wait, if the open's timeout applies to it.
+    fn wait_limit(&self) -> Option<Duration> {
+        self.open_timeout
+            .filter(|_| self.opening.load(Ordering::Relaxed))
+    }
+
+    /// Runs `fut` on the runtime, for at most [`wait_limit`](Self::wait_limit): a try that
+    /// passes it is a stall (retried within the same limit).
+    fn block_on<T>(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        fut: impl std::future::Future<Output = std::result::Result<T, object_store::Error>>,
+    ) -> std::result::Result<T, object_store::Error> {
+        match self.wait_limit() {
+            None => rt.block_on(fut),
+            Some(limit) => rt.block_on(async {
+                tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
+                    Err(object_store::Error::Generic {
+                        store: "gpufeed",
+                        source: format!("no answer in {:.1} s", limit.as_secs_f64()).into(),
+                    })
+                })
+            }),
+        }
+    }
+
+    /// The server the URL's bucket is on, where the URL does not name it: an S3 store's
+    /// endpoint (`http://127.0.0.1:8333`, without credentials or a trailing `/`) or AWS's
+    /// partition (`aws`), an Azure container's account, `gcs`, `web` (an http(s) URL names its
+    /// host). Part of what an object is: two servers' `s3://bucket/key` are two objects.
+    pub fn origin(&self) -> &str {
+        &self.origin
     }
 
     /// Whether the URL ended in `/` (it names the objects under the prefix, not an object).
@@ -479,7 +610,7 @@ impl Store {
         if !self.prefix.as_ref().is_empty() && !self.prefix_only {
             use object_store::ObjectStoreExt;
             match self.retrying("HEAD", &self.url, || {
-                rt.block_on(self.inner.head(&self.prefix))
+                self.block_on(rt, self.inner.head(&self.prefix))
             }) {
                 Ok(m) => return Ok(vec![info(m)]),
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
@@ -489,7 +620,7 @@ impl Store {
         let prefix = (!self.prefix.as_ref().is_empty()).then_some(&self.prefix);
         let mut all: Vec<ObjectInfo> = self
             .retrying("LIST", &self.url, || {
-                rt.block_on(self.inner.list(prefix).try_collect::<Vec<_>>())
+                self.block_on(rt, self.inner.list(prefix).try_collect::<Vec<_>>())
             })?
             .into_iter()
             .map(info)
@@ -523,7 +654,7 @@ impl Store {
         let range = offset..offset + dst.len() as u64;
         let what = format!("GET bytes {}..{}", range.start, range.end);
         let got = self.retrying(&what, &object.url, || {
-            rt.block_on(async {
+            self.block_on(rt, async {
                 let opts = GetOptions {
                     if_match: object.etag.clone(),
                     range: Some(GetRange::Bounded(range.clone())),
@@ -616,6 +747,11 @@ impl Store {
         .map(|_| ())
     }
 
+    /// The store's bucket on its server, as [`answered`] knows it.
+    fn server(&self) -> String {
+        format!("{} {}", self.origin, self.base)
+    }
+
     /// Runs `op` until it succeeds, fails for good, or its retry window has passed: a request
     /// the server answered with a permanent error (not found, forbidden, a bad request) fails
     /// at once; one that could not connect to a store that never answered this process fails
@@ -644,7 +780,7 @@ impl Store {
                     answered()
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .insert(self.base.clone());
+                        .insert(self.server());
                     return Ok(v);
                 }
                 Err(e) => e,
@@ -655,19 +791,22 @@ impl Store {
                     answered()
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .insert(self.base.clone());
+                        .insert(self.server());
                     return Err(Error::new(*kind, format!("{url}: {what}: {why}")));
                 }
                 Failure::Connect(_)
                     if !answered()
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .contains(&self.base) =>
+                        .contains(&self.server()) =>
                 {
                     FIRST_CONTACT_WINDOW
                 }
                 _ => RETRY_WINDOW,
             };
+            // The open's timeout, where it applies, bounds every window.
+            let limit = self.wait_limit();
+            let window = limit.map_or(window, |l| window.min(l));
             let why = match &class {
                 Failure::Connect(why) => why.clone(),
                 _ => e.to_string(),
@@ -678,6 +817,16 @@ impl Store {
                 } else {
                     ""
                 };
+                if limit == Some(window) && !matches!(class, Failure::Connect(_)) {
+                    return Err(Error::new(
+                        ErrorKind::TimedOut,
+                        format!(
+                            "{url}: {what}: no answer within the timeout ({:.1} s; {tries} \
+                             tries): {why}",
+                            window.as_secs_f64()
+                        ),
+                    ));
+                }
                 return Err(Error::new(
                     ErrorKind::Io,
                     format!(
@@ -686,7 +835,12 @@ impl Store {
                     ),
                 ));
             }
-            if window == RETRY_WINDOW && !said && tries >= 3 {
+            // Said once a try stalled or three failed (a store that accepts and never answers
+            // stalls for STALL_TIMEOUT a try: silent for two minutes before).
+            if window == RETRY_WINDOW
+                && !said
+                && (tries >= 3 || t0.elapsed() >= Duration::from_secs(5))
+            {
                 said = true;
                 crate::util::notice(&format!(
                     "{url}: {what}: {why}; retrying for up to {} s",

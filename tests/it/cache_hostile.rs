@@ -21,6 +21,7 @@ use gpufeed::remote::Store;
 use gpufeed::{Dataset, Loader, Order};
 
 use crate::common::{disk_dir, gpufeed_bin, tf_record};
+use crate::fake_store::FakeStore;
 use crate::remote::{content, shared_server, stores, ENDPOINT};
 
 /// Sample `i`'s bytes: its number, then `content(i, len)`, so a sample read from anywhere says
@@ -127,15 +128,29 @@ struct Spec {
     /// Milliseconds to hold the open dataset (saying `HOSTILE-OPENED`) before reading.
     #[serde(default)]
     hold_ms: u64,
-    /// The store is down: its endpoint a loopback port nothing listens on.
+    /// The endpoint to open it through (else the test server's).
     #[serde(default)]
-    down: bool,
+    endpoint: Option<String>,
 }
 
-/// An endpoint nothing answers: a loopback port just bound and let go.
-fn closed_endpoint() -> String {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("http://127.0.0.1:{}", closed.local_addr().unwrap().port())
+/// Where the node cache keeps `rest` (`PREFIX%/NAME` under the bucket `gpufeed`) of the test
+/// server in `top` (`data`, `state`, `index`, `listing`): below the server's own directory
+/// (its endpoint, escaped as a file name), as two servers' objects are kept apart.
+fn in_cache(cache: &Path, top: &str, rest: &str) -> PathBuf {
+    in_cache_of(cache, ENDPOINT.get().unwrap(), top, rest)
+}
+
+/// [`in_cache`] for the server at `endpoint`.
+fn in_cache_of(cache: &Path, endpoint: &str, top: &str, rest: &str) -> PathBuf {
+    let origin: String = endpoint
+        .chars()
+        .map(|c| match c {
+            ':' => "%3A".to_string(),
+            '/' => "%2F".to_string(),
+            c => c.to_string(),
+        })
+        .collect();
+    cache.join(format!("{top}/s3/{origin}/gpufeed/{rest}"))
 }
 
 fn s3_env(c: &mut Command) -> &mut Command {
@@ -160,8 +175,8 @@ fn child(spec: &Spec) -> (Report, String) {
         serde_json::to_string(spec).unwrap(),
     );
     s3_env(&mut c);
-    if spec.down {
-        c.env("AWS_ENDPOINT_URL", closed_endpoint());
+    if let Some(e) = &spec.endpoint {
+        c.env("AWS_ENDPOINT_URL", e);
     }
     let out = c.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -264,7 +279,7 @@ fn spec(url: &str, cache: &Path, extent: u64) -> Spec {
         limit: None,
         raw: url.contains("tfrecord"),
         hold_ms: 0,
-        down: false,
+        endpoint: None,
     }
 }
 
@@ -324,14 +339,14 @@ fn planted_links_are_refused_and_what_they_point_at_is_untouched() {
     let url = "s3://gpufeed/h-link";
     let (r, _) = child(&spec(url, cache.path(), 64 << 10));
     exactly_once(&r, 0..60, "before the links");
-    let obj = cache.path().join("data/s3/gpufeed/h-link%");
+    let obj = in_cache(cache.path(), "data", "h-link%");
     // A link where a data file was, and one where a state directory was.
     std::fs::remove_file(obj.join("a.gpf")).unwrap();
     std::os::unix::fs::symlink(&victim, obj.join("a.gpf")).unwrap();
     // `cache status` says so too (before: "reads 100% from it" of a cache every read refused).
     let err = gpufeed_fails(cache.path(), &["cache", "status", url]);
     assert!(err.contains("symbolic link"), "{err}");
-    let state = cache.path().join("state/s3/gpufeed/h-link%");
+    let state = in_cache(cache.path(), "state", "h-link%");
     std::fs::rename(&state, cache.path().join("state-moved")).unwrap();
     std::os::unix::fs::symlink(&victim_dir, &state).unwrap();
     let (r, _) = child(&spec(url, cache.path(), 64 << 10));
@@ -469,32 +484,34 @@ fn a_cache_of_an_older_layout_is_emptied_and_remade() {
     let cache = disk_dir();
     let url = "s3://gpufeed/h-layout";
     let (r, _) = child(&spec(url, cache.path(), 64 << 10));
-    exactly_once(&r, 0..30, "layout 3, cold");
+    exactly_once(&r, 0..30, "layout 4, cold");
     let usage = cache.path().join("usage");
     let magic = |p: &Path| std::fs::read(p).unwrap()[..8].to_vec();
-    assert_eq!(magic(&usage), b"GPFCUSE3");
-    // As layout 2 left it: its marker, and an object's data file where layout 3 has a directory.
+    assert_eq!(magic(&usage), b"GPFCUSE4");
+    // As layout 2 left it: its marker, and an object's data file where layout 4 has a directory.
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(&usage)
         .unwrap();
     f.write_all_at(b"GPFCUSE2", 0).unwrap();
-    let old = cache.path().join("data/s3/gpufeed/h-layout");
+    let old = in_cache(cache.path(), "data", "h-layout");
     std::fs::create_dir_all(&old).unwrap();
     std::fs::write(old.join("a.gpf"), b"layout 2's copy").unwrap();
     let (r, err) = child(&spec(url, cache.path(), 64 << 10));
     exactly_once(&r, 0..30, &format!("after the layout change: {err}"));
     assert!(err.contains("older gpufeed (layout 2)"), "{err}");
     assert!(!old.exists(), "layout 2's files were kept");
-    assert_eq!(magic(&usage), b"GPFCUSE3");
+    assert_eq!(magic(&usage), b"GPFCUSE4");
     let (_, err) = child(&spec(url, cache.path(), 64 << 10));
     assert!(!err.contains("older gpufeed"), "said again: {err}");
 }
 
 /// A node whose cache holds a dataset opens it while the store is down, from the listing kept
 /// at an earlier open, saying so; a cache holding only part of it, or none, is the store's
-/// error, saying what the cache holds.
+/// error, saying what the cache holds. Only the server that wrote the cache's entries: another
+/// endpoint with the same bucket and keys, down, is the store's error (issue 52 item 1: it
+/// was "opened from the node cache" with the first server's bytes), and up, fetches its own.
 #[test]
 fn a_cached_dataset_opens_while_its_store_is_down() {
     if !shared_server() {
@@ -507,34 +524,67 @@ fn a_cached_dataset_opens_while_its_store_is_down() {
         upload(prefix, format, &names, 0..40);
         let url = format!("s3://gpufeed/{prefix}");
         let cache = disk_dir();
-        let up = spec(&url, cache.path(), 64 << 10);
-        let down = Spec {
-            down: true,
+        // The store, and its twin: another endpoint in front of the same server.
+        let upstream = ENDPOINT.get().unwrap();
+        let (mut store, mut twin) = (
+            FakeStore::forwarding(upstream),
+            FakeStore::forwarding(upstream),
+        );
+        let via = |s: &FakeStore| Spec {
+            endpoint: Some(s.endpoint()),
             ..spec(&url, cache.path(), 64 << 10)
         };
         // Nothing cached: the store's error.
-        let (r, _) = child(&down);
+        store.down();
+        let (r, _) = child(&via(&store));
         let e = r
             .error
             .expect("an empty cache cannot stand in for the store");
         assert!(e.contains("failed") && !e.contains("node cache"), "{e}");
-        let (r1, _) = child(&up);
+        store.up();
+        let (r1, _) = child(&via(&store));
         exactly_once(&r1, 0..40, &format!("{format}, up"));
-        let (r, err) = child(&down);
+        store.down();
+        let (r, err) = child(&via(&store));
         exactly_once(&r, 0..40, &format!("{format}, down: {err}"));
         assert!(err.contains("opened from the node cache"), "{err}");
         // (The node's counters, over every process.)
         assert_eq!(r.gets, r1.gets, "a GET was made of a store that is down");
+        // The twin, down: nothing of it is cached.
+        twin.down();
+        let (r, err) = child(&via(&twin));
+        let e = r
+            .error
+            .unwrap_or_else(|| panic!("another endpoint served from this one's cache: {err}"));
+        assert!(!err.contains("opened from the node cache"), "{err}");
+        assert!(e.contains("failed") && !e.contains("node cache"), "{e}");
+        // Up: every sample from its own GETs.
+        twin.up();
+        let (r2, _) = child(&via(&twin));
+        exactly_once(&r2, 0..40, &format!("{format}, the twin"));
+        // The cache holds each server's copy: the bytes twice, fetched twice.
+        assert_eq!(
+            r2.cached_bytes,
+            2 * r1.cached_bytes,
+            "the twin's objects came from the cache"
+        );
+        assert!(r2.gets > r1.gets, "the twin's objects came from the cache");
         // Part of it gone from the cache: refused, saying what it holds.
-        let data = cache
-            .path()
-            .join(format!("data/s3/gpufeed/{prefix}%/{}", names[1]));
-        let state = cache
-            .path()
-            .join(format!("state/s3/gpufeed/{prefix}%/{}", names[1]));
+        let data = in_cache_of(
+            cache.path(),
+            &store.endpoint(),
+            "data",
+            &format!("{prefix}%/{}", names[1]),
+        );
+        let state = in_cache_of(
+            cache.path(),
+            &store.endpoint(),
+            "state",
+            &format!("{prefix}%/{}", names[1]),
+        );
         std::fs::remove_file(&data).unwrap();
         std::fs::remove_file(&state).unwrap();
-        let (r, _) = child(&down);
+        let (r, _) = child(&via(&store));
         let e = r.error.expect("half a cache cannot stand in for the store");
         assert!(e.contains("holds 1 of its 2 objects whole"), "{e}");
         assert!(
@@ -546,7 +596,7 @@ fn a_cached_dataset_opens_while_its_store_is_down() {
         c.args(["cache", "status", &url, "--json", "--cache-dir"])
             .arg(cache.path())
             .env("GPUFEED_QUIET", "1");
-        s3_env(&mut c).env("AWS_ENDPOINT_URL", closed_endpoint());
+        s3_env(&mut c).env("AWS_ENDPOINT_URL", store.endpoint());
         let out = c.output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -698,7 +748,7 @@ fn a_flipped_byte_in_a_cached_extent_is_fetched_again_in_every_format() {
         let full = r.cached_bytes;
         // Flip a byte in the middle of every data file (every extent is cached).
         for n in names {
-            let p = cache.path().join(format!("data/s3/gpufeed/{prefix}%/{n}"));
+            let p = in_cache(cache.path(), "data", &format!("{prefix}%/{n}"));
             let mut bytes = std::fs::read(&p).unwrap();
             let at = bytes.len() / 2;
             bytes[at] ^= 0x5a;
@@ -713,9 +763,7 @@ fn a_flipped_byte_in_a_cached_extent_is_fetched_again_in_every_format() {
         }
         // A tar's kept index with one member's length a byte shorter: a lie every other check
         // lets through (the member still fits the tar); its checksum does not.
-        let kept = cache
-            .path()
-            .join(format!("index/s3/gpufeed/{prefix}%/a.tar"));
+        let kept = in_cache(cache.path(), "index", &format!("{prefix}%/a.tar"));
         if format == "tar" {
             let text = std::fs::read_to_string(&kept).unwrap();
             let line = text.lines().find(|l| l.starts_with("m ")).unwrap();
@@ -1238,8 +1286,9 @@ fn permanent_errors_fail_fast_and_say_what_is_wrong() {
             "{v}"
         );
     }
-    // A signed URL's signature is not printed in what succeeds either: inspect's and verify's
-    // text and JSON (before: in the header line and the JSON "path").
+    // A signed URL is refused, saying why (object_store sends the key alone: the query was
+    // dropped, and kept in the node cache's file names — issue 52 item 3), with its signature
+    // in no message, JSON or file name, and nothing of it in the cache.
     upload("h-signed", "gpf", &["a.gpf"], 0..5);
     let signed = "s3://gpufeed/h-signed?X-Amz-Signature=PASSWORD&x-id=1";
     for args in [
@@ -1248,18 +1297,27 @@ fn permanent_errors_fail_fast_and_say_what_is_wrong() {
         vec!["verify", signed],
         vec!["verify", signed, "--json"],
         vec!["cache", "warm", signed],
+        vec!["cache", "status", signed],
     ] {
         let run = gpufeed_run(cache.path(), &args);
-        assert!(run.status.success(), "{args:?}");
+        assert_eq!(run.status.code(), Some(1), "{args:?}");
         let out = String::from_utf8_lossy(&run.stdout).into_owned();
+        let err = String::from_utf8_lossy(&run.stderr).into_owned();
         assert!(
-            args[0] != "inspect" || out.contains("h-signed?X-Amz-Signature=***"),
-            "{args:?}: {out}"
+            (out.clone() + &err).contains("is not sent to the store"),
+            "{args:?}: {out}{err}"
         );
         assert!(!out.contains("PASSWORD"), "{args:?}: {out}");
-        // Nor on stderr: progress lines ("verifying URL ...", "warming URL ...") showed it.
-        let err = String::from_utf8_lossy(&run.stderr);
         assert!(!err.contains("PASSWORD"), "{args:?}: {err}");
+    }
+    for (path, bytes) in snapshot(cache.path()) {
+        let name = path.to_string_lossy();
+        assert!(
+            !name.contains("PASSWORD") && !name.contains("Signature"),
+            "{name}"
+        );
+        let text = String::from_utf8_lossy(bytes.as_deref().unwrap_or_default()).into_owned();
+        assert!(!text.contains("PASSWORD"), "{name} holds the signature");
     }
 }
 
@@ -1433,4 +1491,54 @@ fn the_parents_a_cache_makes_are_private() {
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode & 0o077, 0, "{} is {mode:o}", p.display());
     }
+}
+
+/// A store that accepts connections and never answers fails the open within the caller's
+/// timeout (issue 52 item 6: 120 s, silently, whatever `timeout=` said), naming the URL and the
+/// timeout; its waits once the dataset is open are not bounded by it (an epoch's fetch is the
+/// consumer's to wait for).
+#[test]
+fn a_store_that_never_answers_fails_the_open_within_its_timeout() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-hang", "gpf", &["a.gpf"], 0..10);
+    let store = FakeStore::forwarding(ENDPOINT.get().unwrap());
+    let cache = disk_dir();
+    let opts = |limit: Option<Duration>| {
+        let mut o = OpenOptions {
+            cache_dir: Some(cache.path().to_path_buf()),
+            store: gpufeed::remote::StoreOptions::default()
+                .s3_bucket(
+                    "gpufeed",
+                    &[
+                        ("aws_endpoint", &store.endpoint()),
+                        ("aws_access_key_id", "gpufeed"),
+                        ("aws_secret_access_key", "gpufeed"),
+                        ("aws_region", "us-east-1"),
+                    ],
+                )
+                .open_timeout(limit),
+            ..OpenOptions::default()
+        };
+        o.set("cache_extent", "65536").unwrap();
+        o
+    };
+    // Answering: it opens, within the limit.
+    let ds = Dataset::open_with("s3://gpufeed/h-hang", &opts(Some(Duration::from_secs(2))));
+    assert_eq!(ds.unwrap().len(), 10);
+    store.set(crate::fake_store::Mode::Hang);
+    let t0 = Instant::now();
+    let e = Dataset::open_with(
+        "s3://gpufeed/h-hang",
+        &opts(Some(Duration::from_millis(1500))),
+    )
+    .expect_err("a store that never answers cannot be opened");
+    let took = t0.elapsed();
+    assert_eq!(e.kind(), gpufeed::ErrorKind::TimedOut, "{e}");
+    assert!(
+        e.to_string().contains("s3://gpufeed/h-hang") && e.to_string().contains("timeout"),
+        "{e}"
+    );
+    assert!(took < Duration::from_secs(4), "{took:?} to give up: {e}");
 }

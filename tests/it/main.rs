@@ -11,6 +11,7 @@ mod device;
 mod device_images;
 mod device_races;
 mod engine;
+mod fake_store;
 mod fallback;
 mod files;
 mod formats;

@@ -359,7 +359,9 @@ impl LoadModes {
                 let ds = if self.dataset.is_empty() {
                     Dataset::open(&self.packed)?
                 } else {
-                    Dataset::open_paths(&self.dataset, &self.options)?
+                    let mut opts = self.options.clone();
+                    opts.store = opts.store.open_timeout(s.timeout);
+                    Dataset::open_paths(&self.dataset, &opts)?
                 };
                 run_packed(ds, s.order(), &self.spec, cold).map(|r| LoadRow::Loader(Box::new(r)))
             }
