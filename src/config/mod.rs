@@ -299,15 +299,21 @@ pub(crate) fn loader_limits(
             plan.batch_size
         )));
     }
-    plan.reads_per_group_max = reads_per_job;
-    // Every file of the groups in flight, and of the one being submitted, must be open.
-    let per_group = plan.batch_size as u64 * plan.window_batches as u64;
-    let (open_files, in_flight) = open_files(
+    // Every file of the groups in flight, and of the one being submitted, must be open: a
+    // group touches at most batch size × batches per group files (fewer where the open-file
+    // limit or open_files_max cannot hold that many; the planner cuts groups there). Counted
+    // before, but not held to: a block-order window of small files was read as one group of
+    // up to 4,096 files, and the epoch failed with every open file in use.
+    let (open_files, in_flight, files_per_group) = open_files(
         shape.files as u64,
-        per_group,
+        plan.batch_size as u64 * plan.window_batches as u64,
+        plan.batch_size as u64,
         shape.in_flight_groups,
         shape.open_files_max,
     )?;
+    plan.reads_per_group_max = reads_per_job;
+    plan.files_per_group_max =
+        files_per_group.clamp(plan.batch_size as u64, u32::MAX as u64) as u32;
     let slots = shape.prefetch_groups + in_flight;
     if !shape.slot_explicit {
         plan.group_bytes_max =
@@ -332,33 +338,37 @@ fn fds_reserved(soft: u64) -> u64 {
     (soft / 8).clamp(64, FDS_RESERVED)
 }
 
-/// How many files the I/O thread may keep open, and how many read groups (of `per_group`
-/// samples, `in_flight` asked for) it keeps in flight: the files of every group in flight and
-/// of the one being submitted (`per_group × (in_flight + 1)`, at most the dataset's `files`)
-/// must be open at once. Files kept open: the dataset's, at most `asked` — by default twice
-/// what the read groups in flight need, at least 1,024 (an ImageFolder's files are each read
-/// once an epoch: keeping tens of thousands open gains nothing and left the trainer's own
-/// `open` and a second loader without descriptors) — and what `RLIMIT_NOFILE` leaves (its
-/// soft limit raised toward the hard one if the dataset needs more). Where the limit leaves
-/// too few for the groups asked for, fewer are kept in flight (said once); an error if it
-/// leaves too few for one group, or `asked` is below what the groups need.
+/// How many files the I/O thread may keep open, how many read groups it keeps in flight, and
+/// how many files (reads) a group may touch: a group of at most `per_group` reads (files)
+/// asked for, at least `batch` (one batch is one group's least), `in_flight` groups asked for;
+/// the files of every group in flight and of the one being submitted (`per_group ×
+/// (in_flight + 1)`, at most the dataset's `files`) must be open at once. Files kept open: the
+/// dataset's, at most `asked` — by default twice what the read groups in flight need, at
+/// least 1,024 (an ImageFolder's files are each read once an epoch: keeping tens of thousands
+/// open gains nothing and left the trainer's own `open` and a second loader without
+/// descriptors) — and what `RLIMIT_NOFILE` leaves (its soft limit raised toward the hard one
+/// if the dataset needs more). Where that leaves too few for the groups asked for, groups
+/// touch fewer files (down to a batch's), then fewer are kept in flight (said once); an error
+/// if it leaves too few for one group of one batch, or `asked` is below that.
 fn open_files(
     files: u64,
     per_group: u64,
+    batch: u64,
     in_flight: u32,
     asked: Option<u32>,
-) -> Result<(u32, u32)> {
-    let group_files = |k: u32| per_group.saturating_mul(k as u64 + 1).min(files);
-    let need = group_files(in_flight);
+) -> Result<(u32, u32, u64)> {
+    let group_files = |per: u64, k: u32| per.saturating_mul(k as u64 + 1).min(files);
+    let need = group_files(per_group, in_flight);
     let default = need.saturating_mul(2).max(1024);
     let want = files
         .min(asked.map_or(default, |n| n as u64))
         .min(OPEN_FILES_MAX as u64);
     if let Some(n) = asked {
-        if (n as u64) < need {
+        let least = group_files(batch, 1);
+        if (n as u64) < least {
             return Err(invalid(format!(
-                "open_files_max {n} is below the {need} files the read groups in flight may \
-                 need at once (batch size × batches per group × (groups in flight + 1))"
+                "open_files_max {n} is below the {least} files one read group in flight and \
+                 the one being submitted may need at once (2 × the batch size)"
             )));
         }
     }
@@ -368,12 +378,21 @@ fn open_files(
         soft = crate::sys::raise_nofile(in_use + want + FDS_RESERVED);
     }
     let reserved = fds_reserved(soft);
-    let allowed = soft.saturating_sub(in_use + reserved);
-    // The most groups in flight (as many as asked at most) whose files fit.
-    let fits = (1..=in_flight).rev().find(|&k| group_files(k) <= allowed);
+    let allowed = soft.saturating_sub(in_use + reserved).min(want);
+    // Files per group: as asked if the groups in flight fit, else the most that lets them
+    // (at least a batch's); then the most groups in flight (as many as asked at most) whose
+    // files fit.
+    let per = if group_files(per_group, in_flight) <= allowed {
+        per_group
+    } else {
+        (allowed / (in_flight as u64 + 1)).clamp(batch.min(per_group), per_group)
+    };
+    let fits = (1..=in_flight)
+        .rev()
+        .find(|&k| group_files(per, k) <= allowed);
     let Some(k) = fits else {
         let hard = crate::sys::nofile_limit().1;
-        let one = group_files(1);
+        let one = group_files(per, 1);
         return Err(Error::new(
             ErrorKind::InvalidInput,
             format!(
@@ -386,16 +405,17 @@ fn open_files(
             ),
         ));
     };
-    if k < in_flight {
+    // Said where the open-file limit (not the caller's open_files_max) cut them.
+    if (k < in_flight || per < per_group) && asked.is_none() {
         let hard = crate::sys::nofile_limit().1;
         crate::util::notice(&format!(
-            "{k} read group(s) in flight instead of {in_flight}: their files ({} open at once) \
-             fit the open-file limit ({allowed} left of soft limit {soft}, hard {hard}); raise \
-             `ulimit -n` to read more at once",
-            group_files(k)
+            "{k} read group(s) in flight of at most {per} files each, instead of {in_flight} of \
+             {per_group}: their files ({} open at once) fit the open-file limit ({allowed} left \
+             of soft limit {soft}, hard {hard}); raise `ulimit -n` to read more at once",
+            group_files(per, k)
         ));
     }
-    Ok((want.min(allowed).max(1) as u32, k))
+    Ok((allowed.max(1) as u32, k, per))
 }
 
 #[cfg(test)]

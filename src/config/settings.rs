@@ -337,7 +337,8 @@ pub const LOADER_SETTINGS: &[Setting] = &[
         range: Some((1, OPEN_FILES_MAX as u64)),
         help: "files kept open at most (none: the dataset's files, up to twice what the read \
                groups in flight need and at least 1024, within what the open-file limit \
-               allows); fewer are opened as read groups need them",
+               allows); fewer are opened as read groups need them, and read groups touch no \
+               more files than it holds for those in flight and the one being submitted",
         env: None,
         rust: "open_files_max",
         c: None,

@@ -167,6 +167,11 @@ pub struct PlanConfig {
     /// Reads a group may issue at most (the engine's `reads_per_job_max`): a group is never
     /// planned that the engine cannot take.
     pub reads_per_group_max: u32,
+    /// Distinct files a group's reads may touch at most (at least `batch_size`): every file of
+    /// the groups in flight is open at once, so a loader sets it from the files it may keep
+    /// open (a block-order window of thousands of small files would otherwise be one group of
+    /// thousands of files). No limit by default.
+    pub files_per_group_max: u32,
     /// This part and the number of parts: a plan of `(p, P)` holds the rank's batches `k` with
     /// `k % P == p`, in order, so that `P` loaders (a `DataLoader`'s workers) together deliver
     /// the rank's epoch — each batch once, the batches as one loader makes them, and in its
@@ -189,6 +194,7 @@ impl Default for PlanConfig {
             read_bytes_max: 16 << 20,
             align: 4096,
             reads_per_group_max: READS_PER_GROUP_MAX,
+            files_per_group_max: u32::MAX,
             batch_part: (0, 1),
         }
     }
@@ -304,6 +310,12 @@ impl PlanConfig {
             return Err(invalid(format!(
                 "batch part {} is not in 0..{} (parts)",
                 self.batch_part.0, self.batch_part.1
+            )));
+        }
+        if self.batch_size > self.files_per_group_max {
+            return Err(invalid(format!(
+                "batch_size {} is above the {} files one group may touch",
+                self.batch_size, self.files_per_group_max
             )));
         }
         if self.batch_size > self.reads_per_group_max {
@@ -1317,8 +1329,12 @@ impl EpochPlan {
         let upto = |to: u32| self.batches_range(first, to).len();
         let try_to = |to: u32, cfg: &PlanConfig| {
             let c = coalesce(samples, &ids[..upto(to)], cfg);
+            // Reads come sorted by file: its files are where the file changes.
+            let files = || 1 + c.0.windows(2).filter(|w| w[0].file != w[1].file).count();
             let fits = c.2 <= self.cfg.group_bytes_max
-                && c.0.len() <= self.cfg.reads_per_group_max as usize;
+                && c.0.len() <= self.cfg.reads_per_group_max as usize
+                && (c.0.len() <= self.cfg.files_per_group_max as usize
+                    || files() <= self.cfg.files_per_group_max as usize);
             (fits, c)
         };
         // The largest run that fits among ends first + k × step, k in 1..most (k = 1 known to

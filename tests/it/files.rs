@@ -36,15 +36,17 @@ fn a_folder_of_more_files_than_kept_open_reads_every_sample_once() {
     folder(dir.path(), n);
     let ds = Dataset::open(dir.path()).unwrap();
     assert_eq!(ds.files().len(), n);
-    // Batches of 8 in groups of 4 batches, 2 groups in flight: 96 files may be needed at once.
+    // Batches of 8: a group of one batch in flight and the one being submitted need 16 files
+    // at once; groups shrink to what the limit holds (down to one batch), below that it is
+    // refused.
     let too_few = Loader::builder(ds.clone())
         .batch_size(8)
-        .open_files_max(95)
+        .open_files_max(15)
         .build()
         .unwrap_err();
     assert_eq!(too_few.kind(), ErrorKind::InvalidInput);
     assert!(
-        too_few.to_string().contains("below the 96 files"),
+        too_few.to_string().contains("below the 16 files"),
         "{too_few}"
     );
     let orders = [
@@ -56,11 +58,11 @@ fn a_folder_of_more_files_than_kept_open_reads_every_sample_once() {
             open_blocks: 3,
         },
     ];
-    for order in orders {
+    for (order, files_max) in orders.into_iter().flat_map(|o| [(o, 16), (o, 96)]) {
         let loader = Loader::builder(ds.clone())
             .batch_size(8)
             .order(order)
-            .open_files_max(96)
+            .open_files_max(files_max)
             .build()
             .unwrap();
         for epoch in 0..2 {
@@ -646,8 +648,9 @@ fn a_large_folder_keeps_only_what_its_reads_need_open() {
 
 /// Under `ulimit -n 1024` (soft and hard) a loader over a folder of 3,000 files reads its epoch
 /// at batch 64 (768 files open at once: 128 descriptors are kept for the rest of the process,
-/// not 256); at batch 96 it keeps one read group in flight instead of two and says so; at
-/// batch 256 (one group's 2,048 files) it is refused, naming `ulimit -n`. Two loaders in one
+/// not 256); at batch 96 and 256 its read groups touch fewer files (down to one batch's) and
+/// it says so; at batch 512 (one batch in flight and one being submitted: 1,024 files) it is
+/// refused, naming `ulimit -n`. Two loaders in one
 /// process (`--gpus 2`, batch 32), each sized as if alone, run the process out of descriptors:
 /// each then keeps fewer files open (saying so) and every sample arrives (1,983 failed before).
 #[test]
@@ -691,12 +694,78 @@ fn a_low_open_file_limit_keeps_fewer_groups_in_flight_before_it_refuses() {
         return;
     }
     ok(64, 1, "");
-    ok(96, 1, "1 read group(s) in flight instead of 2");
+    // Groups of fewer files than 4 batches' (2 of 296 where 384 were asked for); at batch 256,
+    // groups of one batch (refused before: a group was 4 batches whatever the limit).
+    ok(96, 1, "files each, instead of 2 of 384");
+    ok(256, 1, "files each, instead of 2 of 1024");
     ok(32, 2, "the process ran out of file descriptors");
-    let o = run(256, 1);
+    let o = run(512, 1);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success() && err.contains("raise `ulimit -n`"),
         "{err}"
     );
+}
+
+/// 10⁴ and 10⁵ small files, read with the defaults in every order: every sample once with its
+/// bytes (issue 52 item 7: block order failed epoch 0 of 10,000 files, "all 6144 open files
+/// are in use by reads in flight" — a group may make 4,096 reads, one file each, where the
+/// open files were counted from batch size × batches per group, 1,024). Also with a slot
+/// large enough that a block window of thousands of files is one group.
+#[test]
+fn tens_of_thousands_of_small_files_read_exactly_in_every_order_with_the_defaults() {
+    let orders = [
+        Order::Global,
+        Order::Sequential,
+        Order::ShardBuffer { buffer: 10_000 },
+        Order::Block {
+            block_bytes: 8 << 20,
+            open_blocks: 8,
+        },
+    ];
+    for n in [10_000usize, 100_000] {
+        let dir = disk_dir();
+        for c in 0..10 {
+            std::fs::create_dir(dir.path().join(format!("c{c}"))).unwrap();
+        }
+        // Each file its own number, padded to a few dozen bytes (an odd mix of sizes).
+        let body = |i: usize| {
+            let mut v = (i as u32).to_le_bytes().to_vec();
+            v.resize(4 + (i * 31) % 60, (i % 251) as u8);
+            v
+        };
+        for i in 0..n {
+            std::fs::write(dir.path().join(format!("c{}/{i:06}.jpg", i % 10)), body(i)).unwrap();
+        }
+        let ds = std::sync::Arc::new(Dataset::open(dir.path()).unwrap());
+        assert_eq!(ds.len(), n);
+        let windows: &[Option<u64>] = if n == 10_000 {
+            &[None, Some(64 << 20)]
+        } else {
+            &[None]
+        };
+        for order in orders {
+            for &window in windows {
+                let mut b = Loader::builder(ds.clone()).batch_size(256).order(order);
+                if let Some(bytes) = window {
+                    b = b.window(64, bytes);
+                }
+                let loader = b.build().unwrap();
+                let mut seen = vec![0u8; n];
+                for batch in loader.epoch(0).unwrap() {
+                    let batch = batch.unwrap_or_else(|e| panic!("{n} files, {order:?}: {e}"));
+                    for j in 0..batch.sample_ids().len() {
+                        let s = batch.sample(j).unwrap();
+                        let i = u32::from_le_bytes(s[..4].try_into().unwrap()) as usize;
+                        assert_eq!(s, &body(i)[..], "{order:?}: sample {i}");
+                        seen[i] += 1;
+                    }
+                }
+                assert!(
+                    seen.iter().all(|&c| c == 1),
+                    "{n} files, {order:?}, window {window:?}: not every sample once"
+                );
+            }
+        }
+    }
 }
