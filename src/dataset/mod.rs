@@ -1451,16 +1451,17 @@ impl Builder {
 /// the result does not depend on the thread count. `index` indexes one file into an empty
 /// builder; what it found before an error is kept, and the error becomes a problem — or the
 /// result, when there is only one file.
-pub(crate) fn index_files<F>(paths: &[PathBuf], remote: bool, index: F) -> Result<Builder>
+pub(crate) fn index_files<F>(paths: &[PathBuf], src: &Sources, index: F) -> Result<Builder>
 where
     F: Fn(&Path, &mut Builder) -> Result<()> + Sync,
 {
+    let remote = src.is_remote();
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
     // One file: no thread to start and no progress to poll (the poll sleeps a millisecond).
     if let [p] = paths {
         let mut b = Builder::default();
-        index(p, &mut b)?;
+        index(p, &mut b).map_err(|e| src.changed_or(p, e))?;
         return Ok(b);
     }
     // Remote files are walked by ranged GETs: waiting on the store, not the CPU.
@@ -1507,14 +1508,16 @@ where
     });
     prog.finish();
     let mut all = Builder::default();
-    for slot in done {
+    for (slot, p) in done.into_iter().zip(paths) {
         let (b, r) = slot
             .into_inner()
             .unpoisoned()
             .ok_or_else(|| invalid("an indexing thread stopped early"))?;
         all.append(b)?;
         if let Err(e) = r {
-            if paths.len() == 1 {
+            // An object replaced under the open fails it: its samples are not damaged.
+            let e = src.changed_or(p, e);
+            if paths.len() == 1 || sources::changed_under_open(&e) {
                 return Err(e);
             }
             all.problem(e);

@@ -315,9 +315,9 @@ pub(crate) fn open_shards_from(paths: &[PathBuf], src: &Sources) -> Result<Datas
     // other), as a damaged tar or TFRecord file is; one shard alone is the error.
     let (mut problems, mut problems_total) = (Vec::new(), 0u64);
     for (p, idx) in paths.iter().zip(indexes_in_turn(paths, src)) {
-        let idx = match idx {
+        let idx = match idx.map_err(|e| src.changed_or(p, e)) {
             Ok(idx) => idx,
-            Err(e) if paths.len() > 1 => {
+            Err(e) if paths.len() > 1 && !super::sources::changed_under_open(&e) => {
                 problems_total += 1;
                 if problems.len() < super::PROBLEMS_KEPT {
                     problems.push(e);

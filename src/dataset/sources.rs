@@ -71,6 +71,50 @@ impl Sources {
         }
     }
 
+    /// `e`, the error of reading `path` while the dataset was being opened — or, where `path`
+    /// is a remote object that is no longer the version listed (replaced or deleted meanwhile:
+    /// one HEAD), an error saying so that fails the open ([`changed_under_open`]): its reads
+    /// failed because it changed, not because it is damaged, and a dataset opened without its
+    /// samples would lose them without cause (the trial's 200 samples, "did the file
+    /// shrink?").
+    pub(crate) fn changed_or(&self, path: &Path, e: Error) -> Error {
+        #[cfg(feature = "remote")]
+        if let Some(o) = self.objects.get(path) {
+            let listed = o.obj.info();
+            let now = match o.obj.store().now(listed) {
+                Ok(now) => now,
+                Err(_) => return e,
+            };
+            if now.as_ref() == Some(listed) {
+                return e;
+            }
+            let what = match now {
+                None => "it was deleted".to_string(),
+                Some(n) => format!(
+                    "now {} bytes{}, listed as {} bytes{}",
+                    n.size,
+                    n.etag.map(|t| format!(" ETag {t}")).unwrap_or_default(),
+                    listed.size,
+                    listed
+                        .etag
+                        .as_ref()
+                        .map(|t| format!(" ETag {t}"))
+                        .unwrap_or_default()
+                ),
+            };
+            return Error::new(
+                crate::ErrorKind::Io,
+                format!(
+                    "{}: the object changed while the dataset was being opened ({what}):                      open the dataset again to read it as it is now",
+                    listed.url
+                ),
+            )
+            .with_source(ChangedUnderOpen);
+        }
+        let _ = path;
+        e
+    }
+
     /// The cached object whose node-cache copy `path` is, if it is one.
     #[cfg(feature = "remote")]
     pub fn object(&self, path: &Path) -> Option<&std::sync::Arc<crate::cache::CachedObject>> {
@@ -133,4 +177,30 @@ impl Sources {
         }
         e
     }
+}
+
+/// Marks an error of [`Sources::changed_or`]: an object replaced while the dataset was being
+/// opened. Such an error fails the open, where a damaged file would be a problem costing its
+/// own samples.
+#[derive(Debug)]
+pub(crate) struct ChangedUnderOpen;
+
+impl std::fmt::Display for ChangedUnderOpen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("changed under the open")
+    }
+}
+
+impl std::error::Error for ChangedUnderOpen {}
+
+/// Whether `e` is (or was caused by) an object replaced while the dataset was being opened.
+pub(crate) fn changed_under_open(e: &Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if c.is::<ChangedUnderOpen>() {
+            return true;
+        }
+        cur = c.source();
+    }
+    false
 }

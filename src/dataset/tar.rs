@@ -333,7 +333,7 @@ pub(crate) fn open_walked(paths: &[PathBuf], opts: &TarOptions, src: &Sources) -
     }
     let seen = std::sync::Mutex::new(Vec::new());
     // One unreadable tar among many is a problem, not the end of the dataset.
-    let b = index_files(paths, src.is_remote(), |p, b| {
+    let b = index_files(paths, src, |p, b| {
         let mut mine = Vec::new();
         let r = src
             .walk_tar(p)

@@ -45,7 +45,7 @@ pub fn open(paths: &[PathBuf], opts: &super::OpenOptions, src: &Sources) -> Resu
     }
     // One unreadable file among many is a problem, not the end of the dataset.
     let recover = opts.tfrecord_recover;
-    let b = index_files(paths, src.is_remote(), |p, b| match index_of(p, opts) {
+    let b = index_files(paths, src, |p, b| match index_of(p, opts) {
         Some(i) => from_index(p, &i, b, src),
         None => scan(p, b, recover, src),
     })?;

@@ -629,6 +629,27 @@ impl Store {
         Ok(all)
     }
 
+    /// What the store holds now as `object` (`None`: nothing): one HEAD, asked when a read of
+    /// it failed, to tell a replaced object from a damaged one.
+    pub(crate) fn now(&self, object: &ObjectInfo) -> Result<Option<ObjectInfo>> {
+        use object_store::ObjectStoreExt;
+        let rt = runtime()?;
+        let location =
+            ObjPath::parse(&object.key).map_err(|e| invalid(format!("{}: {e}", object.url)))?;
+        match self.retrying("HEAD", &object.url, || {
+            self.block_on(rt, self.inner.head(&location))
+        }) {
+            Ok(m) => Ok(Some(ObjectInfo {
+                url: object.url.clone(),
+                key: object.key.clone(),
+                size: m.size,
+                etag: m.e_tag,
+            })),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The bytes `range` of `object`, as long as it is still the version listed (its ETag, when
     /// the server gave one): an object that changed since is an error, not mixed bytes.
     pub fn get(&self, object: &ObjectInfo, range: Range<u64>) -> Result<Vec<u8>> {

@@ -23,6 +23,8 @@ pub(crate) enum Mode {
 struct Shared {
     mode: AtomicU8,
     stop: AtomicBool,
+    /// The next GET of an object (not a listing) waits this long (ms) before it is forwarded.
+    hold_next_get_ms: std::sync::atomic::AtomicU64,
     /// Every connection accepted (and its upstream), shut down when the store goes down.
     open: Mutex<Vec<TcpStream>>,
 }
@@ -46,6 +48,7 @@ impl FakeStore {
             shared: Arc::new(Shared {
                 mode: AtomicU8::new(Mode::Forward as u8),
                 stop: AtomicBool::new(false),
+                hold_next_get_ms: Default::default(),
                 open: Mutex::default(),
             }),
             accept: None,
@@ -66,6 +69,12 @@ impl FakeStore {
         if mode == Mode::Hang {
             self.close_open();
         }
+    }
+
+    /// Holds the next GET of an object (not a listing or a HEAD) for `ms` before forwarding it:
+    /// the test changes the store meanwhile, between an open's listing and its reads.
+    pub(crate) fn hold_next_get(&self, ms: u64) {
+        self.shared.hold_next_get_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Down: its port refuses connections, and the connections open are cut.
@@ -130,8 +139,12 @@ impl FakeStore {
                     .lock()
                     .unwrap()
                     .push(server.try_clone().unwrap());
-                pipe(client.try_clone().unwrap(), server.try_clone().unwrap());
-                pipe(server, client);
+                pipe(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    Some(shared.clone()),
+                );
+                pipe(server, client, None);
             }
             // Dropping the listener closes the port.
         }));
@@ -146,14 +159,24 @@ impl Drop for FakeStore {
     }
 }
 
-/// Copies `from` to `to` on a thread of its own until either side closes.
-fn pipe(mut from: TcpStream, mut to: TcpStream) {
+/// Copies `from` to `to` on a thread of its own until either side closes; requests (`holds`:
+/// the client's side) held as [`FakeStore::hold_next_get`] says.
+fn pipe(mut from: TcpStream, mut to: TcpStream, holds: Option<Arc<Shared>>) {
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 << 10];
         loop {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    // A request's head arrives in one read: an object's GET has no query.
+                    let head = &buf[..n.min(512)];
+                    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+                    if let Some(h) = &holds {
+                        if line.starts_with(b"GET /") && !line.contains(&b'?') {
+                            let ms = h.hold_next_get_ms.swap(0, Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_millis(ms));
+                        }
+                    }
                     if to.write_all(&buf[..n]).is_err() {
                         break;
                     }
