@@ -195,10 +195,16 @@ fn add_windows(
     let n = (tokens - window) / stride + 1;
     // The loader numbers samples with u32.
     let first = b.len() as u64;
-    if first + n > u32::MAX as u64 {
+    if first + n > crate::plan::SAMPLES_MAX {
         return Err(invalid(format!(
-            "{n} windows of {window} tokens every {stride}: more than 2^32 samples; raise \
-             stride or seq_len"
+            "{n} windows of {window} tokens every {stride}{}: more than the {} samples a \
+             dataset holds (2^32 − 1); raise stride or seq_len",
+            if first > 0 {
+                format!(" after {first} samples")
+            } else {
+                String::new()
+            },
+            crate::plan::SAMPLES_MAX
         )));
     }
     // Computed from their number: nothing is stored per window.
@@ -409,7 +415,8 @@ fn megatron_one(
     }) {
         *kept = node.as_ref().map(|n| n.file());
         let fi = b.file(&bin, bin_size)?;
-        add_windows(b, fi, 0, end / width, width, windows(opts, 0)?)?;
+        add_windows(b, fi, 0, end / width, width, windows(opts, 0)?)
+            .map_err(|e| e.with_path(bin.clone()))?;
         return Ok((dtype, width));
     }
     let (sizes_at, pointers_at) = (MEGATRON_HEADER, MEGATRON_HEADER + seqs * 4);
@@ -485,8 +492,21 @@ fn megatron_one(
         if let Some(n) = &node {
             *kept = n.keep_facts(&[&idx, &bin], &facts(end));
         }
-        add_windows(b, fi, 0, end / width, width, windows(opts, 0)?)?;
+        add_windows(b, fi, 0, end / width, width, windows(opts, 0)?)
+            .map_err(|e| e.with_path(bin.clone()))?;
         return Ok((dtype, width));
+    }
+    if b.len() as u64 + seqs > crate::plan::SAMPLES_MAX {
+        return Err(bad(format!(
+            "{seqs} sequences{}: more than the {} samples a dataset holds (2^32 − 1); open it \
+             with seq_len (token windows) or split it",
+            if b.len() > 0 {
+                format!(" after {} samples", b.len())
+            } else {
+                String::new()
+            },
+            crate::plan::SAMPLES_MAX
+        )));
     }
     b.samples.reserve(seqs as usize);
     each_seq(&mut |i, s, p| {

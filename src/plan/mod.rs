@@ -132,6 +132,9 @@ impl LastBatch {
     }
 }
 
+/// The most samples a dataset holds (2³² − 1: the loader numbers them with `u32`).
+pub const SAMPLES_MAX: u64 = u32::MAX as u64;
+
 /// Every choice that shapes an epoch's plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanConfig {
@@ -628,8 +631,10 @@ pub fn epoch_order(samples: &Samples, cfg: &PlanConfig, epoch: u64) -> Result<Ve
     if n == 0 {
         return Err(invalid("the dataset has no samples"));
     }
-    if n > u32::MAX as usize {
-        return Err(invalid("more than 2^32 samples"));
+    if n as u64 > SAMPLES_MAX {
+        return Err(invalid(format!(
+            "{n} samples: a dataset holds at most {SAMPLES_MAX} (2^32 − 1)"
+        )));
     }
     let (per_rank, real) = cfg.rank_samples(n);
     if per_rank == 0 && cfg.last_batch == LastBatch::Drop {

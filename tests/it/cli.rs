@@ -869,3 +869,72 @@ fn a_large_index_is_shared_through_one_file_checked_before_use() {
         .unwrap();
     assert_eq!(shared(&String::from_utf8_lossy(&o.stdout)), 0);
 }
+
+/// A dataset holds at most 2³² − 1 samples: exactly that many token windows open, one more
+/// is refused saying the limit and naming the file, in text and in `--json` — flat token files
+/// and a Megatron prefix alike (issue 52 item 14: "more than 2^32", off by one, and the
+/// Megatron form had no path). The files are sparse.
+#[test]
+fn the_sample_limit_is_said_exactly_and_names_the_file() {
+    let dir = disk_dir();
+    let flat = |name: &str, tokens: u64| {
+        let p = dir.path().join(name);
+        std::fs::File::create(&p)
+            .unwrap()
+            .set_len(tokens * 2)
+            .unwrap();
+        p
+    };
+    let inspect = |p: &std::path::Path, extra: &[&str]| {
+        gpufeed()
+            .args(["inspect", "--json", "--seq-len", "1", "--stride", "1"])
+            .args(extra)
+            .arg(p)
+            .output()
+            .unwrap()
+    };
+    let tokens = ["--format", "tokens", "--token-dtype", "uint16"];
+    // 2^32 tokens: windows of 2 every 1 — 2^32 − 1 of them.
+    let at = flat("at.bin", 1 << 32);
+    let out = inspect(&at, &tokens);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["samples"], 4_294_967_295u64, "{v}");
+    let over = flat("over.bin", (1 << 32) + 1);
+    let out = inspect(&over, &tokens);
+    assert!(!out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let e = v["error"].as_str().unwrap();
+    assert!(e.contains("4294967295") && e.contains("2^32 − 1"), "{e}");
+    assert!(v["path"].as_str().unwrap().ends_with("over.bin"), "{v}");
+    // A Megatron prefix of three sequences of 2^31 − 1 tokens, as windows.
+    let m = dir.path().join("m");
+    let n: u64 = 3;
+    let mut idx = b"MMIDIDX\x00\x00".to_vec();
+    idx.extend(1u64.to_le_bytes());
+    idx.push(8); // uint16
+    idx.extend(n.to_le_bytes());
+    idx.extend((n + 1).to_le_bytes());
+    for _ in 0..n {
+        idx.extend(i32::MAX.to_le_bytes());
+    }
+    for i in 0..n {
+        idx.extend((i * 2 * i32::MAX as u64).to_le_bytes());
+    }
+    for i in 0..=n {
+        idx.extend(i.to_le_bytes());
+    }
+    std::fs::write(m.with_extension("idx"), idx).unwrap();
+    std::fs::File::create(m.with_extension("bin"))
+        .unwrap()
+        .set_len(n * 2 * i32::MAX as u64)
+        .unwrap();
+    let out = inspect(&m, &["--format", "megatron"]);
+    assert!(!out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let e = v["error"].as_str().unwrap();
+    assert!(e.contains("4294967295"), "{e}");
+    assert!(
+        v["path"].as_str().is_some_and(|p| p.contains("m.bin")),
+        "{v}"
+    );
+}
