@@ -275,6 +275,12 @@ class LoaderTests(unittest.TestCase):
         with self.assertRaises(ValueError):
             loader(device="tpu")
 
+    @property
+    def cache(self):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d, True)
+        return d
+
     def test_malformed_store_settings_are_errors_never_panics(self):
         # object_store panicked on these at the first request: PanicException, which
         # `except Exception` does not catch.
@@ -289,7 +295,7 @@ class LoaderTests(unittest.TestCase):
             os.environ[name] = value
             try:
                 with self.assertRaises(gpufeed.GpufeedError) as c:
-                    gpufeed.Loader("s3://bucket/prefix", batch_size=8)
+                    gpufeed.Loader("s3://bucket/prefix", batch_size=8, cache_dir=self.cache)
                 self.assertIn(name, str(c.exception))
             finally:
                 if saved is None:
@@ -329,7 +335,9 @@ class LoaderTests(unittest.TestCase):
         try:
             t0 = time.monotonic()
             with self.assertRaises(gpufeed.GpufeedError) as c:
-                gpufeed.Loader("s3://bucket/prefix", batch_size=8, timeout=1.5)
+                gpufeed.Loader(
+                    "s3://bucket/prefix", batch_size=8, timeout=1.5, cache_dir=self.cache
+                )
             took = time.monotonic() - t0
             self.assertIn("timeout", str(c.exception))
             self.assertLess(took, 4.0, str(c.exception))

@@ -128,6 +128,7 @@ fn malformed_store_settings_are_errors_and_empty_ones_are_unset() {
     let run = |vars: &[(&str, &str)]| {
         let mut c = gpufeed();
         c.args(["inspect", "s3://bucket/prefix"])
+            .env("GPUFEED_CACHE_DIR", dir.path().join("cache"))
             .env("AWS_CONFIG_FILE", &config)
             .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
             .env("AWS_ACCESS_KEY_ID", "k")
