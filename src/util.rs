@@ -109,6 +109,8 @@ pub(crate) struct Progress {
     /// Nothing is shown before this much time has passed (short work stays silent).
     delay: Duration,
     shown: bool,
+    /// The last count set (the total of work whose total is not known ahead: `total` 0).
+    done: u64,
 }
 
 /// Whether progress lines are silenced: `GPUFEED_QUIET=1` (the command's `--json` sets a
@@ -150,6 +152,7 @@ impl Progress {
             quiet: quiet(),
             delay: Duration::ZERO,
             shown: false,
+            done: 0,
         };
         if !p.tty && !p.quiet {
             eprintln!("{} ...", p.what);
@@ -177,11 +180,26 @@ impl Progress {
             quiet: quiet(),
             delay,
             shown: false,
+            done: 0,
         }
     }
 
     /// `done` of `total`, the rate so far and the time left, in words.
     fn status(&self, done: u64) -> (f64, String) {
+        if self.total == 0 {
+            // Not known ahead (a listing's length): the count and the rate.
+            let secs = self.start.elapsed().as_secs_f64().max(1e-9);
+            let n = done as f64 * self.scale;
+            return (
+                0.0,
+                format!(
+                    "{n:.0} {} so far, {:.1} {}/s",
+                    self.unit,
+                    n / secs,
+                    self.unit
+                ),
+            );
+        }
         let pct = if self.total > 0 {
             done as f64 * 100.0 / self.total as f64
         } else {
@@ -210,6 +228,7 @@ impl Progress {
     /// Reports `done` units of the total (redraws at most every 100 ms on a terminal, writes a
     /// line every [`PLAIN_EVERY`] otherwise).
     pub fn set(&mut self, done: u64) {
+        self.done = done;
         if self.quiet || self.start.elapsed() < self.delay {
             return;
         }
@@ -248,9 +267,12 @@ impl Progress {
         let _ = e.flush();
     }
 
-    pub fn finish(self) {
+    pub fn finish(mut self) {
         if self.quiet || !self.shown {
             return;
+        }
+        if self.total == 0 {
+            self.total = self.done;
         }
         let secs = self.start.elapsed().as_secs_f64();
         let rate = self.total as f64 * self.scale / secs.max(1e-9);

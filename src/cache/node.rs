@@ -412,11 +412,26 @@ fn extent_notice(dir: &Path, own: u64, asked: u64) {
 /// The cache's usage file in `tree`, checked to be a cache's: made (with the marker) in an
 /// empty directory when `mode` is `Create`; an older layout's cache emptied and remade. `None`:
 /// no cache there and `mode` is `Existing`.
-fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<File>> {
+fn usage_file(tree: &Tree, extent_bytes: u64, mut mode: OpenMode) -> Result<Option<(File, bool)>> {
     let path = tree.path().join("usage");
     let rw = OFlag::O_RDWR;
     for _ in 0..100 {
-        if let Some(f) = tree.file(&[], "usage", rw, false)? {
+        // A read-only command reads a cache it may not write (a read-only mount, another
+        // user's group cache): the usage file read-only, its counters as they are.
+        let opened = match tree.file(&[], "usage", rw, false) {
+            Err(e) if mode == OpenMode::Existing && not_writable(&e) => {
+                match tree.file(&[], "usage", OFlag::O_RDONLY, false) {
+                    Ok(Some(f)) => Some((f, true)),
+                    _ => return Err(e),
+                }
+            }
+            Err(e) if mode == OpenMode::Drop && mend_usage(tree, &e)? => {
+                mode = OpenMode::Create; // made anew below
+                continue;
+            }
+            r => r?.map(|f| (f, false)),
+        };
+        if let Some((f, read_only)) = opened {
             let mut magic = [0u8; 8];
             let len = f.metadata().map_err(io_err("cannot stat", &path))?.len();
             if len >= HEADER_BYTES as u64 {
@@ -424,7 +439,15 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
                     .map_err(io_err("cannot read", &path))?;
             }
             if &magic == USAGE_MAGIC {
-                return Ok(Some(f));
+                return Ok(Some((f, read_only)));
+            }
+            if read_only {
+                return Err(invalid(format!(
+                    "{} holds a node cache this process cannot write, of another layout ({:?}): \
+                     a read-only command reads only the current one",
+                    tree.path().display(),
+                    String::from_utf8_lossy(&magic)
+                )));
             }
             if let Some(layout) = USAGE_MAGIC_OLD.iter().position(|m| *m == &magic) {
                 // Ours, of an older layout: emptied under the lock, then marked layout 3.
@@ -537,8 +560,11 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
         })?;
         if let Ok(Some(tag)) = tree.file(&[], "CACHEDIR.TAG", rw, true) {
             let _ = tag.write_all_at(
-                b"Signature: 8a477f597d28d172789f06886806bc55\n\
-                  # This is gpufeed's node cache of remote datasets (`gpufeed cache drop` empties it).\n",
+                format!(
+                    "Signature: 8a477f597d28d172789f06886806bc55\n{CACHEDIR_TAG_OURS} \
+                     (`gpufeed cache drop` empties it).\n"
+                )
+                .as_bytes(),
                 0,
             );
         }
@@ -548,6 +574,48 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mode: OpenMode) -> Result<Option<F
         tree.path().display()
     )))
 }
+
+/// Whether opening a file for writing failed because it may not be written here (a read-only
+/// mount, a mode): read-only commands then read it as it is.
+fn not_writable(e: &Error) -> bool {
+    use std::error::Error as _;
+    e.kind() == ErrorKind::PermissionDenied
+        || e.source()
+            .and_then(|s| s.downcast_ref::<io::Error>())
+            .is_some_and(|io| matches!(io.raw_os_error(), Some(libc::EROFS | libc::EACCES)))
+}
+
+/// `cache drop` of a cache whose `usage` is not a regular file of its own (a link, a FIFO, a
+/// hard link put there, `e`): removed (the entry itself, never what a link points at) when the
+/// directory is recognisably a cache — its `CACHEDIR.TAG` is the one gpufeed writes — so that
+/// the cache is emptied and made anew. Whether it was removed.
+fn mend_usage(tree: &Tree, e: &Error) -> Result<bool> {
+    if e.kind() != ErrorKind::PermissionDenied {
+        return Ok(false);
+    }
+    let ours = tree
+        .read(&[], "CACHEDIR.TAG", 4096)
+        .ok()
+        .flatten()
+        .is_some_and(|t| String::from_utf8_lossy(&t).contains(CACHEDIR_TAG_OURS));
+    if !ours {
+        return Ok(false);
+    }
+    for name in ["usage", "CACHEDIR.TAG"] {
+        nix::unistd::unlinkat(tree.root(), name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+            .map_err(|e| io_err("cannot remove", &tree.path().join(name))(e.into()))?;
+    }
+    remove_contents(tree)?;
+    crate::util::notice(&format!(
+        "{} was not the cache's own usage file ({e}): removed (what it pointed at is \
+         untouched), and the cache emptied to be made anew",
+        tree.path().join("usage").display()
+    ));
+    Ok(true)
+}
+
+/// The line of the `CACHEDIR.TAG` gpufeed writes that tells its caches from other directories.
+const CACHEDIR_TAG_OURS: &str = "# This is gpufeed's node cache of remote datasets";
 
 /// Where the listing of the URL whose components are `comps` is kept: its directory below the
 /// root (`listing/…`) and its file's name.
@@ -700,10 +768,13 @@ impl NodeCache {
             }
         }
         let tree = Tree::open(&dir)?;
-        let Some(f) = usage_file(&tree, extent_bytes, mode)? else {
+        let Some((f, read_only)) = usage_file(&tree, extent_bytes, mode)? else {
             return Ok(None);
         };
         let path = dir.join("usage");
+        if read_only {
+            return NodeCache::read_only(dir, tree, f, extent_bytes).map(Some);
+        }
         let usage = SharedMap::new(f.as_fd(), HEADER_BYTES).map_err(io_err("cannot map", &path))?;
         let valid =
             |e: u64| (EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&e) && e.is_multiple_of(4096);
@@ -803,6 +874,49 @@ impl NodeCache {
 
     /// Queues a fetched extent for the writer threads (starting them, and the syncer, on the
     /// first); where no thread can be started, writes and publishes it here.
+    /// A cache this process may read but not write (a read-only mount, another user's group
+    /// cache), for read-only commands: its counters as its usage file holds them (a copy in
+    /// this process's memory), nothing recounted, locked or written.
+    fn read_only(dir: PathBuf, tree: Tree, f: File, extent_bytes: u64) -> Result<Arc<NodeCache>> {
+        let path = dir.join("usage");
+        let mut header = vec![0u8; HEADER_BYTES];
+        f.read_exact_at(&mut header, 0)
+            .map_err(io_err("cannot read", &path))?;
+        let usage = SharedMap::anonymous(HEADER_BYTES).map_err(io_err("cannot map", &path))?;
+        for (k, w) in header.chunks_exact(8).enumerate() {
+            usage.u64_at(8 * k).store(u64_le(w), Ordering::Relaxed);
+        }
+        let extent = usage.u64_at(U_EXTENT).load(Ordering::Relaxed);
+        if !(EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&extent) || !extent.is_multiple_of(4096)
+        {
+            return Err(invalid(format!(
+                "the node cache's usage file says its extents are {extent} bytes, which no \
+                 gpufeed makes: the file is damaged (`gpufeed cache drop --cache-dir {}`, by a \
+                 user who may write it, empties the cache)",
+                dir.display()
+            ))
+            .with_path(path));
+        }
+        if extent != extent_bytes {
+            extent_notice(&dir, extent, extent_bytes);
+        }
+        let limit = usage.u64_at(U_LIMIT).load(Ordering::Relaxed);
+        Ok(Arc::new(NodeCache {
+            dir,
+            tree,
+            limit,
+            extent_bytes: extent,
+            usage,
+            _usage_file: f,
+            objects: Mutex::default(),
+            full_noticed: AtomicBool::new(false),
+            writer: Mutex::new(None),
+            pending: Default::default(),
+            bufs: Mutex::default(),
+            retained: Mutex::default(),
+        }))
+    }
+
     fn write_behind(&self, job: WriteJob) {
         let mut w = self.writer.lock().unpoisoned();
         if w.is_none() {
@@ -1288,7 +1402,13 @@ impl NodeCache {
             }
             fallocate(state, map_len)?;
             state.write_all_at(&header, 0)?;
-            state.sync_all()
+            // A new state file has no marks a lost write could leave under a new header: no
+            // sync (one per object was most of a cold open's setup, ~0.8 ms an object here).
+            // A state file of another version is made durable, its marks zeroed with it.
+            if len >= HEADER_BYTES as u64 {
+                state.sync_all()?;
+            }
+            Ok(())
         };
         setup().map_err(ioe)
     }

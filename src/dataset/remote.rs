@@ -85,7 +85,14 @@ pub(crate) fn objects_of(
         format = Some(f);
         let by_key: std::collections::HashMap<&str, &ObjectInfo> =
             listed.iter().map(|o| (o.key.as_str(), o)).collect();
-        for i in picked {
+        let mut task = crate::progress::Task::items_after(
+            format!("setting up {} objects in the node cache", picked.len()),
+            picked.len() as u64,
+            "objects",
+            std::time::Duration::from_secs(2),
+        );
+        for (n, i) in picked.into_iter().enumerate() {
+            task.set(n as u64);
             let obj = cache.object(&store, &listed[i])?;
             let kept = by_key
                 .get(format!("{}{}", listed[i].key, super::tar::INDEX_SUFFIX).as_str())
@@ -93,6 +100,7 @@ pub(crate) fn objects_of(
             paths.push(obj.data_path().to_path_buf());
             objects.push((obj, kept));
         }
+        task.finish();
         // TFRecord indexes beside their files (DALI's NAME.idx, the tfrecord package's
         // NAME.index and NAME.tfindex), read through the cache too.
         if f == Format::TfRecord {

@@ -618,13 +618,30 @@ impl Store {
             }
         }
         let prefix = (!self.prefix.as_ref().is_empty()).then_some(&self.prefix);
+        // A listing of 10⁵ objects is a hundred pages: said as it goes after 2 s.
+        let mut task = crate::progress::Task::items_after(
+            format!("listing {}", self.url),
+            0,
+            "objects",
+            Duration::from_secs(2),
+        );
         let mut all: Vec<ObjectInfo> = self
             .retrying("LIST", &self.url, || {
-                self.block_on(rt, self.inner.list(prefix).try_collect::<Vec<_>>())
+                let task = &mut task;
+                self.block_on(rt, async move {
+                    let mut got = Vec::new();
+                    let mut pages = self.inner.list(prefix);
+                    while let Some(m) = pages.try_next().await? {
+                        got.push(m);
+                        task.set(got.len() as u64);
+                    }
+                    Ok(got)
+                })
             })?
             .into_iter()
             .map(info)
             .collect();
+        task.finish();
         all.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(all)
     }

@@ -934,6 +934,77 @@ fn a_damaged_usage_header_is_said_by_status_and_mended_by_drop_and_by_a_loader()
     let (r, err) = child(&sp);
     exactly_once(&r, 0..20, "after the damage, through a loader");
     assert!(err.contains("damaged usage file"), "{err}");
+    // `usage` replaced by a link to a file outside: status refuses, naming it; drop removes
+    // the link (not what it points at) and makes the cache anew (issue 52 item 15: drop could
+    // not mend it, and nothing but `rm -r` did).
+    let outside = disk_dir();
+    let victim = outside.path().join("victim");
+    std::fs::write(&victim, b"not the cache's").unwrap();
+    std::fs::remove_file(cache.path().join("usage")).unwrap();
+    std::os::unix::fs::symlink(&victim, cache.path().join("usage")).unwrap();
+    let err = gpufeed_fails(cache.path(), &["cache", "status", url]);
+    assert!(err.contains("symbolic link"), "{err}");
+    gpufeed_ok(cache.path(), &["cache", "drop"]);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not the cache's");
+    let md = std::fs::symlink_metadata(cache.path().join("usage")).unwrap();
+    assert!(md.is_file(), "usage is not a file again");
+    exactly_once(&child(&sp).0, 0..20, "after the link was mended");
+}
+
+/// `cache status`, documented as changing nothing, reads a cache on a read-only mount (issue
+/// 52 item 15: it failed opening the usage file for writing): the same figures as on the
+/// writable mount, nothing changed. Needs the right to mount (CI runs as root); else skipped.
+#[test]
+fn cache_status_reads_a_cache_on_a_read_only_mount() {
+    if !shared_server() {
+        return;
+    }
+    upload("h-ro", "gpf", &["a.gpf", "b.gpf"], 0..30);
+    let cache = disk_dir();
+    let url = "s3://gpufeed/h-ro";
+    exactly_once(&child(&spec(url, cache.path(), 64 << 10)).0, 0..30, "cold");
+    let want = cli_json(cache.path(), &["cache", "status", url]);
+    let mnt = disk_dir();
+    let sh = |cmd: String| {
+        std::process::Command::new("sh")
+            .args(["-c", &cmd])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let (src, dst) = (cache.path().display(), mnt.path().display());
+    if !sh(format!(
+        "mount --bind '{src}' '{dst}' 2>/dev/null && mount -o remount,bind,ro '{dst}' 2>/dev/null"
+    )) {
+        let _ = sh(format!("umount '{dst}' 2>/dev/null"));
+        eprintln!("skipped: a read-only bind mount cannot be made here (not root?)");
+        return;
+    }
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(dst.to_string());
+    assert!(
+        std::fs::write(mnt.path().join("probe"), b"x").is_err(),
+        "the mount is writable"
+    );
+    let before = snapshot(cache.path());
+    let got = cli_json(mnt.path(), &["cache", "status", url]);
+    for k in [
+        "objects",
+        "dataset_bytes",
+        "present_bytes",
+        "predicted_hit_ratio",
+    ] {
+        assert_eq!(got[k], want[k], "{k}: {got} against {want}");
+    }
+    assert_eq!(
+        got["counters"]["cached_bytes"],
+        want["counters"]["cached_bytes"]
+    );
+    assert_eq!(snapshot(cache.path()), before, "status changed the cache");
 }
 
 #[test]
