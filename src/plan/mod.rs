@@ -485,10 +485,17 @@ pub fn slot_bytes_for(samples: &Samples, cfg: &PlanConfig, slots: u32, budget: u
         }
         _ => 0,
     };
+    // The slots together never hold more than the rank's share of the dataset and its largest
+    // sample (a 30 MB folder of 200 images was given 4 slots of 24 MiB: 96 MiB for 30 MB):
+    // each slot then takes its part of that, and never less than a worst-case batch.
+    let share = (bb.total / cfg.world_size.max(1) as u64)
+        .saturating_add(bb.largest)
+        .div_ceil(slots.max(1) as u64);
     let target = group
         .max(window)
         .min(SLOT_BYTES_TARGET)
-        .min(bb.total.saturating_add(bb.largest));
+        .min(bb.total.saturating_add(bb.largest))
+        .min(share);
     let cap = (budget / slots.max(1) as u64).min(SLOT_BYTES_MAX) / (2 * MIB) * (2 * MIB);
     let want = bb.worst.max(target).max(1).next_multiple_of(2 * MIB);
     if want <= cap {

@@ -769,3 +769,58 @@ fn tens_of_thousands_of_small_files_read_exactly_in_every_order_with_the_default
         }
     }
 }
+
+/// A 30 MB folder of 200 images (199 of 150 KB, one of 4.3 MB) at batch 32 gets read buffers
+/// the size of the data, not three times it: at most the dataset plus its largest sample over
+/// the slots, never less than a worst-case batch a slot (issue 52 item 13: 4 slots of 24 MiB,
+/// 96 MiB, and 38 MiB slots in block order); every sample still once.
+#[test]
+fn read_buffers_are_no_larger_than_the_data() {
+    let dir = disk_dir();
+    let mut want = Vec::new();
+    for i in 0..200usize {
+        let len = if i == 7 { 4_300_000 } else { 150_000 };
+        let body: Vec<u8> = (0..len).map(|j| (i * 31 + j * 7 + j / 977) as u8).collect();
+        let d = dir.path().join(format!("c{}", i % 3));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("{i:03}.jpg")), &body).unwrap();
+        want.push(body);
+    }
+    let ds = std::sync::Arc::new(Dataset::open(dir.path()).unwrap());
+    let total: u64 = want.iter().map(|b| b.len() as u64).sum();
+    for order in [
+        Order::Global,
+        Order::Block {
+            block_bytes: 8 << 20,
+            open_blocks: 8,
+        },
+        Order::ShardBuffer { buffer: 10_000 },
+    ] {
+        let loader = Loader::builder(ds.clone())
+            .batch_size(32)
+            .order(order)
+            .build()
+            .unwrap();
+        let m = loader.memory();
+        assert!(
+            m.arena_bytes <= 64 << 20 && m.arena_bytes <= total + 4_300_000 + (8 << 20),
+            "{order:?}: {} MiB of read buffers for {} MB of data",
+            m.arena_bytes >> 20,
+            total / 1_000_000
+        );
+        let mut seen = vec![0u32; 200];
+        for b in loader.epoch(0).unwrap() {
+            let b = b.unwrap();
+            for j in 0..b.sample_ids().len() {
+                let key = ds.key(b.sample_ids()[j] as usize);
+                let i: usize = key.rsplit('/').next().unwrap()[..3].parse().unwrap();
+                assert!(
+                    b.sample(j).unwrap() == &want[i][..],
+                    "{order:?}: sample {i}"
+                );
+                seen[i] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1), "{order:?}");
+    }
+}

@@ -40,6 +40,8 @@ pub struct LoadBenchResult {
     pub checksums_verified: bool,
     /// Fraction of the loader's arena backed by huge pages (packed modes).
     pub arena_huge_pages: Option<f64>,
+    /// The loader's read buffers: slots × slot bytes (loader modes).
+    pub arena_bytes: Option<u64>,
     /// The alignment reads were planned at (loader modes), and the direct-I/O offset alignment
     /// the first data file's file system reports (`statx`), when it reports one.
     pub plan_align_bytes: Option<u32>,
@@ -278,6 +280,7 @@ pub fn run_small_files(
         engine: format!("{} threads, open/read/close", threads),
         checksums_verified: false,
         arena_huge_pages: None,
+        arena_bytes: None,
         plan_align_bytes: None,
         dio_align_bytes: None,
         dio_floor_amplification: None,
@@ -561,6 +564,7 @@ pub fn run_packed(
             (Some(h), len) => Some(h as f64 / len.max(1) as f64),
             (None, _) => None,
         },
+        arena_bytes: Some(loader.memory().arena_bytes),
         plan_align_bytes: Some(plan_align),
         dio_align_bytes: dio_align,
         dio_floor_amplification: dio_floor,
