@@ -166,6 +166,9 @@ pub struct NodeCache {
     /// files' mappings, for the life of the process after the datasets are gone).
     objects: Mutex<HashMap<String, std::sync::Weak<CachedObject>>>,
     full_noticed: AtomicBool,
+    /// A write found the disk full: nothing is admitted (readers fetch just the bytes they
+    /// read) until this time, then one extent is tried again.
+    no_room_until: Mutex<Option<std::time::Instant>>,
     /// Where fetched extents go to be written behind (started on the first).
     writer: Mutex<Option<std::sync::mpsc::Sender<WriteJob>>>,
     /// Bytes of extents to be cached that are being fetched, written or synced (reserved
@@ -270,7 +273,7 @@ fn start_writers() -> Option<std::sync::mpsc::Sender<WriteJob>> {
                         }
                     }
                     Err(e) => {
-                        job.obj.write_failed(&job, &e.report());
+                        job.obj.write_failed(&job, &e);
                         finish(job);
                     }
                 }
@@ -285,7 +288,7 @@ fn publish_now(job: WriteJob) {
     match job.obj.write_extent(&job) {
         Ok(()) => publish(vec![job]),
         Err(e) => {
-            job.obj.write_failed(&job, &e.report());
+            job.obj.write_failed(&job, &e);
             finish(job);
         }
     }
@@ -311,7 +314,7 @@ fn publish(batch: Vec<WriteJob>) {
         for job in jobs {
             match &synced {
                 Ok(()) => obj.mark_published(&job),
-                Err(e) => obj.write_failed(&job, &e.report()),
+                Err(e) => obj.write_failed(&job, e),
             }
             finish(job);
         }
@@ -573,6 +576,23 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mut mode: OpenMode) -> Result<Opti
         "{}: the cache's usage file kept changing while it was opened",
         tree.path().display()
     )))
+}
+
+/// How long a node cache whose disk was found full admits nothing before it tries again.
+const NO_ROOM_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether `e` (or its cause) is a full disk or quota.
+fn no_space(e: &Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+                return true;
+            }
+        }
+        cur = c.source();
+    }
+    false
 }
 
 /// Whether opening a file for writing failed because it may not be written here (a read-only
@@ -862,6 +882,7 @@ impl NodeCache {
             _usage_file: f,
             objects: Mutex::default(),
             full_noticed: AtomicBool::new(false),
+            no_room_until: Mutex::new(None),
             writer: Mutex::new(None),
             pending: Default::default(),
             bufs: Mutex::default(),
@@ -910,6 +931,7 @@ impl NodeCache {
             _usage_file: f,
             objects: Mutex::default(),
             full_noticed: AtomicBool::new(false),
+            no_room_until: Mutex::new(None),
             writer: Mutex::new(None),
             pending: Default::default(),
             bufs: Mutex::default(),
@@ -1069,8 +1091,17 @@ impl NodeCache {
         self.usage.u64_at(counter).fetch_add(n, Ordering::AcqRel);
     }
 
-    /// Reserves `n` bytes under the limit; false when they do not fit.
+    /// Reserves `n` bytes under the limit; false when they do not fit, or while the disk is
+    /// full ([`NO_ROOM_RETRY`]).
     fn admit(&self, n: u64) -> bool {
+        {
+            let mut until = self.no_room_until.lock().unpoisoned();
+            match *until {
+                Some(t) if std::time::Instant::now() < t => return false,
+                Some(_) => *until = None, // tried again
+                None => {}
+            }
+        }
         self.usage
             .u64_at(U_USED)
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -2037,16 +2068,33 @@ impl CachedObject {
 
     /// A failed write or sync: the reservation goes back, the bytes count as served uncached,
     /// and the first failure of the cache is said.
-    fn write_failed(&self, job: &WriteJob, why: &str) {
+    fn write_failed(&self, job: &WriteJob, e: &Error) {
         let cache = &self.cache;
         let n = job.bytes.bytes().len() as u64;
         cache.release(n);
         cache.add(U_DIRECT, n);
+        // A full disk (below the limit, which says there is room): nothing more is admitted
+        // for a while, so readers fetch the bytes they read and not each its whole extent
+        // again (30x the dataset's bytes in the trial, for a sample per GET of 8 MiB).
+        let full = no_space(e);
+        if full {
+            *cache.no_room_until.lock().unpoisoned() =
+                Some(std::time::Instant::now() + NO_ROOM_RETRY);
+        }
         if !cache.full_noticed.swap(true, Ordering::Relaxed) {
+            let then = if full {
+                format!(
+                    "the disk is full: from now on only the bytes read are fetched, and caching \
+                     is tried again every {} s",
+                    NO_ROOM_RETRY.as_secs()
+                )
+            } else {
+                "fetched extents are served without being cached".to_string()
+            };
             crate::util::notice(&format!(
-                "the node cache cannot write {} ({why}); fetched extents are served without \
-                 being cached",
-                self.data_path.display()
+                "the node cache cannot write {} ({}); {then}",
+                self.data_path.display(),
+                e.report()
             ));
         }
     }
