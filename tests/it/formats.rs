@@ -1470,17 +1470,23 @@ fn webdataset_is_indexed_once_for_the_node() {
         (Some(0), Some(0)),
         "{ib}"
     );
-    let kept_files = std::fs::read_dir(&cache)
+    // One index, and the record of its check (the second open read the record).
+    let mut kept_files: Vec<String> = std::fs::read_dir(&cache)
         .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .path()
-                .extension()
-                .is_some_and(|x| x == "gpfidx")
-        })
-        .count();
-    assert_eq!(kept_files, 1);
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".gpfidx"))
+        .collect();
+    kept_files.sort();
+    let record = kept
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .replace(".gpfidx", ".ok.gpfidx");
+    assert_eq!(
+        kept_files,
+        [kept.rsplit('/').next().unwrap().to_string(), record],
+        "{kept_files:?}"
+    );
 
     // Another process building it: this one waits (and says so), then builds it itself, as
     // that one kept nothing.
