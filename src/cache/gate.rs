@@ -236,7 +236,8 @@ impl Backend for RemoteGate {
                 st.why.insert(
                     op.id,
                     format!(
-                        "the node cache's copy of {url} was replaced while this loader read it                          (the cache dropped or moved?): open the dataset again"
+                        "the node cache's copy of {url} was replaced while this loader read it \
+                         (the cache dropped or moved?): open the dataset again"
                     ),
                 );
                 st.done.push(RawDone {
