@@ -1269,7 +1269,7 @@ impl NodeCache {
             state: state_home,
             uncached,
             verified: (0..extents).map(|_| AtomicBool::new(false)).collect(),
-            fetching: Mutex::default(),
+            fetching: Mutex::new(HashMap::with_capacity(1)),
         });
         // One object per URL in a process (threads opening it at once keep the first made), so
         // that its threads share one record of what they fetched and checked.
@@ -1634,7 +1634,7 @@ impl StateView {
 /// from its first read on; one of more maps them as its reads reach them (an `open` and an
 /// `mmap` each), far below the kernel's limit on a process's mappings (`vm.max_map_count`,
 /// 65,530 by default), and their pages resident with them.
-const MAPS_MAX: usize = 4096;
+const MAPS_MAX: usize = 1024;
 
 /// The state files this process has mapped, by (device, inode), the oldest let go first.
 #[derive(Default)]
