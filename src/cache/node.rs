@@ -1108,6 +1108,46 @@ impl NodeCache {
         self.usage.u64_at(counter).fetch_add(n, Ordering::AcqRel);
     }
 
+    /// Whether `n` more bytes fit under the limit now, and on the disk (it was not found full,
+    /// and its free space holds them beside the writes queued).
+    pub(crate) fn has_room(&self, n: u64) -> bool {
+        if self
+            .no_room_until
+            .lock()
+            .unpoisoned()
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            return false;
+        }
+        self.usage
+            .u64_at(U_USED)
+            .load(Ordering::Acquire)
+            .saturating_add(n)
+            <= self.limit
+            && self.disk_holds(n)
+    }
+
+    /// Whether the disk's free space holds `n` bytes more than the writes queued: where it
+    /// does not, nothing is admitted for a while (as after a write that found it full), so a
+    /// whole extent is not fetched for a write that would fail.
+    fn disk_holds(&self, n: u64) -> bool {
+        let queued = self.pending.0.lock().unpoisoned().0;
+        let ok = free_bytes(&self.dir).is_ok_and(|f| f >= n.saturating_add(queued));
+        if !ok {
+            *self.no_room_until.lock().unpoisoned() =
+                Some(std::time::Instant::now() + NO_ROOM_RETRY);
+            if !self.full_noticed.swap(true, Ordering::Relaxed) {
+                crate::util::notice(&format!(
+                    "the node cache's disk is full ({}, below the cache's limit): only the bytes \
+                     read are fetched, and caching is tried again every {} s",
+                    self.dir.display(),
+                    NO_ROOM_RETRY.as_secs()
+                ));
+            }
+        }
+        ok
+    }
+
     /// Reserves `n` bytes under the limit; false when they do not fit, or while the disk is
     /// full ([`NO_ROOM_RETRY`]).
     fn admit(&self, n: u64) -> bool {
@@ -1119,12 +1159,14 @@ impl NodeCache {
                 None => {}
             }
         }
-        self.usage
-            .u64_at(U_USED)
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(n).filter(|&u| u <= self.limit)
-            })
-            .is_ok()
+        self.disk_holds(n)
+            && self
+                .usage
+                .u64_at(U_USED)
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                    used.checked_add(n).filter(|&u| u <= self.limit)
+                })
+                .is_ok()
     }
 
     fn release(&self, n: u64) {

@@ -1408,10 +1408,13 @@ fn permanent_errors_fail_fast_and_say_what_is_wrong() {
     }
 }
 
-/// A WebDataset over a store opens at the cost of its index, not its bytes: walked with
-/// ranged GETs of its headers when nothing is kept; from the node cache's kept walk next time
-/// (no GET); from `NAME.gpfidx` beside each tar once `gpufeed index` wrote them (one GET per
-/// tar, on a fresh node); and a stale index beside a replaced tar is not used.
+/// A WebDataset over a store opens at the cost of its index: walked when nothing is kept —
+/// through whole extents, cached, while the node cache has room (the open downloads each tar
+/// once per node, and the epoch reads it from disk: issue 52 item 11, where a GET of 8 KiB per
+/// header made the open ten times the download), with ranged GETs of its headers where the
+/// cache has none; from the node cache's kept walk next time (no GET); from `NAME.gpfidx` beside
+/// each tar once `gpufeed index` wrote them (one GET per tar, on a fresh node); and a stale
+/// index beside a replaced tar is not used.
 #[test]
 fn a_webdataset_opens_at_the_cost_of_its_index() {
     if !shared_server() {
@@ -1438,15 +1441,29 @@ fn a_webdataset_opens_at_the_cost_of_its_index() {
         put_tar(t, &ids, 0);
     }
     let url = "s3://gpufeed/h-index";
-    // Nothing kept: the headers are walked, not the bytes fetched.
-    let cache = disk_dir();
-    let (r, err) = child(&spec(url, cache.path(), 1 << 20));
-    exactly_once(&r, 0..160, "walked");
+    // Nothing kept, and a cache too small for an extent: the headers are walked, not the
+    // bytes fetched.
+    let small = disk_dir();
+    let (r, err) = child(&Spec {
+        limit: Some(512 << 10),
+        ..spec(url, small.path(), 1 << 20)
+    });
+    exactly_once(&r, 0..160, "walked by its headers");
     assert!(
-        r.open_fetched * 10 < r.dataset_bytes,
+        r.open_fetched * 8 < r.dataset_bytes,
         "the open fetched {} of {} bytes: {err}",
         r.open_fetched,
         r.dataset_bytes
+    );
+    // Nothing kept, with room: the walk fetches each extent once, cached, and the epoch makes
+    // no GET of its own.
+    let cache = disk_dir();
+    let (r, err) = child(&spec(url, cache.path(), 1 << 20));
+    exactly_once(&r, 0..160, "walked");
+    assert_eq!(r.open_fetched, r.dataset_bytes, "{err}");
+    assert_eq!(
+        r.gets, r.open_gets,
+        "the epoch fetched what the walk had: {err}"
     );
     // Kept in the node cache: the next open makes no GET.
     let (r, _) = child(&spec(url, cache.path(), 1 << 20));
@@ -1500,10 +1517,8 @@ fn ranks_opening_a_cold_webdataset_at_once_walk_it_once() {
     let (r, err) = child(&spec(url, alone.path(), 1 << 20));
     exactly_once(&r, 0..150, &format!("one process: {err}"));
     let (walk, one) = (r.open_gets, r.gets);
-    assert!(
-        walk > 100,
-        "the walk made {walk} GETs: too few to tell one walk from three"
-    );
+    // The walk fetches the tars' extents (cached): at least one a tar.
+    assert!(walk >= 3, "the walk made {walk} GETs");
     let shared = disk_dir();
     let ranks: Vec<_> = (0..3)
         .map(|_| {
@@ -1517,9 +1532,10 @@ fn ranks_opening_a_cold_webdataset_at_once_walk_it_once() {
         exactly_once(&r, 0..150, &format!("three at once: {err}"));
         most = most.max(r.gets);
     }
-    // (The counters are the node's: the last rank to finish saw every GET.)
+    // (The counters are the node's: the last rank to finish saw every GET.) Each extent is
+    // fetched once per node, by whichever rank reaches it first.
     assert!(
-        most < one + walk / 2,
+        most <= one + one / 4,
         "three ranks made {most} GETs, one alone {one} (its walk {walk})"
     );
 }
@@ -1555,7 +1571,12 @@ fn tfrecords_open_from_the_indexes_beside_them() {
         }
     }
     let cache = disk_dir();
-    let (r, err) = child(&spec("s3://gpufeed/h-tfrecord-idx/", cache.path(), 1 << 20));
+    // A cache too small for an extent: a file without an index is scanned by its record
+    // headers (with room, it would be fetched whole and cached, as a tar's walk is).
+    let (r, err) = child(&Spec {
+        limit: Some(512 << 10),
+        ..spec("s3://gpufeed/h-tfrecord-idx/", cache.path(), 1 << 20)
+    });
     exactly_once(&r, 0..90, "TFRecords with and without indexes");
     assert!(
         r.open_fetched * 10 < r.dataset_bytes,
