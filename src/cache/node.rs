@@ -505,6 +505,11 @@ fn usage_file(tree: &Tree, extent_bytes: u64, mut mode: OpenMode) -> Result<Opti
             .into_iter()
             .filter(|n| !n.starts_with(USAGE_NEW))
             .collect();
+        // Another process made the cache since `usage` was looked for (two ranks opening a
+        // new cache at once: the soak's): read it again.
+        if others.iter().any(|n| n == "usage") {
+            continue;
+        }
         if !others.is_empty() {
             let mut shown: Vec<String> = others.iter().take(4).cloned().collect();
             if others.len() > shown.len() {
@@ -882,22 +887,7 @@ impl NodeCache {
                 l => l,
             },
         };
-        let cache = Arc::new(NodeCache {
-            dir: dir.clone(),
-            tree,
-            limit,
-            extent_bytes: extent,
-            usage,
-            _usage_file: f,
-            objects: Mutex::default(),
-            full_noticed: AtomicBool::new(false),
-            no_room_until: Mutex::new(None),
-            maps: Mutex::default(),
-            writer: Mutex::new(None),
-            pending: Default::default(),
-            bufs: Mutex::default(),
-            retained: Mutex::default(),
-        });
+        let cache = Arc::new(NodeCache::made(dir.clone(), tree, limit, extent, usage, f));
         open.insert(dir, Arc::downgrade(&cache));
         flush_at_exit_registered();
         Ok(Some(cache))
@@ -932,13 +922,28 @@ impl NodeCache {
             extent_notice(&dir, extent, extent_bytes);
         }
         let limit = usage.u64_at(U_LIMIT).load(Ordering::Relaxed);
-        Ok(Arc::new(NodeCache {
+        Ok(Arc::new(NodeCache::made(
+            dir, tree, limit, extent, usage, f,
+        )))
+    }
+
+    /// A cache of `dir` (its `tree`, its `usage` header mapped and its file held) with nothing
+    /// fetched, written or mapped yet in this process.
+    fn made(
+        dir: PathBuf,
+        tree: Tree,
+        limit: u64,
+        extent_bytes: u64,
+        usage: SharedMap,
+        usage_file: File,
+    ) -> NodeCache {
+        NodeCache {
             dir,
             tree,
             limit,
-            extent_bytes: extent,
+            extent_bytes,
             usage,
-            _usage_file: f,
+            _usage_file: usage_file,
             objects: Mutex::default(),
             full_noticed: AtomicBool::new(false),
             no_room_until: Mutex::new(None),
@@ -947,7 +952,7 @@ impl NodeCache {
             pending: Default::default(),
             bufs: Mutex::default(),
             retained: Mutex::default(),
-        }))
+        }
     }
 
     fn write_behind(&self, job: WriteJob) {

@@ -55,7 +55,7 @@ pub(crate) fn objects_of(
     let mut objects = Vec::new();
     for url in urls {
         let store = Store::open_with(url, &opts.store)?;
-        let listed = listing(&store, &cache)?;
+        let listed = listing(&store, &cache, format)?;
         if let Some(o) = listed
             .iter()
             .find(|o| o.key.contains(&format!("{}/", super::pack::STAGING)))
@@ -122,7 +122,11 @@ pub(crate) fn objects_of(
 /// open, if the cache holds every object of it whole (said once) — a node whose cache holds
 /// the dataset trains on while the store is down. Otherwise the store's error, saying what the
 /// cache holds.
-fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectInfo>> {
+fn listing(
+    store: &Store,
+    cache: &crate::cache::NodeCache,
+    format: Option<Format>,
+) -> Result<Vec<ObjectInfo>> {
     let url = store.url();
     let kept_as = kept_as(store);
     let e = match store.list() {
@@ -143,13 +147,31 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
         Err(e) => return Err(e),
     };
     let (kept, e) = kept_when_down(store, cache, e)?;
+    // The objects the dataset reads (a tar's `NAME.gpfidx` beside it is read once, into the
+    // cache's kept walk, and not cached itself; other files under the prefix are not the
+    // dataset's): those must be whole.
+    let keys: Vec<&str> = kept.iter().map(|o| o.key.as_str()).collect();
+    let used: Vec<&ObjectInfo> = match super::detect::pick_remote(&keys, format) {
+        Ok((f, picked)) => {
+            let mut v: Vec<&ObjectInfo> = picked.iter().map(|&i| &kept[i]).collect();
+            if f == Format::TfRecord {
+                v.extend(kept.iter().filter(|o| {
+                    [".idx", ".index", ".tfindex"]
+                        .iter()
+                        .any(|x| o.key.ends_with(x))
+                }));
+            }
+            v
+        }
+        Err(_) => kept.iter().collect(),
+    };
     let mut whole = 0usize;
-    for o in &kept {
+    for o in &used {
         if cache.present_bytes_of(store, o).is_ok_and(|n| n == o.size) {
             whole += 1;
         }
     }
-    if whole < kept.len() || kept.is_empty() {
+    if whole < used.len() || used.is_empty() {
         return Err(Error::new(
             crate::ErrorKind::Io,
             format!(
@@ -157,15 +179,15 @@ fn listing(store: &Store, cache: &crate::cache::NodeCache) -> Result<Vec<ObjectI
                  listing), but the cache holds {whole} of its {} objects whole, and only a \
                  cache holding every object whole stands in for the store (`gpufeed cache \
                  status` says what it holds)",
-                kept.len()
+                used.len()
             ),
         ));
     }
     crate::util::notice(&format!(
         "{url}: the store cannot be reached ({e}); opened from the node cache, which holds \
-         every one of the {} objects of the listing kept at an earlier open (objects added \
-         to the store since are not in this dataset)",
-        kept.len()
+         every one of the {} objects the dataset reads, of the listing kept at an earlier open \
+         (objects added to the store since are not in this dataset)",
+        used.len()
     ));
     Ok(kept)
 }
