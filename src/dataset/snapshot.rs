@@ -934,7 +934,12 @@ fn map_file(d: &OwnedFd, dir: &Path, name: &str) -> Option<(SharedBytes, (u64, u
     }
     let len = usize::try_from(md.len()).ok()?;
     let m = crate::sys::FileMapping::of(f.as_fd(), len).ok()?;
-    // What the file is: a write or a chmod changes its times, a replacement its inode.
+    Some((Arc::new(m), (md.dev(), md.ino()), stamp_of(&md)))
+}
+
+/// What a kept file is, as its check record names it: a write or a chmod changes its times, a
+/// replacement its inode.
+fn stamp_of(md: &std::fs::Metadata) -> Vec<u8> {
     let mut stamp = CHECK_MAGIC.to_vec();
     for v in [
         md.dev(),
@@ -947,7 +952,7 @@ fn map_file(d: &OwnedFd, dir: &Path, name: &str) -> Option<(SharedBytes, (u64, u
     ] {
         stamp.extend_from_slice(&v.to_le_bytes());
     }
-    Some((Arc::new(m), (md.dev(), md.ino()), stamp))
+    stamp
 }
 
 /// A check record's first bytes.
@@ -1159,11 +1164,10 @@ mod tests {
     /// A kept index that its group or others could write, or in a directory others can enter,
     /// is not used (issue 52 item 2: another user rewrote a `chmod 666` index under a rank that
     /// had mapped it); the next keep replaces it with one only its owner can read.
-    #[test]
-    fn a_kept_index_others_could_write_is_not_used() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("a.tar");
+    /// A WebDataset of 70,000 samples over one sparse tar in `dir`, and the inputs of its
+    /// index kept in `dir/index` (settled): what the kept-index tests store and load.
+    fn kept_tar_dataset(dir: &Path) -> (Dataset, Inputs, Vec<PathBuf>) {
+        let data = dir.join("a.tar");
         let n = 70_000usize;
         std::fs::File::create(&data)
             .unwrap()
@@ -1180,16 +1184,23 @@ mod tests {
             .collect();
         let keys: Vec<String> = (0..n).map(|i| format!("s{i:06}")).collect();
         let files = vec![data_file(&data, (n * 1100) as u64)];
-        let make = || {
-            let mut ds = Dataset::from_parts(files.clone(), samples.clone(), keys.clone()).unwrap();
-            ds.format = Format::WebDataset;
-            ds
-        };
-        let paths = vec![data.clone()];
-        let opts = OpenOptions::default();
-        let mut inputs = Inputs::of(Format::WebDataset, &paths, &opts).expect("inputs");
-        inputs.dir = dir.path().join("index");
+        let mut ds = Dataset::from_parts(files, samples, keys).unwrap();
+        ds.format = Format::WebDataset;
+        let paths = vec![data];
+        let mut inputs =
+            Inputs::of(Format::WebDataset, &paths, &OpenOptions::default()).expect("inputs");
+        inputs.dir = dir.join("index");
         inputs.newest = 0; // settled
+        (ds, inputs, paths)
+    }
+
+    #[test]
+    fn a_kept_index_others_could_write_is_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (ds, inputs, paths) = kept_tar_dataset(dir.path());
+        let make = || ds.clone();
+        let opts = OpenOptions::default();
         assert!(inputs.store(&mut make(), &paths, &opts, None));
         let kept = inputs.dir.join(&inputs.name);
         let chmod = |p: &Path, m: u32| {
@@ -1221,32 +1232,10 @@ mod tests {
     /// could write is not trusted (issue 52 item 12).
     #[test]
     fn a_kept_index_is_checked_once_and_its_record_names_the_very_file() {
-        use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+        use std::os::unix::fs::{FileExt, PermissionsExt};
         let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("a.tar");
-        let n = 70_000usize;
-        std::fs::File::create(&data)
-            .unwrap()
-            .set_len((n * 1100) as u64)
-            .unwrap();
-        let samples: Vec<Sample> = (0..n)
-            .map(|i| Sample {
-                file: 0,
-                len: 10,
-                offset: 1100 * i as u64,
-                label: (i % 7) as i64,
-                crc32c: 0,
-            })
-            .collect();
-        let keys: Vec<String> = (0..n).map(|i| format!("s{i:06}")).collect();
-        let files = vec![data_file(&data, (n * 1100) as u64)];
-        let mut ds = Dataset::from_parts(files, samples, keys).unwrap();
-        ds.format = Format::WebDataset;
-        let paths = vec![data.clone()];
+        let (mut ds, inputs, paths) = kept_tar_dataset(dir.path());
         let opts = OpenOptions::default();
-        let mut inputs = Inputs::of(Format::WebDataset, &paths, &opts).expect("inputs");
-        inputs.dir = dir.path().join("index");
-        inputs.newest = 0; // settled
         assert!(inputs.store(&mut ds, &paths, &opts, None));
         let kept = inputs.dir.join(&inputs.name);
         let record = inputs
@@ -1267,19 +1256,7 @@ mod tests {
         );
         // A record forged for the damaged file as it is now is trusted (the mechanism: the
         // record is all that stands for the check) — unless others could write it.
-        let md = std::fs::metadata(&kept).unwrap();
-        let mut stamp = CHECK_MAGIC.to_vec();
-        for v in [
-            md.dev(),
-            md.ino(),
-            md.size(),
-            md.mtime() as u64,
-            md.mtime_nsec() as u64,
-            md.ctime() as u64,
-            md.ctime_nsec() as u64,
-        ] {
-            stamp.extend_from_slice(&v.to_le_bytes());
-        }
+        let stamp = stamp_of(&std::fs::metadata(&kept).unwrap());
         std::fs::write(&record, &stamp).unwrap();
         std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(
