@@ -688,7 +688,8 @@ fn main() {
     let mut remote = None;
     let mut remote_skipped = None;
     if with_remote {
-        match remote::Remote::start(&dir) {
+        // The 10⁴ small tars (a minute's upload here) where the soak is long enough for them.
+        match remote::Remote::start(&dir, minutes >= 10.0) {
             Ok(r) => {
                 if let Some(why) = &r.counts.fill_skipped {
                     eprintln!("soak: the cache's disk is not filled: {why}");

