@@ -852,6 +852,13 @@ fn main() {
                         .map(|w| format!(" (skipped: {w})"))
                         .unwrap_or_default()
                 );
+                println!(
+                    "  over S3, issue 52's rounds: {} opens through another endpoint refused, {} opens while the store was down served by the cache, {} full-disk rounds' traffic checked, {} block epochs over 10^4 tars",
+                    c.twin_endpoint_refused,
+                    c.opened_while_down,
+                    c.disk_fill_traffic_checked,
+                    c.many_tar_epochs
+                );
             }
             (None, Some(why)) => println!("  over S3: skipped ({why})"),
             (None, None) => println!("  over S3: not run (--no-remote)"),
