@@ -463,7 +463,6 @@ pub fn ofd_try_lock(fd: BorrowedFd<'_>, start: u64, len: u64, shared: bool) -> i
 /// len` of `fd`: exclusive between different opens of the file, in this process or any other,
 /// and released by the kernel when the last descriptor of the open closes (a process that dies
 /// holding it leaves no stale lock).
-#[cfg(feature = "remote")]
 pub fn ofd_lock(fd: BorrowedFd<'_>, start: u64, len: u64, lock: bool) -> io::Result<()> {
     use nix::fcntl::{fcntl, FcntlArg};
     let fl = ofd_range(if lock { libc::F_WRLCK } else { libc::F_UNLCK }, start, len);

@@ -611,6 +611,15 @@ impl Engine {
         Ok(&self.file_entry(file)?.info)
     }
 
+    /// Which file `file`'s descriptor is now, and its size (one `statx`): a file copied over
+    /// or cut since it was opened shows it here.
+    pub fn stat_now(&self, file: FileId) -> Result<(crate::sys::FileIdentity, u64)> {
+        let e = self.file_entry(file)?;
+        let st = crate::sys::statx_fd(e.fd.as_fd())
+            .map_err(|err| Error::io("cannot stat", err).with_path(e.info.path.clone()))?;
+        Ok((st.identity, st.size))
+    }
+
     fn file_entry(&self, file: FileId) -> Result<&FileEntry> {
         self.files
             .get(file.0 as usize)

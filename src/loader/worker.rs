@@ -515,11 +515,25 @@ impl<'a> IoThread<'a> {
                 self.arena.put(c.slot);
                 continue;
             };
+            // A file changed while its reads were in flight (copied over, cut): what they
+            // read may be either version, so its samples of the group fail, named.
+            let ds = &*self.ctx.dataset;
+            let checked = a.job.checker.loader_verifies();
+            let mut changed: HashMap<u32, crate::io::ReadOutcome> = HashMap::new();
+            for r in &f.group.reads {
+                if let std::collections::hash_map::Entry::Vacant(v) = changed.entry(r.file) {
+                    if let Some(e) = self.files.changed(&self.engine, ds, r.file, checked) {
+                        v.insert(Err(e));
+                    }
+                }
+            }
             let Filled {
                 mut meta,
                 slot,
                 used,
-            } = self.ctx.filled(f.group, c, f.submitted, &f.unopened);
+            } = self
+                .ctx
+                .filled(f.group, c, f.submitted, &f.unopened, &changed);
             if a.job.checker.loader_checks() {
                 self.unchecked.push(Unchecked {
                     id: f.epoch,
@@ -589,6 +603,7 @@ impl WorkerCtx {
         c: Completion,
         submitted: Instant,
         unopened: &Unopened,
+        changed: &HashMap<u32, crate::io::ReadOutcome>,
     ) -> Filled {
         let read_done = Instant::now();
         let ds = &*self.dataset;
@@ -598,9 +613,13 @@ impl WorkerCtx {
         let mut read_errors: HashMap<u32, Arc<Error>> = HashMap::new();
         for (&id, p) in ids.iter().zip(&g.scatter) {
             let s = ds.sample(id as usize);
-            let outcome = match unopened.submitted_index(p.read) {
-                Ok(k) => &outcomes[k],
-                Err(e) => e,
+            let outcome = match (
+                changed.get(&g.reads[p.read as usize].file),
+                unopened.submitted_index(p.read),
+            ) {
+                (Some(e), _) => e,
+                (None, Ok(k)) => &outcomes[k],
+                (None, Err(e)) => e,
             };
             let span = match outcome {
                 Ok(r) => {
@@ -797,6 +816,12 @@ struct OpenFiles {
     /// The alignment the plan laid reads out at: a file whose direct I/O needs more would have
     /// its reads widened over their neighbours in the slot, so it is refused.
     align: u32,
+    /// The group being submitted ([`pin`](Self::pin) counts them), and the last group each open
+    /// file was looked at again in: a file copied over or cut while it is open (its size or
+    /// modification time moved) is refused from the next group on, as it is at its open —
+    /// read on at the index's offsets, a WebDataset's samples came back as other bytes.
+    group: u64,
+    looked: HashMap<u32, u64>,
 }
 
 impl OpenFiles {
@@ -808,6 +833,8 @@ impl OpenFiles {
             cap: cap.max(1),
             clock: 0,
             align,
+            group: 0,
+            looked: Default::default(),
         }
     }
 
@@ -816,7 +843,8 @@ impl OpenFiles {
     }
 
     /// A mark: files used from here on (the group being submitted) are not closed.
-    fn pin(&self) -> u64 {
+    fn pin(&mut self) -> u64 {
+        self.group += 1;
         self.clock + 1
     }
 
@@ -840,7 +868,14 @@ impl OpenFiles {
         }
         if let Some((id, used)) = self.open.get_mut(&f) {
             *used = stamp;
-            return Ok(*id);
+            let id = *id;
+            // Once a group: is it still the file it was opened as (one statx)?
+            if self.looked.insert(f, self.group) != Some(self.group) {
+                if let Some(e) = self.changed(engine, ds, f, checked) {
+                    return Err(e);
+                }
+            }
+            return Ok(id);
         }
         if self.open.len() >= self.cap {
             self.close_one(engine, pinned)?;
@@ -886,7 +921,18 @@ impl OpenFiles {
             return Err(e);
         }
         self.open.insert(f, (id, stamp));
+        self.looked.insert(f, self.group);
         Ok(id)
+    }
+
+    /// Why open dataset file `f` must not be read on, if so: it is no longer the file it was
+    /// opened as (one `statx`); `None` for a file not open.
+    fn changed(&self, engine: &Engine, ds: &Dataset, f: u32, checked: bool) -> Option<Error> {
+        let &(id, _) = self.open.get(&f)?;
+        let (now, size) = engine.stat_now(id).ok()?;
+        let why = ds.changed_since_open(f, now, size, checked)?;
+        let path = engine.file_info(id).ok()?.path.clone();
+        Some(crate::dataset::changed_error(why).with_path(path))
     }
 
     /// Keeps at most the files open now from here on (the process ran out of descriptors),
@@ -931,6 +977,7 @@ impl OpenFiles {
             match engine.close(id) {
                 Ok(()) => {
                     self.open.remove(&f);
+                    self.looked.remove(&f);
                     break true;
                 }
                 // Reads of it are in flight: it stays, as recently used as it was.
