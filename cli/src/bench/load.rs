@@ -362,8 +362,12 @@ impl LoadModes {
                 let ds = if self.dataset.is_empty() {
                     Dataset::open(&self.packed)?
                 } else {
+                    #[allow(unused_mut)] // set only for a store
                     let mut opts = self.options.clone();
-                    opts.store = opts.store.open_timeout(s.timeout);
+                    #[cfg(feature = "remote")]
+                    {
+                        opts.store = opts.store.open_timeout(s.timeout);
+                    }
                     Dataset::open_paths(&self.dataset, &opts)?
                 };
                 run_packed(ds, s.order(), &self.spec, cold).map(|r| LoadRow::Loader(Box::new(r)))
