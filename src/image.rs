@@ -74,6 +74,23 @@ pub fn check(b: &[u8], kind: ImageKind) -> Result<(), String> {
     }
 }
 
+/// The next marker between a JPEG's segments at or after `at`: where its `ff` is and its code.
+/// As libjpeg reads them: stray bytes before it are passed over (libjpeg warns "extraneous
+/// bytes before marker", and decodes; so does Pillow), as are fill bytes (`ff ff`) and a
+/// stuffed `ff 00`. `None`: no marker before the end.
+fn next_marker(b: &[u8], mut at: usize) -> Option<(usize, u8)> {
+    loop {
+        at += memchr::memchr(0xff, b.get(at..)?)?;
+        while b.get(at + 1) == Some(&0xff) {
+            at += 1;
+        }
+        match *b.get(at + 1)? {
+            0 => at += 2,
+            m => return Some((at, m)),
+        }
+    }
+}
+
 fn be16(b: &[u8], at: usize) -> Option<usize> {
     Some(u16::from_be_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize)
 }
@@ -83,14 +100,10 @@ fn jpeg(b: &[u8]) -> Result<(), String> {
     let mut at = 2;
     let mut frame = false;
     loop {
-        // Markers may be preceded by fill bytes (0xff).
-        while b.get(at) == Some(&0xff) && b.get(at + 1) == Some(&0xff) {
-            at += 1;
-        }
-        let (Some(&0xff), Some(&m)) = (b.get(at), b.get(at + 1)) else {
+        let Some((k, m)) = next_marker(b, at) else {
             return Err(format!("truncated or corrupt JPEG: no marker at byte {at}"));
         };
-        at += 2;
+        at = k + 2;
         match m {
             0xd8 | 0x01 | 0xd0..=0xd7 => continue, // no length
             0xd9 => return Err("JPEG ends before its image data".into()),
@@ -650,14 +663,8 @@ fn jpeg_info(b: &[u8]) -> Option<ImageInfo> {
     let mut at = 2;
     let mut adobe_transform = None;
     loop {
-        while b.get(at) == Some(&0xff) && b.get(at + 1) == Some(&0xff) {
-            at += 1;
-        }
-        if *b.get(at)? != 0xff {
-            return None;
-        }
-        let m = *b.get(at + 1)?;
-        at += 2;
+        let (k, m) = next_marker(b, at)?;
+        at = k + 2;
         match m {
             0x01 | 0xd0..=0xd8 => continue,
             0xd9 | 0xda => return None,

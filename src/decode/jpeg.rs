@@ -222,7 +222,17 @@ impl Turbo {
         // SAFETY: the pointer and length describe `data`, which outlives the call.
         let rc = unsafe { tj::tj3DecompressHeader(self.handle, data.as_ptr(), data.len() as _) };
         if rc != 0 {
-            return Err(JpegError::Fatal(self.error().1));
+            // A warning is not a failure here, as in the decode (third trial: stray bytes
+            // before the scan's marker, which Pillow and libjpeg decode, were refused with
+            // "Corrupt JPEG data: 3 extraneous bytes before marker 0xda"); data that ends
+            // inside the header is truncated.
+            let (warning, msg) = self.error();
+            if !warning {
+                return Err(JpegError::Fatal(msg));
+            }
+            if msg.contains("Premature end") {
+                return Err(JpegError::Truncated);
+            }
         }
         let width = self.get(tj::TJPARAM_TJPARAM_JPEGWIDTH);
         let height = self.get(tj::TJPARAM_TJPARAM_JPEGHEIGHT);

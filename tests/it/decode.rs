@@ -862,6 +862,41 @@ fn a_truncated_jpeg_is_refused_by_every_decode_whatever_it_warned_first() {
     }
 }
 
+/// Stray bytes before the first scan's marker (some cameras' and editors' files) are a warning,
+/// as libjpeg and Pillow take them: the image decodes as it does without them, by every decode,
+/// and `verify` passes it (third trial: refused with "Corrupt JPEG data: 3 extraneous bytes
+/// before marker 0xda").
+#[test]
+fn stray_bytes_before_the_first_scan_decode_as_without_them() {
+    let dir = disk_dir();
+    let Some(jpegs) = pillow_jpegs(dir.path()) else {
+        return;
+    };
+    let spec = ImageSpec::train(48).dtype(PixelType::U8);
+    for name in ["s420", "progressive", "cmyk", "gray", "restart_blocks"] {
+        let j = &jpegs[name];
+        let sos = j.windows(2).position(|w| w == [0xff, 0xda]).unwrap();
+        let mut stray = j[..sos].to_vec();
+        stray.extend([0x00, 0x13, 0x37]);
+        stray.extend(&j[sos..]);
+        gpufeed::image::check(&stray, gpufeed::image::ImageKind::Jpeg)
+            .unwrap_or_else(|e| panic!("verify refused {name}.jpg with stray bytes: {e}"));
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        let mut d = RgbDecoder::new().unwrap();
+        let size = d.decode(j, &mut want).unwrap();
+        let got_size = d
+            .decode(&stray, &mut got)
+            .unwrap_or_else(|e| panic!("{name}.jpg with stray bytes: {e}"));
+        assert_eq!((got_size, &got), (size, &want), "{name}.jpg");
+        let mut dec = SampleDecoder::new(spec.clone()).unwrap();
+        let (mut a, mut b) = (vec![0u8; dec.sample_bytes()], vec![0u8; dec.sample_bytes()]);
+        dec.decode(j, 5, 0, 7, &mut a).unwrap();
+        dec.decode(&stray, 5, 0, 7, &mut b)
+            .unwrap_or_else(|e| panic!("{name}.jpg with stray bytes, cropped: {e}"));
+        assert!(a == b, "{name}.jpg's tensor differs with stray bytes");
+    }
+}
+
 /// The same through image loaders on one decode thread, in sequential order, on the host and
 /// on the simulated device (whose hardware route decodes with libjpeg-turbo standing in for
 /// nvJPEG, on the decode thread): a folder alternating damaged and good images. Every good
