@@ -635,6 +635,25 @@ fn mend_usage(tree: &Tree, e: &Error) -> Result<bool> {
     if !ours {
         return Ok(false);
     }
+    // Only what a cache holds: a file of someone else's there (a `usage.orig` kept aside) and
+    // it is not emptied (before: its contents went, then the remade cache was refused for the
+    // foreign file, "nothing there was changed").
+    let foreign: Vec<String> = tree
+        .root_names()?
+        .into_iter()
+        .filter(|n| !CACHE_ROOT_NAMES.contains(&n.as_str()) && !n.starts_with(USAGE_NEW))
+        .collect();
+    if !foreign.is_empty() {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "{}: {e}; and it holds {} besides a cache's files: nothing there was changed \
+                 (move that away and drop the cache again)",
+                tree.path().display(),
+                foreign.join(", ")
+            ),
+        ));
+    }
     for name in ["usage", "CACHEDIR.TAG"] {
         nix::unistd::unlinkat(tree.root(), name, nix::unistd::UnlinkatFlags::NoRemoveDir)
             .map_err(|e| io_err("cannot remove", &tree.path().join(name))(e.into()))?;
@@ -660,6 +679,9 @@ fn listing_at(comps: &[String]) -> (Vec<&str>, &str) {
         .collect();
     (at, name)
 }
+
+/// The names a cache's root holds (besides the `usage` being made, [`USAGE_NEW`]…).
+const CACHE_ROOT_NAMES: [&str; 6] = ["usage", "CACHEDIR.TAG", "data", "state", "index", "listing"];
 
 /// Removes what a cache holds below its root (not its marker), without following a link.
 fn remove_contents(tree: &Tree) -> Result<()> {
@@ -921,7 +943,11 @@ impl NodeCache {
         if extent != extent_bytes {
             extent_notice(&dir, extent, extent_bytes);
         }
-        let limit = usage.u64_at(U_LIMIT).load(Ordering::Relaxed);
+        // None given yet: what a writable open would take (it said 0).
+        let limit = match usage.u64_at(U_LIMIT).load(Ordering::Relaxed) {
+            0 => free_bytes(&dir)? / 10 * 9 + usage.u64_at(U_USED).load(Ordering::Relaxed),
+            l => l,
+        };
         Ok(Arc::new(NodeCache::made(
             dir, tree, limit, extent, usage, f,
         )))

@@ -86,6 +86,9 @@ pub struct StoreStats {
     pub retries: AtomicU64,
     /// Nanoseconds spent waiting on GETs, summed over the threads that waited.
     pub wait_ns: AtomicU64,
+    /// When a retry was last said (a notice per store and [`RETRY_WINDOW`], not one per GET:
+    /// a stalled store's parallel reads each said it).
+    said: std::sync::Mutex<Option<Instant>>,
 }
 
 /// An object store and the prefix a dataset lies under.
@@ -307,6 +310,18 @@ fn check_s3_setting(
     let control = |v: &str| v.chars().any(|c| c.is_control());
     match key {
         K::Endpoint | K::S3Endpoint | K::StsEndpoint | K::MetadataEndpoint => {
+            // url::Url trims spaces and line breaks and spells a non-ASCII host in punycode;
+            // object_store uses the value as given (and panicked on both).
+            if v.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(format!(
+                    "is {v:?}: holds a space or a control character (a line break?)"
+                ));
+            }
+            if !v.is_ascii() {
+                return Err(format!(
+                    "is {v:?}: holds non-ASCII characters (spell a host in punycode, xn--…)"
+                ));
+            }
             let u = url::Url::parse(v).map_err(|e| format!("is {v:?}, not a URL ({e})"))?;
             if !matches!(u.scheme(), "http" | "https") || !u.has_host() {
                 return Err(format!(
@@ -363,7 +378,8 @@ impl Store {
                  a dataset needs): name the prefix without it, with the credentials in \
                  AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or a profile (a `?` or `#` in a \
                  key is written %3F, %23)",
-                crate::error::redact(&url)
+                // Shown without them: a fragment or query may hold anything (a token).
+                crate::error::redact(&url[..url.find(['?', '#']).unwrap_or(url.len())])
             )));
         }
         let scheme = parsed.scheme().to_ascii_lowercase();
@@ -880,10 +896,20 @@ impl Store {
                 && (tries >= 3 || t0.elapsed() >= Duration::from_secs(5))
             {
                 said = true;
-                crate::util::notice(&format!(
-                    "{url}: {what}: {why}; retrying for up to {} s",
-                    RETRY_WINDOW.as_secs()
-                ));
+                let first = {
+                    let mut last = self.stats.said.lock().unwrap_or_else(|p| p.into_inner());
+                    let recent = last.is_some_and(|t| t.elapsed() < RETRY_WINDOW);
+                    if !recent {
+                        *last = Some(Instant::now());
+                    }
+                    !recent
+                };
+                if first {
+                    crate::util::notice(&format!(
+                        "{url}: {what}: {why}; retrying for up to {} s",
+                        RETRY_WINDOW.as_secs()
+                    ));
+                }
             }
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
             RETRIES.fetch_add(1, Ordering::Relaxed);
