@@ -163,8 +163,8 @@ fn s3_env(c: &mut Command) -> &mut Command {
         .env("AWS_REGION", "us-east-1")
 }
 
-/// One epoch in a fresh process: its report and its stderr.
-fn child(spec: &Spec) -> (Report, String) {
+/// The command that runs [`child_epoch`] on `spec` in a fresh process (through its endpoint).
+fn child_command(spec: &Spec) -> Command {
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args([
         "--exact",
@@ -181,7 +181,12 @@ fn child(spec: &Spec) -> (Report, String) {
     if let Some(e) = &spec.endpoint {
         c.env("AWS_ENDPOINT_URL", e);
     }
-    let out = c.output().unwrap();
+    c
+}
+
+/// One epoch in a fresh process: its report and its stderr.
+fn child(spec: &Spec) -> (Report, String) {
+    let out = child_command(spec).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
@@ -194,6 +199,31 @@ fn child(spec: &Spec) -> (Report, String) {
         .find_map(|l| l.split_once("HOSTILE-REPORT ").map(|(_, r)| r))
         .unwrap_or_else(|| panic!("no report: {stdout}\n{stderr}"));
     (serde_json::from_str(line).unwrap(), stderr)
+}
+
+/// A child's epoch started in the background, its stdout and stderr piped, returned once it
+/// has opened the dataset and is holding it (`spec.hold_ms`): the child, and its stdout.
+fn child_opened(
+    spec: &Spec,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    let mut c = child_command(spec);
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut reader = c.spawn().unwrap();
+    let mut out = std::io::BufReader::new(reader.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("HOSTILE-OPENED") {
+        use std::io::BufRead;
+        if out.read_line(&mut seen).unwrap() == 0 {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut reader.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("the reader ended first: {seen}{err}");
+        }
+    }
+    (reader, out)
 }
 
 /// The child: one epoch of the spec's dataset, reported.
@@ -853,27 +883,7 @@ fn a_cache_in_use_is_not_emptied_under_its_reader() {
     // Another process opens the dataset through the cache and holds it for 4 s before reading.
     let mut sp = spec(url, cache.path(), 64 << 10);
     sp.hold_ms = 4000;
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args([
-        "--exact",
-        "cache_hostile::child_epoch",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("GPUFEED_HOSTILE_CHILD", serde_json::to_string(&sp).unwrap())
-    .stdout(std::process::Stdio::piped());
-    let mut reader = s3_env(&mut c).spawn().unwrap();
-    let mut out = std::io::BufReader::new(reader.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("HOSTILE-OPENED") {
-        line.clear();
-        use std::io::BufRead;
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "the reader ended first"
-        );
-    }
+    let (mut reader, mut out) = child_opened(&sp);
     let before = snapshot(cache.path());
     // Its cache is not emptied by `cache drop`, nor by `bench remote` (which empties the cache
     // for a cold epoch unless --keep-cache): both refused, nothing changed (before: the
@@ -919,29 +929,7 @@ fn a_store_down_mid_epoch_is_said_once_and_the_epoch_completes() {
     let mut sp = spec("s3://gpufeed/h-flap", cache.path(), 64 << 10);
     sp.hold_ms = 1000;
     sp.endpoint = Some(store.endpoint());
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args([
-        "--exact",
-        "cache_hostile::child_epoch",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("GPUFEED_HOSTILE_CHILD", serde_json::to_string(&sp).unwrap())
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
-    s3_env(&mut c).env("AWS_ENDPOINT_URL", store.endpoint());
-    let mut reader = c.spawn().unwrap();
-    let mut out = std::io::BufReader::new(reader.stdout.take().unwrap());
-    let mut seen = String::new();
-    while !seen.contains("HOSTILE-OPENED") {
-        use std::io::BufRead;
-        if out.read_line(&mut seen).unwrap() == 0 {
-            let mut err = String::new();
-            std::io::Read::read_to_string(&mut reader.stderr.take().unwrap(), &mut err).unwrap();
-            panic!("the reader ended first: {seen}{err}");
-        }
-    }
+    let (mut reader, mut out) = child_opened(&sp);
     store.down();
     std::thread::sleep(Duration::from_secs(7));
     store.up();

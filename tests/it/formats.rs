@@ -1621,6 +1621,25 @@ fn a_kept_index_is_used_only_for_the_files_it_was_built_from() {
     assert!(all(&scanned) == all(&built));
 }
 
+/// A WebDataset tar written by Python's tarfile: `samples` samples `SEED/sNNNN` of a `.bin`
+/// filled with the byte `seed` (`100 + (i × seed × step) % spread` bytes) and a `.cls` label.
+fn seeded_tar(path: &Path, seed: u32, samples: u32, step: u32, spread: u32) {
+    let Some(mut py) = python() else { return };
+    py.arg("-c")
+        .arg(
+            "import io, sys, tarfile\n\
+             seed, n, step, spread = (int(a) for a in sys.argv[2:6])\n\
+             with tarfile.open(sys.argv[1], 'w') as t:\n\
+             \x20   for i in range(n):\n\
+             \x20       for ext, data in (('bin', bytes([seed]) * (100 + (i * seed * step) % spread)), ('cls', str((i + seed) % 7).encode())):\n\
+             \x20           ti = tarfile.TarInfo(f'{seed}/s{i:04d}.{ext}'); ti.size = len(data)\n\
+             \x20           t.addfile(ti, io.BytesIO(data))\n",
+        )
+        .arg(path)
+        .args([seed, samples, step, spread].map(|v| v.to_string()));
+    run_ok(py);
+}
+
 /// A tar replaced after the dataset was opened and before its first read — moved into place,
 /// a link switched to it, or copied over it — is not read with the old index (its payloads
 /// under the old file's offsets and labels): its samples fail, naming the file and what
@@ -1629,22 +1648,7 @@ fn a_kept_index_is_used_only_for_the_files_it_was_built_from() {
 fn a_file_replaced_after_the_open_is_not_read_with_the_old_index() {
     let Some(_) = python() else { return };
     let dir = disk_dir();
-    let write = |path: &Path, seed: u32| {
-        let Some(mut py) = python() else { return };
-        py.arg("-c")
-            .arg(
-                "import io, sys, tarfile\n\
-                 seed = int(sys.argv[2])\n\
-                 with tarfile.open(sys.argv[1], 'w') as t:\n\
-                 \x20   for i in range(50):\n\
-                 \x20       for ext, data in (('bin', bytes([seed]) * (100 + (i * seed) % 300)), ('cls', str((i + seed) % 7).encode())):\n\
-                 \x20           ti = tarfile.TarInfo(f'{seed}/s{i:04d}.{ext}'); ti.size = len(data)\n\
-                 \x20           t.addfile(ti, io.BytesIO(data))\n",
-            )
-            .arg(path)
-            .arg(seed.to_string());
-        run_ok(py);
-    };
+    let write = |path: &Path, seed: u32| seeded_tar(path, seed, 50, 1, 300);
     let mut opts = OpenOptions::default();
     opts.set("payload", "bin").unwrap();
     for how in ["moved", "linked", "copied"] {
@@ -1726,22 +1730,7 @@ fn a_file_replaced_after_the_open_is_not_read_with_the_old_index() {
 fn a_file_copied_over_while_it_is_read_is_refused_from_then_on() {
     let Some(_) = python() else { return };
     let dir = disk_dir();
-    let write = |path: &Path, seed: u32| {
-        let Some(mut py) = python() else { return };
-        py.arg("-c")
-            .arg(
-                "import io, sys, tarfile\n\
-                 seed = int(sys.argv[2])\n\
-                 with tarfile.open(sys.argv[1], 'w') as t:\n\
-                 \x20   for i in range(200):\n\
-                 \x20       for ext, data in (('bin', bytes([seed]) * (100 + (i * seed * 37) % 3000)), ('cls', str((i + seed) % 7).encode())):\n\
-                 \x20           ti = tarfile.TarInfo(f'{seed}/s{i:04d}.{ext}'); ti.size = len(data)\n\
-                 \x20           t.addfile(ti, io.BytesIO(data))\n",
-            )
-            .arg(path)
-            .arg(seed.to_string());
-        run_ok(py);
-    };
+    let write = |path: &Path, seed: u32| seeded_tar(path, seed, 200, 37, 3000);
     let mut opts = OpenOptions::default();
     opts.set("payload", "bin").unwrap();
     let (a, b, other) = (
