@@ -540,6 +540,18 @@ fn every_command_accepts_every_dataset_path_form() {
         let inspect: serde_json::Value =
             serde_json::from_str(&run(&["inspect", "--json"], paths)).unwrap();
         assert_eq!(inspect["samples"], *n, "{what}: inspect");
+        // Labels counted as labels: token windows have none (the trial: "1 labels", the -1
+        // that means none counted as one).
+        let text = run(&["inspect"], paths);
+        let (want, count) = match *what {
+            "megatron prefix" | "token file" => (", no labels,", 0),
+            "directory of tars" | "list of tars" => (", 5 labels,", 5),
+            _ => ("", 0),
+        };
+        if !want.is_empty() {
+            assert!(text.contains(want), "{what}: {text}");
+            assert_eq!(inspect["labels"], count, "{what}: {inspect}");
+        }
         // verify prints a line per bad sample (none here), then its summary.
         let verify_out = run(&["verify", "--json"], paths);
         let summary: serde_json::Value =

@@ -48,6 +48,8 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
             labels.insert(s.label);
         }
     }
+    // -1 is "no label" (token windows, a WebDataset without label files): not a label.
+    labels.remove(&-1);
     let images = if a.images || ds.has_image_info() {
         Some(gpufeed::image::Summary::of(ds.image_info()?))
     } else {
@@ -80,16 +82,17 @@ pub(super) fn inspect_cmd(a: InspectArgs) -> Result<()> {
         return problems_fail(&ds);
     }
     outln!(
-        "{}: {}, {} samples in {} files, {:.3} GiB, {} labels, checksums: {}, problems: {}{}",
+        "{}: {}, {} samples in {} files, {:.3} GiB, {}, checksums: {}, problems: {}{}",
         show_paths(&a.paths),
         ds.format().name(),
         ds.len(),
         ds.file_count(),
         ds.total_bytes() as f64 / (1u64 << 30) as f64,
-        if labels_in_records {
-            "per-record".to_string()
-        } else {
-            labels.len().to_string()
+        match labels.len() {
+            _ if labels_in_records => "per-record labels".to_string(),
+            0 => "no labels".to_string(),
+            1 => "1 label".to_string(),
+            n => format!("{n} labels"),
         },
         ds.has_checksums(),
         ds.problems_total(),
