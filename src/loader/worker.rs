@@ -809,9 +809,10 @@ impl Unopened {
 /// closed (an ImageFolder of 1.28 M files: one `open` per file per epoch, as any small-file
 /// loader makes).
 struct OpenFiles {
-    /// The files open: their engine id and when each was last used — only the open ones (an
-    /// ImageFolder's 1.28 M files cost nothing per file here, as its index keeps none either).
-    open: std::collections::HashMap<u32, (FileId, u64)>,
+    /// The files open: their engine id, when each was last used, and the last group it was
+    /// looked at again in ([`group`](Self::group)) — only the open ones (an ImageFolder's
+    /// 1.28 M files cost nothing per file here, as its index keeps none either).
+    open: std::collections::HashMap<u32, (FileId, u64, u64)>,
     /// The dataset's files.
     files: usize,
     /// (stamp, file) in order of use, oldest first; an entry whose stamp is not the file's last
@@ -823,12 +824,11 @@ struct OpenFiles {
     /// The alignment the plan laid reads out at: a file whose direct I/O needs more would have
     /// its reads widened over their neighbours in the slot, so it is refused.
     align: u32,
-    /// The group being submitted ([`pin`](Self::pin) counts them), and the last group each open
-    /// file was looked at again in: a file copied over or cut while it is open (its size or
+    /// The group being submitted ([`pin`](Self::pin) counts them): an open file is looked at
+    /// again once a group, so that one copied over or cut while it is open (its size or
     /// modification time moved) is refused from the next group on, as it is at its open —
     /// read on at the index's offsets, a WebDataset's samples came back as other bytes.
     group: u64,
-    looked: HashMap<u32, u64>,
 }
 
 impl OpenFiles {
@@ -841,7 +841,6 @@ impl OpenFiles {
             clock: 0,
             align,
             group: 0,
-            looked: Default::default(),
         }
     }
 
@@ -873,11 +872,11 @@ impl OpenFiles {
                 self.compact();
             }
         }
-        if let Some((id, used)) = self.open.get_mut(&f) {
+        if let Some((id, used, looked)) = self.open.get_mut(&f) {
             *used = stamp;
             let id = *id;
             // Once a group: is it still the file it was opened as (one statx)?
-            if self.looked.insert(f, self.group) != Some(self.group) {
+            if std::mem::replace(looked, self.group) != self.group {
                 if let Some(e) = self.changed(engine, ds, f, checked) {
                     return Err(e);
                 }
@@ -927,15 +926,14 @@ impl OpenFiles {
             let _ = engine.close(id);
             return Err(e);
         }
-        self.open.insert(f, (id, stamp));
-        self.looked.insert(f, self.group);
+        self.open.insert(f, (id, stamp, self.group));
         Ok(id)
     }
 
     /// Why open dataset file `f` must not be read on, if so: it is no longer the file it was
     /// opened as (one `statx`); `None` for a file not open.
     fn changed(&self, engine: &Engine, ds: &Dataset, f: u32, checked: bool) -> Option<Error> {
-        let &(id, _) = self.open.get(&f)?;
+        let &(id, _, _) = self.open.get(&f)?;
         let (now, size) = engine.stat_now(id).ok()?;
         let why = ds.changed_since_open(f, now, size, checked)?;
         let path = engine.file_info(id).ok()?.path.clone();
@@ -954,15 +952,18 @@ impl OpenFiles {
             ));
         }
         self.cap = self.open.len().max(1);
-        let mut order: Vec<(u64, u32)> =
-            self.open.iter().map(|(&f, &(_, used))| (used, f)).collect();
+        let mut order: Vec<(u64, u32)> = self
+            .open
+            .iter()
+            .map(|(&f, &(_, used, _))| (used, f))
+            .collect();
         order.sort_unstable();
         self.order = order.into();
     }
 
     /// When open file `f` was last used (`None`: it is not open).
     fn used(&self, f: u32) -> Option<u64> {
-        self.open.get(&f).map(|&(_, used)| used)
+        self.open.get(&f).map(|&(_, used, _)| used)
     }
 
     /// Closes the least recently used open file with no read in flight, not used since
@@ -984,7 +985,6 @@ impl OpenFiles {
             match engine.close(id) {
                 Ok(()) => {
                     self.open.remove(&f);
-                    self.looked.remove(&f);
                     break true;
                 }
                 // Reads of it are in flight: it stays, as recently used as it was.
@@ -1012,6 +1012,6 @@ impl OpenFiles {
     fn compact(&mut self) {
         let open = &self.open;
         self.order
-            .retain(|&(stamp, f)| open.get(&f).is_some_and(|&(_, used)| used == stamp));
+            .retain(|&(stamp, f)| open.get(&f).is_some_and(|&(_, used, _)| used == stamp));
     }
 }
