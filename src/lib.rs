@@ -143,7 +143,9 @@ pub use dataset::Dataset;
 pub use error::{Error, ErrorKind, Result};
 pub use gpu::{gpu_available, Device, GpuPath};
 pub use io::{Completion, Engine, FileId, ReadSpec};
-pub use loader::{BatchTiming, Epoch, Loader, LoaderStats, MemoryStats, StallStats};
+pub use loader::{
+    BatchTiming, Epoch, Loader, LoaderStats, MemoryStats, PhaseTable, PhaseTime, StallStats,
+};
 pub use plan::{LastBatch, Order, PlanConfig};
 pub use progress::{set_progress, ProgressEvent, ProgressFn};
 

@@ -159,6 +159,9 @@ pub struct LoaderStats {
     pub decode_cpu_s: f64,
     /// Engine kind that served the reads (after fallbacks).
     pub engine: String,
+    /// The device image path: where its time went, phase by phase (`None` elsewhere).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_phases: Option<PhaseTable>,
     /// The memory the loader holds (the same for every epoch of a loader).
     pub memory: MemoryStats,
 }
@@ -189,4 +192,46 @@ impl LoaderStats {
     pub fn read_amplification(&self) -> f64 {
         self.bytes_read as f64 / self.bytes_delivered.max(1) as f64
     }
+}
+
+/// Where the device image path's time went in an epoch, phase by phase
+/// ([`LoaderStats::device_phases`]): wall and thread-CPU seconds on the thread that does each,
+/// and the CPU it costs per image on each route.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct PhaseTable {
+    /// The phases in pipeline order.
+    pub phases: Vec<PhaseTime>,
+    /// Images decoded by the JPEG engines (their stand-in on the simulated device).
+    pub hardware_images: u64,
+    /// Images decoded on the CPU and uploaded.
+    pub cpu_images: u64,
+    /// Images lost (read, checksum or decode errors).
+    pub failed_images: u64,
+    /// CPU milliseconds per image (= CPU-s per 1,000 images) of the work every image shares
+    /// (the per-batch phases: checks, gathers, staging, the engines' and kernels' calls, the
+    /// hand-off) over all images.
+    pub shared_cpu_ms_per_image: f64,
+    /// CPU milliseconds per image on the engine route: its header probe, and the shared work.
+    pub hardware_cpu_ms_per_image: f64,
+    /// CPU milliseconds per image on the CPU route: its decode, and the shared work.
+    pub cpu_route_cpu_ms_per_image: f64,
+    /// CPU seconds of the decode threads in all (phases and the rest of their work).
+    pub decode_threads_cpu_s: f64,
+    /// CPU seconds of the loader's I/O thread (reads, checks, the copies to the device).
+    pub io_thread_cpu_s: f64,
+}
+
+/// One phase of [`PhaseTable`].
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct PhaseTime {
+    /// Its name (`gather`, `probe`, `engine-call`, ...).
+    pub phase: String,
+    /// The thread that does it: `feeder`, `decode` (a decode thread), `consumer`.
+    pub thread: String,
+    /// Wall seconds spent in it (summed over the threads doing it).
+    pub wall_s: f64,
+    /// Thread-CPU seconds spent in it.
+    pub cpu_s: f64,
+    /// Times it ran (per batch, per image or per chunk: see the phase).
+    pub count: u64,
 }

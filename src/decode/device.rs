@@ -60,6 +60,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::cpu::ImageDecoder;
+use super::phases::{cpu_phase, Phase, PhaseClock};
 use super::pool::Job;
 use crate::batch::Batch;
 use crate::dataset::Dataset;
@@ -240,6 +241,8 @@ struct Scratch {
 pub(crate) struct DeviceStage {
     pub(crate) outputs: Arc<DevicePool>,
     pub(crate) counters: Counters,
+    /// Where the time goes, phase by phase.
+    pub(crate) clock: PhaseClock,
     pub(crate) emit: GfEmit,
     side: Side,
 }
@@ -302,6 +305,7 @@ impl DeviceStage {
         Ok(DeviceStage {
             outputs,
             counters: Counters::default(),
+            clock: PhaseClock::default(),
             emit: GfEmit::new(spec),
             side: Side {
                 gpu,
@@ -595,7 +599,10 @@ impl DeviceStage {
         // region's drop is valid.
         unsafe { region.wait_on(sc.stream.raw())? };
         let mut jpeg = lock(jpeg);
-        if jpeg.decode(region, &bits, hw, staging, &sc.stream).is_ok() {
+        if jpeg
+            .decode(region, &bits, hw, staging, &sc.stream, &self.clock)
+            .is_ok()
+        {
             return Ok(Vec::new());
         }
         // What the failed batch queued is finished before anything rewrites its outputs or
@@ -610,6 +617,7 @@ impl DeviceStage {
                 std::slice::from_ref(h),
                 staging,
                 &sc.stream,
+                &self.clock,
             ) {
                 jpeg.done.synchronize()?;
                 rejected.push((k, e.report()));
@@ -717,8 +725,9 @@ impl Jpeg {
         hw: &[HardwareImage],
         staging: &DBuf,
         stream: &DStream,
+        clock: &PhaseClock,
     ) -> Result<()> {
-        self.done.synchronize()?;
+        clock.time(Phase::EngineWait, || self.done.synchronize())?;
         let images: Vec<JpegImage> = bits
             .iter()
             .zip(hw)
@@ -736,7 +745,9 @@ impl Jpeg {
         // frame header; the staging buffer is not changed or freed before this stream is
         // synchronised (next chunk) or the region's ready event (recorded after the launch
         // that follows) is waited for.
-        let r = unsafe { self.engine.decode(region.buf(), &images, staging, stream) };
+        let r = clock.time(Phase::EngineCall, || unsafe {
+            self.engine.decode(region.buf(), &images, staging, stream)
+        });
         self.done.record(stream)?;
         r
     }
@@ -823,11 +834,14 @@ impl Job {
             } else {
                 &d.tails[i][..]
             };
-            match crate::image::info(&data) {
-                Some(h)
-                    if super::device::route(Some(&h)) == Route::Hardware
-                        && super::device::ends_complete(end) =>
-                {
+            let probed = d.stage.clock.time(Phase::Probe, || {
+                crate::image::info(&data).filter(|h| {
+                    super::device::route(Some(h)) == Route::Hardware
+                        && super::device::ends_complete(end)
+                })
+            });
+            match probed {
+                Some(h) => {
                     let r = info.expect("the hardware route needs a record");
                     if (h.width, h.height) != (r.width, r.height) {
                         d.stage.counted(None);
@@ -866,7 +880,10 @@ impl Job {
             }
         };
         let mut px = Vec::new();
-        match dec.decode_rgb(&self.spec, &data, &mut px) {
+        let got = d.stage.clock.time(cpu_phase(info.as_ref()), || {
+            dec.decode_rgb(&self.spec, &data, &mut px)
+        });
+        match got {
             Ok((w, h))
                 if info.is_some_and(|r| {
                     r.width > 0 && r.height > 0 && (r.width, r.height) != (w, h)
@@ -975,7 +992,9 @@ impl Job {
                 at = (at + w as usize * h as usize * 3).next_multiple_of(STAGING_ALIGN);
             }
             let staging_len = at.max(cpu.len());
-            d.stage.stage_chunk(r, staging_len, &cpu)?;
+            d.stage
+                .clock
+                .time(Phase::Staging, || d.stage.stage_chunk(r, staging_len, &cpu))?;
             drop(cpu);
             let rejected = d.stage.decode_on_engine(r, &self.batch, &hw)?;
             let mut engine_ok = vec![true; hw.len()];
@@ -986,15 +1005,24 @@ impl Job {
                 let id = ids[h.sample];
                 let mut data = Vec::new();
                 let mut px = Vec::new();
-                let got = DeviceStage::sample_bytes(&self.batch, h.sample, &mut data)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| match dec {
-                        Ok(dec) => dec.decode_rgb(&self.spec, &data, &mut px),
-                        Err(e) => Err(e.clone()),
-                    });
+                let info = self
+                    .dataset
+                    .image_info()
+                    .ok()
+                    .and_then(|v| v.get(id as usize).copied());
+                let got = d.stage.clock.time(cpu_phase(info.as_ref()), || {
+                    DeviceStage::sample_bytes(&self.batch, h.sample, &mut data)
+                        .map_err(|e| e.to_string())
+                        .and_then(|()| match dec {
+                            Ok(dec) => dec.decode_rgb(&self.spec, &data, &mut px),
+                            Err(e) => Err(e.clone()),
+                        })
+                });
                 match got {
                     Ok(size) if size == h.size => {
-                        d.stage.stage_image(r, h.staging, &px)?;
+                        d.stage
+                            .clock
+                            .time(Phase::Staging, || d.stage.stage_image(r, h.staging, &px))?;
                         d.stage.counted(Some(Route::Cpu));
                     }
                     Ok((w, hh)) => {
@@ -1012,8 +1040,10 @@ impl Job {
                     }
                 }
             }
-            d.stage
-                .launch(r, start * per, (end - start) * per, staging_len, &samples)?;
+            d.stage.clock.time(Phase::Kernels, || {
+                d.stage
+                    .launch(r, start * per, (end - start) * per, staging_len, &samples)
+            })?;
             for ok in engine_ok {
                 if ok {
                     d.stage.counted(Some(Route::Hardware));

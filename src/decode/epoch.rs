@@ -8,7 +8,8 @@ use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::device::DeviceStage;
+use super::device::{DeviceStage, RouteCounts};
+use super::phases::{Phase, PhaseSnap};
 use super::ImageSpec;
 use crate::batch::BatchMeta;
 use crate::error::{Error, ErrorKind, Result};
@@ -46,6 +47,8 @@ pub struct ImageEpoch {
     /// The host tensors' bytes alive, and the device stage: the decoded batches' memory.
     pub(super) tensor_bytes: Arc<AtomicU64>,
     pub(super) device_stage: Option<Arc<DeviceStage>>,
+    /// The device stage's phase totals and route counts when the epoch began.
+    pub(super) phases_from: Option<(PhaseSnap, RouteCounts)>,
 }
 
 impl ImageEpoch {
@@ -99,7 +102,24 @@ impl ImageEpoch {
         };
         self.current = None;
         self.waiting_since = None;
-        Poll::Ready(Some(Ok(self.hand_out(&job, failed, cpu_s, t0, t1))))
+        let batch = match self.device_stage.clone() {
+            None => self.hand_out(&job, failed, cpu_s, t0, t1),
+            Some(stage) => {
+                let b = stage.clock.time(Phase::Handoff, || {
+                    self.hand_out(&job, failed, cpu_s, t0, t1)
+                });
+                if let Some((p0, r0)) = &self.phases_from {
+                    self.stats.device_phases = Some(super::phases::table(
+                        (p0, &stage.clock.snapshot()),
+                        (r0, &stage.counters.snapshot()),
+                        self.stats.decode_cpu_s,
+                        self.stats.io_thread_cpu_s,
+                    ));
+                }
+                b
+            }
+        };
+        Poll::Ready(Some(Ok(batch)))
     }
 
     fn pending_or_timed_out(&mut self, t0: Instant) -> Poll<Option<Result<ImageBatch>>> {

@@ -15,6 +15,7 @@ use crate::util::Unpoison;
 
 use super::device::DeviceOut;
 use super::epoch::ImageEpoch;
+use super::phases::Phase;
 
 /// A [`Loader`] whose batches are decoded into image tensors ([`Loader::decode_images`]).
 /// Clones share the loader and the decode threads.
@@ -209,6 +210,10 @@ impl ImageLoader {
             },
             tensor_bytes: self.pool.tensor_bytes.clone(),
             device_stage: self.device.clone(),
+            phases_from: self
+                .device
+                .as_ref()
+                .map(|d| (d.clock.snapshot(), d.counters.snapshot())),
             read_seen: StallStats::default(),
             timeout,
             door: self.loader.front_door(),
@@ -283,13 +288,20 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
                     Some(stage) => {
                         // Flat memory: a tensor of the pool, waiting while the consumer holds
                         // them all; the checksums by the device's crc32c over the group.
-                        let Some(r) = stage.outputs.take_waiting(&shared.cancelled) else {
+                        let taken = stage.clock.time(Phase::Region, || {
+                            stage.outputs.take_waiting(&shared.cancelled)
+                        });
+                        let Some(r) = taken else {
                             return;
                         };
                         let tensor = stage.outputs.region(r, bytes);
-                        let crc = stage.check_crcs(&batch, dataset, r, checker.device_verifies());
+                        let crc = stage.clock.time(Phase::Crc, || {
+                            stage.check_crcs(&batch, dataset, r, checker.device_verifies())
+                        });
                         let records = dataset.image_info().ok();
-                        let host = stage.host_bytes(&batch, records, &crc);
+                        let host = stage
+                            .clock
+                            .time(Phase::Gather, || stage.host_bytes(&batch, records, &crc));
                         Ok(Target::Device(Arc::new(DeviceOut {
                             tensor,
                             stage: stage.clone(),

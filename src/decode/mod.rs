@@ -40,6 +40,7 @@ mod epoch;
 mod jpeg;
 mod loader;
 mod other;
+pub(crate) mod phases;
 mod pool;
 mod resample;
 mod settings;

@@ -22,6 +22,7 @@ use std::ops::Range;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use super::copy::DevicePool;
 use super::dev::{
@@ -118,12 +119,26 @@ impl Memory {
 
 type Run = Box<dyn FnOnce(&mut Memory) + Send>;
 
+/// What holds an operation back besides its stream and delay, and what it is.
+#[derive(Default)]
+struct Gate {
+    after: Option<u64>,
+    not_before: Option<Instant>,
+    device_side: bool,
+}
+
 struct Op {
     stream: u64,
     what: String,
     /// An operation that must complete first (a stream's wait on an event).
     after: Option<u64>,
     delay: u32,
+    /// A modelled operation (the JPEG engines' batch) does not complete before this time.
+    not_before: Option<Instant>,
+    /// The device's own work (a DMA from pinned memory, a kernel): on a device whose work
+    /// costs nothing ([`SimDevice::free_work`]), the host CPU its run takes here is counted in
+    /// [`SimDeviceStats::device_cpu_ns`], to be taken out of the host's figures.
+    device_side: bool,
     access: Vec<Access>,
     run: Option<Run>,
 }
@@ -155,6 +170,17 @@ pub struct SimDevice {
     /// Every n-th launch of the resize kernel fails as a failed `cuLaunchKernel` would
     /// (0: none).
     pub fail_launch_every: u32,
+    /// For benchmarking only, never for tests of pixels: the device's own work costs nothing,
+    /// so that what a bench measures is the pipeline's host work. The resize kernel and the
+    /// JPEG engine's stand-in do not run (their outputs keep what they held), operations
+    /// complete at the next tick, copies are not checked, and the host CPU that the rest of
+    /// the device's work takes here (the DMA of a group from the arena, the crc32c kernel) is
+    /// counted in [`SimDeviceStats::device_cpu_ns`], for the bench to take out.
+    pub free_work: bool,
+    /// A modelled JPEG engine: each batched decode keeps the engines busy for `per batch +
+    /// n × per image` of wall time, one batch after another, from when it is submitted
+    /// (whatever its stream's order, as the engines do); the host's waits sleep until then.
+    pub engine_time: Option<(Duration, Duration)>,
     /// Figures the test reads afterwards.
     pub stats: Arc<SimDeviceStats>,
     gpu: Arc<OnceLock<Arc<SimGpu>>>,
@@ -171,8 +197,20 @@ impl SimDevice {
             seed: seed ^ extra,
             delay_max: 16,
             fail_launch_every: 0,
+            free_work: false,
+            engine_time: None,
             stats: Arc::default(),
             gpu: Arc::default(),
+        }
+    }
+
+    /// A simulated device whose own work costs nothing ([`SimDevice::free_work`]), for
+    /// measuring the host's share of the device pipeline: never for tests of pixels.
+    pub fn free(seed: u64) -> SimDevice {
+        SimDevice {
+            delay_max: 0,
+            free_work: true,
+            ..SimDevice::new(seed)
         }
     }
 
@@ -233,6 +271,13 @@ pub struct SimDeviceStats {
     pub hazards: AtomicU64,
     /// The first hazards, described.
     pub hazard_log: Mutex<Vec<String>>,
+    /// With [`SimDevice::free_work`]: host CPU nanoseconds the device's own work took here
+    /// (to be taken out of the host's figures).
+    pub device_cpu_ns: AtomicU64,
+    /// JPEG engine batches submitted.
+    pub engine_batches: AtomicU64,
+    /// Images in the JPEG engine batches submitted.
+    pub engine_images: AtomicU64,
 }
 
 impl DevicePool {
@@ -362,6 +407,10 @@ impl DeviceOps for SimDev {
         if held {
             self.0.stats.region_in_use.fetch_add(1, Ordering::Relaxed);
         }
+        self.0.dma_from(src as usize, len);
+        if self.0.free {
+            return CopyCheck(0); // not checked: the host's work is what is measured
+        }
         // SAFETY: valid for `len` bytes per the caller's contract.
         CopyCheck(crate::util::crc32c(unsafe {
             std::slice::from_raw_parts(src, len)
@@ -379,6 +428,9 @@ impl DeviceOps for SimDev {
     /// here).
     fn copy_completed(&self, dst: &DBuf, len: usize, check: CopyCheck) -> Result<()> {
         self.0.stats.copies.fetch_add(1, Ordering::Relaxed);
+        if self.0.free {
+            return Ok(());
+        }
         let got = self.0.peek(
             sim_buf(dst)?.id,
             0,
@@ -443,14 +495,21 @@ impl StreamOps for SimStream {
             Access::read(Res::Host, addr as u64..(addr + len) as u64),
             dst.access(off..off + len, true),
         ];
-        self.gpu.enqueue(self.id, what, access, move |m| {
+        // The copy stage's copy from the arena is a DMA on a GPU; others go through the
+        // driver's staging (pageable memory), the host's work.
+        let run = move |m: &mut Memory| {
             // SAFETY: the caller keeps the source valid until this operation has run (a stream
             // wait or an event on it says so).
             let src = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
             if let Some(d) = m.get_mut(id).get_mut(off..off + len) {
                 d.copy_from_slice(src);
             }
-        })
+        };
+        if self.gpu.is_dma(addr, len) {
+            self.gpu.enqueue_device(self.id, what, None, access, run)
+        } else {
+            self.gpu.enqueue(self.id, what, access, run)
+        }
     }
 
     unsafe fn copy_dtoh(
@@ -552,7 +611,7 @@ impl KernelOps for SimKernels {
         ];
         let stats = st.gpu.stats.clone();
         st.gpu
-            .enqueue(st.id, "the crc32c kernel", access, move |m| {
+            .enqueue_device(st.id, "the crc32c kernel", None, access, move |m| {
                 let mut spans = vec![GfSpan::default(); nb];
                 bytemuck::cast_slice_mut::<GfSpan, u8>(&mut spans)
                     .copy_from_slice(&m.get_mut(sp)[..nb * 16]);
@@ -595,8 +654,12 @@ impl KernelOps for SimKernels {
         ];
         let emit = *emit;
         let stats = st.gpu.stats.clone();
+        let free = st.gpu.free;
         st.gpu
-            .enqueue(st.id, "the resize kernel", access, move |m| {
+            .enqueue_device(st.id, "the resize kernel", None, access, move |m| {
+                if free {
+                    return; // its cost is the device's: not run
+                }
                 let mut samples = vec![GfSample::default(); n as usize];
                 bytemuck::cast_slice_mut::<GfSample, u8>(&mut samples)
                     .copy_from_slice(&m.get_mut(sa)[..nb]);
@@ -655,7 +718,9 @@ impl JpegOps for SimJpeg {
         );
         let mut done = Vec::with_capacity(images.len());
         let mut failed = None;
-        for h in images {
+        // A device whose work costs nothing decodes nothing (its outputs keep what they held).
+        let images_decoded = if g.free { &[][..] } else { images };
+        for h in images_decoded {
             // The engine reads the bitstream when the batch is submitted.
             let data = g.peek(
                 src_id,
@@ -729,9 +794,11 @@ impl JpegOps for SimJpeg {
                 format!("nvjpegDecodeBatched failed: NVJPEG_STATUS_BAD_JPEG (3) ({why})"),
             ));
         }
-        g.enqueue(
+        let not_before = g.engine_batch(images.len());
+        g.enqueue_device(
             st.id,
             "the JPEG engine's batched decode",
+            not_before,
             access,
             move |m| {
                 let b = m.get_mut(staging_id);
@@ -769,6 +836,13 @@ pub(crate) struct SimGpu {
     fail_every: u32,
     launches: std::sync::atomic::AtomicU64,
     pub(crate) stats: Arc<SimDeviceStats>,
+    /// [`SimDevice::free_work`].
+    pub(crate) free: bool,
+    /// [`SimDevice::engine_time`], and when the modelled engines are next free.
+    engine_time: Option<(Duration, Duration)>,
+    engine_free_at: Mutex<Instant>,
+    /// Sources of the copy stage's copies now starting (pinned memory on a GPU: a DMA).
+    dma_src: Mutex<Vec<(usize, usize)>>,
 }
 
 impl std::fmt::Debug for SimGpu {
@@ -800,6 +874,10 @@ impl SimGpu {
             fail_every: cfg.fail_launch_every,
             launches: Default::default(),
             stats: cfg.stats.clone(),
+            free: cfg.free_work,
+            engine_time: cfg.engine_time,
+            engine_free_at: Mutex::new(Instant::now()),
+            dma_src: Mutex::new(Vec::new()),
         })
     }
 
@@ -865,14 +943,69 @@ impl SimGpu {
         access: Vec<Access>,
         run: impl FnOnce(&mut Memory) + Send + 'static,
     ) -> Result<()> {
-        self.push(stream, what.into(), None, access, Some(Box::new(run)))
+        self.push(
+            stream,
+            what.into(),
+            Gate::default(),
+            access,
+            Some(Box::new(run)),
+        )
+    }
+
+    /// As [`enqueue`](Self::enqueue), for the device's own work (see [`Op::device_side`]),
+    /// not completing before `not_before`.
+    pub(crate) fn enqueue_device(
+        &self,
+        stream: u64,
+        what: impl Into<String>,
+        not_before: Option<Instant>,
+        access: Vec<Access>,
+        run: impl FnOnce(&mut Memory) + Send + 'static,
+    ) -> Result<()> {
+        let gate = Gate {
+            after: None,
+            not_before,
+            device_side: true,
+        };
+        self.push(stream, what.into(), gate, access, Some(Box::new(run)))
+    }
+
+    /// The copy stage starts a copy from `src` (pinned memory on a GPU): the copy enqueued
+    /// next from there is a DMA, the device's own work.
+    pub(crate) fn dma_from(&self, src: usize, len: usize) {
+        lock(&self.dma_src).push((src, len));
+    }
+
+    /// Whether a copy from `src` is the copy stage's DMA (noted by [`dma_from`](Self::dma_from)).
+    fn is_dma(&self, src: usize, len: usize) -> bool {
+        let mut v = lock(&self.dma_src);
+        match v.iter().position(|&d| d == (src, len)) {
+            Some(k) => {
+                v.swap_remove(k);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// When a modelled engine batch of `n` images submitted now completes (`None`: no model).
+    pub(crate) fn engine_batch(&self, n: usize) -> Option<Instant> {
+        self.stats.engine_batches.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .engine_images
+            .fetch_add(n as u64, Ordering::Relaxed);
+        let (per_batch, per_image) = self.engine_time?;
+        let mut free = lock(&self.engine_free_at);
+        let start = (*free).max(Instant::now());
+        *free = start + per_batch + per_image * n as u32;
+        Some(*free)
     }
 
     fn push(
         &self,
         stream: u64,
         what: String,
-        after: Option<u64>,
+        gate: Gate,
         access: Vec<Access>,
         run: Option<Run>,
     ) -> Result<()> {
@@ -892,8 +1025,10 @@ impl SimGpu {
             Op {
                 stream,
                 what,
-                after,
+                after: gate.after,
                 delay,
+                not_before: gate.not_before,
+                device_side: gate.device_side,
                 access,
                 run,
             },
@@ -924,13 +1059,11 @@ impl SimGpu {
     /// Makes `stream`'s later work wait for `event`.
     pub(crate) fn wait(&self, stream: u64, event: u64) -> Result<()> {
         let marker = self.state().0.events.get(&event).copied().flatten();
-        self.push(
-            stream,
-            "a wait on an event".into(),
-            marker,
-            Vec::new(),
-            None,
-        )
+        let gate = Gate {
+            after: marker,
+            ..Gate::default()
+        };
+        self.push(stream, "a wait on an event".into(), gate, Vec::new(), None)
     }
 
     /// Whether the work before `event`'s record has completed (advances the clock).
@@ -950,32 +1083,43 @@ impl SimGpu {
     /// Runs the simulated device until `event`'s work has completed — that work and what it
     /// depends on only: a wait does not let unrelated work finish by the way.
     pub(crate) fn sync_event(&self, event: u64) {
-        let mut g = self.state();
-        if let Some(op) = g.0.events.get(&event).copied().flatten() {
-            self.drive(&mut g.0, op);
-        }
+        self.settle(|s| s.events.get(&event).copied().flatten());
     }
 
     /// Runs the simulated device until `stream` is idle (and only what that needs).
     pub(crate) fn sync_stream(&self, stream: u64) {
         let stream = stream_of(stream);
-        let mut g = self.state();
-        if let Some(&last) = g.0.streams.get(&stream).and_then(|q| q.back()) {
-            self.drive(&mut g.0, last);
-        }
+        self.settle(|s| s.streams.get(&stream).and_then(|q| q.back()).copied());
     }
 
     /// Runs the simulated device until nothing is pending.
     pub(crate) fn sync_all(&self) {
-        let mut g = self.state();
-        while let Some(&first) = g.0.pending.keys().next() {
-            self.drive(&mut g.0, first);
+        self.settle(|s| s.pending.keys().next().copied());
+    }
+
+    /// Drives the operation `target` names until none is left; where a modelled operation's
+    /// time has not come, sleeps until it has without holding the device (other threads go
+    /// on submitting, as they would on a GPU).
+    fn settle(&self, target: impl Fn(&State) -> Option<u64>) {
+        loop {
+            let gate = {
+                let mut g = self.state();
+                let Some(op) = target(&g.0).filter(|op| g.0.pending.contains_key(op)) else {
+                    return;
+                };
+                match self.drive(&mut g.0, op) {
+                    Some(t) => t,
+                    None => continue,
+                }
+            };
+            std::thread::sleep(gate.saturating_duration_since(Instant::now()));
         }
     }
 
     /// Completes operation `target`, with what must complete before it (earlier work on its
-    /// stream, the operations its waits name), regardless of their delays.
-    fn drive(&self, s: &mut State, target: u64) {
+    /// stream, the operations its waits name), regardless of their delays; stops at a
+    /// modelled operation whose time has not come (returns that time).
+    fn drive(&self, s: &mut State, target: u64) -> Option<Instant> {
         let mut want = vec![target];
         while let Some(&t) = want.last() {
             if !s.pending.contains_key(&t) {
@@ -986,11 +1130,16 @@ impl SimGpu {
             let head = *s.streams[&stream]
                 .front()
                 .expect("a pending op is on its stream");
-            match s.pending[&head].after.filter(|a| s.pending.contains_key(a)) {
+            let op = &s.pending[&head];
+            if let Some(nb) = op.not_before.filter(|&nb| nb > Instant::now()) {
+                return Some(nb);
+            }
+            match op.after.filter(|a| s.pending.contains_key(a)) {
                 Some(a) => want.push(a),
                 None => self.complete(s, head),
             }
         }
+        None
     }
 
     /// The host touches `access` now: a hazard for each pending operation it conflicts with.
@@ -1052,6 +1201,7 @@ impl SimGpu {
         for op in s.pending.values_mut() {
             op.delay = op.delay.saturating_sub(1);
         }
+        let now = Instant::now();
         loop {
             let mut ready: Vec<u64> = s
                 .streams
@@ -1059,7 +1209,9 @@ impl SimGpu {
                 .filter_map(|q| q.front().copied())
                 .filter(|id| {
                     let op = &s.pending[id];
-                    op.delay == 0 && op.after.is_none_or(|a| !s.pending.contains_key(&a))
+                    op.delay == 0
+                        && op.after.is_none_or(|a| !s.pending.contains_key(&a))
+                        && op.not_before.is_none_or(|t| t <= now)
                 })
                 .collect();
             if ready.is_empty() {
@@ -1094,7 +1246,16 @@ impl SimGpu {
             }
         }
         if let Some(run) = op.run.take() {
-            run(&mut s.mem);
+            if self.free && op.device_side {
+                let c0 = crate::sys::thread_cpu_seconds();
+                run(&mut s.mem);
+                let ns = (crate::sys::thread_cpu_seconds() - c0) * 1e9;
+                self.stats
+                    .device_cpu_ns
+                    .fetch_add(ns.max(0.0) as u64, Ordering::Relaxed);
+            } else {
+                run(&mut s.mem);
+            }
         }
     }
 }

@@ -28,7 +28,7 @@ mod epoch;
 mod holders;
 mod worker;
 
-pub use crate::stats::{BatchTiming, LoaderStats, MemoryStats, StallStats};
+pub use crate::stats::{BatchTiming, LoaderStats, MemoryStats, PhaseTable, PhaseTime, StallStats};
 pub(crate) use checker::{Checker, Taker};
 pub use epoch::Epoch;
 #[cfg(feature = "decode")]

@@ -47,6 +47,8 @@ pub struct DecodeBenchSpec {
     /// Where the device rows decode: `sim` (the simulated device) or `cuda` (device 0); `cpu`
     /// has no device rows.
     pub device: String,
+    /// The simulated device's modelled JPEG engine: per batch, per image.
+    pub sim_engine: Option<(std::time::Duration, std::time::Duration)>,
     /// A simulated trainer's step per batch (gpufeed's transform rows): with it, the rows say
     /// whether the decode stage keeps up and what limits it.
     pub step: std::time::Duration,
@@ -79,6 +81,25 @@ pub struct DecodeBenchRow {
     /// ([`ImageSpec::settings_json`]).
     #[serde(rename = "images_settings", skip_serializing_if = "Option::is_none")]
     pub images_settings: Option<serde_json::Value>,
+    /// gpufeed's device rows: where the time went, phase by phase, and the CPU per image on
+    /// each route.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<gpufeed::PhaseTable>,
+    /// `--device sim-free`: CPU seconds per 1000 images without what the simulated device's
+    /// own work took here — the pipeline's host work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_cpu_s_per_1000: Option<f64>,
+    /// `--device sim-free`: the same without the CPU route's decodes (its `cpu-*` phases) —
+    /// the host work of the pipeline around the engines, per 1000 images.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipeline_host_cpu_s_per_1000: Option<f64>,
+    /// `--sim-engine-us`: the images/s the modelled engine allows (its busy time over the
+    /// row's images), and the row's share of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_bound_images_per_s: Option<f64>,
+    /// The row's images/s over `engine_bound_images_per_s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub of_engine_bound: Option<f64>,
 }
 
 /// Every row name, in the default order: the CPU rows (gpufeed's CPU stage and Pillow), then
@@ -162,15 +183,25 @@ pub fn run_decode_bench(
         {
             None
         }
-        "sim" => Some(gpufeed::gpu::Device::Simulated(
-            gpufeed::gpu::SimDevice::new(1),
-        )),
+        "sim" | "sim-free" => {
+            let mut s = if spec.device == "sim" {
+                gpufeed::gpu::SimDevice::new(1)
+            } else {
+                gpufeed::gpu::SimDevice::free(1)
+            };
+            s.engine_time = spec.sim_engine;
+            Some(gpufeed::gpu::Device::Simulated(s))
+        }
         "cuda" => Some(gpufeed::gpu::Device::Cuda(0)),
         d => {
             return Err(invalid(format!(
                 "the gpufeed-device rows need --device sim or cuda, not {d}"
             )))
         }
+    };
+    let sim = match &device {
+        Some(gpufeed::gpu::Device::Simulated(s)) => Some(s.clone()),
+        _ => None,
     };
     let device_loader = match device {
         Some(d) => Some(
@@ -196,13 +227,17 @@ pub fn run_decode_bench(
                 "gpufeed-train" => ours(&loader, spec, image("train")?, row, round)?,
                 "gpufeed-eval" => ours(&loader, spec, image("eval")?, row, round)?,
                 "gpufeed-decode" => decode_alone(&ds, spec, row, round)?,
-                "gpufeed-device-train" => ours(on_device(), spec, image("train")?, row, round)?,
-                "gpufeed-device-eval" => ours(on_device(), spec, image("eval")?, row, round)?,
-                "gpufeed-nohw-train" | "gpufeed-nohw-eval" => {
+                "gpufeed-device-train" => on_sim(sim.as_ref(), spec, || {
+                    ours(on_device(), spec, image("train")?, row, round)
+                })?,
+                "gpufeed-device-eval" => on_sim(sim.as_ref(), spec, || {
+                    ours(on_device(), spec, image("eval")?, row, round)
+                })?,
+                "gpufeed-nohw-train" | "gpufeed-nohw-eval" => on_sim(sim.as_ref(), spec, || {
                     let mut image = image(&row["gpufeed-nohw-".len()..])?;
                     image.hardware_decoder = false;
-                    ours(on_device(), spec, image, row, round)?
-                }
+                    ours(on_device(), spec, image, row, round)
+                })?,
                 "tv-train" | "tv-eval" => tv(spec, &row["tv-".len()..], row, round)?,
                 _ => pil(spec, &row["pil-".len()..], row, round)?,
             };
@@ -238,6 +273,7 @@ fn ours(
     let stall = epoch.stats().stall;
     let mut r = row_of(row, round, images, s, c, il.threads(), errors);
     r.stall = Some(stall);
+    r.phases = epoch.stats().device_phases.clone();
     r.images_settings = Some(settings);
     if !spec.step.is_zero() {
         let demand = 1.0 / spec.step.as_secs_f64();
@@ -248,6 +284,53 @@ fn ours(
             stall.total_s() / s.max(1e-9),
             &stall,
         ));
+    }
+    Ok(r)
+}
+
+/// A device row run by `f`, with what the simulated device `sim` saw meanwhile: the host's own
+/// CPU where its work costs nothing, the images/s its modelled engine allows.
+fn on_sim(
+    sim: Option<&gpufeed::gpu::SimDevice>,
+    spec: &DecodeBenchSpec,
+    f: impl FnOnce() -> Result<DecodeBenchRow>,
+) -> Result<DecodeBenchRow> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(sim) = sim else { return f() };
+    let st = &sim.stats;
+    let at = || {
+        (
+            st.device_cpu_ns.load(Relaxed),
+            st.engine_batches.load(Relaxed),
+            st.engine_images.load(Relaxed),
+        )
+    };
+    let (d0, b0, i0) = at();
+    let mut r = f()?;
+    let (d1, b1, i1) = at();
+    if sim.free_work {
+        let device_s = (d1 - d0) as f64 * 1e-9;
+        let cpu_s = r.cpu_s_per_1000 * r.images.max(1) as f64 / 1000.0;
+        let n = r.images.max(1) as f64;
+        r.host_cpu_s_per_1000 = Some((cpu_s - device_s) * 1000.0 / n);
+        if let Some(t) = &r.phases {
+            let decodes: f64 = t
+                .phases
+                .iter()
+                .filter(|p| p.phase.starts_with("cpu-"))
+                .map(|p| p.cpu_s)
+                .sum();
+            r.pipeline_host_cpu_s_per_1000 = Some((cpu_s - device_s - decodes) * 1000.0 / n);
+        }
+    }
+    if let Some((per_batch, per_image)) = spec.sim_engine {
+        let busy =
+            per_batch.as_secs_f64() * (b1 - b0) as f64 + per_image.as_secs_f64() * (i1 - i0) as f64;
+        if busy > 0.0 {
+            let bound = r.images as f64 / busy;
+            r.engine_bound_images_per_s = Some(bound);
+            r.of_engine_bound = Some(r.images_per_s / bound);
+        }
     }
     Ok(r)
 }
@@ -397,6 +480,11 @@ fn row_of(
         stall: None,
         verdict: None,
         images_settings: None,
+        phases: None,
+        host_cpu_s_per_1000: None,
+        pipeline_host_cpu_s_per_1000: None,
+        engine_bound_images_per_s: None,
+        of_engine_bound: None,
     }
 }
 
@@ -420,6 +508,46 @@ pub fn table_row(r: &DecodeBenchRow) -> String {
         .as_ref()
         .map(|v| format!("\n  {v}"))
         .unwrap_or_default()
+        + &r.host_cpu_s_per_1000
+            .map(|h| {
+                format!(
+                    "\n  host work alone (the device's own work taken out): {h:.3} CPU-s/1000, \
+                     {:.3} without the CPU route's decodes",
+                    r.pipeline_host_cpu_s_per_1000.unwrap_or(f64::NAN)
+                )
+            })
+            .unwrap_or_default()
+        + &r.engine_bound_images_per_s
+            .map(|b| {
+                format!(
+                    "\n  the modelled engine allows {b:.1} images/s: this row reached {:.2} of it",
+                    r.images_per_s / b
+                )
+            })
+            .unwrap_or_default()
+        + &r.phases.as_ref().map(phase_lines).unwrap_or_default()
+}
+
+/// The phase table under a device row.
+fn phase_lines(t: &gpufeed::PhaseTable) -> String {
+    let mut s = format!(
+        "\n  CPU-s/1000 by route: engine {:.3} ({} images), cpu {:.3} ({} images), shared {:.3}; \
+         decode threads {:.2} CPU-s, I/O thread {:.2} CPU-s",
+        t.hardware_cpu_ms_per_image,
+        t.hardware_images,
+        t.cpu_route_cpu_ms_per_image,
+        t.cpu_images,
+        t.shared_cpu_ms_per_image,
+        t.decode_threads_cpu_s,
+        t.io_thread_cpu_s,
+    );
+    for p in t.phases.iter().filter(|p| p.count > 0) {
+        s += &format!(
+            "\n    {:<16} {:<8} {:>8.3} s wall {:>8.3} s CPU {:>8} times",
+            p.phase, p.thread, p.wall_s, p.cpu_s, p.count
+        );
+    }
+    s
 }
 
 /// Ratios of gpufeed's rows to their peers', per round (gpufeed-X to pil-X, gpufeed-device-X

@@ -11,7 +11,7 @@ pub(super) fn bench_cmd(b: BenchCmd) -> Result<()> {
         Some(BenchWhich::Scale(a)) => bench_scale(a),
         Some(BenchWhich::Gpu(a)) => bench_gpu(a),
         #[cfg(feature = "decode")]
-        Some(BenchWhich::Decode(a)) => bench_decode(a),
+        Some(BenchWhich::Decode(a)) => bench_decode(*a),
         #[cfg(feature = "remote")]
         Some(BenchWhich::Remote(a)) => bench_remote(a),
         None => bench_quick(b.quick),
@@ -48,7 +48,7 @@ pub(super) enum BenchWhich {
     /// pipeline against torchvision's decode_jpeg(device=) + transforms.v2 on the device;
     /// alternated round by round.
     #[cfg(feature = "decode")]
-    Decode(DecodeArgs),
+    Decode(Box<DecodeArgs>),
     /// A remote dataset (s3://…) epoch after epoch through the node cache, by one or more
     /// ranks of this node: samples/s, first batch, bytes fetched (LRU's beside), GETs, CPU per
     /// GiB; against the raw range-GET rate and the same loader over a local copy (--local).
@@ -181,9 +181,16 @@ pub(super) struct DecodeArgs {
     #[arg(long, default_value_t = 2000)]
     pub(super) images: u64,
     /// Where the device rows decode: cpu (no device rows), sim (the simulated device: a build
-    /// with `--features sim`; its figures are not a GPU's) or cuda (device 0).
+    /// with `--features sim`; its figures are not a GPU's), sim-free (the simulated device
+    /// whose own work costs nothing: what remains is the pipeline's host work; its tensors
+    /// are not images) or cuda (device 0).
     #[arg(long, default_value = "cpu")]
     pub(super) device: String,
+    /// The simulated device only: a modelled JPEG engine that takes PER_BATCH + n × PER_IMAGE
+    /// microseconds of wall time per batch of n images, one batch after another; the device
+    /// rows then say the images/s that engine allows (`engine_bound_images_per_s`).
+    #[arg(long, value_name = "PER_BATCH,PER_IMAGE")]
+    pub(super) sim_engine_us: Option<String>,
     /// Decode threads and Pillow worker processes (default: the decode stage's, this rank's
     /// share of the cores). This flag and the next three are image settings: their defaults
     /// and values are those of `Images(...)` and `gpufeed_images` (IMAGE_SETTINGS).
@@ -902,12 +909,39 @@ pub(super) fn bench_load(a: LoadArgs) -> Result<()> {
 #[cfg(feature = "decode")]
 pub(super) fn bench_decode(a: DecodeArgs) -> Result<()> {
     use crate::bench::decode::{ratios, run_decode_bench, table_row, DecodeBenchSpec, ROWS};
-    if !["cpu", "sim", "cuda"].contains(&a.device.as_str()) {
+    if !["cpu", "sim", "sim-free", "cuda"].contains(&a.device.as_str()) {
         return Err(crate::util::invalid(format!(
-            "--device {}: cpu, sim (the simulated device; a build with --features sim) or cuda",
+            "--device {}: cpu, sim or sim-free (the simulated device; a build with --features \
+             sim) or cuda",
             a.device
         )));
     }
+    let sim_engine = match &a.sim_engine_us {
+        None => None,
+        Some(_) if !a.device.starts_with("sim") => {
+            return Err(crate::util::invalid(
+                "--sim-engine-us models the simulated device's engine: give --device sim or \
+                 sim-free",
+            ))
+        }
+        Some(v) => {
+            let us = |t: &str| {
+                t.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .map(std::time::Duration::from_micros)
+            };
+            match v.split_once(',').map(|(b, i)| (us(b), us(i))) {
+                Some((Some(b), Some(i))) => Some((b, i)),
+                _ => {
+                    return Err(crate::util::invalid(format!(
+                        "--sim-engine-us {v}: two whole numbers of microseconds, \
+                         PER_BATCH,PER_IMAGE (say 2000,250)"
+                    )))
+                }
+            }
+        }
+    };
     // The image settings this command takes, read as every door reads them.
     let given: Vec<(&str, String)> = [
         ("threads", &a.threads),
@@ -962,6 +996,7 @@ pub(super) fn bench_decode(a: DecodeArgs) -> Result<()> {
         python: a.python.clone(),
         script: crate::bench::decode::default_script(),
         device: a.device.clone(),
+        sim_engine,
         step: std::time::Duration::try_from_secs_f64(a.step_ms / 1e3).map_err(|_| {
             crate::util::invalid(format!("--step-ms {} is not a number ≥ 0", a.step_ms))
         })?,
