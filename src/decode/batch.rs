@@ -138,6 +138,17 @@ impl ImageBatch {
             unsafe { d.tensor.release_after(stream) }
         }
     }
+    /// Waits on the host until the tensor is written (a blocking-sync event, no spin; nothing
+    /// to wait for on the host path): what a trainer that reads a loss every step waits for,
+    /// or a benchmark whose clock must see the device's work. A consumer that queues its work
+    /// on a stream waits with [`wait_on`](Self::wait_on) instead.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.tensor {
+            Target::Device(d) => d.tensor.synchronize(),
+            Target::Host(_) => Ok(()),
+        }
+    }
+
     /// The simulated device's address and length of the tensor (`None` elsewhere): what a
     /// test's simulated consumer kernel reads ([`crate::gpu::SimDevice::read_on`]).
     pub fn sim_ptr(&self) -> Option<(u64, usize)> {

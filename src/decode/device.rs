@@ -56,7 +56,7 @@ impl GfEmit {
     }
 }
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::cpu::ImageDecoder;
@@ -118,6 +118,10 @@ pub struct RouteCounts {
     pub failed: u64,
     /// Samples whose crc32c the device checked.
     pub crc_checked: u64,
+    /// Batches decoded as a pipeline: the engines given their images before any CPU-route
+    /// image was decoded, the resize queued without a wait. The others (images too large for
+    /// one staging buffer, CPU-route images of unknown size) went sample by sample.
+    pub pipelined: u64,
 }
 
 #[derive(Debug, Default)]
@@ -126,6 +130,7 @@ pub(crate) struct Counters {
     cpu: AtomicU64,
     failed: AtomicU64,
     crc_checked: AtomicU64,
+    pipelined: AtomicU64,
 }
 
 impl Counters {
@@ -135,6 +140,7 @@ impl Counters {
             cpu: self.cpu.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             crc_checked: self.crc_checked.load(Ordering::Relaxed),
+            pipelined: self.pipelined.load(Ordering::Relaxed),
         }
     }
 }
@@ -145,10 +151,21 @@ struct Side {
     gpu: Gpu,
     kernels: Kernels,
     scratch: Vec<Mutex<Scratch>>,
-    /// The batched JPEG decode on the engines (nvJPEG reading bitstreams in device memory, or
-    /// the simulated device's stand-in), `None`: no engines, no nvJPEG, or turned off.
-    jpeg: Option<Mutex<Jpeg>>,
+    /// The batched JPEG decoders on the engines (nvJPEG reading bitstreams in device memory,
+    /// or the simulated device's stand-in), each with its own state, so that a batch is given
+    /// to the engines while they still decode the previous one; empty: no engines, no nvJPEG,
+    /// or turned off.
+    jpeg: Vec<Mutex<Jpeg>>,
+    /// The decoder the next batch tries first.
+    next_jpeg: AtomicUsize,
 }
+
+/// Decoder states by default ([`JPEG_STATES_VAR`] sets another count, for A/B runs): the
+/// engines decode batch k with one while the host initialises the next with another.
+pub(crate) const JPEG_STATES: usize = 2;
+
+/// The environment variable that sets the decoder states (1..=8).
+pub(crate) const JPEG_STATES_VAR: &str = "GPUFEED_JPEG_STATES";
 
 /// The JPEG engine and the event after the last batch it was given: the decoder state is
 /// re-initialised by each batch on the host, which must wait for the previous batch's decode
@@ -217,7 +234,7 @@ impl Drop for Side {
         }
         // nvJPEG's state and handle go while the context is current (they free device memory
         // through the runtime); the rest pushes its own context when it drops.
-        self.jpeg = None;
+        self.jpeg.clear();
     }
 }
 
@@ -233,6 +250,49 @@ struct Scratch {
     crcs: DBuf,
     samples: DBuf,
     staging: Option<DBuf>,
+    /// Host memory that copies queued on `stream` read (the resize parameters, CPU-decoded
+    /// pixels): kept until the host has waited for the stream ([`Scratch::settled`]).
+    keep: Vec<Vec<u8>>,
+}
+
+impl Scratch {
+    /// Everything queued on the stream has completed (the host waited for it): the memory
+    /// its copies read may go.
+    fn settled(&mut self) -> Result<()> {
+        self.stream.synchronize()?;
+        self.keep.clear();
+        Ok(())
+    }
+
+    /// Queues a copy of `bytes` to byte `off` of `dst` on the stream, without waiting: the
+    /// bytes are kept until the host has waited for the stream.
+    fn upload(&mut self, dst: Dst, off: usize, bytes: Vec<u8>, what: &str) -> Result<()> {
+        let buf = match dst {
+            Dst::Staging => self
+                .staging
+                .as_ref()
+                .ok_or_else(|| crate::error::invalid("an upload before its chunk was staged"))?,
+            Dst::Samples => &self.samples,
+        };
+        // SAFETY: the source is a heap buffer moved into `keep` below (moving a Vec does not
+        // move its bytes), which is cleared only in `settled`, after the host waited for the
+        // stream; `dst` is the scratch's own, freed only after its stream is synchronised
+        // (`Side`'s drop; a staging buffer is replaced only after `settled`). The handle
+        // checks that the range lies in `dst`.
+        unsafe {
+            self.stream
+                .copy_htod(buf, off, bytes.as_ptr(), bytes.len(), what)?
+        };
+        self.keep.push(bytes);
+        Ok(())
+    }
+}
+
+/// Which of a scratch's buffers an upload writes.
+#[derive(Debug, Clone, Copy)]
+enum Dst {
+    Staging,
+    Samples,
 }
 
 /// What a device image loader shares across its epochs: the output tensors (device regions
@@ -272,12 +332,17 @@ impl DeviceStage {
                     crcs: gpu.alloc(batch_size * 4)?,
                     samples: gpu.alloc(batch_size * std::mem::size_of::<GfSample>())?,
                     staging: None,
+                    keep: Vec::new(),
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
-        let jpeg = if !spec.hardware_decoder {
-            None
-        } else {
+        let states = std::env::var(JPEG_STATES_VAR)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|n| (1..=8).contains(n))
+            .unwrap_or(JPEG_STATES);
+        let mut jpeg = Vec::new();
+        while spec.hardware_decoder && jpeg.len() < states {
             // The CPU stage's whole-image decode: the simulated engine's stand-in for the
             // hardware (what nvJPEG writes, `NVJPEG_OUTPUT_RGBI`).
             let mut dec =
@@ -288,20 +353,21 @@ impl DeviceStage {
                 dec.decode_rgb(&s, data, &mut px).map(|size| (size, px))
             });
             match gpu.jpeg(cpu) {
-                Ok(engine) => Some(Mutex::new(Jpeg {
+                Ok(engine) => jpeg.push(Mutex::new(Jpeg {
                     engine,
                     done: gpu.event()?,
                 })),
-                Err(e) => {
+                Err(e) if jpeg.is_empty() => {
                     crate::io::notice(&format!(
                         "the hardware JPEG decoder is not used ({}): every image is decoded \
                          on the CPU and copied in",
                         e.report()
                     ));
-                    None
+                    break;
                 }
+                Err(_) => break, // fewer states: batches wait for each other more
             }
-        };
+        }
         Ok(DeviceStage {
             outputs,
             counters: Counters::default(),
@@ -312,6 +378,7 @@ impl DeviceStage {
                 kernels,
                 scratch,
                 jpeg,
+                next_jpeg: AtomicUsize::new(0),
             },
         })
     }
@@ -319,7 +386,25 @@ impl DeviceStage {
     /// Whether the hardware route decodes on the device (nvJPEG, or the simulated device's
     /// stand-in for it).
     pub(crate) fn decodes_on_device(&self) -> bool {
-        self.side.jpeg.is_some()
+        !self.side.jpeg.is_empty()
+    }
+
+    /// A decoder for the next batch: the first free one from the one after the last taken,
+    /// or, when all are busy, that one as soon as it is free.
+    fn take_jpeg(&self) -> Result<std::sync::MutexGuard<'_, Jpeg>> {
+        let all = &self.side.jpeg;
+        if all.is_empty() {
+            return Err(crate::error::invalid(
+                "hardware images without a hardware decoder",
+            ));
+        }
+        let first = self.side.next_jpeg.fetch_add(1, Ordering::Relaxed) % all.len();
+        for k in 0..all.len() {
+            if let Ok(g) = all[(first + k) % all.len()].try_lock() {
+                return Ok(g);
+            }
+        }
+        Ok(lock(&all[first]))
     }
 
     /// The route sample `info` takes here: the hardware route only where the engines decode.
@@ -521,8 +606,9 @@ impl DeviceStage {
         let _g = c.gpu.enter()?;
         self.outputs.wait_written(out)?;
         let mut sc = lock(&c.scratch[out]);
-        // This stream's earlier work (the previous chunk's launch) read the staging.
-        sc.stream.synchronize()?;
+        // This stream's earlier work (the previous chunk's launch) read the staging, and its
+        // copies the kept host memory.
+        sc.settled()?;
         let need = staging_len.max(cpu.len()).max(1);
         if sc.staging.as_ref().is_none_or(|b| b.len() < need) {
             sc.staging = None; // its last reader completed (waited for above)
@@ -540,20 +626,12 @@ impl DeviceStage {
 
     /// Uploads one image's pixels to `offset` of region `out`'s staging (an image the engine
     /// rejected, decoded on the CPU instead).
-    pub(crate) fn stage_image(&self, out: usize, offset: usize, px: &[u8]) -> Result<()> {
+    /// Queued on the region's stream, not waited for: the pixels are kept until the host waits
+    /// for that stream.
+    pub(crate) fn stage_image(&self, out: usize, offset: usize, px: Vec<u8>) -> Result<()> {
         let c = &self.side;
         let _g = c.gpu.enter()?;
-        let sc = lock(&c.scratch[out]);
-        let staging = sc
-            .staging
-            .as_ref()
-            .ok_or_else(|| crate::error::invalid("an image staged before its chunk"))?;
-        sc.stream.write(
-            staging,
-            offset,
-            px,
-            "a rejected image's CPU decode, uploaded",
-        )
+        lock(&c.scratch[out]).upload(Dst::Staging, offset, px, "a CPU-decoded image's upload")
     }
 
     /// The engines' batched decode of `hw` into region `out`'s staging, from `batch`'s group
@@ -570,10 +648,6 @@ impl DeviceStage {
             return Ok(Vec::new());
         }
         let c = &self.side;
-        let jpeg = c
-            .jpeg
-            .as_ref()
-            .ok_or_else(|| crate::error::invalid("hardware images without a hardware decoder"))?;
         let region = batch
             .device_region()
             .ok_or_else(|| crate::error::invalid("a host batch in the device image stage"))?;
@@ -598,7 +672,7 @@ impl DeviceStage {
         // batch (and so the region) keeps alive: the release event recorded on it at the
         // region's drop is valid.
         unsafe { region.wait_on(sc.stream.raw())? };
-        let mut jpeg = lock(jpeg);
+        let mut jpeg = self.take_jpeg()?;
         if jpeg
             .decode(region, &bits, hw, staging, &sc.stream, &self.clock)
             .is_ok()
@@ -650,22 +724,21 @@ impl DeviceStage {
             ));
         }
         let _g = c.gpu.enter()?;
-        let sc = lock(&c.scratch[out]);
-        let staging = sc
-            .staging
-            .as_ref()
-            .ok_or_else(|| crate::error::invalid("a launch before its chunk was staged"))?;
-        if staging.len() < staging_len {
+        let mut sc = lock(&c.scratch[out]);
+        if sc.staging.as_ref().is_none_or(|s| s.len() < staging_len) {
             return Err(crate::error::invalid(
                 "resize launch: staging smaller than its chunk",
             ));
         }
-        sc.stream.write(
-            &sc.samples,
+        // Queued, not waited for: the host goes on while the engines and kernels work.
+        sc.upload(
+            Dst::Samples,
             0,
-            as_bytes(samples),
+            as_bytes(samples).to_vec(),
             "the resize parameters' upload",
         )?;
+        let sc = &*sc;
+        let staging = sc.staging.as_ref().expect("checked above");
         self.outputs.before_write(out, &sc.stream)?;
         // SAFETY: every valid sample's image lies inside the staging's first `staging_len`
         // bytes (checked above), the output range holds `len` bytes = the chunk's samples of
@@ -758,6 +831,8 @@ impl Jpeg {
 pub(super) enum Decoded {
     Pixels(u32, u32, Vec<u8>),
     Hardware(u32, u32),
+    /// Decoded on the CPU and uploaded to its staging slot (a pipelined batch).
+    Staged,
 }
 
 /// A device batch's tensor and what its samples went through.
@@ -774,6 +849,44 @@ pub(super) struct DeviceOut {
     pub(super) tails: Vec<Vec<u8>>,
     /// Each sample decoded whole: width, height, packed RGB (the decoder's output buffer).
     pub(super) decoded: Mutex<Vec<Option<Decoded>>>,
+    /// What the first decode thread to take the job made of it ([`Job::lead`]).
+    pub(super) lead: std::sync::OnceLock<Lead>,
+}
+
+/// How a device batch is decoded, decided by the first decode thread to take it.
+pub(super) enum Lead {
+    /// As a pipeline: the engines were given their images before any CPU-route image was
+    /// decoded; each CPU-route image is uploaded as it is decoded, and the last sample's
+    /// thread launches the resize without waiting for the engines.
+    Pipelined(Plan),
+    /// Sample by sample, then in chunks ([`Job::resize`]): a batch whose decoded images do
+    /// not fit one staging buffer, or whose CPU-route images' sizes are not known ahead.
+    Chunked,
+    /// The batch could not be staged or given to the engines: every sample is lost.
+    Failed(Error),
+}
+
+/// Where each image of a pipelined batch goes in the staging buffer.
+pub(super) struct Plan {
+    pub(super) slots: Vec<Slot>,
+    /// Bytes of the staging buffer the batch uses.
+    pub(super) staging_len: usize,
+}
+
+/// A sample of a pipelined batch.
+pub(super) enum Slot {
+    /// Lost already (read, checksum, header): its error.
+    Failed(Error),
+    /// The engines decode it into byte `at` of the staging (its size from its frame header).
+    Engine { at: usize, size: (u32, u32) },
+    /// A decode thread decodes it on the CPU and uploads it to byte `at` (its size from its
+    /// record or its frame header: another size is an error). `whole`: its host bytes are its
+    /// whole data (otherwise they are read from the device).
+    Cpu {
+        at: usize,
+        size: (u32, u32),
+        whole: bool,
+    },
 }
 
 /// The reason of an image that decodes to another size than its record says (the device
@@ -922,12 +1035,267 @@ impl Job {
             return Ok(Vec::new()); // nobody will see this batch
         }
         let (r, len) = (d.tensor.index(), d.tensor.len());
-        let got = self.resize_chunks(d, dec, decoded, r, len);
+        let got = match d.lead.get() {
+            Some(Lead::Pipelined(plan)) => self.finish_planned(d, plan, &decoded, r, len),
+            Some(Lead::Failed(e)) => Err(e.clone()),
+            Some(Lead::Chunked) | None => self.resize_chunks(d, dec, decoded, r, len),
+        };
         if got.is_err() {
             // Every sample is lost: the tensor says so with zeros, not an older batch's pixels.
             let _ = d.stage.zero(r, len);
         }
         got
+    }
+
+    /// Device path, once per batch by the first decode thread to take it: each image's route
+    /// and size (the engine route's from its frame header, in the bytes gathered to the host;
+    /// the CPU route's from its record), the staging laid out for the whole batch, and the
+    /// engines given their images — before any CPU-route image is decoded, so those never
+    /// hold the engines back. A batch whose images do not fit one staging buffer, or whose
+    /// CPU-route sizes are not known ahead, goes sample by sample instead ([`Lead::Chunked`]).
+    pub(super) fn lead(&self, d: &DeviceOut) -> Lead {
+        use super::device::{STAGING_ALIGN, STAGING_MAX};
+        if self.cancelled.load(Ordering::Relaxed) {
+            return Lead::Chunked; // nobody will see this batch: nothing is given the engines
+        }
+        let ids = self.batch.sample_ids();
+        let records = self.dataset.image_info().ok();
+        let mut slots = Vec::with_capacity(self.len());
+        {
+            let host = d.host.lock().unpoisoned();
+            for (i, &id) in ids.iter().enumerate() {
+                match self.slot_of(d, i, id, records, &host) {
+                    Some(s) => slots.push(s),
+                    None => return Lead::Chunked,
+                }
+            }
+        }
+        // The CPU route's images first, then the engines': each at an aligned offset.
+        let bytes = |(w, h): (u32, u32)| w as usize * h as usize * 3;
+        let mut at = 0usize;
+        for engine in [false, true] {
+            for s in &mut slots {
+                match s {
+                    Slot::Cpu { at: a, size, .. } if !engine => {
+                        *a = at;
+                        at = (at + bytes(*size)).next_multiple_of(STAGING_ALIGN);
+                    }
+                    Slot::Engine { at: a, size } if engine => {
+                        *a = at;
+                        at = (at + bytes(*size)).next_multiple_of(STAGING_ALIGN);
+                    }
+                    _ => {}
+                }
+                if at > STAGING_MAX {
+                    return Lead::Chunked;
+                }
+            }
+        }
+        let r = d.tensor.index();
+        if let Err(e) = d
+            .stage
+            .clock
+            .time(Phase::Staging, || d.stage.stage_chunk(r, at, &[]))
+        {
+            return Lead::Failed(e);
+        }
+        let hw: Vec<HardwareImage> = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match *s {
+                Slot::Engine { at, size } => Some(HardwareImage {
+                    sample: i,
+                    staging: at,
+                    size,
+                }),
+                _ => None,
+            })
+            .collect();
+        match d.stage.decode_on_engine(r, &self.batch, &hw) {
+            // An image the engines reject alone is decoded on the CPU into its slot.
+            Ok(rejected) => {
+                for (k, _) in rejected {
+                    let h = hw[k];
+                    slots[h.sample] = Slot::Cpu {
+                        at: h.staging,
+                        size: h.size,
+                        whole: false,
+                    };
+                }
+            }
+            Err(e) => return Lead::Failed(e),
+        }
+        d.stage.counters.pipelined.fetch_add(1, Ordering::Relaxed);
+        Lead::Pipelined(Plan {
+            slots,
+            staging_len: at,
+        })
+    }
+
+    /// Sample `i`'s (id `id`) route and size in a pipelined batch (its offset comes later);
+    /// `None` where the batch cannot be pipelined (a CPU-route image of unknown size).
+    fn slot_of(
+        &self,
+        d: &DeviceOut,
+        i: usize,
+        id: u32,
+        records: Option<&[ImageInfo]>,
+        host: &[Option<Result<Vec<u8>>>],
+    ) -> Option<Slot> {
+        if let Some(e) = &d.crc[i] {
+            return Some(Slot::Failed(e.clone()));
+        }
+        let whole_len = match self.batch.sample_range(i) {
+            Ok(r) => r.len(),
+            Err(e) => return Some(Slot::Failed(e.clone())),
+        };
+        let head = match &host[i] {
+            Some(Ok(b)) => &b[..],
+            Some(Err(e)) => return Some(Slot::Failed(e.clone())),
+            None => &[][..],
+        };
+        let info = records.and_then(|v| v.get(id as usize)).copied();
+        // The CPU route's size is its record's, where that is known and allowed.
+        let record = info
+            .map(|r| (r.width, r.height))
+            .filter(|&(w, h)| w > 0 && h > 0)
+            .filter(|&(w, h)| super::spec::check_pixels(w, h, self.spec.pixels_max).is_ok());
+        if d.stage.route_of(info.as_ref()) == Route::Hardware {
+            let end = if head.len() == whole_len {
+                head
+            } else {
+                &d.tails[i][..]
+            };
+            let probed = d.stage.clock.time(Phase::Probe, || {
+                crate::image::info(head)
+                    .filter(|h| route(Some(h)) == Route::Hardware && ends_complete(end))
+            });
+            if let Some(h) = probed {
+                // Sized from its own frame header: a record that understates the image cannot
+                // make the engines write past its slot.
+                let (size, r) = ((h.width, h.height), info.expect("routed by its record"));
+                if size != (r.width, r.height) {
+                    let why = record_mismatch(size, (r.width, r.height));
+                    return Some(Slot::Failed(self.decode_error(id, why)));
+                }
+                if let Err(why) = super::spec::check_pixels(size.0, size.1, self.spec.pixels_max) {
+                    return Some(Slot::Failed(self.decode_error(id, why)));
+                }
+                return Some(Slot::Engine { at: 0, size });
+            }
+            // Its header is not where the engines could take it, or its data does not end
+            // with the image: the CPU route, on its whole bytes.
+            return record.map(|size| Slot::Cpu {
+                at: 0,
+                size,
+                whole: head.len() == whole_len,
+            });
+        }
+        record.map(|size| Slot::Cpu {
+            at: 0,
+            size,
+            whole: true,
+        })
+    }
+
+    /// Device path, a pipelined batch: sample `i` as its slot says — a CPU-route image decoded
+    /// and uploaded to its slot (queued, not waited for), an engine image left to the engines.
+    pub(super) fn decode_planned(
+        &self,
+        i: usize,
+        dec: &mut Result<ImageDecoder, String>,
+        d: &DeviceOut,
+        plan: &Plan,
+    ) -> Option<Error> {
+        let id = self.batch.sample_ids()[i];
+        let (at, size, whole) = match &plan.slots[i] {
+            Slot::Engine { .. } => return None, // counted once its launch is queued
+            Slot::Failed(e) => {
+                d.stage.counted(None);
+                return Some(e.clone());
+            }
+            Slot::Cpu { at, size, whole } => (*at, *size, *whole),
+        };
+        let fail = |e: Error| {
+            d.stage.counted(None);
+            Some(e)
+        };
+        let mut data = match d.host.lock().unpoisoned()[i].take() {
+            Some(Ok(b)) if whole => b,
+            _ => Vec::new(),
+        };
+        if data.is_empty() {
+            if let Err(e) = DeviceStage::sample_bytes(&self.batch, i, &mut data) {
+                return fail(e);
+            }
+        }
+        let dec = match dec {
+            Ok(dec) => dec,
+            Err(e) => return fail(self.decode_error(id, e.clone())),
+        };
+        let info = self
+            .dataset
+            .image_info()
+            .ok()
+            .and_then(|v| v.get(id as usize).copied());
+        let mut px = Vec::new();
+        let got = d.stage.clock.time(cpu_phase(info.as_ref()), || {
+            dec.decode_rgb(&self.spec, &data, &mut px)
+        });
+        match got {
+            Ok(s) if s == size => {
+                let r = d.tensor.index();
+                let up = d
+                    .stage
+                    .clock
+                    .time(Phase::Staging, || d.stage.stage_image(r, at, px));
+                if let Err(e) = up {
+                    return fail(e);
+                }
+                d.stage.counted(Some(Route::Cpu));
+                d.decoded.lock().unpoisoned()[i] = Some(Decoded::Staged);
+                None
+            }
+            Ok(s) => fail(self.decode_error(id, record_mismatch(s, size))),
+            Err(reason) => fail(self.decode_error(id, reason)),
+        }
+    }
+
+    /// Device path, a pipelined batch once every sample is done: one resize launch over the
+    /// staged images (a lost sample's `valid` is 0: zeros), queued after the engines' and the
+    /// uploads' work on the region's stream, not waited for.
+    fn finish_planned(
+        &self,
+        d: &DeviceOut,
+        plan: &Plan,
+        decoded: &[Option<Decoded>],
+        r: usize,
+        len: usize,
+    ) -> Result<Vec<(usize, Error)>> {
+        let ids = self.batch.sample_ids();
+        let mut samples = vec![GfSample::default(); plan.slots.len()]; // valid = 0
+        let mut engine = 0;
+        for (i, s) in plan.slots.iter().enumerate() {
+            let (at, size) = match (s, &decoded[i]) {
+                (Slot::Engine { at, size }, _) => {
+                    engine += 1;
+                    (*at, *size)
+                }
+                (Slot::Cpu { at, size, .. }, Some(Decoded::Staged)) => (*at, *size),
+                _ => continue,
+            };
+            let g = self
+                .spec
+                .geometry(self.seed, self.batch.epoch(), ids[i] as u64, size);
+            samples[i] = GfSample::new(&g, at as u64, size);
+        }
+        d.stage.clock.time(Phase::Kernels, || {
+            d.stage.launch(r, 0, len, plan.staging_len, &samples)
+        })?;
+        for _ in 0..engine {
+            d.stage.counted(Some(Route::Hardware));
+        }
+        Ok(Vec::new())
     }
 
     fn resize_chunks(
@@ -946,7 +1314,7 @@ impl Job {
             Some(Decoded::Pixels(w, h, _) | Decoded::Hardware(w, h)) => {
                 (*w as usize * *h as usize * 3).next_multiple_of(STAGING_ALIGN)
             }
-            None => 0,
+            Some(Decoded::Staged) | None => 0,
         };
         let mut lost = Vec::new();
         let mut start = 0;
@@ -966,7 +1334,7 @@ impl Job {
                 let i = start + k;
                 let (w, h) = match img {
                     Some(Decoded::Pixels(w, h, _) | Decoded::Hardware(w, h)) => (*w, *h),
-                    None => continue,
+                    Some(Decoded::Staged) | None => continue,
                 };
                 let g = self
                     .spec
@@ -1022,7 +1390,7 @@ impl Job {
                     Ok(size) if size == h.size => {
                         d.stage
                             .clock
-                            .time(Phase::Staging, || d.stage.stage_image(r, h.staging, &px))?;
+                            .time(Phase::Staging, || d.stage.stage_image(r, h.staging, px))?;
                         d.stage.counted(Some(Route::Cpu));
                     }
                     Ok((w, hh)) => {

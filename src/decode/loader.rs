@@ -309,6 +309,7 @@ fn feed(mut inner: Epoch, tx: SyncSender<Result<Arc<Job>>>, ctx: &FeedCtx<'_>) {
                             host: Mutex::new(host.head),
                             tails: host.tail,
                             decoded: Mutex::new((0..batch.len()).map(|_| None).collect()),
+                            lead: std::sync::OnceLock::new(),
                         })))
                     }
                 };

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::device::DeviceOut;
+use super::device::{DeviceOut, Lead};
 use super::{ImageDecoder, ImageSpec};
 use crate::batch::Batch;
 use crate::dataset::Dataset;
@@ -161,7 +161,14 @@ impl Job {
                         let dst = unsafe { t.sample_mut(i, per) };
                         self.decode_one(i, dec, dst)
                     }
-                    Target::Device(d) => self.decode_whole(i, dec, d),
+                    Target::Device(d) => match d.lead.get_or_init(|| self.lead(d)) {
+                        Lead::Pipelined(plan) => self.decode_planned(i, dec, d, plan),
+                        Lead::Chunked => self.decode_whole(i, dec, d),
+                        Lead::Failed(e) => {
+                            d.stage.counted(None);
+                            Some(e.clone())
+                        }
+                    },
                 }
             };
             let cpu = crate::sys::thread_cpu_seconds() - c0;

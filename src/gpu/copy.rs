@@ -277,6 +277,13 @@ impl DeviceRegion {
         self.pool.mem[self.index].ready.raw()
     }
 
+    /// Waits on the host (a blocking-sync event, no spin) until the region's last write (its
+    /// copy, or the kernel that wrote a tensor) has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        let _g = self.pool.gpu.enter()?;
+        self.pool.wait_written(self.index)
+    }
+
     /// Makes `stream` wait for the copy, and orders the region's reuse after work enqueued on
     /// it before the batch is dropped.
     ///

@@ -260,6 +260,9 @@ pub struct Stream {
     /// Dropped in `Drop` inside a push/pop of its context (cudarc's drop makes it current).
     inner: ManuallyDrop<Arc<CudaStream>>,
     ctx: Arc<Context>,
+    /// A blocking-sync event the host waits on in [`Stream::synchronize`]:
+    /// `cuStreamSynchronize` spins a core under the primary context's default scheduling.
+    done: Event,
 }
 
 impl Drop for Stream {
@@ -278,6 +281,7 @@ impl Stream {
         Ok(Stream {
             inner: ManuallyDrop::new(inner),
             ctx: ctx.clone(),
+            done: Event::new(ctx)?,
         })
     }
 
@@ -286,11 +290,13 @@ impl Stream {
         self.inner.cu_stream() as u64
     }
 
-    /// Waits for all work enqueued on the stream.
+    /// Waits for all work enqueued on the stream, blocking the thread (an event with
+    /// `CU_EVENT_BLOCKING_SYNC` recorded at its end; `cuStreamSynchronize` would spin a core
+    /// under the primary context's `CU_CTX_SCHED_AUTO`). Two threads waiting at once share
+    /// the event: each then waits at least until its own point.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner
-            .synchronize()
-            .map_err(driver("cuStreamSynchronize"))
+        self.done.record(self)?;
+        self.done.synchronize()
     }
 
     /// Makes this stream's later work wait for `event` (no host synchronisation).

@@ -387,6 +387,8 @@ impl DeviceOps for SimDev {
             state: self.0.alloc(0),
             gpu: self.0.clone(),
             dec: cpu,
+            queue: self.0.stream(),
+            done: self.0.event(),
         })))
     }
 
@@ -689,6 +691,11 @@ struct SimJpeg {
     gpu: Arc<SimGpu>,
     state: u64,
     dec: CpuJpeg,
+    /// The engines' own queue: their writes run there, not after the earlier work of the
+    /// stream a batch is given (the engines ignore it); that stream's later work waits for
+    /// them through `done`.
+    queue: u64,
+    done: u64,
 }
 
 impl std::fmt::Debug for SimJpeg {
@@ -777,7 +784,7 @@ impl JpegOps for SimJpeg {
                 .map(|h| (h.out, h.size.0 as usize * h.size.1 as usize * 3))
                 .collect();
             g.enqueue(
-                st.id,
+                self.queue,
                 "a failed JPEG batch's queued work",
                 access,
                 move |m| {
@@ -789,6 +796,7 @@ impl JpegOps for SimJpeg {
                     }
                 },
             )?;
+            self.ordered_after(st.id)?;
             return Err(Error::new(
                 ErrorKind::InvalidInput,
                 format!("nvjpegDecodeBatched failed: NVJPEG_STATUS_BAD_JPEG (3) ({why})"),
@@ -796,7 +804,7 @@ impl JpegOps for SimJpeg {
         }
         let not_before = g.engine_batch(images.len());
         g.enqueue_device(
-            st.id,
+            self.queue,
             "the JPEG engine's batched decode",
             not_before,
             access,
@@ -808,7 +816,16 @@ impl JpegOps for SimJpeg {
                     }
                 }
             },
-        )
+        )?;
+        self.ordered_after(st.id)
+    }
+}
+
+impl SimJpeg {
+    /// The later work of stream `stream` waits for what the engines were given.
+    fn ordered_after(&self, stream: u64) -> Result<()> {
+        self.gpu.record(self.done, self.queue)?;
+        self.gpu.wait(stream, self.done)
     }
 }
 

@@ -442,6 +442,13 @@ pub(crate) fn device_pipeline_routes_resumes_drops_and_stays_flat(on: On) {
     );
     // The four broken files are read fine (their bytes are what the shard holds): all checked.
     assert_eq!(r.crc_checked, 3 * n as u64);
+    // Most batches go as a pipeline; one holding a file whose record has no size (not an
+    // image) goes sample by sample: both ways are taken here.
+    let batches = 3 * u64::from(il.loader().batches_per_epoch());
+    assert!(
+        r.pipelined > 0 && r.pipelined < batches,
+        "{r:?} in {batches} batches"
+    );
 
     // The hardware decoder off: every image takes the CPU route, and the tensors are the same.
     let mut cpu_only = spec.clone();

@@ -63,6 +63,18 @@ fn assert_same(got: &Collected, want: &Collected, spec: &ImageSpec) {
     }
 }
 
+/// A loader of `ds` on `sim` with checks off: no crc32c kernel (and none of its host waits).
+fn unchecked(ds: &Arc<Dataset>, sim: &SimDevice) -> gpufeed::Loader {
+    gpufeed::Loader::builder(ds.clone())
+        .batch_size(5)
+        .order(Order::Global)
+        .seed(21)
+        .verify_checksums(false)
+        .device(Device::Simulated(sim.clone()))
+        .build()
+        .unwrap()
+}
+
 /// The image set packed, opened (its directory lives as long as the first value).
 fn the_set() -> (tempfile::TempDir, crate::device_images::Set, Arc<Dataset>) {
     let dir = disk_dir();
@@ -80,7 +92,8 @@ fn decodes_clean(ds: &Arc<Dataset>, order: Order, threads: usize, seeds: u64, de
         let l = loader(ds, order, 0, 1, Some(Device::Simulated(s.clone())));
         let il = l.decode_images(spec(threads)).unwrap();
         let got = collect(&il, 0, 0, true);
-        assert!(il.routes().unwrap().hardware > 0);
+        let r = il.routes().unwrap();
+        assert!(r.hardware > 0 && r.pipelined > 0, "{r:?}");
         drop(il);
         assert_clean(&s);
         assert_same(&got, &want, &spec(threads));
@@ -121,14 +134,7 @@ fn with_checks_off_the_engine_reads_bitstreams_only_after_their_copy() {
     let (_dir, _, ds) = the_set();
     for seed in 1..=3 {
         let s = sim(seed, 5000); // copies linger: an engine reading early meets one pending
-        let l = gpufeed::Loader::builder(ds.clone())
-            .batch_size(5)
-            .order(Order::Global)
-            .seed(21)
-            .verify_checksums(false)
-            .device(Device::Simulated(s.clone()))
-            .build()
-            .unwrap();
+        let l = unchecked(&ds, &s);
         let il = l.decode_images(spec(2)).unwrap();
         let (got, _) = collect(&il, 0, 0, true);
         assert_eq!(got.len(), ds.len());
@@ -173,6 +179,41 @@ fn a_tensor_is_rewritten_only_after_every_consumer_stream_released_it() {
                 drop(batch);
             }
         }
+        drop(il);
+        s.synchronize();
+        assert_clean(&s);
+    }
+}
+
+/// The pipeline (issue 53): the engines write a batch's decoded images into the staging
+/// buffer of its output tensor while its stream may still hold the resize that read the
+/// tensor's previous batch from there — and the engines ignore stream order. A consumer that
+/// never waits on the host (its stream waits on each batch, reads it, drops it), with the
+/// device's work lingering, checks off: only the host's wait before the staging is reused
+/// keeps them apart.
+#[test]
+fn the_engines_rewrite_a_staging_buffer_only_after_the_host_saw_its_last_reader_finish() {
+    if !kernels() {
+        return;
+    }
+    let (_dir, _, ds) = the_set();
+    for seed in 1..=3 {
+        let s = sim(seed, 1_000_000);
+        let a = s.consumer_stream();
+        // Checks off: no crc32c kernel on the tensor's stream, whose host wait would cover it.
+        let l = unchecked(&ds, &s);
+        let il = l.decode_images(spec(2)).unwrap();
+        for epoch in 0..3 {
+            for batch in il.epoch(epoch).unwrap() {
+                let batch = batch.unwrap();
+                let (ptr, len) = batch.sim_ptr().expect("a simulated device batch");
+                // SAFETY: the stream is the simulated device's and outlives the batch.
+                unsafe { batch.wait_on(a).unwrap() };
+                s.read_on(a, ptr, len).unwrap();
+            }
+        }
+        let r = il.routes().unwrap();
+        assert!(r.pipelined > 0 && r.hardware > 0, "{r:?}");
         drop(il);
         s.synchronize();
         assert_clean(&s);

@@ -262,6 +262,9 @@ fn ours(
     let mut epoch = il.epoch(round as u64)?;
     for b in epoch.by_ref() {
         let b = b?;
+        // The clock sees the device's work, as a trainer reading its loss each step does (the
+        // tv rows synchronise each batch too); a pipeline goes on decoding the next batches.
+        b.synchronize()?;
         images += b.len() as u64;
         errors += b.errors().count() as u64;
         batches += 1;
