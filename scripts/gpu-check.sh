@@ -15,6 +15,9 @@
 #                   tests); no CPU suite (CI runs it), no benchmark. Meant to end in < 7 min.
 #   run --bench     the benchmarks only (`--skip-tests`).
 #   run             everything (tests, the CPU suite again, benchmarks).
+#   run --profile   the device decode path in <= 5 min: each device row's phase table, an A/B
+#                   of decoder states (GPUFEED_JPEG_STATES 1, 2, 3) and batch (128, 256) beside
+#                   the CPU stage and torchvision, nvidia-smi dmon, perf where present.
 # Other options: --small (small datasets, 2 s rows), --skip-bench, --skip-tests, --rounds=N (N
 # more rounds of the storage rows of both workloads, their order reversed every other round, to
 # tell the disk's drift from a real gap), --budget=SECONDS (default 420 with --quick, else 540: each step runs under
@@ -30,7 +33,8 @@ shift || true
 SHIP=.device
 
 if [[ "$mode" == build ]]; then
-    cargo build --release
+    # With the simulated device: the shipped tests run `gpufeed bench decode --device sim` too.
+    cargo build --release -p gpufeed-cli --features gpufeed/sim
     # The integration test binary: the last executable cargo reports for the `it` target.
     it=$(cargo test --release --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
@@ -97,14 +101,15 @@ for l in sys.stdin:
 fi
 
 if [[ "$mode" != run ]]; then
-    echo "usage: $0 build | run [--quick | --bench] [--small] [--skip-bench] [--skip-tests] [--rounds=N] [--budget=S]" >&2
+    echo "usage: $0 build | run [--quick | --bench | --profile] [--small] [--skip-bench] [--skip-tests] [--rounds=N] [--budget=S]" >&2
     exit 2
 fi
 
-quick=0; small=0; bench=1; tests=1; rounds=0; budget=
+quick=0; small=0; bench=1; tests=1; rounds=0; budget=; profile=0
 for a in "$@"; do
     case "$a" in
         --quick) quick=1; bench=0 ;;
+        --profile) profile=1; bench=0; tests=0 ;;
         --bench) tests=0 ;;
         --small) small=1 ;;
         --skip-bench) bench=0 ;;
@@ -114,7 +119,7 @@ for a in "$@"; do
         *) echo "unknown option $a" >&2; exit 2 ;;
     esac
 done
-[[ -n "$budget" ]] || budget=$((quick == 1 ? 420 : 540))
+[[ -n "$budget" ]] || budget=$((quick == 1 ? 420 : profile == 1 ? 300 : 540))
 t_start=$SECONDS
 # What is left of the budget for the next step (at least 10 s, so it can say it ran out).
 left() { local l=$((budget - (SECONDS - t_start) - 15)); echo $((l > 10 ? l : 10)); }
@@ -349,6 +354,73 @@ for m in ("train", "eval"):
         print(f"{m}: gpufeed device / torchvision GPU = {d[0] / t[0]:.2f}x images/s [target >= 1.5]; "
               f"gpufeed {d[1]:.3f} CPU-s/1000 [target <= 0.33]")
 EOF
+fi
+if [[ $profile == 1 ]]; then
+    # The device decode path's profile (issue 53, item 8), in at most the budget: the phase
+    # table of each device row (in its JSON), an A/B of the switches that exist (decoder
+    # states, batch size) beside gpufeed's CPU stage and torchvision's GPU path, nvidia-smi
+    # dmon during it, and perf where present. Each step appends to the summary as it ends, so
+    # a time-out still returns what ran.
+    note "== profile: gpufeed bench decode --device cuda"
+    export GPUFEED_ROOT="$PWD"
+    pn=2000; [[ $small == 1 ]] && pn=500
+    pargs=(--device cuda --dir "$work/decode" --images "$pn" --size 224 --dtype float16 --python python3 --json)
+    dmon=
+    if command -v nvidia-smi > /dev/null; then
+        nvidia-smi dmon -s ujm -d 1 > "$out/dmon.txt" 2>&1 & dmon=$!
+    fi
+    profile_row() { # name, env..., then the command
+        local name=$1; shift
+        local before
+        before=$(wc -l < "$out/profile.jsonl" 2> /dev/null || echo 0)
+        timeout -k 5 "$(left)" env "$@" >> "$out/profile.jsonl" 2>> "$out/profile.err" ||
+            note "FAIL  profile $name (see $out/profile.err)"
+        tail -n +"$((before + 1))" "$out/profile.jsonl" > "$out/profile.last"
+        python3 - "$out/profile.last" "$name" <<'EOF' | tee -a "$summary"
+import json, sys
+name = sys.argv[2]
+for l in open(sys.argv[1]):
+    if not l.startswith('{"row"'):
+        continue
+    r = json.loads(l)
+    print(f"{name}: {r['row']} round {r['round']}: {r['images_per_s']:.0f} images/s, "
+          f"{r['cpu_s_per_1000']:.3f} CPU-s/1000")
+    t = r.get("phases")
+    if not t:
+        continue
+    print(f"  CPU-ms/image: engine route {t['hardware_cpu_ms_per_image']:.3f} "
+          f"({t['hardware_images']}), cpu route {t['cpu_route_cpu_ms_per_image']:.3f} "
+          f"({t['cpu_images']}), shared {t['shared_cpu_ms_per_image']:.3f}; I/O thread "
+          f"{t['io_thread_cpu_s']:.2f} s, decode threads {t['decode_threads_cpu_s']:.2f} s")
+    for p in t["phases"]:
+        if p["count"]:
+            print(f"    {p['phase']:<16} {p['thread']:<8} {p['wall_s']:8.3f} s wall "
+                  f"{p['cpu_s']:8.3f} s CPU {p['count']:7d}")
+EOF
+    }
+    g="$SHIP/gpufeed"
+    profile_row "states=2 batch=128" GPUFEED_JPEG_STATES=2 "$g" bench decode "${pargs[@]}" \
+        --batch 128 --rounds 2 --rows gpufeed-device-train,gpufeed-train,tv-train
+    profile_row "states=1 batch=128" GPUFEED_JPEG_STATES=1 "$g" bench decode "${pargs[@]}" \
+        --batch 128 --rounds 2 --rows gpufeed-device-train
+    profile_row "states=3 batch=128" GPUFEED_JPEG_STATES=3 "$g" bench decode "${pargs[@]}" \
+        --batch 128 --rounds 2 --rows gpufeed-device-train
+    profile_row "states=2 batch=256" GPUFEED_JPEG_STATES=2 "$g" bench decode "${pargs[@]}" \
+        --batch 256 --rounds 2 --rows gpufeed-device-train
+    if command -v perf > /dev/null; then
+        if timeout -k 5 "$(left)" perf record -g -o "$out/perf.data" -- "$g" bench decode "${pargs[@]}" \
+            --batch 128 --rounds 1 --rows gpufeed-device-train > /dev/null 2>> "$out/profile.err"; then
+            perf report -i "$out/perf.data" --stdio --no-children 2> /dev/null | head -150 > "$out/perf.txt"
+            note "perf: $out/perf.txt"
+        else
+            note "perf: did not run (see $out/profile.err)"
+        fi
+        rm -f "$out/perf.data"
+    else
+        note "perf: not on this machine"
+    fi
+    [[ -n "$dmon" ]] && kill "$dmon" 2> /dev/null
+    [[ -s "$out/dmon.txt" ]] && note "nvidia-smi dmon: $out/dmon.txt (jpg: the JPEG engines' use)"
 fi
 # (This run's wheel: a folder left by an earlier run on the machine is not on PYTHONPATH.)
 if [[ $bench == 1 && ":${PYTHONPATH:-}:" != *":$work/pysite:"* ]]; then

@@ -419,6 +419,14 @@ impl DeviceOps for SimDev {
         }))
     }
 
+    /// A bench's device (free work, a modelled engine) pauses between polls as CUDA's does,
+    /// so that the host's figures are not a spin of the simulator's; the tests' does not.
+    fn poll_pause(&self) {
+        if self.0.free || self.0.engine_time.is_some() {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
     fn copies_in_flight(&self, n: usize) {
         self.0
             .stats
