@@ -119,8 +119,8 @@ pub struct RouteCounts {
     /// Samples whose crc32c the device checked.
     pub crc_checked: u64,
     /// Batches decoded as a pipeline: the engines given their images before any CPU-route
-    /// image was decoded, the resize queued without a wait. The others (images too large for
-    /// one staging buffer, CPU-route images of unknown size) went sample by sample.
+    /// image was decoded, the resize queued without a wait. The others (engine images too
+    /// large for one staging buffer, a batch of an epoch being dropped) went sample by sample.
     pub pipelined: u64,
 }
 
@@ -266,19 +266,21 @@ impl Scratch {
 
     /// Queues a copy of `bytes` to byte `off` of `dst` on the stream, without waiting: the
     /// bytes are kept until the host has waited for the stream.
-    fn upload(&mut self, dst: Dst, off: usize, bytes: Vec<u8>, what: &str) -> Result<()> {
+    fn upload(&mut self, dst: Dst<'_>, off: usize, bytes: Vec<u8>, what: &str) -> Result<()> {
         let buf = match dst {
             Dst::Staging => self
                 .staging
                 .as_ref()
                 .ok_or_else(|| crate::error::invalid("an upload before its chunk was staged"))?,
             Dst::Samples => &self.samples,
+            Dst::Output(b) => b,
         };
         // SAFETY: the source is a heap buffer moved into `keep` below (moving a Vec does not
         // move its bytes), which is cleared only in `settled`, after the host waited for the
-        // stream; `dst` is the scratch's own, freed only after its stream is synchronised
-        // (`Side`'s drop; a staging buffer is replaced only after `settled`). The handle
-        // checks that the range lies in `dst`.
+        // stream. `dst` is the scratch's own, freed only after its stream is synchronised
+        // (`Side`'s drop; a staging buffer is replaced only after `settled`), or the output
+        // tensor the scratch goes with, which lives as long as the resize kernel's writes
+        // into it on this stream must. The handle checks that the range lies in `dst`.
         unsafe {
             self.stream
                 .copy_htod(buf, off, bytes.as_ptr(), bytes.len(), what)?
@@ -288,11 +290,13 @@ impl Scratch {
     }
 }
 
-/// Which of a scratch's buffers an upload writes.
+/// Which buffer an upload writes.
 #[derive(Debug, Clone, Copy)]
-enum Dst {
+enum Dst<'a> {
     Staging,
     Samples,
+    /// The output tensor (a sample the CPU transformed whole).
+    Output(&'a DBuf),
 }
 
 /// What a device image loader shares across its epochs: the output tensors (device regions
@@ -303,6 +307,9 @@ pub(crate) struct DeviceStage {
     pub(crate) counters: Counters,
     /// Where the time goes, phase by phase.
     pub(crate) clock: PhaseClock,
+    /// The most bytes of decoded images one staging buffer holds ([`STAGING_MAX`]; less in
+    /// tests, to take the chunked way).
+    staging_max: AtomicUsize,
     pub(crate) emit: GfEmit,
     side: Side,
 }
@@ -372,6 +379,7 @@ impl DeviceStage {
             outputs,
             counters: Counters::default(),
             clock: PhaseClock::default(),
+            staging_max: AtomicUsize::new(STAGING_MAX),
             emit: GfEmit::new(spec),
             side: Side {
                 gpu,
@@ -387,6 +395,17 @@ impl DeviceStage {
     /// stand-in for it).
     pub(crate) fn decodes_on_device(&self) -> bool {
         !self.side.jpeg.is_empty()
+    }
+
+    /// See [`DeviceStage::staging_max`](Self::staging_max).
+    pub(crate) fn staging_max(&self) -> usize {
+        self.staging_max.load(Ordering::Relaxed)
+    }
+
+    /// Sets the most bytes of decoded images one staging buffer holds (at least one image's
+    /// always goes: a batch larger than this is decoded in chunks).
+    pub(crate) fn set_staging_max(&self, bytes: usize) {
+        self.staging_max.store(bytes, Ordering::Relaxed);
     }
 
     /// A decoder for the next batch: the first free one from the one after the last taken,
@@ -634,6 +653,29 @@ impl DeviceStage {
         lock(&c.scratch[out]).upload(Dst::Staging, offset, px, "a CPU-decoded image's upload")
     }
 
+    /// Orders the writes into output region `out` that its stream queues from now on after
+    /// the work its last consumers queued before they let it go (their release events).
+    pub(crate) fn before_output(&self, out: usize) -> Result<()> {
+        let c = &self.side;
+        let _g = c.gpu.enter()?;
+        self.outputs
+            .before_write(out, &lock(&c.scratch[out]).stream)
+    }
+
+    /// Uploads one sample the CPU transformed whole (`bytes`: its part of the tensor) to byte
+    /// `offset` of output region `out`, queued on the region's stream (after
+    /// [`before_output`](Self::before_output)), not waited for.
+    pub(crate) fn upload_sample(&self, out: usize, offset: usize, bytes: Vec<u8>) -> Result<()> {
+        let c = &self.side;
+        let _g = c.gpu.enter()?;
+        lock(&c.scratch[out]).upload(
+            Dst::Output(self.outputs.buf(out)),
+            offset,
+            bytes,
+            "a sample transformed on the CPU, uploaded",
+        )
+    }
+
     /// The engines' batched decode of `hw` into region `out`'s staging, from `batch`'s group
     /// in device memory. A batch the engine fails is waited for, then each of its images is
     /// tried alone: returns those the engine rejects alone (index into `hw`, reason), for the
@@ -761,6 +803,14 @@ impl DeviceStage {
         self.outputs.after_write(out, &sc.stream)
     }
 
+    /// Records output region `out`'s ready event after what its stream queued (a batch whose
+    /// every sample the CPU wrote: no launch marks it).
+    pub(crate) fn mark_written(&self, out: usize) -> Result<()> {
+        let c = &self.side;
+        let _g = c.gpu.enter()?;
+        self.outputs.after_write(out, &lock(&c.scratch[out]).stream)
+    }
+
     /// Zeroes the first `len` bytes of output region `out` (a batch whose launch failed hands
     /// out zeros, not what the region's previous batch left there), ordered like a launch.
     pub(crate) fn zero(&self, out: usize, len: usize) -> Result<()> {
@@ -831,7 +881,8 @@ impl Jpeg {
 pub(super) enum Decoded {
     Pixels(u32, u32, Vec<u8>),
     Hardware(u32, u32),
-    /// Decoded on the CPU and uploaded to its staging slot (a pipelined batch).
+    /// Transformed on the CPU and uploaded into its part of the output tensor (a pipelined
+    /// batch).
     Staged,
 }
 
@@ -859,8 +910,8 @@ pub(super) enum Lead {
     /// decoded; each CPU-route image is uploaded as it is decoded, and the last sample's
     /// thread launches the resize without waiting for the engines.
     Pipelined(Plan),
-    /// Sample by sample, then in chunks ([`Job::resize`]): a batch whose decoded images do
-    /// not fit one staging buffer, or whose CPU-route images' sizes are not known ahead.
+    /// Sample by sample, then in chunks ([`Job::resize`]): a batch whose engine images do not
+    /// fit one staging buffer.
     Chunked,
     /// The batch could not be staged or given to the engines: every sample is lost.
     Failed(Error),
@@ -879,14 +930,11 @@ pub(super) enum Slot {
     Failed(Error),
     /// The engines decode it into byte `at` of the staging (its size from its frame header).
     Engine { at: usize, size: (u32, u32) },
-    /// A decode thread decodes it on the CPU and uploads it to byte `at` (its size from its
-    /// record or its frame header: another size is an error). `whole`: its host bytes are its
-    /// whole data (otherwise they are read from the device).
-    Cpu {
-        at: usize,
-        size: (u32, u32),
-        whole: bool,
-    },
+    /// A decode thread transforms it on the CPU as the CPU stage does (only the crop's
+    /// region decoded, DCT-scaled where the spec allows) and uploads its part of the output
+    /// tensor; the resize kernel leaves that part alone. `whole`: its host bytes are its whole
+    /// data (otherwise they are read from the device).
+    Host { whole: bool },
 }
 
 /// The reason of an image that decodes to another size than its record says (the device
@@ -1048,55 +1096,43 @@ impl Job {
     }
 
     /// Device path, once per batch by the first decode thread to take it: each image's route
-    /// and size (the engine route's from its frame header, in the bytes gathered to the host;
-    /// the CPU route's from its record), the staging laid out for the whole batch, and the
-    /// engines given their images — before any CPU-route image is decoded, so those never
-    /// hold the engines back. A batch whose images do not fit one staging buffer, or whose
-    /// CPU-route sizes are not known ahead, goes sample by sample instead ([`Lead::Chunked`]).
+    /// (the engine route's size from its frame header, in the bytes gathered to the host), the
+    /// staging laid out for the batch's engine images, and the engines given them — before any
+    /// CPU-route image is decoded, so those never hold the engines back. A batch whose engine
+    /// images do not fit one staging buffer goes sample by sample instead ([`Lead::Chunked`]).
     pub(super) fn lead(&self, d: &DeviceOut) -> Lead {
-        use super::device::{STAGING_ALIGN, STAGING_MAX};
+        use super::device::STAGING_ALIGN;
         if self.cancelled.load(Ordering::Relaxed) {
             return Lead::Chunked; // nobody will see this batch: nothing is given the engines
         }
         let ids = self.batch.sample_ids();
         let records = self.dataset.image_info().ok();
-        let mut slots = Vec::with_capacity(self.len());
-        {
+        let mut slots = {
             let host = d.host.lock().unpoisoned();
-            for (i, &id) in ids.iter().enumerate() {
-                match self.slot_of(d, i, id, records, &host) {
-                    Some(s) => slots.push(s),
-                    None => return Lead::Chunked,
-                }
-            }
-        }
-        // The CPU route's images first, then the engines': each at an aligned offset.
-        let bytes = |(w, h): (u32, u32)| w as usize * h as usize * 3;
+            ids.iter()
+                .enumerate()
+                .map(|(i, &id)| self.slot_of(d, i, id, records, &host))
+                .collect::<Vec<_>>()
+        };
+        // The engines' images, each at an aligned offset.
         let mut at = 0usize;
-        for engine in [false, true] {
-            for s in &mut slots {
-                match s {
-                    Slot::Cpu { at: a, size, .. } if !engine => {
-                        *a = at;
-                        at = (at + bytes(*size)).next_multiple_of(STAGING_ALIGN);
-                    }
-                    Slot::Engine { at: a, size } if engine => {
-                        *a = at;
-                        at = (at + bytes(*size)).next_multiple_of(STAGING_ALIGN);
-                    }
-                    _ => {}
-                }
-                if at > STAGING_MAX {
+        for s in &mut slots {
+            if let Slot::Engine { at: a, size } = s {
+                *a = at;
+                at = (at + size.0 as usize * size.1 as usize * 3).next_multiple_of(STAGING_ALIGN);
+                if at > d.stage.staging_max() {
                     return Lead::Chunked;
                 }
             }
         }
         let r = d.tensor.index();
-        if let Err(e) = d
-            .stage
-            .clock
-            .time(Phase::Staging, || d.stage.stage_chunk(r, at, &[]))
-        {
+        // Room for the engines' images (its last reader waited for on the host), and the
+        // tensor's writes ordered after its last consumers.
+        let staged = d.stage.clock.time(Phase::Staging, || {
+            d.stage.stage_chunk(r, at, &[])?;
+            d.stage.before_output(r)
+        });
+        if let Err(e) = staged {
             return Lead::Failed(e);
         }
         let hw: Vec<HardwareImage> = slots
@@ -1112,15 +1148,10 @@ impl Job {
             })
             .collect();
         match d.stage.decode_on_engine(r, &self.batch, &hw) {
-            // An image the engines reject alone is decoded on the CPU into its slot.
+            // An image the engines reject alone is transformed on the CPU instead.
             Ok(rejected) => {
                 for (k, _) in rejected {
-                    let h = hw[k];
-                    slots[h.sample] = Slot::Cpu {
-                        at: h.staging,
-                        size: h.size,
-                        whole: false,
-                    };
+                    slots[hw[k].sample] = Slot::Host { whole: false };
                 }
             }
             Err(e) => return Lead::Failed(e),
@@ -1132,8 +1163,7 @@ impl Job {
         })
     }
 
-    /// Sample `i`'s (id `id`) route and size in a pipelined batch (its offset comes later);
-    /// `None` where the batch cannot be pipelined (a CPU-route image of unknown size).
+    /// Sample `i`'s (id `id`) route, and an engine image's size (its offset comes later).
     fn slot_of(
         &self,
         d: &DeviceOut,
@@ -1141,65 +1171,55 @@ impl Job {
         id: u32,
         records: Option<&[ImageInfo]>,
         host: &[Option<Result<Vec<u8>>>],
-    ) -> Option<Slot> {
+    ) -> Slot {
         if let Some(e) = &d.crc[i] {
-            return Some(Slot::Failed(e.clone()));
+            return Slot::Failed(e.clone());
         }
         let whole_len = match self.batch.sample_range(i) {
             Ok(r) => r.len(),
-            Err(e) => return Some(Slot::Failed(e.clone())),
+            Err(e) => return Slot::Failed(e.clone()),
         };
         let head = match &host[i] {
             Some(Ok(b)) => &b[..],
-            Some(Err(e)) => return Some(Slot::Failed(e.clone())),
+            Some(Err(e)) => return Slot::Failed(e.clone()),
             None => &[][..],
         };
         let info = records.and_then(|v| v.get(id as usize)).copied();
-        // The CPU route's size is its record's, where that is known and allowed.
-        let record = info
-            .map(|r| (r.width, r.height))
-            .filter(|&(w, h)| w > 0 && h > 0)
-            .filter(|&(w, h)| super::spec::check_pixels(w, h, self.spec.pixels_max).is_ok());
-        if d.stage.route_of(info.as_ref()) == Route::Hardware {
-            let end = if head.len() == whole_len {
-                head
-            } else {
-                &d.tails[i][..]
-            };
-            let probed = d.stage.clock.time(Phase::Probe, || {
-                crate::image::info(head)
-                    .filter(|h| route(Some(h)) == Route::Hardware && ends_complete(end))
-            });
-            if let Some(h) = probed {
-                // Sized from its own frame header: a record that understates the image cannot
-                // make the engines write past its slot.
-                let (size, r) = ((h.width, h.height), info.expect("routed by its record"));
-                if size != (r.width, r.height) {
-                    let why = record_mismatch(size, (r.width, r.height));
-                    return Some(Slot::Failed(self.decode_error(id, why)));
-                }
-                if let Err(why) = super::spec::check_pixels(size.0, size.1, self.spec.pixels_max) {
-                    return Some(Slot::Failed(self.decode_error(id, why)));
-                }
-                return Some(Slot::Engine { at: 0, size });
-            }
+        if d.stage.route_of(info.as_ref()) != Route::Hardware {
+            return Slot::Host { whole: true };
+        }
+        let end = if head.len() == whole_len {
+            head
+        } else {
+            &d.tails[i][..]
+        };
+        let probed = d.stage.clock.time(Phase::Probe, || {
+            crate::image::info(head)
+                .filter(|h| route(Some(h)) == Route::Hardware && ends_complete(end))
+        });
+        let Some(h) = probed else {
             // Its header is not where the engines could take it, or its data does not end
             // with the image: the CPU route, on its whole bytes.
-            return record.map(|size| Slot::Cpu {
-                at: 0,
-                size,
+            return Slot::Host {
                 whole: head.len() == whole_len,
-            });
+            };
+        };
+        // Sized from its own frame header: a record that understates the image cannot make
+        // the engines write past its slot.
+        let (size, r) = ((h.width, h.height), info.expect("routed by its record"));
+        if size != (r.width, r.height) {
+            let why = record_mismatch(size, (r.width, r.height));
+            return Slot::Failed(self.decode_error(id, why));
         }
-        record.map(|size| Slot::Cpu {
-            at: 0,
-            size,
-            whole: true,
-        })
+        if let Err(why) = super::spec::check_pixels(size.0, size.1, self.spec.pixels_max) {
+            return Slot::Failed(self.decode_error(id, why));
+        }
+        Slot::Engine { at: 0, size }
     }
 
-    /// Device path, a pipelined batch: sample `i` as its slot says — a CPU-route image decoded
-    /// and uploaded to its slot (queued, not waited for), an engine image left to the engines.
+    /// Device path, a pipelined batch: sample `i` as its slot says — a CPU-route image
+    /// transformed as the CPU stage does and its part of the tensor uploaded (queued, not
+    /// waited for), an engine image left to the engines.
     pub(super) fn decode_planned(
         &self,
         i: usize,
@@ -1208,13 +1228,13 @@ impl Job {
         plan: &Plan,
     ) -> Option<Error> {
         let id = self.batch.sample_ids()[i];
-        let (at, size, whole) = match &plan.slots[i] {
+        let whole = match &plan.slots[i] {
             Slot::Engine { .. } => return None, // counted once its launch is queued
             Slot::Failed(e) => {
                 d.stage.counted(None);
                 return Some(e.clone());
             }
-            Slot::Cpu { at, size, whole } => (*at, *size, *whole),
+            Slot::Host { whole } => *whole,
         };
         let fail = |e: Error| {
             d.stage.counted(None);
@@ -1238,32 +1258,31 @@ impl Job {
             .image_info()
             .ok()
             .and_then(|v| v.get(id as usize).copied());
-        let mut px = Vec::new();
+        let per = self.spec.sample_elems() * self.spec.dtype.size();
+        let mut out = vec![0u8; per];
         let got = d.stage.clock.time(cpu_phase(info.as_ref()), || {
-            dec.decode_rgb(&self.spec, &data, &mut px)
+            let epoch = self.batch.epoch();
+            dec.decode_into(&self.spec, self.seed, epoch, id as u64, &data, &mut out)
         });
-        match got {
-            Ok(s) if s == size => {
-                let r = d.tensor.index();
-                let up = d
-                    .stage
-                    .clock
-                    .time(Phase::Staging, || d.stage.stage_image(r, at, px));
-                if let Err(e) = up {
-                    return fail(e);
-                }
-                d.stage.counted(Some(Route::Cpu));
-                d.decoded.lock().unpoisoned()[i] = Some(Decoded::Staged);
-                None
-            }
-            Ok(s) => fail(self.decode_error(id, record_mismatch(s, size))),
-            Err(reason) => fail(self.decode_error(id, reason)),
+        if let Err(reason) = got {
+            return fail(self.decode_error(id, reason));
         }
+        let r = d.tensor.index();
+        let up = d
+            .stage
+            .clock
+            .time(Phase::Staging, || d.stage.upload_sample(r, i * per, out));
+        if let Err(e) = up {
+            return fail(e);
+        }
+        d.stage.counted(Some(Route::Cpu));
+        d.decoded.lock().unpoisoned()[i] = Some(Decoded::Staged);
+        None
     }
 
-    /// Device path, a pipelined batch once every sample is done: one resize launch over the
-    /// staged images (a lost sample's `valid` is 0: zeros), queued after the engines' and the
-    /// uploads' work on the region's stream, not waited for.
+    /// Device path, a pipelined batch once every sample is done: the resize kernel over each
+    /// run of samples the CPU did not write (a lost sample's `valid` is 0: zeros), queued after
+    /// the engines' and the uploads' work on the region's stream, not waited for.
     fn finish_planned(
         &self,
         d: &DeviceOut,
@@ -1273,25 +1292,46 @@ impl Job {
         len: usize,
     ) -> Result<Vec<(usize, Error)>> {
         let ids = self.batch.sample_ids();
-        let mut samples = vec![GfSample::default(); plan.slots.len()]; // valid = 0
+        let n = plan.slots.len();
+        let per = len.checked_div(n).unwrap_or(0);
+        let mut samples = vec![GfSample::default(); n]; // valid = 0
+        let mut written = vec![false; n];
         let mut engine = 0;
         for (i, s) in plan.slots.iter().enumerate() {
-            let (at, size) = match (s, &decoded[i]) {
+            match (s, &decoded[i]) {
                 (Slot::Engine { at, size }, _) => {
                     engine += 1;
-                    (*at, *size)
+                    let g = self
+                        .spec
+                        .geometry(self.seed, self.batch.epoch(), ids[i] as u64, *size);
+                    samples[i] = GfSample::new(&g, *at as u64, *size);
                 }
-                (Slot::Cpu { at, size, .. }, Some(Decoded::Staged)) => (*at, *size),
-                _ => continue,
-            };
-            let g = self
-                .spec
-                .geometry(self.seed, self.batch.epoch(), ids[i] as u64, size);
-            samples[i] = GfSample::new(&g, at as u64, size);
+                (Slot::Host { .. }, Some(Decoded::Staged)) => written[i] = true,
+                _ => {}
+            }
         }
-        d.stage.clock.time(Phase::Kernels, || {
-            d.stage.launch(r, 0, len, plan.staging_len, &samples)
-        })?;
+        let mut start = 0;
+        while start < n {
+            if written[start] {
+                start += 1;
+                continue;
+            }
+            let end = (start..n).find(|&k| written[k]).unwrap_or(n);
+            d.stage.clock.time(Phase::Kernels, || {
+                d.stage.launch(
+                    r,
+                    start * per,
+                    (end - start) * per,
+                    plan.staging_len,
+                    &samples[start..end],
+                )
+            })?;
+            start = end;
+        }
+        if written.iter().all(|&w| w) {
+            // No launch: the uploads' end marks the tensor written.
+            d.stage.mark_written(r)?;
+        }
         for _ in 0..engine {
             d.stage.counted(Some(Route::Hardware));
         }
@@ -1306,7 +1346,8 @@ impl Job {
         r: usize,
         len: usize,
     ) -> Result<Vec<(usize, Error)>> {
-        use super::device::{STAGING_ALIGN, STAGING_MAX};
+        use super::device::STAGING_ALIGN;
+        let staging_max = d.stage.staging_max();
         let n = decoded.len();
         let per = len.checked_div(n).unwrap_or(0);
         let ids = self.batch.sample_ids();
@@ -1322,7 +1363,7 @@ impl Job {
             // The chunk: samples from `start` while their images fit the budget (one at least).
             let mut end = start;
             let mut total = 0;
-            while end < n && (end == start || total + bytes_of(&decoded[end]) <= STAGING_MAX) {
+            while end < n && (end == start || total + bytes_of(&decoded[end]) <= staging_max) {
                 total += bytes_of(&decoded[end]);
                 end += 1;
             }

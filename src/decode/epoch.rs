@@ -48,7 +48,7 @@ pub struct ImageEpoch {
     pub(super) tensor_bytes: Arc<AtomicU64>,
     pub(super) device_stage: Option<Arc<DeviceStage>>,
     /// The device stage's phase totals and route counts when the epoch began.
-    pub(super) phases_from: Option<(PhaseSnap, RouteCounts)>,
+    pub(super) phases_from: Option<Box<(PhaseSnap, RouteCounts)>>,
 }
 
 impl ImageEpoch {
@@ -108,7 +108,7 @@ impl ImageEpoch {
                 let b = stage.clock.time(Phase::Handoff, || {
                     self.hand_out(&job, failed, cpu_s, t0, t1)
                 });
-                if let Some((p0, r0)) = &self.phases_from {
+                if let Some((p0, r0)) = self.phases_from.as_deref() {
                     self.stats.device_phases = Some(super::phases::table(
                         (p0, &stage.clock.snapshot()),
                         (r0, &stage.counters.snapshot()),

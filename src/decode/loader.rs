@@ -112,6 +112,16 @@ impl ImageLoader {
         self.device.as_ref().map(|d| d.counters.snapshot())
     }
 
+    /// Device path, for tests: the most bytes of decoded images one staging buffer holds
+    /// (256 MiB by default); a batch whose images need more is decoded in chunks, sample by
+    /// sample, instead of as a pipeline.
+    #[doc(hidden)]
+    pub fn set_staging_max(&self, bytes: usize) {
+        if let Some(d) = &self.device {
+            d.set_staging_max(bytes);
+        }
+    }
+
     /// Device path: (free, total) output tensors of the pool made with this loader (`None` on
     /// the host). All are free when no batch is held and no epoch is running.
     pub fn output_tensors(&self) -> Option<(usize, usize)> {
@@ -213,7 +223,7 @@ impl ImageLoader {
             phases_from: self
                 .device
                 .as_ref()
-                .map(|d| (d.clock.snapshot(), d.counters.snapshot())),
+                .map(|d| Box::new((d.clock.snapshot(), d.counters.snapshot()))),
             read_seen: StallStats::default(),
             timeout,
             door: self.loader.front_door(),

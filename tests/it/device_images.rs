@@ -341,7 +341,17 @@ pub(crate) fn device_batches_equal_the_cpu_stage(on: On) {
                     let l = loader(&ds, *order, rank, world, Some(dev));
                     let il = l.decode_images(spec.clone()).unwrap();
                     assert!(il.is_device());
+                    if world == 2 {
+                        // A staging buffer too small for a batch: the chunked way, each chunk
+                        // one image, and the same tensors.
+                        il.set_staging_max(16 << 10);
+                    }
                     let (t, e) = collect(&il, 3, 0, true);
+                    // (The chunked way for a batch whose engine images exceed the staging;
+                    // a batch with none, or few, still goes as a pipeline.)
+                    let r = il.routes().unwrap();
+                    let batches = u64::from(l.batches_per_epoch());
+                    assert_eq!(r.pipelined == batches, world != 2, "{r:?} of {batches}");
                     for (id, v) in t {
                         assert!(union.insert(id, v).is_none(), "sample {id} on two ranks");
                     }
@@ -442,44 +452,41 @@ pub(crate) fn device_pipeline_routes_resumes_drops_and_stays_flat(on: On) {
     );
     // The four broken files are read fine (their bytes are what the shard holds): all checked.
     assert_eq!(r.crc_checked, 3 * n as u64);
-    // Most batches go as a pipeline; one holding a file whose record has no size (not an
-    // image) goes sample by sample: both ways are taken here.
+    // Every batch goes as a pipeline (the chunked way: `device_batches_equal_the_cpu_stage`).
     let batches = 3 * u64::from(il.loader().batches_per_epoch());
-    assert!(
-        r.pipelined > 0 && r.pipelined < batches,
-        "{r:?} in {batches} batches"
-    );
+    assert_eq!(r.pipelined, batches, "{r:?}");
 
-    // The hardware decoder off: every image takes the CPU route, and the tensors are the same.
+    // The hardware decoder off: every image takes the CPU route, where it is transformed as
+    // the CPU stage transforms it; with it on, the engines' images go through the resize
+    // kernel instead. On the simulated device (the engines' stand-in is libjpeg-turbo) the two
+    // differ by the kernel's rounding only; on CUDA by the engines' own IDCT and upsampling
+    // too (an H200 run: not bit-equal), held to the bound the batches-equal test holds them
+    // to. Either way reported.
     let mut cpu_only = spec.clone();
     cpu_only.hardware_decoder = false;
     let il2 = l.decode_images(cpu_only).unwrap();
     let cpu_first = collect(&il2, 0, 0, true).0;
-    match on {
-        // The stand-in is libjpeg-turbo, as the CPU route: the same bytes.
-        On::Sim => assert_eq!(cpu_first, first.0),
-        // nvJPEG's engines have their own IDCT and upsampling (an H200 run: not bit-equal),
-        // held to the bound the batches-equal test holds them to, and reported.
-        On::Cuda => {
-            assert_eq!(
-                cpu_first.keys().collect::<Vec<_>>(),
-                first.0.keys().collect::<Vec<_>>()
-            );
-            let (mut worst, mut mean_max) = (0f32, 0f64);
-            for (id, t) in &cpu_first {
-                let (w, m) = compare(t, &first.0[id], &spec);
-                assert!(
-                    w <= 32.0 && m <= 1.5,
-                    "sample {id}: the CPU route is {w} levels (mean {m}) from the engines'"
-                );
-                (worst, mean_max) = (worst.max(w), mean_max.max(m));
-            }
-            eprintln!(
-                "hardware decoder off vs on: worst {worst:.4} levels, largest per-sample mean \
-                 {mean_max:.5}"
-            );
-        }
+    assert_eq!(
+        cpu_first.keys().collect::<Vec<_>>(),
+        first.0.keys().collect::<Vec<_>>()
+    );
+    let (limit, mean_limit) = match on {
+        On::Sim => (0.25f32, 0.25f64),
+        On::Cuda => (32.0, 1.5),
+    };
+    let (mut worst, mut mean_max) = (0f32, 0f64);
+    for (id, t) in &cpu_first {
+        let (w, m) = compare(t, &first.0[id], &spec);
+        assert!(
+            w <= limit && m <= mean_limit,
+            "sample {id}: the CPU route is {w} levels (mean {m}) from the engines'"
+        );
+        (worst, mean_max) = (worst.max(w), mean_max.max(m));
     }
+    eprintln!(
+        "hardware decoder off vs on: worst {worst:.4} levels, largest per-sample mean \
+         {mean_max:.5}"
+    );
     let r2 = il2.routes().unwrap();
     assert_eq!(
         (r2.hardware, r2.cpu, r2.failed),
