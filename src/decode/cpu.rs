@@ -147,6 +147,29 @@ pub(crate) struct ImageDecoder {
     plan: resample::Plan,
 }
 
+/// What [`ImageDecoder::decode_region`] decoded: the image's size, the decoded region's, and
+/// the crop's geometry in the region's pixels.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Region {
+    pub(crate) image: (u32, u32),
+    pub(crate) size: (u32, u32),
+    pub(crate) geometry: Geometry,
+}
+
+/// What the transform of a JPEG reads ([`ImageDecoder::jpeg_cut`]).
+struct JpegCut {
+    /// The image's size (its header's).
+    full: (u32, u32),
+    cmyk: bool,
+    denom: u32,
+    /// The region to decode (`None`: the whole scaled image)...
+    crop: Option<(u32, u32, u32, u32)>,
+    /// ... and what that is: x, y, width, height in scaled pixels.
+    region: (u32, u32, u32, u32),
+    /// The crop's geometry in the scaled image.
+    geometry: Geometry,
+}
+
 /// DCT-domain scaling by 1/d is used only when the box is still this many times the output
 /// at 1/d.
 const DCT_MARGIN: f64 = 4.0;
@@ -195,11 +218,32 @@ impl ImageDecoder {
                 })
             }
         }
+        let cut = self.jpeg_cut(spec, seed, epoch, sample, data)?;
+        let (x0, y0, rw, rh) = cut.region;
+        let n = rw as usize * rh as usize;
+        self.pixels.resize(n * 3, 0);
+        let mut pixels = std::mem::take(&mut self.pixels);
+        let result = self.jpeg_region(data, &cut, &mut pixels);
+        self.pixels = pixels;
+        self.resample(result, (x0, y0), (rw, rh), spec, dst)
+    }
+
+    /// What the transform of JPEG `data` (sample `sample` of `epoch`) reads: its header, the
+    /// DCT scale (the largest 1/d that still leaves the crop's box [`DCT_MARGIN`] times the
+    /// output on both axes, where the spec allows it), the geometry at that scale, and the
+    /// region of the scaled image the filter's taps read (x on an iMCU boundary). The plan is
+    /// set for it.
+    fn jpeg_cut(
+        &mut self,
+        spec: &ImageSpec,
+        seed: u64,
+        epoch: u64,
+        sample: u64,
+        data: &[u8],
+    ) -> Result<JpegCut, String> {
         let h = self.turbo.header(data).map_err(|e| e.to_string())?;
         check_pixels(h.width, h.height, spec.pixels_max)?;
         let g = spec.geometry(seed, epoch, sample, (h.width, h.height));
-        // DCT-domain scaling: the largest 1/d that still leaves the box DCT_MARGIN times the
-        // output on both axes.
         let (bw, bh) = (g.src[2] - g.src[0], g.src[3] - g.src[1]);
         let (fx, fy) = (bw / g.full.0 as f64, bh / g.full.1 as f64);
         let denom = if spec.dct_scaling {
@@ -221,34 +265,80 @@ impl ImageDecoder {
             ..g
         };
         self.plan.set(&gs, size, spec.size);
-        // Decode only the rows and columns the taps read (x on an iMCU boundary).
         let (x0, x1) = self.plan.tx.span();
         let (y0, y1) = self.plan.ty.span();
         if x1 <= x0 || y1 <= y0 {
             return Err("the crop is empty".into());
         }
-        let region = self.turbo.region_for((x0, x1), (y0, y1), size, denom);
-        let (x0, y0, rw, rh) = region.unwrap_or((0, 0, size.0, size.1));
-        let n = rw as usize * rh as usize;
-        self.pixels.resize(n * 3, 0);
-        let result = if h.colorspace.is_cmyk() {
-            self.cmyk.resize(n * 4, 0);
+        let crop = self.turbo.region_for((x0, x1), (y0, y1), size, denom);
+        Ok(JpegCut {
+            full: (h.width, h.height),
+            cmyk: h.colorspace.is_cmyk(),
+            denom,
+            crop,
+            region: crop.unwrap_or((0, 0, size.0, size.1)),
+            geometry: gs,
+        })
+    }
+
+    /// Decodes `cut`'s region of JPEG `data` to packed RGB in `out` (its size).
+    fn jpeg_region(&mut self, data: &[u8], cut: &JpegCut, out: &mut [u8]) -> Result<(), String> {
+        let (_, _, rw, rh) = cut.region;
+        let r = if cut.cmyk {
+            self.cmyk.resize(rw as usize * rh as usize * 4, 0);
             let r = self
                 .turbo
-                .decode(data, denom, region, 4, &mut self.cmyk, (rw, rh));
-            cmyk_to_rgb(&self.cmyk, &mut self.pixels);
+                .decode(data, cut.denom, cut.crop, 4, &mut self.cmyk, (rw, rh));
+            cmyk_to_rgb(&self.cmyk, out);
             r
         } else {
             self.turbo
-                .decode(data, denom, region, 3, &mut self.pixels, (rw, rh))
+                .decode(data, cut.denom, cut.crop, 3, out, (rw, rh))
         };
-        self.resample(
-            result.map_err(|e| e.to_string()),
-            (x0, y0),
-            (rw, rh),
-            spec,
-            dst,
-        )
+        r.map_err(|e| e.to_string())
+    }
+
+    /// Decodes of `data` (sample `sample` of `epoch`) only what the transform of `spec` reads —
+    /// a JPEG's region under the crop, DCT-scaled where the spec allows; another image whole —
+    /// to packed 8-bit RGB in `out`, and returns the image's size and the geometry of the crop
+    /// in the pixels of `out` (`full_size`, `(width, height)` of `out`, the geometry): what the
+    /// device path's resize kernel reads for an image the CPU decodes. The error is a short
+    /// reason.
+    pub(crate) fn decode_region(
+        &mut self,
+        spec: &ImageSpec,
+        (seed, epoch, sample): (u64, u64, u64),
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Region, String> {
+        let r = match sniff(data) {
+            Some(ImageKind::Jpeg) => {
+                self.jpeg_cut(spec, seed, epoch, sample, data)
+                    .and_then(|cut| {
+                        let (x0, y0, rw, rh) = cut.region;
+                        out.clear();
+                        out.resize(rw as usize * rh as usize * 3, 0);
+                        self.jpeg_region(data, &cut, out)?;
+                        let (x, y) = (f64::from(x0), f64::from(y0));
+                        let g = &cut.geometry;
+                        Ok(Region {
+                            image: cut.full,
+                            size: (rw, rh),
+                            geometry: Geometry {
+                                src: [g.src[0] - x, g.src[1] - y, g.src[2] - x, g.src[3] - y],
+                                ..*g
+                            },
+                        })
+                    })
+            }
+            _ => self.decode_rgb(spec, data, out).map(|size| Region {
+                image: size,
+                size,
+                geometry: spec.geometry(seed, epoch, sample, size),
+            }),
+        };
+        self.trim();
+        r
     }
 
     /// Decodes `data` whole, at full size, to packed 8-bit RGB in `out` (gray expanded, CMYK

@@ -119,8 +119,9 @@ pub struct RouteCounts {
     /// Samples whose crc32c the device checked.
     pub crc_checked: u64,
     /// Batches decoded as a pipeline: the engines given their images before any CPU-route
-    /// image was decoded, the resize queued without a wait. The others (engine images too
-    /// large for one staging buffer, a batch of an epoch being dropped) went sample by sample.
+    /// image was decoded, the resize queued without a wait. The others (images too large for
+    /// one staging buffer, a CPU-route file whose record has no size, a batch of an epoch
+    /// being dropped) went sample by sample.
     pub pipelined: u64,
 }
 
@@ -266,21 +267,19 @@ impl Scratch {
 
     /// Queues a copy of `bytes` to byte `off` of `dst` on the stream, without waiting: the
     /// bytes are kept until the host has waited for the stream.
-    fn upload(&mut self, dst: Dst<'_>, off: usize, bytes: Vec<u8>, what: &str) -> Result<()> {
+    fn upload(&mut self, dst: Dst, off: usize, bytes: Vec<u8>, what: &str) -> Result<()> {
         let buf = match dst {
             Dst::Staging => self
                 .staging
                 .as_ref()
                 .ok_or_else(|| crate::error::invalid("an upload before its chunk was staged"))?,
             Dst::Samples => &self.samples,
-            Dst::Output(b) => b,
         };
         // SAFETY: the source is a heap buffer moved into `keep` below (moving a Vec does not
         // move its bytes), which is cleared only in `settled`, after the host waited for the
         // stream. `dst` is the scratch's own, freed only after its stream is synchronised
-        // (`Side`'s drop; a staging buffer is replaced only after `settled`), or the output
-        // tensor the scratch goes with, which lives as long as the resize kernel's writes
-        // into it on this stream must. The handle checks that the range lies in `dst`.
+        // (`Side`'s drop; a staging buffer is replaced only after `settled`). The handle
+        // checks that the range lies in `dst`.
         unsafe {
             self.stream
                 .copy_htod(buf, off, bytes.as_ptr(), bytes.len(), what)?
@@ -290,13 +289,11 @@ impl Scratch {
     }
 }
 
-/// Which buffer an upload writes.
+/// Which of a scratch's buffers an upload writes.
 #[derive(Debug, Clone, Copy)]
-enum Dst<'a> {
+enum Dst {
     Staging,
     Samples,
-    /// The output tensor (a sample the CPU transformed whole).
-    Output(&'a DBuf),
 }
 
 /// What a device image loader shares across its epochs: the output tensors (device regions
@@ -653,29 +650,6 @@ impl DeviceStage {
         lock(&c.scratch[out]).upload(Dst::Staging, offset, px, "a CPU-decoded image's upload")
     }
 
-    /// Orders the writes into output region `out` that its stream queues from now on after
-    /// the work its last consumers queued before they let it go (their release events).
-    pub(crate) fn before_output(&self, out: usize) -> Result<()> {
-        let c = &self.side;
-        let _g = c.gpu.enter()?;
-        self.outputs
-            .before_write(out, &lock(&c.scratch[out]).stream)
-    }
-
-    /// Uploads one sample the CPU transformed whole (`bytes`: its part of the tensor) to byte
-    /// `offset` of output region `out`, queued on the region's stream (after
-    /// [`before_output`](Self::before_output)), not waited for.
-    pub(crate) fn upload_sample(&self, out: usize, offset: usize, bytes: Vec<u8>) -> Result<()> {
-        let c = &self.side;
-        let _g = c.gpu.enter()?;
-        lock(&c.scratch[out]).upload(
-            Dst::Output(self.outputs.buf(out)),
-            offset,
-            bytes,
-            "a sample transformed on the CPU, uploaded",
-        )
-    }
-
     /// The engines' batched decode of `hw` into region `out`'s staging, from `batch`'s group
     /// in device memory. A batch the engine fails is waited for, then each of its images is
     /// tried alone: returns those the engine rejects alone (index into `hw`, reason), for the
@@ -803,14 +777,6 @@ impl DeviceStage {
         self.outputs.after_write(out, &sc.stream)
     }
 
-    /// Records output region `out`'s ready event after what its stream queued (a batch whose
-    /// every sample the CPU wrote: no launch marks it).
-    pub(crate) fn mark_written(&self, out: usize) -> Result<()> {
-        let c = &self.side;
-        let _g = c.gpu.enter()?;
-        self.outputs.after_write(out, &lock(&c.scratch[out]).stream)
-    }
-
     /// Zeroes the first `len` bytes of output region `out` (a batch whose launch failed hands
     /// out zeros, not what the region's previous batch left there), ordered like a launch.
     pub(crate) fn zero(&self, out: usize, len: usize) -> Result<()> {
@@ -881,9 +847,9 @@ impl Jpeg {
 pub(super) enum Decoded {
     Pixels(u32, u32, Vec<u8>),
     Hardware(u32, u32),
-    /// Transformed on the CPU and uploaded into its part of the output tensor (a pipelined
-    /// batch).
-    Staged,
+    /// Decoded on the CPU and uploaded to its staging slot (a pipelined batch): the resize
+    /// kernel's parameters for what was uploaded.
+    Staged(GfSample),
 }
 
 /// A device batch's tensor and what its samples went through.
@@ -910,8 +876,8 @@ pub(super) enum Lead {
     /// decoded; each CPU-route image is uploaded as it is decoded, and the last sample's
     /// thread launches the resize without waiting for the engines.
     Pipelined(Plan),
-    /// Sample by sample, then in chunks ([`Job::resize`]): a batch whose engine images do not
-    /// fit one staging buffer.
+    /// Sample by sample, then in chunks ([`Job::resize`]): a batch whose images do not fit
+    /// one staging buffer, or holding a CPU-route file whose record has no size.
     Chunked,
     /// The batch could not be staged or given to the engines: every sample is lost.
     Failed(Error),
@@ -930,11 +896,16 @@ pub(super) enum Slot {
     Failed(Error),
     /// The engines decode it into byte `at` of the staging (its size from its frame header).
     Engine { at: usize, size: (u32, u32) },
-    /// A decode thread transforms it on the CPU as the CPU stage does (only the crop's
-    /// region decoded, DCT-scaled where the spec allows) and uploads its part of the output
-    /// tensor; the resize kernel leaves that part alone. `whole`: its host bytes are its whole
-    /// data (otherwise they are read from the device).
-    Host { whole: bool },
+    /// A decode thread decodes it on the CPU (of a JPEG only the region under the crop,
+    /// DCT-scaled where the spec allows) and uploads that to byte `at`, where `size` (the
+    /// image's, from its record or its frame header: another size is an error) leaves room
+    /// for the whole image. `whole`: its host bytes are its whole data (otherwise they are
+    /// read from the device).
+    Cpu {
+        at: usize,
+        size: (u32, u32),
+        whole: bool,
+    },
 }
 
 /// The reason of an image that decodes to another size than its record says (the device
@@ -1096,10 +1067,12 @@ impl Job {
     }
 
     /// Device path, once per batch by the first decode thread to take it: each image's route
-    /// (the engine route's size from its frame header, in the bytes gathered to the host), the
-    /// staging laid out for the batch's engine images, and the engines given them — before any
-    /// CPU-route image is decoded, so those never hold the engines back. A batch whose engine
-    /// images do not fit one staging buffer goes sample by sample instead ([`Lead::Chunked`]).
+    /// and the room its decoded pixels need (an engine image's from its frame header, in the
+    /// bytes gathered to the host; a CPU-route image's from its record, an upper bound of the
+    /// region it decodes), the staging laid out for the batch, and the engines given their
+    /// images — before any CPU-route image is decoded, so those never hold the engines back.
+    /// A batch whose images do not fit one staging buffer, or holding a CPU-route file whose
+    /// record has no size, goes sample by sample instead ([`Lead::Chunked`]).
     pub(super) fn lead(&self, d: &DeviceOut) -> Lead {
         use super::device::STAGING_ALIGN;
         if self.cancelled.load(Ordering::Relaxed) {
@@ -1107,32 +1080,43 @@ impl Job {
         }
         let ids = self.batch.sample_ids();
         let records = self.dataset.image_info().ok();
-        let mut slots = {
+        let mut slots = Vec::with_capacity(ids.len());
+        {
             let host = d.host.lock().unpoisoned();
-            ids.iter()
-                .enumerate()
-                .map(|(i, &id)| self.slot_of(d, i, id, records, &host))
-                .collect::<Vec<_>>()
-        };
-        // The engines' images, each at an aligned offset.
+            for (i, &id) in ids.iter().enumerate() {
+                match self.slot_of(d, i, id, records, &host) {
+                    Some(s) => slots.push(s),
+                    None => return Lead::Chunked,
+                }
+            }
+        }
+        // The CPU route's images first, then the engines': each at an aligned offset.
+        let bytes = |(w, h): (u32, u32)| w as usize * h as usize * 3;
         let mut at = 0usize;
-        for s in &mut slots {
-            if let Slot::Engine { at: a, size } = s {
-                *a = at;
-                at = (at + size.0 as usize * size.1 as usize * 3).next_multiple_of(STAGING_ALIGN);
+        for engine in [false, true] {
+            for s in &mut slots {
+                match s {
+                    Slot::Cpu { at: a, size, .. } if !engine => {
+                        *a = at;
+                        at = (at + bytes(*size)).next_multiple_of(STAGING_ALIGN);
+                    }
+                    Slot::Engine { at: a, size } if engine => {
+                        *a = at;
+                        at = (at + bytes(*size)).next_multiple_of(STAGING_ALIGN);
+                    }
+                    _ => {}
+                }
                 if at > d.stage.staging_max() {
                     return Lead::Chunked;
                 }
             }
         }
         let r = d.tensor.index();
-        // Room for the engines' images (its last reader waited for on the host), and the
-        // tensor's writes ordered after its last consumers.
-        let staged = d.stage.clock.time(Phase::Staging, || {
-            d.stage.stage_chunk(r, at, &[])?;
-            d.stage.before_output(r)
-        });
-        if let Err(e) = staged {
+        if let Err(e) = d
+            .stage
+            .clock
+            .time(Phase::Staging, || d.stage.stage_chunk(r, at, &[]))
+        {
             return Lead::Failed(e);
         }
         let hw: Vec<HardwareImage> = slots
@@ -1148,10 +1132,15 @@ impl Job {
             })
             .collect();
         match d.stage.decode_on_engine(r, &self.batch, &hw) {
-            // An image the engines reject alone is transformed on the CPU instead.
+            // An image the engines reject alone is decoded on the CPU into its slot.
             Ok(rejected) => {
                 for (k, _) in rejected {
-                    slots[hw[k].sample] = Slot::Host { whole: false };
+                    let h = hw[k];
+                    slots[h.sample] = Slot::Cpu {
+                        at: h.staging,
+                        size: h.size,
+                        whole: false,
+                    };
                 }
             }
             Err(e) => return Lead::Failed(e),
@@ -1163,7 +1152,9 @@ impl Job {
         })
     }
 
-    /// Sample `i`'s (id `id`) route, and an engine image's size (its offset comes later).
+    /// Sample `i`'s (id `id`) route and the size of the image it decodes (its offset comes
+    /// later); `None` where the batch cannot be pipelined (a CPU-route image whose record has
+    /// no size, or one past the pixel limit: the chunked way says why).
     fn slot_of(
         &self,
         d: &DeviceOut,
@@ -1171,22 +1162,30 @@ impl Job {
         id: u32,
         records: Option<&[ImageInfo]>,
         host: &[Option<Result<Vec<u8>>>],
-    ) -> Slot {
+    ) -> Option<Slot> {
         if let Some(e) = &d.crc[i] {
-            return Slot::Failed(e.clone());
+            return Some(Slot::Failed(e.clone()));
         }
         let whole_len = match self.batch.sample_range(i) {
             Ok(r) => r.len(),
-            Err(e) => return Slot::Failed(e.clone()),
+            Err(e) => return Some(Slot::Failed(e.clone())),
         };
         let head = match &host[i] {
             Some(Ok(b)) => &b[..],
-            Some(Err(e)) => return Slot::Failed(e.clone()),
+            Some(Err(e)) => return Some(Slot::Failed(e.clone())),
             None => &[][..],
         };
         let info = records.and_then(|v| v.get(id as usize)).copied();
+        let record = info
+            .map(|r| (r.width, r.height))
+            .filter(|&(w, h)| w > 0 && h > 0)
+            .filter(|&(w, h)| super::spec::check_pixels(w, h, self.spec.pixels_max).is_ok());
         if d.stage.route_of(info.as_ref()) != Route::Hardware {
-            return Slot::Host { whole: true };
+            return record.map(|size| Slot::Cpu {
+                at: 0,
+                size,
+                whole: true,
+            });
         }
         let end = if head.len() == whole_len {
             head
@@ -1200,26 +1199,29 @@ impl Job {
         let Some(h) = probed else {
             // Its header is not where the engines could take it, or its data does not end
             // with the image: the CPU route, on its whole bytes.
-            return Slot::Host {
+            return record.map(|size| Slot::Cpu {
+                at: 0,
+                size,
                 whole: head.len() == whole_len,
-            };
+            });
         };
         // Sized from its own frame header: a record that understates the image cannot make
         // the engines write past its slot.
         let (size, r) = ((h.width, h.height), info.expect("routed by its record"));
         if size != (r.width, r.height) {
             let why = record_mismatch(size, (r.width, r.height));
-            return Slot::Failed(self.decode_error(id, why));
+            return Some(Slot::Failed(self.decode_error(id, why)));
         }
         if let Err(why) = super::spec::check_pixels(size.0, size.1, self.spec.pixels_max) {
-            return Slot::Failed(self.decode_error(id, why));
+            return Some(Slot::Failed(self.decode_error(id, why)));
         }
-        Slot::Engine { at: 0, size }
+        Some(Slot::Engine { at: 0, size })
     }
 
-    /// Device path, a pipelined batch: sample `i` as its slot says — a CPU-route image
-    /// transformed as the CPU stage does and its part of the tensor uploaded (queued, not
-    /// waited for), an engine image left to the engines.
+    /// Device path, a pipelined batch: sample `i` as its slot says — a CPU-route image decoded
+    /// (of a JPEG only the region under the crop, DCT-scaled where the spec allows, as the CPU
+    /// stage decodes it) and uploaded to its slot (queued, not waited for), an engine image
+    /// left to the engines.
     pub(super) fn decode_planned(
         &self,
         i: usize,
@@ -1228,13 +1230,13 @@ impl Job {
         plan: &Plan,
     ) -> Option<Error> {
         let id = self.batch.sample_ids()[i];
-        let whole = match &plan.slots[i] {
+        let (at, size, whole) = match &plan.slots[i] {
             Slot::Engine { .. } => return None, // counted once its launch is queued
             Slot::Failed(e) => {
                 d.stage.counted(None);
                 return Some(e.clone());
             }
-            Slot::Host { whole } => *whole,
+            Slot::Cpu { at, size, whole } => (*at, *size, *whole),
         };
         let fail = |e: Error| {
             d.stage.counted(None);
@@ -1258,31 +1260,43 @@ impl Job {
             .image_info()
             .ok()
             .and_then(|v| v.get(id as usize).copied());
-        let per = self.spec.sample_elems() * self.spec.dtype.size();
-        let mut out = vec![0u8; per];
+        let mut px = Vec::new();
+        let which = (self.seed, self.batch.epoch(), id as u64);
         let got = d.stage.clock.time(cpu_phase(info.as_ref()), || {
-            let epoch = self.batch.epoch();
-            dec.decode_into(&self.spec, self.seed, epoch, id as u64, &data, &mut out)
+            dec.decode_region(&self.spec, which, &data, &mut px)
         });
-        if let Err(reason) = got {
-            return fail(self.decode_error(id, reason));
-        }
+        let region = match got {
+            // Its slot was sized from its record: one that lies is an error, as on the
+            // chunked way.
+            Ok(g) if g.image != size => {
+                return fail(self.decode_error(id, record_mismatch(g.image, size)))
+            }
+            Ok(_) if px.len() > size.0 as usize * size.1 as usize * 3 => {
+                return fail(self.decode_error(id, "its decoded region outgrew its slot".into()))
+            }
+            Ok(g) => g,
+            Err(reason) => return fail(self.decode_error(id, reason)),
+        };
         let r = d.tensor.index();
         let up = d
             .stage
             .clock
-            .time(Phase::Staging, || d.stage.upload_sample(r, i * per, out));
+            .time(Phase::Staging, || d.stage.stage_image(r, at, px));
         if let Err(e) = up {
             return fail(e);
         }
         d.stage.counted(Some(Route::Cpu));
-        d.decoded.lock().unpoisoned()[i] = Some(Decoded::Staged);
+        d.decoded.lock().unpoisoned()[i] = Some(Decoded::Staged(GfSample::new(
+            &region.geometry,
+            at as u64,
+            region.size,
+        )));
         None
     }
 
-    /// Device path, a pipelined batch once every sample is done: the resize kernel over each
-    /// run of samples the CPU did not write (a lost sample's `valid` is 0: zeros), queued after
-    /// the engines' and the uploads' work on the region's stream, not waited for.
+    /// Device path, a pipelined batch once every sample is done: one resize launch over the
+    /// staged images (a lost sample's `valid` is 0: zeros), queued after the engines' and the
+    /// uploads' work on the region's stream, not waited for.
     fn finish_planned(
         &self,
         d: &DeviceOut,
@@ -1292,10 +1306,7 @@ impl Job {
         len: usize,
     ) -> Result<Vec<(usize, Error)>> {
         let ids = self.batch.sample_ids();
-        let n = plan.slots.len();
-        let per = len.checked_div(n).unwrap_or(0);
-        let mut samples = vec![GfSample::default(); n]; // valid = 0
-        let mut written = vec![false; n];
+        let mut samples = vec![GfSample::default(); plan.slots.len()]; // valid = 0
         let mut engine = 0;
         for (i, s) in plan.slots.iter().enumerate() {
             match (s, &decoded[i]) {
@@ -1306,32 +1317,13 @@ impl Job {
                         .geometry(self.seed, self.batch.epoch(), ids[i] as u64, *size);
                     samples[i] = GfSample::new(&g, *at as u64, *size);
                 }
-                (Slot::Host { .. }, Some(Decoded::Staged)) => written[i] = true,
+                (Slot::Cpu { .. }, Some(Decoded::Staged(p))) => samples[i] = *p,
                 _ => {}
             }
         }
-        let mut start = 0;
-        while start < n {
-            if written[start] {
-                start += 1;
-                continue;
-            }
-            let end = (start..n).find(|&k| written[k]).unwrap_or(n);
-            d.stage.clock.time(Phase::Kernels, || {
-                d.stage.launch(
-                    r,
-                    start * per,
-                    (end - start) * per,
-                    plan.staging_len,
-                    &samples[start..end],
-                )
-            })?;
-            start = end;
-        }
-        if written.iter().all(|&w| w) {
-            // No launch: the uploads' end marks the tensor written.
-            d.stage.mark_written(r)?;
-        }
+        d.stage.clock.time(Phase::Kernels, || {
+            d.stage.launch(r, 0, len, plan.staging_len, &samples)
+        })?;
         for _ in 0..engine {
             d.stage.counted(Some(Route::Hardware));
         }
@@ -1355,7 +1347,7 @@ impl Job {
             Some(Decoded::Pixels(w, h, _) | Decoded::Hardware(w, h)) => {
                 (*w as usize * *h as usize * 3).next_multiple_of(STAGING_ALIGN)
             }
-            Some(Decoded::Staged) | None => 0,
+            Some(Decoded::Staged(_)) | None => 0,
         };
         let mut lost = Vec::new();
         let mut start = 0;
@@ -1375,7 +1367,7 @@ impl Job {
                 let i = start + k;
                 let (w, h) = match img {
                     Some(Decoded::Pixels(w, h, _) | Decoded::Hardware(w, h)) => (*w, *h),
-                    Some(Decoded::Staged) | None => continue,
+                    Some(Decoded::Staged(_)) | None => continue,
                 };
                 let g = self
                     .spec

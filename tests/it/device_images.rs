@@ -347,11 +347,15 @@ pub(crate) fn device_batches_equal_the_cpu_stage(on: On) {
                         il.set_staging_max(16 << 10);
                     }
                     let (t, e) = collect(&il, 3, 0, true);
-                    // (The chunked way for a batch whose engine images exceed the staging;
-                    // a batch with none, or few, still goes as a pipeline.)
+                    // (The chunked way for a batch whose images exceed the staging; a batch
+                    // with none, or few, still goes as a pipeline.)
                     let r = il.routes().unwrap();
                     let batches = u64::from(l.batches_per_epoch());
-                    assert_eq!(r.pipelined == batches, world != 2, "{r:?} of {batches}");
+                    if world == 2 {
+                        assert!(r.pipelined < batches, "{r:?} of {batches}");
+                    } else {
+                        assert!(r.pipelined > 0, "{r:?} of {batches}");
+                    }
                     for (id, v) in t {
                         assert!(union.insert(id, v).is_none(), "sample {id} on two ranks");
                     }
@@ -452,9 +456,13 @@ pub(crate) fn device_pipeline_routes_resumes_drops_and_stays_flat(on: On) {
     );
     // The four broken files are read fine (their bytes are what the shard holds): all checked.
     assert_eq!(r.crc_checked, 3 * n as u64);
-    // Every batch goes as a pipeline (the chunked way: `device_batches_equal_the_cpu_stage`).
+    // Most batches go as a pipeline; one holding a file whose record has no size (not an
+    // image) goes sample by sample: both ways are taken here.
     let batches = 3 * u64::from(il.loader().batches_per_epoch());
-    assert_eq!(r.pipelined, batches, "{r:?}");
+    assert!(
+        r.pipelined > 0 && r.pipelined < batches,
+        "{r:?} in {batches} batches"
+    );
 
     // The hardware decoder off: every image takes the CPU route, where it is transformed as
     // the CPU stage transforms it; with it on, the engines' images go through the resize
