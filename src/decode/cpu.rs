@@ -218,7 +218,7 @@ impl ImageDecoder {
                 })
             }
         }
-        let cut = self.jpeg_cut(spec, seed, epoch, sample, data)?;
+        let cut = self.jpeg_cut(spec, (seed, epoch, sample), data)?;
         let (x0, y0, rw, rh) = cut.region;
         let n = rw as usize * rh as usize;
         self.pixels.resize(n * 3, 0);
@@ -236,9 +236,7 @@ impl ImageDecoder {
     fn jpeg_cut(
         &mut self,
         spec: &ImageSpec,
-        seed: u64,
-        epoch: u64,
-        sample: u64,
+        (seed, epoch, sample): (u64, u64, u64),
         data: &[u8],
     ) -> Result<JpegCut, String> {
         let h = self.turbo.header(data).map_err(|e| e.to_string())?;
@@ -313,7 +311,7 @@ impl ImageDecoder {
     ) -> Result<Region, String> {
         let r = match sniff(data) {
             Some(ImageKind::Jpeg) => {
-                self.jpeg_cut(spec, seed, epoch, sample, data)
+                self.jpeg_cut(spec, (seed, epoch, sample), data)
                     .and_then(|cut| {
                         let (x0, y0, rw, rh) = cut.region;
                         out.clear();
