@@ -340,6 +340,24 @@ mod tests {
         j
     }
 
+    /// The engines take a baseline frame (SOF0, 8-bit) only: the same image marked extended
+    /// (SOF1), lossless (SOF3), arithmetic (SOF9), progressive (SOF2) or 12-bit goes elsewhere.
+    #[test]
+    fn the_engines_decode_baseline_8_bit_frames_only() {
+        let j = jpeg_bytes();
+        assert!(engines_decode(&j), "baseline gray");
+        for sof in [0xc1u8, 0xc2, 0xc3, 0xc9, 0xca, 0xcb] {
+            let mut k = j.clone();
+            k[3] = sof;
+            assert!(info(&k).is_some(), "0x{sof:02x} still has a header");
+            assert!(!engines_decode(&k), "0x{sof:02x}");
+        }
+        let mut twelve = j.clone();
+        twelve[6] = 12;
+        assert!(!engines_decode(&twelve), "12-bit");
+        assert!(!engines_decode(b"\x89PNG\r\n\x1a\n"), "not a JPEG");
+    }
+
     /// A progressive JPEG's structure, two scans with a table between them whose bytes hold
     /// `ff d9`: every cut after its first scan began is found, whatever the cut, and only the
     /// whole file (with or without a trailer) reaches its end.
@@ -649,7 +667,7 @@ impl ImageInfo {
 /// an image gpufeed recognises or its header is not within `b`.
 pub fn info(b: &[u8]) -> Option<ImageInfo> {
     match sniff(b)? {
-        ImageKind::Jpeg => jpeg_info(b),
+        ImageKind::Jpeg => jpeg_frame(b).map(|(i, _)| i),
         ImageKind::Png => png_info(b),
         ImageKind::Webp => webp_info(b),
         _ => Some(ImageInfo {
@@ -659,7 +677,33 @@ pub fn info(b: &[u8]) -> Option<ImageInfo> {
     }
 }
 
-fn jpeg_info(b: &[u8]) -> Option<ImageInfo> {
+/// Whether the JPEG whose first bytes are `b` is one the JPEG engines decode by their
+/// documented limits (nvJPEG's hardware backend: baseline JPEG): a baseline frame (SOF0, 8-bit
+/// samples) in YCbCr or gray, subsampled 4:4:4, 4:2:2, 4:2:0 or 4:4:0. Extended (SOF1, or
+/// 12-bit), lossless (SOF3), arithmetic-coded (SOF9–11) and progressive frames are not.
+pub fn engines_decode(b: &[u8]) -> bool {
+    jpeg_frame(b).is_some_and(|(i, sof)| sof == (0xc0, 8) && engines_layout(&i))
+}
+
+/// Whether a JPEG with header `i` is laid out as the JPEG engines take it: YCbCr or gray,
+/// subsampled 4:4:4, 4:2:2, 4:2:0 or 4:4:0, not progressive (its frame's kind and precision
+/// are [`engines_decode`]'s to see).
+pub fn engines_layout(i: &ImageInfo) -> bool {
+    i.kind == ImageKind::Jpeg
+        && !i.progressive
+        && matches!(i.colorspace, ColorSpace::Ycbcr | ColorSpace::Gray)
+        && matches!(
+            i.subsampling,
+            Subsampling::S444
+                | Subsampling::S422
+                | Subsampling::S420
+                | Subsampling::S440
+                | Subsampling::Gray
+        )
+}
+
+/// A JPEG's header, and its frame's marker and sample precision.
+fn jpeg_frame(b: &[u8]) -> Option<(ImageInfo, (u8, u8))> {
     let mut at = 2;
     let mut adobe_transform = None;
     loop {
@@ -708,14 +752,15 @@ fn jpeg_info(b: &[u8]) -> Option<ImageInfo> {
                 (_, f) if (1..n).all(|c| factor(c) == f) => Subsampling::S444,
                 _ => Subsampling::None,
             };
-            return Some(ImageInfo {
+            let info = ImageInfo {
                 kind: ImageKind::Jpeg,
                 width,
                 height,
                 colorspace,
                 subsampling,
                 progressive: matches!(m, 0xc2 | 0xc6 | 0xca | 0xce),
-            });
+            };
+            return Some((info, (m, *b.get(at + 2)?)));
         }
         at += len.max(2);
     }

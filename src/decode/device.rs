@@ -68,7 +68,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::gpu::dev::{CpuJpeg, DBuf, DEvent, DStream, Gpu, JpegEngine, JpegImage, Kernels};
 use crate::gpu::kernels::{as_bytes, check_spans, GfSpan};
 use crate::gpu::{DevicePool, DeviceRegion};
-use crate::image::{ColorSpace, ImageInfo, ImageKind, Subsampling};
+use crate::image::ImageInfo;
 use crate::util::lock;
 use crate::util::Unpoison;
 
@@ -88,21 +88,7 @@ pub enum Route {
 /// CPU stage gets to say what is wrong).
 pub fn route(info: Option<&ImageInfo>) -> Route {
     match info {
-        Some(i)
-            if i.kind == ImageKind::Jpeg
-                && !i.progressive
-                && matches!(i.colorspace, ColorSpace::Ycbcr | ColorSpace::Gray)
-                && matches!(
-                    i.subsampling,
-                    Subsampling::S444
-                        | Subsampling::S422
-                        | Subsampling::S420
-                        | Subsampling::S440
-                        | Subsampling::Gray
-                ) =>
-        {
-            Route::Hardware
-        }
+        Some(i) if crate::image::engines_layout(i) => Route::Hardware,
         _ => Route::Cpu,
     }
 }
@@ -967,9 +953,8 @@ impl Job {
                 &d.tails[i][..]
             };
             let probed = d.stage.clock.time(Phase::Probe, || {
-                crate::image::info(&data).filter(|h| {
-                    super::device::route(Some(h)) == Route::Hardware
-                        && super::device::ends_complete(end)
+                crate::image::info(&data).filter(|_| {
+                    crate::image::engines_decode(&data) && super::device::ends_complete(end)
                 })
             });
             match probed {
@@ -1194,7 +1179,7 @@ impl Job {
         };
         let probed = d.stage.clock.time(Phase::Probe, || {
             crate::image::info(head)
-                .filter(|h| route(Some(h)) == Route::Hardware && ends_complete(end))
+                .filter(|_| crate::image::engines_decode(head) && ends_complete(end))
         });
         let Some(h) = probed else {
             // Its header is not where the engines could take it, or its data does not end
