@@ -326,11 +326,19 @@ impl DeviceStage {
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
-        let states = std::env::var(JPEG_STATES_VAR)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|n| (1..=8).contains(n))
-            .unwrap_or(JPEG_STATES);
+        let states = match std::env::var(JPEG_STATES_VAR) {
+            Err(_) => JPEG_STATES,
+            Ok(v) => match v.trim().parse::<usize>() {
+                Ok(n) if (1..=8).contains(&n) => n,
+                _ => {
+                    crate::io::notice(&format!(
+                        "{JPEG_STATES_VAR}={v:?} is not a number of JPEG decoder states from 1 \
+                         to 8: {JPEG_STATES} are used"
+                    ));
+                    JPEG_STATES
+                }
+            },
+        };
         let mut jpeg = Vec::new();
         while spec.hardware_decoder && jpeg.len() < states {
             // The CPU stage's whole-image decode: the simulated engine's stand-in for the

@@ -584,5 +584,39 @@ fn bench_decode_runs_the_device_rows_on_the_simulated_device() {
         assert_eq!(r["images"], 24, "{r}");
         assert_eq!(r["errors"], 0, "{r}");
         assert!(r["images_per_s"].as_f64().unwrap() > 0.0);
+        // A device row's phase table: every image counted on one route, each phase's count
+        // what the pipeline did (a probe per engine-route image, a launch per batch of 8).
+        let Some(t) = r.get("phases") else {
+            assert_eq!(
+                r["row"], "gpufeed-train",
+                "only the CPU row has no phases: {r}"
+            );
+            continue;
+        };
+        let n = |k: &str| t[k].as_u64().unwrap();
+        assert_eq!(
+            n("hardware_images") + n("cpu_images") + n("failed_images"),
+            24
+        );
+        assert!(n("hardware_images") > 0 && n("cpu_images") > 0, "{t}");
+        let phase = |name: &str| {
+            t["phases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["phase"] == name)
+                .unwrap_or_else(|| panic!("no phase {name}: {t}"))
+                .clone()
+        };
+        assert_eq!(
+            phase("probe")["count"].as_u64().unwrap(),
+            n("hardware_images")
+        );
+        assert_eq!(phase("kernels")["count"], 3, "{t}");
+        assert_eq!(phase("engine-call")["count"], 3, "{t}");
+        assert!(
+            t["hardware_cpu_ms_per_image"].as_f64().unwrap() > 0.0,
+            "{t}"
+        );
     }
 }
