@@ -361,7 +361,9 @@ class Loader(Generic[_B]):
         read_amplification, consumer_wait_s, ``stall`` (storage_s, copy_s, verify_s, decode_s,
         other_s, total_s: where the consumer's waiting went), ``bound`` (the largest part),
         io_thread_cpu_s, consumer_cpu_s, check_cpu_s (the I/O thread checking frames and
-        checksums ahead of the consumer), decode_cpu_s."""
+        checksums ahead of the consumer), decode_cpu_s, and ``device_phases`` (decoded images
+        on the GPU: per phase its wall and CPU seconds and count, CPU-ms per image on each
+        route; None elsewhere)."""
     @property
     def prefetched_epoch(self) -> Optional[int]:
         """The epoch asked for ahead (``prefetch_next_epoch``), if one is."""

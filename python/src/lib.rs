@@ -21,7 +21,7 @@ use gpufeed::{Batch, Dataset, Epoch, Loader};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 create_exception!(
     gpufeed,
@@ -1412,6 +1412,34 @@ fn stats_dict<'py>(py: Python<'py>, st: &gpufeed::LoaderStats) -> PyResult<Bound
     m.set_item("device_bytes", st.memory.device_bytes)?;
     m.set_item("decode_bytes", st.memory.decode_bytes)?;
     d.set_item("memory", m)?;
+    // The device image path: where its time went, phase by phase (None elsewhere).
+    let phases = match &st.device_phases {
+        None => None,
+        Some(t) => {
+            let p = PyDict::new(py);
+            p.set_item("hardware_images", t.hardware_images)?;
+            p.set_item("cpu_images", t.cpu_images)?;
+            p.set_item("failed_images", t.failed_images)?;
+            p.set_item("shared_cpu_ms_per_image", t.shared_cpu_ms_per_image)?;
+            p.set_item("hardware_cpu_ms_per_image", t.hardware_cpu_ms_per_image)?;
+            p.set_item("cpu_route_cpu_ms_per_image", t.cpu_route_cpu_ms_per_image)?;
+            p.set_item("decode_threads_cpu_s", t.decode_threads_cpu_s)?;
+            p.set_item("io_thread_cpu_s", t.io_thread_cpu_s)?;
+            let rows = PyList::empty(py);
+            for ph in &t.phases {
+                let r = PyDict::new(py);
+                r.set_item("phase", &ph.phase)?;
+                r.set_item("thread", &ph.thread)?;
+                r.set_item("wall_s", ph.wall_s)?;
+                r.set_item("cpu_s", ph.cpu_s)?;
+                r.set_item("count", ph.count)?;
+                rows.append(r)?;
+            }
+            p.set_item("phases", rows)?;
+            Some(p)
+        }
+    };
+    d.set_item("device_phases", phases)?;
     Ok(d)
 }
 

@@ -139,6 +139,13 @@ class ImageTests(unittest.TestCase):
             self.assertLessEqual(float(diff.mean()), 1.5)
             n += len(d)
         self.assertEqual(n, 24)
+        # Where the device path's time went: every image on one route, each phase counted.
+        ph = dev.stats()["device_phases"]
+        self.assertIsNotNone(ph)
+        self.assertEqual(ph["hardware_images"] + ph["cpu_images"] + ph["failed_images"], 24)
+        names = {p["phase"]: p for p in ph["phases"]}
+        self.assertEqual(names["kernels"]["count"], 3)
+        self.assertIsNone(host.stats()["device_phases"])
 
     def test_a_broken_image_is_marked_and_named(self):
         with tempfile.TemporaryDirectory() as d:

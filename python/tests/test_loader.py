@@ -397,6 +397,7 @@ class StatsTests(unittest.TestCase):
         self.assertGreaterEqual(st["read_amplification"], 1.0)
         self.assertGreater(st["reads_per_sample"], 0.0)
         self.assertGreaterEqual(st["io_thread_cpu_s"], 0.0)
+        self.assertIsNone(st["device_phases"], "bytes on the host: no device image path")
         # The memory the loader holds: 4 slots (prefetch + in flight) sized from the work, the
         # index, no device memory on the host.
         m = st["memory"]
