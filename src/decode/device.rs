@@ -820,14 +820,16 @@ impl Jpeg {
                 size: h.size,
             })
             .collect();
-        // SAFETY: the previous batch's decode has completed (its done event, above). Each
-        // bitstream lies inside the group's device region (checked by the caller and the
-        // engine), which stays allocated and unchanged until the stream passes the release
-        // event recorded when the batch goes (after this work); each output lies inside the
-        // staging buffer (checked) at the pitch of its width, sized from the bitstream's own
-        // frame header; the staging buffer is not changed or freed before this stream is
-        // synchronised (next chunk) or the region's ready event (recorded after the launch
-        // that follows) is waited for.
+        // SAFETY: the previous batch given this decoder state has completed (its done event,
+        // above). Each bitstream lies inside the group's device region (checked by the caller
+        // and the engine), which stays allocated and unchanged until the stream passes the
+        // release event recorded when the batch goes (after this work); each output lies
+        // inside the staging buffer (checked) at the pitch of its width, sized from the
+        // bitstream's own frame header, in a slot no other image has (the batch's layout: the
+        // CPU route's uploads go to their own slots); the staging's earlier readers were
+        // waited for on the host before this call (`stage_chunk`), and the buffer is not
+        // rewritten or freed before the host has waited for this stream again (the next
+        // chunk or batch on it, or the stage's drop).
         let r = clock.time(Phase::EngineCall, || unsafe {
             self.engine.decode(region.buf(), &images, staging, stream)
         });

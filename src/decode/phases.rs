@@ -148,7 +148,8 @@ pub(crate) fn table(
             Phase::CpuBaseline | Phase::CpuProgressive | Phase::CpuCmyk | Phase::CpuOther => {
                 cpu_decode += cpu_s
             }
-            // The feeder's wait for a tensor is the consumer's pace, not work.
+            // Every other phase is the batch's, shared by its images (the feeder's wait for a
+            // tensor among them: the consumer's pace, a condvar wait that costs no CPU).
             _ => shared += cpu_s,
         }
         t.phases.push(PhaseTime {

@@ -997,12 +997,18 @@ impl SimGpu {
 
     /// The copy stage starts a copy from `src` (pinned memory on a GPU): the copy enqueued
     /// next from there is a DMA, the device's own work.
+    /// Kept only where it counts: on a device whose work costs nothing.
     pub(crate) fn dma_from(&self, src: usize, len: usize) {
-        lock(&self.dma_src).push((src, len));
+        if self.free {
+            lock(&self.dma_src).push((src, len));
+        }
     }
 
     /// Whether a copy from `src` is the copy stage's DMA (noted by [`dma_from`](Self::dma_from)).
     fn is_dma(&self, src: usize, len: usize) -> bool {
+        if !self.free {
+            return false; // `device_side` counts only where the device's work costs nothing
+        }
         let mut v = lock(&self.dma_src);
         match v.iter().position(|&d| d == (src, len)) {
             Some(k) => {
